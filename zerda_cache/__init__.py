@@ -1,0 +1,46 @@
+"""zerda-cache: a shared semantic cache for LLM apps that learns which answers to serve.
+
+Every cached answer carries a Beta-Bernoulli bandit arm in Redis; feedback moves it, a
+scheduled worker decays and evicts, and lookups rank candidates by similarity plus a
+Thompson draw plus confidence.
+"""
+
+from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
+from zerda_cache.entry import BanditArm, IntelligentCacheEntry
+from zerda_cache.errors import (
+    CorruptEntryError,
+    DimensionMismatchError,
+    EntryNotFoundError,
+    InvalidEmbeddingError,
+    InvalidEntryError,
+    InvalidFeedbackError,
+    InvalidTenantError,
+    StorageError,
+    ZerdaError,
+)
+from zerda_cache.policy_learner import CachePolicyLearner, EvictionCandidate, FeedbackSignal
+from zerda_cache.storage import RedisStorage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BanditArm",
+    "CacheConfig",
+    "CachePolicyLearner",
+    "CorruptEntryError",
+    "DimensionMismatchError",
+    "EntryNotFoundError",
+    "EvictionCandidate",
+    "EvictionConfig",
+    "FeedbackSignal",
+    "IntelligentCacheEntry",
+    "InvalidEmbeddingError",
+    "InvalidEntryError",
+    "InvalidFeedbackError",
+    "InvalidTenantError",
+    "RLConfig",
+    "RedisStorage",
+    "StorageError",
+    "ZerdaError",
+    "__version__",
+]

@@ -1,0 +1,204 @@
+"""Encoding of everything stored in Redis: msgpack maps and raw float32 vectors.
+
+Only msgpack and raw float32 bytes are ever decoded from Redis (no pickle, no eval), and
+every decoder checks the shape it gets: a value that does not decode is reported as
+``CorruptEntryError`` naming its key, never a crash deeper down.
+
+Entry hash fields (see ``keys.py`` for the keys):
+
+========  ==========================================================================
+``doc``   msgpack ``{v, q: query, r: response, m: metadata}`` (written by Python)
+``vec``   the L2-normalised embedding as little-endian float32 bytes
+``meta``  msgpack ``{v, ct: created_at, ttl, ss: similarity, qs: quality, sc: scope,
+          dim}`` (written by the put script)
+``arm``   msgpack ``{a: alpha, b: beta, n: pulls, r: reward_sum, t: decayed_at}``
+``use``   msgpack ``{n: usage_count, la: last_access, c: confidence}``
+``ver``   integer, bumped by every put, hit and feedback (eviction's change check)
+``dg``    digest of (normalised query, scope): the exact-match key
+``sz``    bytes of doc + vec, for the tenant's byte count
+========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from zerda_cache.entry import BanditArm
+from zerda_cache.errors import CorruptEntryError, InvalidEmbeddingError, InvalidEntryError
+
+SCHEMA_VERSION = 1
+_VEC_DTYPE = np.dtype("<f4")
+
+Vector = npt.NDArray[np.float32]
+
+
+# --- vectors -------------------------------------------------------------------------------
+def normalize_vector(embedding: object) -> Vector:
+    """Validate an embedding and return it L2-normalised as a float32 vector.
+
+    Raises:
+        InvalidEmbeddingError: not a 1-D numeric vector, empty, NaN/inf, or zero norm.
+    """
+    try:
+        arr = np.asarray(embedding, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InvalidEmbeddingError(f"embedding is not a numeric vector: {exc}") from exc
+    if arr.ndim != 1 or arr.size == 0:
+        raise InvalidEmbeddingError(f"embedding must be a non-empty 1-D vector, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise InvalidEmbeddingError("embedding contains NaN or infinite values")
+    norm = float(np.linalg.norm(arr))
+    if norm == 0.0 or not math.isfinite(norm):
+        raise InvalidEmbeddingError("embedding has zero (or overflowing) norm")
+    return (arr / norm).astype(np.float32)
+
+
+def encode_vector(embedding: object) -> bytes:
+    """``normalize_vector`` then raw little-endian float32 bytes."""
+    return normalize_vector(embedding).astype(_VEC_DTYPE, copy=False).tobytes()
+
+
+def decode_vector(raw: bytes, *, key: str = "?") -> Vector:
+    if not isinstance(raw, bytes | bytearray) or len(raw) == 0 or len(raw) % 4:
+        raise CorruptEntryError(key, "vec is not a whole number of float32 values")
+    vec = np.frombuffer(raw, dtype=_VEC_DTYPE).astype(np.float32)
+    if not np.all(np.isfinite(vec)):
+        raise CorruptEntryError(key, "vec holds NaN or infinite values")
+    return vec
+
+
+# --- query digest --------------------------------------------------------------------------
+def normalize_query(query: str) -> str:
+    """NFKC, case-folded, whitespace collapsed: what counts as the same question."""
+    return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+def query_digest(query: str, scope: str = "") -> str:
+    """Hex sha256 of (normalised query, scope): the exact-match key of an entry."""
+    h = hashlib.sha256()
+    h.update(scope.encode("utf-8"))
+    h.update(b"\x00")
+    h.update(normalize_query(query).encode("utf-8"))
+    return h.hexdigest()[:40]
+
+
+# --- msgpack -------------------------------------------------------------------------------
+def _check_metadata(value: object, path: str, depth: int = 0) -> None:
+    if depth > 16:
+        raise InvalidEntryError(f"metadata nested deeper than 16 levels at {path}")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidEntryError(f"metadata key {k!r} at {path} is not a str")
+            _check_metadata(v, f"{path}.{k}", depth + 1)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_metadata(v, f"{path}[{i}]", depth + 1)
+    elif value is None or isinstance(value, str | bytes | bool | int | float):
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+            raise InvalidEntryError(f"metadata integer at {path} does not fit in 64 bits")
+    else:
+        raise InvalidEntryError(
+            f"metadata value at {path} has unserialisable type {type(value).__name__}"
+        )
+
+
+def pack_doc(
+    query: str,
+    response: str,
+    metadata: Mapping[str, Any] | None,
+    *,
+    max_metadata_bytes: int | None = None,
+) -> bytes:
+    """Pack an entry's immutable content; metadata must be str-keyed msgpack-able data.
+
+    Raises:
+        InvalidEntryError: a non-str key, an unserialisable value, or metadata packing to
+            more than ``max_metadata_bytes``.
+    """
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise InvalidEntryError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    meta = dict(metadata) if metadata else {}
+    _check_metadata(meta, "metadata")
+    if max_metadata_bytes is not None:
+        packed = len(msgpack.packb(meta, use_bin_type=True))
+        if packed > max_metadata_bytes:
+            raise InvalidEntryError(
+                f"metadata packs to {packed} bytes, over max_metadata_bytes={max_metadata_bytes}"
+            )
+    return bytes(
+        msgpack.packb({"v": SCHEMA_VERSION, "q": query, "r": response, "m": meta}, use_bin_type=True)
+    )
+
+
+def _unpack_map(raw: object, key: str, field: str) -> dict[str, Any]:
+    if not isinstance(raw, bytes | bytearray):
+        raise CorruptEntryError(key, f"{field} is missing")
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptEntryError(key, f"{field} is not valid msgpack ({exc})") from exc
+    if not isinstance(value, dict):
+        raise CorruptEntryError(key, f"{field} is a {type(value).__name__}, not a map")
+    return value
+
+
+def _num(value: dict[str, Any], name: str, key: str, field: str) -> float:
+    x = value.get(name)
+    if isinstance(x, bool) or not isinstance(x, int | float) or math.isnan(x):
+        raise CorruptEntryError(key, f"{field}.{name} is not a number: {x!r}")
+    return float(x)
+
+
+def unpack_doc(raw: object, *, key: str = "?") -> tuple[str, str, dict[str, Any]]:
+    """Return (query, response, metadata)."""
+    doc = _unpack_map(raw, key, "doc")
+    if doc.get("v") != SCHEMA_VERSION:
+        raise CorruptEntryError(key, f"doc has unknown schema version {doc.get('v')!r}")
+    q, r, m = doc.get("q"), doc.get("r"), doc.get("m")
+    if not isinstance(q, str) or not isinstance(r, str) or not isinstance(m, dict):
+        raise CorruptEntryError(key, "doc lacks query, response or metadata")
+    return q, r, m
+
+
+def unpack_arm(raw: object, *, key: str = "?") -> BanditArm:
+    arm = _unpack_map(raw, key, "arm")
+    return BanditArm(
+        alpha=_num(arm, "a", key, "arm"),
+        beta=_num(arm, "b", key, "arm"),
+        pulls=int(_num(arm, "n", key, "arm")),
+        reward_sum=_num(arm, "r", key, "arm"),
+        decayed_at=_num(arm, "t", key, "arm"),
+    )
+
+
+def unpack_use(raw: object, *, key: str = "?") -> tuple[int, float, float]:
+    """Return (usage_count, last_access, confidence)."""
+    use = _unpack_map(raw, key, "use")
+    return (
+        int(_num(use, "n", key, "use")),
+        _num(use, "la", key, "use"),
+        _num(use, "c", key, "use"),
+    )
+
+
+def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
+    """Return the meta map with numbers as floats, checked."""
+    meta = _unpack_map(raw, key, "meta")
+    if meta.get("v") != SCHEMA_VERSION:
+        raise CorruptEntryError(key, f"meta has unknown schema version {meta.get('v')!r}")
+    out: dict[str, Any] = {name: _num(meta, name, key, "meta") for name in ("ct", "ttl", "ss", "qs")}
+    out["dim"] = int(_num(meta, "dim", key, "meta"))
+    scope = meta.get("sc", "")
+    if not isinstance(scope, str):
+        raise CorruptEntryError(key, "meta.sc is not a str")
+    out["sc"] = scope
+    return out

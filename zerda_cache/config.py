@@ -1,0 +1,236 @@
+"""Configuration dataclasses and the defaults they use.
+
+Every default is named once here (``DEFAULT_*``) so that the library, the worker and the
+CLI cannot drift apart. Only the CLI reads the environment; the library takes these
+objects explicitly. Each dataclass validates itself on construction and raises
+``ValueError`` naming the offending field.
+
+Defaults the seed documents (``min_reward_to_keep=0.05``, ``usage_decay=0.995``, the
+eviction weights 0.50/0.30/0.20, the 10,000-signal feedback log) are kept as documented;
+the others are ours and are documented next to their constant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- RLConfig (the bandit) -------------------------------------------------------------
+#: Beta prior of every new arm: Beta(1, 1) is uniform, "we know nothing yet".
+DEFAULT_PRIOR_ALPHA = 1.0
+DEFAULT_PRIOR_BETA = 1.0
+#: Added to alpha per unit of positive feedback magnitude.
+DEFAULT_POSITIVE_FEEDBACK_REWARD = 1.0
+#: Added to beta per unit of negative feedback magnitude (a positive number: the seed's
+#: "penalty" is the weight of the evidence against the answer).
+DEFAULT_NEGATIVE_FEEDBACK_PENALTY = 1.0
+#: Weight of the Thompson draw against similarity in the composite ranking score.
+DEFAULT_SIMILARITY_BONUS_SCALE = 0.5
+#: Seed default: an arm whose expected reward falls below this is never served and is
+#: evicted first.
+DEFAULT_MIN_REWARD_TO_KEEP = 0.05
+#: Seed default: the excess of alpha and beta over the prior shrinks by this factor...
+DEFAULT_USAGE_DECAY = 0.995
+#: ...per this many seconds (the seed's suggested decay period, 5 minutes). Decay is
+#: continuous in time: factor = usage_decay ** (elapsed / decay_interval_s).
+DEFAULT_DECAY_INTERVAL_S = 300.0
+
+# --- EvictionConfig ----------------------------------------------------------------------
+DEFAULT_REWARD_WEIGHT = 0.50
+DEFAULT_USAGE_WEIGHT = 0.30
+DEFAULT_RECENCY_WEIGHT = 0.20
+DEFAULT_MAX_ENTRIES = 10_000
+#: Eviction stops at capacity * (1 - low_watermark), so a full tenant is not evicted again
+#: by every single put that follows.
+DEFAULT_LOW_WATERMARK = 0.05
+DEFAULT_SCAN_BATCH = 500
+DEFAULT_EVICTION_INTERVAL_S = 60.0
+DEFAULT_DECAY_JOB_INTERVAL_S = 300.0
+DEFAULT_METRICS_INTERVAL_S = 15.0
+
+# --- CacheConfig ---------------------------------------------------------------------------
+DEFAULT_KEY_PREFIX = "zc"
+#: Cosine similarity, 0..1, higher is stricter: the one threshold scale everywhere.
+DEFAULT_SIMILARITY_THRESHOLD = 0.85
+DEFAULT_TOP_K = 8
+DEFAULT_MAX_QUERY_CHARS = 8_192
+DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
+DEFAULT_MAX_METADATA_BYTES = 16 * 1024
+#: Seed: the learner's rolling feedback log holds the most recent 10,000 signals.
+DEFAULT_FEEDBACK_LOG_MAXLEN = 10_000
+#: Approximate length of each tenant's add/remove log; replicas that fall further behind
+#: than this rebuild their index from Redis.
+DEFAULT_INDEX_LOG_MAXLEN = 100_000
+
+
+def _check_finite(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    _check_finite(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def _check_unit(name: str, value: float, *, closed_low: bool = True) -> None:
+    _check_finite(name, value)
+    low_ok = value >= 0 if closed_low else value > 0
+    if not (low_ok and value <= 1):
+        interval = "[0, 1]" if closed_low else "(0, 1]"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+
+
+def _check_count(name: str, value: int, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RLConfig:
+    """Parameters of the Beta-Bernoulli bandit behind every cache entry.
+
+    Attributes:
+        prior_alpha: Beta prior alpha of a new arm (> 0).
+        prior_beta: Beta prior beta of a new arm (> 0).
+        positive_feedback_reward: alpha added per unit of positive feedback (> 0).
+        negative_feedback_penalty: beta added per unit of negative feedback (> 0).
+        similarity_bonus_scale: weight of the Thompson draw in the composite score (>= 0).
+        min_reward_to_keep: arms whose expected reward is below this are never served
+            and are evicted first (0..1).
+        usage_decay: decay factor per ``decay_interval_s`` (0 < x <= 1; 1 disables decay).
+        decay_interval_s: the time unit of ``usage_decay`` in seconds (> 0).
+        seed: seed of the learner's own random generator; ``None`` draws fresh entropy.
+    """
+
+    prior_alpha: float = DEFAULT_PRIOR_ALPHA
+    prior_beta: float = DEFAULT_PRIOR_BETA
+    positive_feedback_reward: float = DEFAULT_POSITIVE_FEEDBACK_REWARD
+    negative_feedback_penalty: float = DEFAULT_NEGATIVE_FEEDBACK_PENALTY
+    similarity_bonus_scale: float = DEFAULT_SIMILARITY_BONUS_SCALE
+    min_reward_to_keep: float = DEFAULT_MIN_REWARD_TO_KEEP
+    usage_decay: float = DEFAULT_USAGE_DECAY
+    decay_interval_s: float = DEFAULT_DECAY_INTERVAL_S
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("prior_alpha", self.prior_alpha)
+        _check_positive("prior_beta", self.prior_beta)
+        _check_positive("positive_feedback_reward", self.positive_feedback_reward)
+        _check_positive("negative_feedback_penalty", self.negative_feedback_penalty)
+        _check_finite("similarity_bonus_scale", self.similarity_bonus_scale)
+        if self.similarity_bonus_scale < 0:
+            raise ValueError(
+                f"similarity_bonus_scale must be >= 0, got {self.similarity_bonus_scale!r}"
+            )
+        _check_unit("min_reward_to_keep", self.min_reward_to_keep)
+        _check_unit("usage_decay", self.usage_decay, closed_low=False)
+        _check_positive("decay_interval_s", self.decay_interval_s)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionConfig:
+    """What the eviction worker keeps, and how it scores the rest.
+
+    Attributes:
+        reward_weight: weight of the arm's expected reward in ``eviction_score``.
+        usage_weight: weight of log-scaled usage (saturating at 50 uses).
+        recency_weight: weight of recency, ``usage_decay ** (idle / decay_interval_s)``.
+        max_entries: per-tenant entry capacity (default; tenants may override in Redis).
+        max_bytes: per-tenant byte capacity of stored content, ``None`` for no limit.
+        low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
+        scan_batch: entries read, decayed or evicted per round trip.
+        eviction_interval_s / decay_interval_s / metrics_interval_s: worker job periods.
+    """
+
+    reward_weight: float = DEFAULT_REWARD_WEIGHT
+    usage_weight: float = DEFAULT_USAGE_WEIGHT
+    recency_weight: float = DEFAULT_RECENCY_WEIGHT
+    max_entries: int = DEFAULT_MAX_ENTRIES
+    max_bytes: int | None = None
+    low_watermark: float = DEFAULT_LOW_WATERMARK
+    scan_batch: int = DEFAULT_SCAN_BATCH
+    eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S
+    decay_interval_s: float = DEFAULT_DECAY_JOB_INTERVAL_S
+    metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
+
+    def __post_init__(self) -> None:
+        for name in ("reward_weight", "usage_weight", "recency_weight"):
+            value = getattr(self, name)
+            _check_finite(name, value)
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if self.reward_weight + self.usage_weight + self.recency_weight <= 0:
+            raise ValueError("reward_weight + usage_weight + recency_weight must be > 0")
+        _check_count("max_entries", self.max_entries)
+        _check_count("max_bytes", self.max_bytes, allow_none=True)  # type: ignore[arg-type]
+        _check_finite("low_watermark", self.low_watermark)
+        if not 0 <= self.low_watermark < 1:
+            raise ValueError(f"low_watermark must be in [0, 1), got {self.low_watermark!r}")
+        _check_count("scan_batch", self.scan_batch)
+        _check_positive("eviction_interval_s", self.eviction_interval_s)
+        _check_positive("decay_interval_s", self.decay_interval_s)
+        _check_positive("metrics_interval_s", self.metrics_interval_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Everything a replica and the worker need, with the two nested configs.
+
+    Attributes:
+        key_prefix: first component of every Redis key (``zc`` gives ``zc:{tenant}:...``).
+        similarity_threshold: minimum cosine similarity (0..1, higher is stricter) for a
+            cached question to be a candidate.
+        top_k: candidates taken from the vector index per lookup.
+        default_ttl_s: TTL of entries put without one; ``None`` keeps them until evicted.
+        max_query_chars / max_response_bytes / max_metadata_bytes: input size limits.
+        feedback_log_maxlen: length of each tenant's feedback stream (exact cap).
+        index_log_maxlen: approximate length of each tenant's add/remove log.
+        rl / eviction: the nested configurations.
+    """
+
+    key_prefix: str = DEFAULT_KEY_PREFIX
+    similarity_threshold: float = DEFAULT_SIMILARITY_THRESHOLD
+    top_k: int = DEFAULT_TOP_K
+    default_ttl_s: float | None = None
+    max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
+    feedback_log_maxlen: int = DEFAULT_FEEDBACK_LOG_MAXLEN
+    index_log_maxlen: int = DEFAULT_INDEX_LOG_MAXLEN
+    rl: RLConfig = field(default_factory=RLConfig)
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
+
+    def __post_init__(self) -> None:
+        from zerda_cache.keys import validate_prefix  # local: keys imports nothing of ours
+
+        validate_prefix(self.key_prefix)
+        _check_unit("similarity_threshold", self.similarity_threshold)
+        _check_count("top_k", self.top_k)
+        if self.default_ttl_s is not None:
+            _check_positive("default_ttl_s", self.default_ttl_s)
+        _check_count("max_query_chars", self.max_query_chars)
+        _check_count("max_response_bytes", self.max_response_bytes)
+        _check_count("max_metadata_bytes", self.max_metadata_bytes)
+        _check_count("feedback_log_maxlen", self.feedback_log_maxlen)
+        _check_count("index_log_maxlen", self.index_log_maxlen)
+        if not isinstance(self.rl, RLConfig):
+            raise ValueError(f"rl must be an RLConfig, got {type(self.rl).__name__}")
+        if not isinstance(self.eviction, EvictionConfig):
+            raise ValueError(
+                f"eviction must be an EvictionConfig, got {type(self.eviction).__name__}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain-dict view (for logs and the CLI)."""
+        from dataclasses import asdict
+
+        return asdict(self)

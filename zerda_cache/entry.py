@@ -1,0 +1,201 @@
+"""A cache entry and its bandit arm: the state, and every formula applied to it.
+
+The formulas here are the reference. The Lua scripts in ``zerda_cache/lua/`` implement the
+same ones (``arm.lua`` is shared by the scripts), and ``tests/test_parity.py`` holds the
+two equal on random sequences of feedback, hits and decay.
+
+Time: an arm stores its values *as of* ``decayed_at``. Its value at a later time ``now`` is
+the excess over the prior shrunk by ``usage_decay ** ((now - decayed_at) / interval)``.
+Every operation that changes an arm first brings it to ``now`` (see ``BanditArm.decay_to``),
+so an arm is a pure function of its feedback history and the times it arrived: a late,
+missed or doubled decay cycle leaves the same arm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zerda_cache.config import DEFAULT_DECAY_INTERVAL_S, DEFAULT_USAGE_DECAY, RLConfig
+
+#: Usage credibility saturates at this many uses (seed: log1p(n) / log1p(50)).
+USAGE_SATURATION = 50
+#: Quality of an answer put without an explicit score: "unknown", halfway.
+DEFAULT_QUALITY = 0.5
+#: Insertion-time similarity of an answer put for exactly its own question.
+DEFAULT_SIMILARITY = 1.0
+
+
+def usage_credibility(usage_count: int) -> float:
+    """``min(1, ln(1 + n) / ln(1 + 50))``: how much usage backs the estimate."""
+    return min(1.0, math.log(1.0 + usage_count) / math.log(1.0 + USAGE_SATURATION))
+
+
+def compute_confidence(
+    expected_reward: float, similarity: float, quality: float, usage_count: int
+) -> float:
+    """The seed's composite confidence, clipped to [0, 1]."""
+    raw = (
+        0.40 * expected_reward
+        + 0.25 * similarity
+        + 0.25 * quality
+        + 0.10 * usage_credibility(usage_count)
+    )
+    return min(1.0, max(0.0, raw))
+
+
+def decay_factor(elapsed_s: float, usage_decay: float, interval_s: float) -> float:
+    """``usage_decay ** (elapsed / interval)``; 1.0 when no time has passed."""
+    if elapsed_s <= 0:
+        return 1.0
+    return float(usage_decay ** (elapsed_s / interval_s))
+
+
+@dataclass(slots=True)
+class BanditArm:
+    """A Beta(alpha, beta) posterior over "this cached answer is right".
+
+    Attributes:
+        alpha: prior alpha plus (decayed) positive evidence.
+        beta: prior beta plus (decayed) negative evidence.
+        pulls: feedback signals received (never decayed).
+        reward_sum: signed sum of rewards received (never decayed).
+        decayed_at: the time (unix seconds) the values above are as of.
+    """
+
+    alpha: float = 1.0
+    beta: float = 1.0
+    pulls: int = 0
+    reward_sum: float = 0.0
+    decayed_at: float = 0.0
+
+    @property
+    def expected_reward(self) -> float:
+        """The posterior mean ``alpha / (alpha + beta)``."""
+        return self.alpha / (self.alpha + self.beta)
+
+    def sample_reward(self, rng: np.random.Generator) -> float:
+        """One Thompson draw from Beta(alpha, beta), using the caller's generator."""
+        return float(rng.beta(self.alpha, self.beta))
+
+    def update(self, positive: bool, reward: float) -> None:
+        """Add one feedback signal of weight ``reward`` (>= 0)."""
+        if positive:
+            self.alpha += reward
+            self.reward_sum += reward
+        else:
+            self.beta += reward
+            self.reward_sum -= reward
+        self.pulls += 1
+
+    def decay_to(
+        self,
+        now: float,
+        *,
+        prior_alpha: float,
+        prior_beta: float,
+        usage_decay: float = DEFAULT_USAGE_DECAY,
+        interval_s: float = DEFAULT_DECAY_INTERVAL_S,
+    ) -> None:
+        """Shrink the excess over the prior for the time since ``decayed_at``.
+
+        A ``now`` at or before ``decayed_at`` changes nothing (time never runs backwards
+        for an arm), so applying this twice at one instant equals applying it once.
+        """
+        if now <= self.decayed_at:
+            return
+        factor = decay_factor(now - self.decayed_at, usage_decay, interval_s)
+        self.alpha = prior_alpha + (self.alpha - prior_alpha) * factor
+        self.beta = prior_beta + (self.beta - prior_beta) * factor
+        self.decayed_at = now
+
+    def at(self, now: float, config: RLConfig) -> BanditArm:
+        """A copy of this arm brought to ``now`` (the arm itself is not changed)."""
+        arm = BanditArm(self.alpha, self.beta, self.pulls, self.reward_sum, self.decayed_at)
+        arm.decay_to(
+            now,
+            prior_alpha=config.prior_alpha,
+            prior_beta=config.prior_beta,
+            usage_decay=config.usage_decay,
+            interval_s=config.decay_interval_s,
+        )
+        return arm
+
+    @classmethod
+    def fresh(cls, config: RLConfig, now: float) -> BanditArm:
+        return cls(alpha=config.prior_alpha, beta=config.prior_beta, decayed_at=now)
+
+
+@dataclass(slots=True)
+class IntelligentCacheEntry:
+    """One cached answer: immutable content plus mutable learning state.
+
+    ``embedding`` is ``None`` when an entry is loaded without its vector.
+    ``expires_at`` is ``math.inf`` for an entry without a TTL.
+    """
+
+    entry_id: str
+    tenant: str
+    query: str
+    response: str
+    embedding: np.ndarray[Any, np.dtype[np.float32]] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+    created_at: float = 0.0
+    ttl_s: float | None = None
+    expires_at: float = math.inf
+    quality_score: float = DEFAULT_QUALITY
+    similarity_score: float = DEFAULT_SIMILARITY
+    usage_count: int = 0
+    last_access: float = 0.0
+    confidence_score: float = 0.0
+    bandit_arm: BanditArm = field(default_factory=BanditArm)
+    version: int = 0
+    size_bytes: int = 0
+
+    def record_hit(self, positive: bool, reward: float) -> None:
+        """Apply one feedback signal to the arm (the seed's name for it)."""
+        self.bandit_arm.update(positive, reward)
+
+    def record_use(self, now: float) -> None:
+        """The entry was served: count it and note the time."""
+        self.usage_count += 1
+        self.last_access = max(self.last_access, now)
+
+    @property
+    def expected_reward(self) -> float:
+        return self.bandit_arm.expected_reward
+
+    def sample_reward(self, rng: np.random.Generator) -> float:
+        return self.bandit_arm.sample_reward(rng)
+
+    def is_expired(self, now: float) -> bool:
+        return now >= self.expires_at
+
+    def eviction_score(
+        self,
+        decay: float = DEFAULT_USAGE_DECAY,
+        reward_w: float = 0.50,
+        usage_w: float = 0.30,
+        recency_w: float = 0.20,
+        *,
+        now: float,
+        interval_s: float = DEFAULT_DECAY_INTERVAL_S,
+    ) -> float:
+        """How much this entry is worth keeping; lower is evicted first.
+
+        ``reward_w * expected_reward + usage_w * usage_credibility
+        + recency_w * decay ** (idle / interval_s)``, where idle is the time since the
+        entry was last served (or created). The weights are the caller's: the learner
+        passes ``EvictionConfig``'s (the seed ignored them).
+        """
+        idle = max(0.0, now - max(self.last_access, self.created_at))
+        recency = decay_factor(idle, decay, interval_s)
+        return (
+            reward_w * self.expected_reward
+            + usage_w * usage_credibility(self.usage_count)
+            + recency_w * recency
+        )

@@ -1,0 +1,77 @@
+-- KEYS: none. ARGV: none. returns: nothing. Not a script: scripts.py prepends this library
+-- to put, hit, feedback and decay, so that each formula of zerda_cache/entry.py exists once
+-- in Lua. Arms are msgpack maps {a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at}.
+
+-- The one clock: the caller's injected time (tests) or the Redis server's TIME.
+local function zc_now(argv_now)
+  if argv_now ~= nil and argv_now ~= '' then
+    return tonumber(argv_now)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- msgpack-decode a stored value; nil (never an error) when it is missing or corrupt, so
+-- that one bad entry cannot abort a batch halfway through its writes.
+local function zc_unpack(raw)
+  if not raw then
+    return nil
+  end
+  local ok, val = pcall(cmsgpack.unpack, raw)
+  if not ok or type(val) ~= 'table' then
+    return nil
+  end
+  return val
+end
+
+local function zc_all_numbers(tbl, fields)
+  if not tbl then
+    return false
+  end
+  for _, f in ipairs(fields) do
+    if type(tbl[f]) ~= 'number' or tbl[f] ~= tbl[f] then
+      return false
+    end
+  end
+  return true
+end
+
+local ZC_ARM_FIELDS = {'a', 'b', 'n', 'r', 't'}
+local ZC_USE_FIELDS = {'n', 'la', 'c'}
+local ZC_META_FIELDS = {'ct', 'ttl', 'ss', 'qs'}
+
+-- Decode arm, use and meta together; nil if any of them is missing or corrupt.
+local function zc_state(raw_arm, raw_use, raw_meta)
+  local arm, use, meta = zc_unpack(raw_arm), zc_unpack(raw_use), zc_unpack(raw_meta)
+  if zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS)
+      and zc_all_numbers(meta, ZC_META_FIELDS) then
+    return arm, use, meta
+  end
+  return nil
+end
+
+-- BanditArm.decay_to: shrink the excess over the prior for the time since arm.t.
+local function zc_decay(arm, now, prior_a, prior_b, decay, interval)
+  if now > arm.t then
+    local factor = decay ^ ((now - arm.t) / interval)
+    arm.a = prior_a + (arm.a - prior_a) * factor
+    arm.b = prior_b + (arm.b - prior_b) * factor
+    arm.t = now
+  end
+end
+
+-- entry.compute_confidence
+local function zc_confidence(arm, use, meta)
+  local expected = arm.a / (arm.a + arm.b)
+  local cred = math.log(1.0 + use.n) / math.log(1.0 + 50)
+  if cred > 1.0 then
+    cred = 1.0
+  end
+  local raw = 0.40 * expected + 0.25 * meta.ss + 0.25 * meta.qs + 0.10 * cred
+  if raw < 0.0 then
+    return 0.0
+  elseif raw > 1.0 then
+    return 1.0
+  end
+  return raw
+end

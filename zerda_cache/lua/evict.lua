@@ -1,0 +1,39 @@
+-- KEYS[1] ids zset  KEYS[2] q hash  KEYS[3] log stream  KEYS[4] stats hash
+-- KEYS[5..] entry hashes, one per (id, ver) pair in ARGV
+-- ARGV[1] reason  ARGV[2] log maxlen  ARGV[3], ARGV[4], ...: entry id, expected 'ver' ('' = any)
+-- returns one status per entry: 1 removed; 0 already gone (stray index entries cleaned);
+-- -1 changed since it was scored (kept).
+-- Removes an entry from every structure at once: hash, ids, exact-match map, replicas'
+-- indexes (a 'del' event in the log) and the byte count. Never decodes msgpack, so a
+-- corrupt entry can always be removed.
+local reason, maxlen = ARGV[1], ARGV[2]
+local out = {}
+local removed, freed = 0, 0
+for i = 5, #KEYS do
+  local id, want = ARGV[(i - 5) * 2 + 3], ARGV[(i - 5) * 2 + 4]
+  local key = KEYS[i]
+  local state = redis.call('HMGET', key, 'ver', 'dg', 'sz')
+  if not state[1] then
+    if redis.call('ZREM', KEYS[1], id) == 1 then
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
+    end
+    out[#out + 1] = 0
+  elseif want ~= '' and state[1] ~= want then
+    out[#out + 1] = -1
+  else
+    redis.call('DEL', key)
+    redis.call('ZREM', KEYS[1], id)
+    if state[2] and redis.call('HGET', KEYS[2], state[2]) == id then
+      redis.call('HDEL', KEYS[2], state[2])
+    end
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
+    removed = removed + 1
+    freed = freed + (tonumber(state[3]) or 0)
+    out[#out + 1] = 1
+  end
+end
+if removed > 0 then
+  redis.call('HINCRBY', KEYS[4], 'evicted:' .. reason, removed)
+  redis.call('HINCRBY', KEYS[4], 'bytes', -freed)
+end
+return out

@@ -1,0 +1,34 @@
+-- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] stats hash
+-- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] prior_alpha  ARGV[4] prior_beta
+-- ARGV[5] usage_decay  ARGV[6] decay_interval_s  ARGV[7] refresh TTL (1/0)
+-- returns {1, arm, use, ver, doc, meta} served (msgpack values); {0} gone; {-1} expired;
+-- {-3} corrupt state (nothing written).
+-- Serving an entry: bring its arm to now, count the use, recompute confidence.
+local now = zc_now(ARGV[1])
+local id = ARGV[2]
+local score = redis.call('ZSCORE', KEYS[2], id)
+local raw = redis.call('HMGET', KEYS[1], 'arm', 'use', 'meta', 'doc')
+if not score or not raw[1] then
+  return {0}
+end
+if tonumber(score) <= now then
+  return {-1}
+end
+local arm, use, meta = zc_state(raw[1], raw[2], raw[3])
+if not arm then
+  return {-3}
+end
+zc_decay(arm, now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+use.n = use.n + 1
+if now > use.la then
+  use.la = now
+end
+use.c = zc_confidence(arm, use, meta)
+local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
+redis.call('HSET', KEYS[1], 'arm', packed_arm, 'use', packed_use)
+local ver = redis.call('HINCRBY', KEYS[1], 'ver', 1)
+if ARGV[7] == '1' and meta.ttl > 0 then
+  redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
+end
+redis.call('HINCRBY', KEYS[3], 'hits', 1)
+return {1, packed_arm, packed_use, ver, raw[4], raw[3]}

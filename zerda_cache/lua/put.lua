@@ -1,0 +1,47 @@
+-- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] q hash  KEYS[4] log stream  KEYS[5] stats hash
+-- KEYS[6] cfg hash.  ARGV: see below.  returns {1, displaced_id or '', created_at (string)}
+-- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists.
+-- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
+-- ARGV[4] vec (float32 bytes)  ARGV[5] dim  ARGV[6] digest of (normalised query, scope)
+-- ARGV[7] scope  ARGV[8] ttl_s (0 = none)  ARGV[9] similarity  ARGV[10] quality
+-- ARGV[11] prior_alpha  ARGV[12] prior_beta  ARGV[13] log maxlen (approximate)
+local now = zc_now(ARGV[1])
+local id, dim, digest, scope = ARGV[2], tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local ttl = tonumber(ARGV[8])
+
+-- The tenant's dimension is fixed by its first put.
+local tenant_dim = redis.call('HGET', KEYS[6], 'dim')
+if tenant_dim and tonumber(tenant_dim) ~= dim then
+  return {-1, tonumber(tenant_dim)}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {-2}
+end
+if not tenant_dim then
+  redis.call('HSET', KEYS[6], 'dim', dim)
+end
+
+local meta = {v = 1, ct = now, ttl = ttl, ss = tonumber(ARGV[9]), qs = tonumber(ARGV[10]),
+              sc = scope, dim = dim}
+local arm = {a = tonumber(ARGV[11]), b = tonumber(ARGV[12]), n = 0, r = 0, t = now}
+local use = {n = 0, la = now, c = 0}
+use.c = zc_confidence(arm, use, meta)
+local size = #ARGV[3] + #ARGV[4]
+
+redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'vec', ARGV[4], 'meta', cmsgpack.pack(meta),
+           'arm', cmsgpack.pack(arm), 'use', cmsgpack.pack(use), 'ver', 1,
+           'dg', digest, 'sz', size)
+local expires = '+inf'
+if ttl > 0 then
+  expires = string.format('%.17g', now + ttl)
+end
+redis.call('ZADD', KEYS[2], expires, id)
+local displaced = redis.call('HGET', KEYS[3], digest)
+redis.call('HSET', KEYS[3], digest, id)
+if not displaced or displaced == id then
+  displaced = ''
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[13], '*', 'op', 'add', 'id', id, 'sc', scope)
+redis.call('HINCRBY', KEYS[5], 'puts', 1)
+redis.call('HINCRBY', KEYS[5], 'bytes', size)
+return {1, displaced, string.format('%.17g', now)}

@@ -1,0 +1,277 @@
+"""The self-improving cache policy: Thompson sampling, one Beta-Bernoulli arm per entry.
+
+Faithful to the seed's ``CachePolicyLearner`` (``../shared/seeds/cache-policy-learner.md``)
+with its documented defects fixed; ``docs/differences.md`` lists each difference:
+
+* ``rank_candidates`` draws from the learner's own seedable ``numpy.random.Generator``,
+  not NumPy's global state.
+* ``eviction_ranking`` passes ``EvictionConfig``'s weights through.
+* ``auto_decay`` is time-based (``usage_decay ** (elapsed / decay_interval_s)`` from each
+  arm's ``decayed_at``), so it is idempotent in time; the worker persists it in Redis.
+* every arm change first brings the arm to ``now``.
+
+This module knows the bandit math and nothing of Redis: the storage layer's Lua scripts
+apply the same formulas to the state in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zerda_cache.config import EvictionConfig, RLConfig
+from zerda_cache.entry import IntelligentCacheEntry, compute_confidence
+from zerda_cache.errors import InvalidFeedbackError
+from zerda_cache.keys import validate_tenant
+
+log = logging.getLogger(__name__)
+
+#: Weight of an entry's confidence in the composite ranking score (seed constant).
+CONFIDENCE_WEIGHT = 0.1
+#: Seed: the learner's rolling feedback log keeps the most recent 10,000 signals.
+FEEDBACK_LOG_SIZE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackSignal:
+    """One external judgement of a cached answer: right (``positive``) or wrong.
+
+    ``source`` is free-form ("user", "llm_eval", "auto" by convention). ``timestamp`` is
+    the caller's clock and is only recorded; arm arithmetic uses the Redis server's clock.
+    Construction validates: a NaN, infinite or negative ``magnitude``, a bad tenant id or
+    an empty entry id raises at once.
+    """
+
+    entry_id: str
+    tenant_id: str
+    positive: bool
+    magnitude: float = 1.0
+    source: str = "user"
+    timestamp: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.entry_id, str) or not self.entry_id:
+            raise InvalidFeedbackError(f"entry_id must be a non-empty str, got {self.entry_id!r}")
+        validate_tenant(self.tenant_id)
+        if not isinstance(self.positive, bool | np.bool_):
+            raise InvalidFeedbackError(f"positive must be a bool, got {self.positive!r}")
+        m = self.magnitude
+        if isinstance(m, bool) or not isinstance(m, int | float) or not math.isfinite(m) or m < 0:
+            raise InvalidFeedbackError(
+                f"magnitude must be a finite number >= 0, got {self.magnitude!r}"
+            )
+        if not isinstance(self.source, str) or not 0 < len(self.source) <= 64:
+            raise InvalidFeedbackError(f"source must be a str of 1-64 chars, got {self.source!r}")
+        if not isinstance(self.timestamp, int | float) or not math.isfinite(self.timestamp):
+            raise InvalidFeedbackError(f"timestamp must be a finite number, got {self.timestamp!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionCandidate:
+    """An element of ``eviction_ranking``'s result; lower ``score`` is evicted first."""
+
+    entry_id: str
+    key: str
+    score: float
+
+
+Candidate = tuple[str, float, IntelligentCacheEntry]
+
+
+class CachePolicyLearner:
+    """Bandit learner over cache entries; see the module docstring.
+
+    Args:
+        config: the bandit parameters.
+        eviction: weights for ``eviction_ranking`` (default ``EvictionConfig()``).
+        rng: a generator to draw from; by default one seeded with ``config.seed``.
+    """
+
+    def __init__(
+        self,
+        config: RLConfig,
+        eviction: EvictionConfig | None = None,
+        *,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        self.config = config
+        self.eviction = eviction if eviction is not None else EvictionConfig()
+        # Generator methods serialise on their bit generator's lock, so one generator per
+        # learner is safe to share between threads (the seed's np.random.beta was not
+        # isolated from every other user of the global state).
+        self._rng = rng if rng is not None else np.random.default_rng(config.seed)
+        self._lock = threading.RLock()
+        self._total_positive = 0
+        self._total_negative = 0
+        self._feedback_log: deque[FeedbackSignal] = deque(maxlen=FEEDBACK_LOG_SIZE)
+
+    # -- feedback ------------------------------------------------------------------------
+    def reward_for(self, signal: FeedbackSignal) -> float:
+        """``magnitude * (positive_feedback_reward | negative_feedback_penalty)``."""
+        weight = (
+            self.config.positive_feedback_reward
+            if signal.positive
+            else self.config.negative_feedback_penalty
+        )
+        return float(signal.magnitude) * weight
+
+    def record_feedback(
+        self, entry: IntelligentCacheEntry, signal: FeedbackSignal, *, now: float | None = None
+    ) -> None:
+        """Apply one signal to ``entry``'s arm and recompute its confidence, in place.
+
+        The arm is first brought to ``now`` (default: the current time), then updated.
+        Persisting the entry is the caller's job; ``RedisStorage.feedback`` does both in
+        one Lua script instead.
+        """
+        now = time.time() if now is None else now
+        reward = self.reward_for(signal)
+        self._decay_entry(entry, now)
+        entry.record_hit(positive=bool(signal.positive), reward=reward)
+        entry.confidence_score = self._compute_confidence(entry)
+        with self._lock:
+            if signal.positive:
+                self._total_positive += 1
+            else:
+                self._total_negative += 1
+            self._feedback_log.append(signal)
+        log.debug(
+            "feedback entry=%s positive=%s reward=%.3f expected=%.3f",
+            entry.entry_id,
+            signal.positive,
+            reward,
+            entry.expected_reward,
+        )
+
+    def record_use(self, entry: IntelligentCacheEntry, now: float) -> None:
+        """The entry was served at ``now``: decay, count the use, recompute confidence.
+
+        The Python twin of the ``hit`` script.
+        """
+        self._decay_entry(entry, now)
+        entry.record_use(now)
+        entry.confidence_score = self._compute_confidence(entry)
+
+    # -- ranking -------------------------------------------------------------------------
+    def rank_candidates(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """Sort ``(entry_id, similarity, entry)`` by the composite score, best first.
+
+        ``composite = (similarity + s * thompson_draw + 0.1 * confidence) / (1 + s + 0.1)``
+        with ``s = similarity_bonus_scale``. Arms are used as given: bring them to the
+        current time first (``BanditArm.at``) when they come from storage.
+        """
+        return [c for c, _ in self.score_candidates(candidates)]
+
+    def score_candidates(self, candidates: Sequence[Candidate]) -> list[tuple[Candidate, float]]:
+        """``rank_candidates`` with each candidate's composite score, best first."""
+        s = self.config.similarity_bonus_scale
+        denom = 1.0 + s + CONFIDENCE_WEIGHT
+        scored: list[tuple[Candidate, float]] = []
+        for cand in candidates:
+            _, similarity, entry = cand
+            ts_reward = entry.bandit_arm.sample_reward(self._rng)
+            composite = (
+                similarity + s * ts_reward + CONFIDENCE_WEIGHT * entry.confidence_score
+            ) / denom
+            scored.append((cand, composite))
+        scored.sort(key=lambda item: item[1], reverse=True)
+        return scored
+
+    def is_servable(self, entry: IntelligentCacheEntry) -> bool:
+        """False once the arm's expected reward is below ``min_reward_to_keep``."""
+        return entry.expected_reward >= self.config.min_reward_to_keep
+
+    # -- eviction and decay ----------------------------------------------------------------
+    def eviction_ranking(
+        self,
+        entries: Iterable[tuple[str, IntelligentCacheEntry]],
+        n_to_evict: int,
+        *,
+        now: float | None = None,
+    ) -> list[EvictionCandidate]:
+        """The ``n_to_evict`` entries most worth evicting, most expendable first.
+
+        An entry whose expected reward (at ``now``) is below ``min_reward_to_keep`` scores
+        -1.0 and goes first; the rest score ``entry.eviction_score`` with the weights of
+        ``self.eviction``. Entries are not modified.
+        """
+        if n_to_evict <= 0:
+            return []
+        now = time.time() if now is None else now
+        cfg, ev = self.config, self.eviction
+        out: list[EvictionCandidate] = []
+        for key, entry in entries:
+            arm = entry.bandit_arm.at(now, cfg)
+            if arm.expected_reward < cfg.min_reward_to_keep:
+                score = -1.0
+            else:
+                view = IntelligentCacheEntry(
+                    entry_id=entry.entry_id,
+                    tenant=entry.tenant,
+                    query="",
+                    response="",
+                    created_at=entry.created_at,
+                    usage_count=entry.usage_count,
+                    last_access=entry.last_access,
+                    bandit_arm=arm,
+                )
+                score = view.eviction_score(
+                    decay=cfg.usage_decay,
+                    reward_w=ev.reward_weight,
+                    usage_w=ev.usage_weight,
+                    recency_w=ev.recency_weight,
+                    now=now,
+                    interval_s=cfg.decay_interval_s,
+                )
+            out.append(EvictionCandidate(entry_id=entry.entry_id, key=key, score=score))
+        out.sort(key=lambda c: c.score)
+        return out[:n_to_evict]
+
+    def auto_decay(
+        self, entries: Iterable[IntelligentCacheEntry], *, now: float | None = None
+    ) -> None:
+        """Bring every entry's arm to ``now``, shrinking its excess over the prior.
+
+        Time-based and idempotent: calling it twice at one instant equals calling it once.
+        """
+        now = time.time() if now is None else now
+        with self._lock:
+            for entry in entries:
+                self._decay_entry(entry, now)
+
+    def _decay_entry(self, entry: IntelligentCacheEntry, now: float) -> None:
+        cfg = self.config
+        entry.bandit_arm.decay_to(
+            now,
+            prior_alpha=cfg.prior_alpha,
+            prior_beta=cfg.prior_beta,
+            usage_decay=cfg.usage_decay,
+            interval_s=cfg.decay_interval_s,
+        )
+
+    # -- introspection -----------------------------------------------------------------------
+    def get_stats(self) -> dict[str, object]:
+        """``total_feedback``, ``positive_feedback``, ``negative_feedback``,
+        ``positive_rate`` and ``recent_signals`` (the log's length, at most 10,000)."""
+        with self._lock:
+            pos, neg = self._total_positive, self._total_negative
+            total = pos + neg
+            return {
+                "total_feedback": total,
+                "positive_feedback": pos,
+                "negative_feedback": neg,
+                "positive_rate": pos / total if total else 0.0,
+                "recent_signals": len(self._feedback_log),
+            }
+
+    def _compute_confidence(self, entry: IntelligentCacheEntry) -> float:
+        return compute_confidence(
+            entry.expected_reward, entry.similarity_score, entry.quality_score, entry.usage_count
+        )

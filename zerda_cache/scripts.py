@@ -1,0 +1,46 @@
+"""Lua scripts: loaded once from package data and registered once per client.
+
+Each ``lua/<name>.lua`` opens with its KEYS/ARGV/return contract. Scripts that touch arms
+are prefixed with ``lua/_lib.lua`` (static code, never values: everything variable goes
+through KEYS and ARGV). redis-py's ``Script`` objects run EVALSHA and reload the script
+after NOSCRIPT by themselves, on plain clients, pipelines and Redis Cluster alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+#: Scripts that need the shared library of arm formulas.
+_WITH_LIB = frozenset({"put", "hit", "feedback", "decay"})
+SCRIPT_NAMES = ("put", "hit", "feedback", "decay", "evict")
+
+
+@cache
+def script_source(name: str) -> str:
+    """The full Lua source of script ``name`` (library included where it needs it)."""
+    if name not in SCRIPT_NAMES:
+        raise ValueError(f"unknown script {name!r}")
+    pkg = resources.files("zerda_cache") / "lua"
+    body = (pkg / f"{name}.lua").read_text(encoding="utf-8")
+    if name in _WITH_LIB:
+        return (pkg / "_lib.lua").read_text(encoding="utf-8") + "\n" + body
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """The registered scripts of one client (sync ``redis.Redis``/``RedisCluster`` or
+    ``redis.asyncio`` clients: ``register_script`` returns the matching flavour)."""
+
+    put: Any
+    hit: Any
+    feedback: Any
+    decay: Any
+    evict: Any
+
+    @classmethod
+    def register(cls, client: Any) -> Scripts:
+        return cls(**{name: client.register_script(script_source(name)) for name in SCRIPT_NAMES})

@@ -1,0 +1,503 @@
+"""Redis storage: keys, codecs and scripts, and nothing of ranking.
+
+``RedisStorage`` wraps a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client. Every
+change to shared state is one Lua script (put, hit, feedback, decay, evict); reads are
+plain commands, batched in pipelines so that a batch costs one round trip. Arm arithmetic
+uses one clock, the Redis server's ``TIME``, unless a ``clock`` is injected (tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from zerda_cache import codec
+from zerda_cache.config import CacheConfig
+from zerda_cache.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY, IntelligentCacheEntry
+from zerda_cache.errors import (
+    CorruptEntryError,
+    DimensionMismatchError,
+    EntryNotFoundError,
+    InvalidEntryError,
+    StorageError,
+    ZerdaError,
+)
+from zerda_cache.keys import TenantKeys, new_entry_id, tenant_keys, tenants_key, validate_entry_id
+from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.scripts import Scripts
+
+log = logging.getLogger(__name__)
+
+#: Eviction reasons, as counted in the stats hash (``evicted:<reason>``).
+REASONS = ("expired", "low_reward", "capacity", "invalidated", "replaced", "corrupt")
+
+
+@contextlib.contextmanager
+def wrap_errors(what: str) -> Iterator[None]:
+    """Turn client errors into ``StorageError`` (the cause stays chained)."""
+    try:
+        yield
+    except ZerdaError:
+        raise
+    except redis.exceptions.RedisError as exc:
+        raise StorageError(f"{what} failed: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    entry_id: str
+    created_at: float
+    #: The entry that the same (query, scope) pointed to before, if any: it is no longer
+    #: reachable by exact match and is usually removed with reason "replaced".
+    displaced_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HitOutcome:
+    """Result of the hit script: ``entry`` (full content, arm at now) when served."""
+
+    status: str  # "served" | "gone" | "expired" | "corrupt"
+    entry: IntelligentCacheEntry | None = None
+
+
+@dataclass(slots=True)
+class StateBatch:
+    """Learning state of many entries, read in one round trip (no query/response)."""
+
+    entries: dict[str, IntelligentCacheEntry] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DecayOutcome:
+    decayed: int
+    missing: int
+    corrupt: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class EvictOutcome:
+    removed: list[str]
+    gone: list[str]
+    changed: list[str]
+
+
+_STATE_FIELDS = ("arm", "use", "meta", "ver", "sz")
+
+
+class RedisStorage:
+    """Typed access to one zerda-cache keyspace.
+
+    Args:
+        client: a ``redis.Redis`` or ``RedisCluster`` with ``decode_responses=False``.
+        config: key prefix, size limits and the bandit parameters the scripts apply.
+        clock: returns "now" in unix seconds; default: the Redis server's clock, read
+            inside each script (one clock for every replica).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        config: CacheConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.client = client
+        self.config = config if config is not None else CacheConfig()
+        self.clock = clock
+        self.scripts = Scripts.register(client)
+        self._keys: dict[str, TenantKeys] = {}
+        self._registered_tenants: set[str] = set()
+
+    # -- helpers -------------------------------------------------------------------------
+    def keys(self, tenant: str) -> TenantKeys:
+        """The (validated) keys of ``tenant``."""
+        k = self._keys.get(tenant)
+        if k is None:
+            k = tenant_keys(tenant, self.config.key_prefix)
+            if len(self._keys) < 10_000:
+                self._keys[tenant] = k
+        return k
+
+    def _now_arg(self) -> str:
+        return "" if self.clock is None else repr(float(self.clock()))
+
+    def now(self) -> float:
+        """Current time on the storage clock (the server's, unless one was injected)."""
+        if self.clock is not None:
+            return float(self.clock())
+        with wrap_errors("TIME"):
+            sec, usec = self.client.time()
+        return float(sec) + float(usec) / 1_000_000
+
+    def _rl_args(self) -> list[str]:
+        rl = self.config.rl
+        return [
+            repr(rl.prior_alpha),
+            repr(rl.prior_beta),
+            repr(rl.usage_decay),
+            repr(rl.decay_interval_s),
+        ]
+
+    # -- put -----------------------------------------------------------------------------
+    def put(
+        self,
+        tenant: str,
+        query: str,
+        response: str,
+        embedding: object,
+        *,
+        scope: str = "",
+        ttl_s: float | None = None,
+        quality: float | None = None,
+        similarity: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        entry_id: str | None = None,
+    ) -> PutOutcome:
+        """Store a new entry atomically (hash, ids, exact-match map, log, counters).
+
+        Raises:
+            InvalidTenantError, InvalidEmbeddingError, DimensionMismatchError,
+            InvalidEntryError: bad input; nothing is written.
+            StorageError: Redis failed.
+        """
+        k = self.keys(tenant)
+        cfg = self.config
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidEntryError("query must be a non-empty str")
+        if len(query) > cfg.max_query_chars:
+            raise InvalidEntryError(
+                f"query has {len(query)} characters, over max_query_chars={cfg.max_query_chars}"
+            )
+        if not isinstance(response, str):
+            raise InvalidEntryError(f"response must be a str, got {type(response).__name__}")
+        size = len(response.encode("utf-8"))
+        if size > cfg.max_response_bytes:
+            raise InvalidEntryError(
+                f"response has {size} bytes, over max_response_bytes={cfg.max_response_bytes}"
+            )
+        if not isinstance(scope, str) or len(scope) > 256:
+            raise InvalidEntryError("scope must be a str of at most 256 characters")
+        ttl = cfg.default_ttl_s if ttl_s is None else ttl_s
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl)
+            or ttl <= 0
+        ):
+            raise InvalidEntryError(f"ttl_s must be a finite number > 0, got {ttl!r}")
+        q = _unit_score("quality", DEFAULT_QUALITY if quality is None else quality)
+        s = _unit_score("similarity", DEFAULT_SIMILARITY if similarity is None else similarity)
+        vec = codec.encode_vector(embedding)
+        dim = len(vec) // 4
+        doc = codec.pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
+        eid = new_entry_id() if entry_id is None else validate_entry_id(entry_id)
+        digest = codec.query_digest(query, scope)
+        keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg]
+        args: list[Any] = [
+            self._now_arg(), eid, doc, vec, dim, digest, scope, repr(float(ttl or 0)),
+            repr(s), repr(q), repr(cfg.rl.prior_alpha), repr(cfg.rl.prior_beta),
+            cfg.index_log_maxlen,
+        ]
+        with wrap_errors("put"):
+            res = self.scripts.put(keys=keys, args=args)
+            if tenant not in self._registered_tenants:
+                self.client.sadd(tenants_key(cfg.key_prefix), tenant)
+                self._registered_tenants.add(tenant)
+        code = int(res[0])
+        if code == -1:
+            raise DimensionMismatchError(tenant, int(res[1]), dim)
+        if code == -2:
+            raise InvalidEntryError(f"entry id {eid} already exists in tenant {tenant!r}")
+        displaced = _s(res[1]) or None
+        return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
+
+    # -- reads ---------------------------------------------------------------------------
+    def get_entry(self, tenant: str, entry_id: str, *, with_vector: bool = True) -> IntelligentCacheEntry:
+        """Load one whole entry.
+
+        Raises:
+            EntryNotFoundError: no such entry in ``tenant``.
+            CorruptEntryError: a stored value does not decode.
+        """
+        k = self.keys(tenant)
+        key = k.entry(entry_id)
+        fields = ("doc", "vec", *_STATE_FIELDS) if with_vector else ("doc", *_STATE_FIELDS)
+        with wrap_errors("get_entry"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hmget(key, fields)
+            pipe.zscore(k.ids, entry_id)
+            raw, score = pipe.execute()
+        values = dict(zip(fields, raw, strict=True))
+        if values["doc"] is None:
+            raise EntryNotFoundError(tenant, entry_id)
+        entry = _state_entry(tenant, entry_id, key, values, score)
+        entry.query, entry.response, entry.metadata = codec.unpack_doc(values["doc"], key=key)
+        if with_vector:
+            entry.embedding = codec.decode_vector(values["vec"], key=key)
+        return entry
+
+    def load_states(self, tenant: str, entry_ids: Sequence[str]) -> StateBatch:
+        """Arms, usage and meta of many entries in one round trip.
+
+        Missing entries (evicted meanwhile) and corrupt ones are listed, not raised.
+        """
+        out = StateBatch()
+        if not entry_ids:
+            return out
+        k = self.keys(tenant)
+        with wrap_errors("load_states"):
+            pipe = self.client.pipeline(transaction=False)
+            for eid in entry_ids:
+                pipe.hmget(k.entry(eid), _STATE_FIELDS)
+            pipe.zmscore(k.ids, list(entry_ids))
+            *rows, scores = pipe.execute()
+        for eid, raw, score in zip(entry_ids, rows, scores, strict=True):
+            if raw[0] is None:
+                out.missing.append(eid)
+                continue
+            key = k.entry(eid)
+            try:
+                out.entries[eid] = _state_entry(
+                    tenant, eid, key, dict(zip(_STATE_FIELDS, raw, strict=True)), score
+                )
+            except CorruptEntryError as exc:
+                log.warning("skipping corrupt entry: %s", exc)
+                out.corrupt.append(eid)
+        return out
+
+    def vectors(self, tenant: str, entry_ids: Sequence[str]) -> dict[str, tuple[codec.Vector, str]]:
+        """``{id: (vector, scope)}`` of the entries that exist and decode."""
+        k = self.keys(tenant)
+        with wrap_errors("vectors"):
+            pipe = self.client.pipeline(transaction=False)
+            for eid in entry_ids:
+                pipe.hmget(k.entry(eid), ("vec", "meta"))
+            rows = pipe.execute()
+        out: dict[str, tuple[codec.Vector, str]] = {}
+        for eid, (vec, meta) in zip(entry_ids, rows, strict=True):
+            if vec is None:
+                continue
+            key = k.entry(eid)
+            try:
+                out[eid] = (codec.decode_vector(vec, key=key), codec.unpack_meta(meta, key=key)["sc"])
+            except CorruptEntryError as exc:
+                log.warning("skipping corrupt entry: %s", exc)
+        return out
+
+    def exact_match(self, tenant: str, query: str, scope: str = "") -> str | None:
+        """The id the (normalised query, scope) digest points to, if any."""
+        k = self.keys(tenant)
+        with wrap_errors("exact_match"):
+            found = self.client.hget(k.q, codec.query_digest(query, scope))
+        return _s(found) if found is not None else None
+
+    def iter_ids(self, tenant: str, batch: int | None = None) -> Iterator[list[tuple[str, float]]]:
+        """Batches of ``(entry_id, expires_at)`` of every live id, by ZSCAN (never KEYS).
+
+        An id present for the whole scan is returned at least once.
+        """
+        k = self.keys(tenant)
+        count = batch or self.config.eviction.scan_batch
+        cursor = 0
+        while True:
+            with wrap_errors("iter_ids"):
+                cursor, items = self.client.zscan(k.ids, cursor=cursor, count=count)
+            if items:
+                yield [(_s(member), float(score)) for member, score in items]
+            if int(cursor) == 0:
+                return
+
+    def expired_ids(self, tenant: str, now: float, limit: int) -> list[str]:
+        k = self.keys(tenant)
+        with wrap_errors("expired_ids"):
+            rows = self.client.zrangebyscore(k.ids, "-inf", repr(now), start=0, num=limit)
+        return [_s(r) for r in rows]
+
+    def count(self, tenant: str) -> int:
+        with wrap_errors("count"):
+            return int(self.client.zcard(self.keys(tenant).ids))
+
+    def stats(self, tenant: str) -> dict[str, int]:
+        """The tenant's counters plus ``entries`` (live ids)."""
+        k = self.keys(tenant)
+        with wrap_errors("stats"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(k.stats)
+            pipe.zcard(k.ids)
+            raw, n = pipe.execute()
+        out = {_s(f): int(v) for f, v in raw.items()}
+        out["entries"] = int(n)
+        return out
+
+    def tenant_dim(self, tenant: str) -> int | None:
+        with wrap_errors("tenant_dim"):
+            raw = self.client.hget(self.keys(tenant).cfg, "dim")
+        return int(raw) if raw is not None else None
+
+    def tenants(self) -> list[str]:
+        with wrap_errors("tenants"):
+            return sorted(_s(t) for t in self.client.smembers(tenants_key(self.config.key_prefix)))
+
+    def count_miss(self, tenant: str) -> None:
+        """One atomic HINCRBY (a counter, no read-modify-write)."""
+        with wrap_errors("count_miss"):
+            self.client.hincrby(self.keys(tenant).stats, "misses", 1)
+
+    def feedback_log(self, tenant: str, count: int = 100) -> list[dict[str, str]]:
+        """The most recent feedback signals of ``tenant``, newest first."""
+        with wrap_errors("feedback_log"):
+            rows = self.client.xrevrange(self.keys(tenant).fb, count=count)
+        return [{_s(f): _s(v) for f, v in fields.items()} for _, fields in rows]
+
+    # -- scripts -------------------------------------------------------------------------
+    def hit(self, tenant: str, entry_id: str, *, refresh_ttl: bool = False) -> HitOutcome:
+        """Serve ``entry_id``: count the use and return the entry (arm at now)."""
+        k = self.keys(tenant)
+        key = k.entry(entry_id)
+        args = [self._now_arg(), entry_id, *self._rl_args(), "1" if refresh_ttl else "0"]
+        with wrap_errors("hit"):
+            res = self.scripts.hit(keys=[key, k.ids, k.stats], args=args)
+        code = int(res[0])
+        if code == 0:
+            return HitOutcome("gone")
+        if code == -1:
+            return HitOutcome("expired")
+        if code == -3:
+            log.warning("corrupt entry %s not served", key)
+            return HitOutcome("corrupt")
+        arm = codec.unpack_arm(res[1], key=key)
+        usage, last, conf = codec.unpack_use(res[2], key=key)
+        query, response, metadata = codec.unpack_doc(res[4], key=key)
+        meta = codec.unpack_meta(res[5], key=key)
+        entry = IntelligentCacheEntry(
+            entry_id=entry_id, tenant=tenant, query=query, response=response, metadata=metadata,
+            scope=meta["sc"], created_at=meta["ct"], ttl_s=meta["ttl"] or None,
+            quality_score=meta["qs"], similarity_score=meta["ss"], usage_count=usage,
+            last_access=last, confidence_score=conf, bandit_arm=arm, version=int(res[3]),
+        )
+        return HitOutcome("served", entry)
+
+    def feedback(self, signal: FeedbackSignal) -> IntelligentCacheEntry:
+        """Apply one signal atomically; return the entry's new learning state.
+
+        Raises:
+            EntryNotFoundError: no such entry in ``signal.tenant_id``.
+            CorruptEntryError: the entry's state does not decode (nothing written).
+        """
+        tenant = signal.tenant_id
+        k = self.keys(tenant)
+        eid = signal.entry_id
+        key = k.entry(eid)
+        rl = self.config.rl
+        args = [
+            self._now_arg(), eid, "1" if signal.positive else "0", repr(float(signal.magnitude)),
+            repr(rl.positive_feedback_reward), repr(rl.negative_feedback_penalty),
+            *self._rl_args(), self.config.feedback_log_maxlen, signal.source,
+            repr(float(signal.timestamp)),
+        ]
+        with wrap_errors("feedback"):
+            res = self.scripts.feedback(keys=[key, k.stats, k.fb], args=args)
+        code = int(res[0])
+        if code == 0:
+            raise EntryNotFoundError(tenant, eid)
+        if code == -3:
+            raise CorruptEntryError(key, "arm, use or meta does not decode; feedback not applied")
+        arm = codec.unpack_arm(res[1], key=key)
+        usage, last, conf = codec.unpack_use(res[2], key=key)
+        return IntelligentCacheEntry(
+            entry_id=eid, tenant=tenant, query="", response="", usage_count=usage,
+            last_access=last, confidence_score=conf, bandit_arm=arm,
+        )
+
+    def decay(self, tenant: str, entry_ids: Sequence[str]) -> DecayOutcome:
+        """Bring the arms of ``entry_ids`` to now and persist them (one script call)."""
+        if not entry_ids:
+            return DecayOutcome(0, 0, [])
+        k = self.keys(tenant)
+        keys = [k.entry(eid) for eid in entry_ids]
+        with wrap_errors("decay"):
+            decayed, missing, corrupt = self.scripts.decay(
+                keys=keys, args=[self._now_arg(), *self._rl_args()]
+            )
+        bad = [entry_ids[int(i) - 1] for i in corrupt]
+        for eid in bad:
+            log.warning("decay skipped corrupt entry %s", k.entry(eid))
+        return DecayOutcome(int(decayed), int(missing), bad)
+
+    def evict(
+        self,
+        tenant: str,
+        candidates: Sequence[tuple[str, int | None]],
+        reason: str,
+    ) -> EvictOutcome:
+        """Remove ``(entry_id, version)`` pairs from every structure, atomically per batch.
+
+        An entry whose ``ver`` is no longer ``version`` (it was served or got feedback
+        since it was scored) is kept; ``None`` removes it whatever its version.
+        """
+        if reason not in REASONS:
+            raise ValueError(f"unknown eviction reason {reason!r}; use one of {REASONS}")
+        out = EvictOutcome([], [], [])
+        if not candidates:
+            return out
+        k = self.keys(tenant)
+        keys = [k.ids, k.q, k.log, k.stats, *(k.entry(eid) for eid, _ in candidates)]
+        args: list[Any] = [reason, self.config.index_log_maxlen]
+        for eid, ver in candidates:
+            args += [eid, "" if ver is None else str(int(ver))]
+        with wrap_errors("evict"):
+            statuses = self.scripts.evict(keys=keys, args=args)
+        for (eid, _), status in zip(candidates, statuses, strict=True):
+            {1: out.removed, 0: out.gone, -1: out.changed}[int(status)].append(eid)
+        return out
+
+    def invalidate(self, tenant: str, entry_id: str) -> bool:
+        """Remove one entry now; False if it did not exist."""
+        return bool(self.evict(tenant, [(entry_id, None)], "invalidated").removed)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _unit_score(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise InvalidEntryError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _state_entry(
+    tenant: str, entry_id: str, key: str, values: Mapping[str, Any], score: float | None
+) -> IntelligentCacheEntry:
+    meta = codec.unpack_meta(values["meta"], key=key)
+    usage, last, conf = codec.unpack_use(values["use"], key=key)
+    try:
+        version = int(values["ver"])
+        size = int(values["sz"])
+    except (TypeError, ValueError) as exc:
+        raise CorruptEntryError(key, "ver or sz is not an integer") from exc
+    return IntelligentCacheEntry(
+        entry_id=entry_id,
+        tenant=tenant,
+        query="",
+        response="",
+        scope=meta["sc"],
+        created_at=meta["ct"],
+        ttl_s=meta["ttl"] or None,
+        expires_at=float(score) if score is not None else -math.inf,
+        quality_score=meta["qs"],
+        similarity_score=meta["ss"],
+        usage_count=usage,
+        last_access=last,
+        confidence_score=conf,
+        bandit_arm=codec.unpack_arm(values["arm"], key=key),
+        version=version,
+        size_bytes=size,
+    )
