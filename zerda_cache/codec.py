@@ -52,13 +52,16 @@ def normalize_vector(embedding: object) -> Vector:
     except (TypeError, ValueError) as exc:
         raise InvalidEmbeddingError(f"embedding is not a numeric vector: {exc}") from exc
     if arr.ndim != 1 or arr.size == 0:
-        raise InvalidEmbeddingError(f"embedding must be a non-empty 1-D vector, got shape {arr.shape}")
+        raise InvalidEmbeddingError(
+            f"embedding must be a non-empty 1-D vector, got shape {arr.shape}"
+        )
     if not np.all(np.isfinite(arr)):
         raise InvalidEmbeddingError("embedding contains NaN or infinite values")
-    norm = float(np.linalg.norm(arr))
-    if norm == 0.0 or not math.isfinite(norm):
-        raise InvalidEmbeddingError("embedding has zero (or overflowing) norm")
-    return (arr / norm).astype(np.float32)
+    scale = float(np.max(np.abs(arr)))
+    if scale == 0.0:
+        raise InvalidEmbeddingError("embedding is all zeros: it has no direction")
+    arr = arr / scale  # no overflow in the norm of a huge-but-finite vector
+    return (arr / float(np.linalg.norm(arr))).astype(np.float32)
 
 
 def encode_vector(embedding: object) -> bytes:
@@ -135,7 +138,9 @@ def pack_doc(
                 f"metadata packs to {packed} bytes, over max_metadata_bytes={max_metadata_bytes}"
             )
     return bytes(
-        msgpack.packb({"v": SCHEMA_VERSION, "q": query, "r": response, "m": meta}, use_bin_type=True)
+        msgpack.packb(
+            {"v": SCHEMA_VERSION, "q": query, "r": response, "m": meta}, use_bin_type=True
+        )
     )
 
 
@@ -195,7 +200,9 @@ def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
     meta = _unpack_map(raw, key, "meta")
     if meta.get("v") != SCHEMA_VERSION:
         raise CorruptEntryError(key, f"meta has unknown schema version {meta.get('v')!r}")
-    out: dict[str, Any] = {name: _num(meta, name, key, "meta") for name in ("ct", "ttl", "ss", "qs")}
+    out: dict[str, Any] = {
+        name: _num(meta, name, key, "meta") for name in ("ct", "ttl", "ss", "qs")
+    }
     out["dim"] = int(_num(meta, "dim", key, "meta"))
     scope = meta.get("sc", "")
     if not isinstance(scope, str):

@@ -132,7 +132,9 @@ class RLConfig:
         _check_unit("min_reward_to_keep", self.min_reward_to_keep)
         _check_unit("usage_decay", self.usage_decay, closed_low=False)
         _check_positive("decay_interval_s", self.decay_interval_s)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
 
 

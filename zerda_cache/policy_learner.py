@@ -237,7 +237,8 @@ class CachePolicyLearner:
     def auto_decay(
         self, entries: Iterable[IntelligentCacheEntry], *, now: float | None = None
     ) -> None:
-        """Bring every entry's arm to ``now``, shrinking its excess over the prior.
+        """Bring every entry's arm to ``now``, shrinking its excess over the prior, and
+        recompute its confidence.
 
         Time-based and idempotent: calling it twice at one instant equals calling it once.
         """
@@ -245,6 +246,9 @@ class CachePolicyLearner:
         with self._lock:
             for entry in entries:
                 self._decay_entry(entry, now)
+                # Confidence follows the decayed expected reward (the decay script does
+                # the same in Redis).
+                entry.confidence_score = self._compute_confidence(entry)
 
     def _decay_entry(self, entry: IntelligentCacheEntry, now: float) -> None:
         cfg = self.config

@@ -188,7 +188,9 @@ class RedisStorage:
             raise InvalidEntryError("scope must be a str of at most 256 characters")
         ttl = cfg.default_ttl_s if ttl_s is None else ttl_s
         if ttl is not None and (
-            isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl)
+            isinstance(ttl, bool)
+            or not isinstance(ttl, int | float)
+            or not math.isfinite(ttl)
             or ttl <= 0
         ):
             raise InvalidEntryError(f"ttl_s must be a finite number > 0, got {ttl!r}")
@@ -201,25 +203,40 @@ class RedisStorage:
         digest = codec.query_digest(query, scope)
         keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg]
         args: list[Any] = [
-            self._now_arg(), eid, doc, vec, dim, digest, scope, repr(float(ttl or 0)),
-            repr(s), repr(q), repr(cfg.rl.prior_alpha), repr(cfg.rl.prior_beta),
+            self._now_arg(),
+            eid,
+            doc,
+            vec,
+            dim,
+            digest,
+            scope,
+            repr(float(ttl or 0)),
+            repr(s),
+            repr(q),
+            repr(cfg.rl.prior_alpha),
+            repr(cfg.rl.prior_beta),
             cfg.index_log_maxlen,
         ]
         with wrap_errors("put"):
             res = self.scripts.put(keys=keys, args=args)
-            if tenant not in self._registered_tenants:
-                self.client.sadd(tenants_key(cfg.key_prefix), tenant)
-                self._registered_tenants.add(tenant)
         code = int(res[0])
         if code == -1:
             raise DimensionMismatchError(tenant, int(res[1]), dim)
         if code == -2:
             raise InvalidEntryError(f"entry id {eid} already exists in tenant {tenant!r}")
+        if tenant not in self._registered_tenants:
+            # The global tenant set lives in another slot, so it cannot be part of the put
+            # script; SADD is idempotent and the worker tolerates a tenant without entries.
+            with wrap_errors("register tenant"):
+                self.client.sadd(tenants_key(cfg.key_prefix), tenant)
+            self._registered_tenants.add(tenant)
         displaced = _s(res[1]) or None
         return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
 
     # -- reads ---------------------------------------------------------------------------
-    def get_entry(self, tenant: str, entry_id: str, *, with_vector: bool = True) -> IntelligentCacheEntry:
+    def get_entry(
+        self, tenant: str, entry_id: str, *, with_vector: bool = True
+    ) -> IntelligentCacheEntry:
         """Load one whole entry.
 
         Raises:
@@ -286,7 +303,10 @@ class RedisStorage:
                 continue
             key = k.entry(eid)
             try:
-                out[eid] = (codec.decode_vector(vec, key=key), codec.unpack_meta(meta, key=key)["sc"])
+                out[eid] = (
+                    codec.decode_vector(vec, key=key),
+                    codec.unpack_meta(meta, key=key)["sc"],
+                )
             except CorruptEntryError as exc:
                 log.warning("skipping corrupt entry: %s", exc)
         return out
@@ -377,10 +397,21 @@ class RedisStorage:
         query, response, metadata = codec.unpack_doc(res[4], key=key)
         meta = codec.unpack_meta(res[5], key=key)
         entry = IntelligentCacheEntry(
-            entry_id=entry_id, tenant=tenant, query=query, response=response, metadata=metadata,
-            scope=meta["sc"], created_at=meta["ct"], ttl_s=meta["ttl"] or None,
-            quality_score=meta["qs"], similarity_score=meta["ss"], usage_count=usage,
-            last_access=last, confidence_score=conf, bandit_arm=arm, version=int(res[3]),
+            entry_id=entry_id,
+            tenant=tenant,
+            query=query,
+            response=response,
+            metadata=metadata,
+            scope=meta["sc"],
+            created_at=meta["ct"],
+            ttl_s=meta["ttl"] or None,
+            quality_score=meta["qs"],
+            similarity_score=meta["ss"],
+            usage_count=usage,
+            last_access=last,
+            confidence_score=conf,
+            bandit_arm=arm,
+            version=int(res[3]),
         )
         return HitOutcome("served", entry)
 
@@ -397,9 +428,15 @@ class RedisStorage:
         key = k.entry(eid)
         rl = self.config.rl
         args = [
-            self._now_arg(), eid, "1" if signal.positive else "0", repr(float(signal.magnitude)),
-            repr(rl.positive_feedback_reward), repr(rl.negative_feedback_penalty),
-            *self._rl_args(), self.config.feedback_log_maxlen, signal.source,
+            self._now_arg(),
+            eid,
+            "1" if signal.positive else "0",
+            repr(float(signal.magnitude)),
+            repr(rl.positive_feedback_reward),
+            repr(rl.negative_feedback_penalty),
+            *self._rl_args(),
+            self.config.feedback_log_maxlen,
+            signal.source,
             repr(float(signal.timestamp)),
         ]
         with wrap_errors("feedback"):
@@ -412,8 +449,14 @@ class RedisStorage:
         arm = codec.unpack_arm(res[1], key=key)
         usage, last, conf = codec.unpack_use(res[2], key=key)
         return IntelligentCacheEntry(
-            entry_id=eid, tenant=tenant, query="", response="", usage_count=usage,
-            last_access=last, confidence_score=conf, bandit_arm=arm,
+            entry_id=eid,
+            tenant=tenant,
+            query="",
+            response="",
+            usage_count=usage,
+            last_access=last,
+            confidence_score=conf,
+            bandit_arm=arm,
         )
 
     def decay(self, tenant: str, entry_ids: Sequence[str]) -> DecayOutcome:

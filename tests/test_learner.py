@@ -1,0 +1,261 @@
+"""The bandit core in pure Python: the seed's formulas, defaults and fixed defects."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from zerda_cache import (
+    BanditArm,
+    CachePolicyLearner,
+    EvictionCandidate,
+    EvictionConfig,
+    FeedbackSignal,
+    IntelligentCacheEntry,
+    InvalidFeedbackError,
+    InvalidTenantError,
+    RLConfig,
+)
+from zerda_cache.entry import compute_confidence, usage_credibility
+
+
+def make_entry(eid: str = "e1", **kw: object) -> IntelligentCacheEntry:
+    return IntelligentCacheEntry(entry_id=eid, tenant="acme", query="q", response="r", **kw)  # type: ignore[arg-type]
+
+
+def sig(eid: str = "e1", positive: bool = True, magnitude: float = 1.0) -> FeedbackSignal:
+    return FeedbackSignal(entry_id=eid, tenant_id="acme", positive=positive, magnitude=magnitude)
+
+
+# --- seed defaults ---------------------------------------------------------------------------
+def test_seed_defaults() -> None:
+    rl, ev = RLConfig(), EvictionConfig()
+    assert rl.min_reward_to_keep == 0.05
+    assert rl.usage_decay == 0.995
+    assert (ev.reward_weight, ev.usage_weight, ev.recency_weight) == (0.50, 0.30, 0.20)
+    s = FeedbackSignal(entry_id="x", tenant_id="t", positive=True)
+    assert (s.magnitude, s.source) == (1.0, "user")
+
+
+# --- record_feedback -------------------------------------------------------------------------
+def test_record_feedback_applies_reward_and_confidence() -> None:
+    cfg = RLConfig(positive_feedback_reward=2.0, negative_feedback_penalty=3.0)
+    learner = CachePolicyLearner(cfg)
+    e = make_entry(
+        bandit_arm=BanditArm.fresh(cfg, now=100.0), quality_score=0.8, similarity_score=0.9
+    )
+    learner.record_feedback(e, sig(magnitude=0.5), now=100.0)
+    assert e.bandit_arm.alpha == pytest.approx(1.0 + 0.5 * 2.0)
+    assert e.bandit_arm.beta == 1.0
+    learner.record_feedback(e, sig(positive=False, magnitude=2.0), now=100.0)
+    assert e.bandit_arm.beta == pytest.approx(1.0 + 2.0 * 3.0)
+    assert e.bandit_arm.pulls == 2
+    assert e.bandit_arm.reward_sum == pytest.approx(1.0 - 6.0)
+    expected = 2.0 / (2.0 + 7.0)
+    assert e.expected_reward == pytest.approx(expected)
+    assert e.confidence_score == pytest.approx(0.40 * expected + 0.25 * 0.9 + 0.25 * 0.8 + 0.0)
+
+
+def test_feedback_counters_and_log_cap() -> None:
+    learner = CachePolicyLearner(RLConfig())
+    e = make_entry()
+    for i in range(10_005):
+        learner.record_feedback(e, sig(positive=i % 3 != 0), now=0.0)
+    stats = learner.get_stats()
+    assert stats["total_feedback"] == 10_005
+    assert stats["negative_feedback"] == 3335
+    assert stats["positive_feedback"] == 6670
+    assert stats["positive_rate"] == pytest.approx(6670 / 10_005)
+    assert stats["recent_signals"] == 10_000
+
+
+def test_get_stats_empty() -> None:
+    assert CachePolicyLearner(RLConfig()).get_stats() == {
+        "total_feedback": 0,
+        "positive_feedback": 0,
+        "negative_feedback": 0,
+        "positive_rate": 0.0,
+        "recent_signals": 0,
+    }
+
+
+def test_concurrent_feedback_counts_are_exact() -> None:
+    learner = CachePolicyLearner(RLConfig())
+    entries = [make_entry(f"e{i}") for i in range(16)]
+
+    def work(e: IntelligentCacheEntry) -> None:
+        for _ in range(500):
+            learner.record_feedback(e, sig(e.entry_id), now=0.0)
+
+    threads = [threading.Thread(target=work, args=(e,)) for e in entries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert learner.get_stats()["total_feedback"] == 16 * 500
+    assert all(e.bandit_arm.alpha == 501.0 for e in entries)
+
+
+# --- confidence ----------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [0, 1, 10, 50, 500])
+def test_usage_credibility_saturates_at_50(n: int) -> None:
+    assert usage_credibility(n) == pytest.approx(min(1.0, math.log1p(n) / math.log1p(50)))
+
+
+def test_confidence_is_clipped() -> None:
+    assert compute_confidence(1.0, 1.0, 1.0, 1000) == 1.0
+    assert compute_confidence(0.0, 0.0, 0.0, 0) == 0.0
+
+
+# --- rank_candidates ----------------------------------------------------------------------
+def test_rank_candidates_composite_formula() -> None:
+    cfg = RLConfig(similarity_bonus_scale=0.5, seed=7)
+    learner = CachePolicyLearner(cfg)
+    e1 = make_entry("a", confidence_score=0.3, bandit_arm=BanditArm(alpha=5, beta=2))
+    e2 = make_entry("b", confidence_score=0.9, bandit_arm=BanditArm(alpha=2, beta=5))
+    scored = learner.score_candidates([("a", 0.91, e1), ("b", 0.88, e2)])
+    # Replay the draws with an identically seeded generator.
+    rng = np.random.default_rng(7)
+    draws = {"a": rng.beta(5, 2), "b": rng.beta(2, 5)}
+    for (eid, sim, entry), score in scored:
+        want = (sim + 0.5 * draws[eid] + 0.1 * entry.confidence_score) / 1.6
+        assert score == pytest.approx(want)
+    assert scored[0][1] >= scored[1][1]
+    ranked = learner.rank_candidates([("a", 0.91, e1), ("b", 0.88, e2)])
+    assert {c[0] for c in ranked} == {"a", "b"}
+    assert all(len(c) == 3 for c in ranked)
+
+
+def test_rank_candidates_reproducible_with_seed_and_isolated_from_global_rng() -> None:
+    def run() -> list[str]:
+        learner = CachePolicyLearner(RLConfig(seed=42))
+        cands = [(f"e{i}", 0.9, make_entry(f"e{i}")) for i in range(5)]
+        out = []
+        for _ in range(50):
+            np.random.seed(np.random.randint(1 << 30))  # global state must not matter
+            out.append(learner.rank_candidates(cands)[0][0])
+        return out
+
+    assert run() == run()
+
+
+def test_rank_prefers_liked_answer() -> None:
+    learner = CachePolicyLearner(RLConfig(seed=1))
+    liked = make_entry("liked")
+    plain = make_entry("plain")
+    for _ in range(20):
+        learner.record_feedback(liked, sig("liked"), now=0.0)
+    wins = sum(
+        learner.rank_candidates([("plain", 0.9, plain), ("liked", 0.9, liked)])[0][0] == "liked"
+        for _ in range(1000)
+    )
+    assert wins >= 950
+
+
+# --- eviction_ranking ---------------------------------------------------------------------
+def test_eviction_ranking_fast_path_and_order() -> None:
+    learner = CachePolicyLearner(RLConfig(usage_decay=1.0))
+    bad = make_entry("bad", bandit_arm=BanditArm(alpha=1, beta=40))  # 0.024 < 0.05
+    good = make_entry(
+        "good", bandit_arm=BanditArm(alpha=30, beta=1), usage_count=50, last_access=100.0
+    )
+    meh = make_entry("meh", bandit_arm=BanditArm(alpha=1, beta=1))
+    out = learner.eviction_ranking([("kg", good), ("kb", bad), ("km", meh)], 2, now=100.0)
+    assert out[0] == EvictionCandidate(entry_id="bad", key="kb", score=-1.0)
+    assert out[1].entry_id == "meh"
+    assert len(out) == 2
+    assert learner.eviction_ranking([("kg", good)], 0, now=100.0) == []
+
+
+def test_eviction_ranking_uses_config_weights() -> None:
+    """The seed ignored EvictionConfig's weights; we pass them through."""
+    # Entry A: high reward, never used. Entry B: low reward, heavily used.
+    a = make_entry("a", bandit_arm=BanditArm(alpha=9, beta=1), usage_count=0)
+    b = make_entry("b", bandit_arm=BanditArm(alpha=1, beta=3), usage_count=50)
+    rl = RLConfig(usage_decay=1.0)
+    reward_heavy = CachePolicyLearner(
+        rl, EvictionConfig(reward_weight=1, usage_weight=0, recency_weight=0)
+    )
+    usage_heavy = CachePolicyLearner(
+        rl, EvictionConfig(reward_weight=0, usage_weight=1, recency_weight=0)
+    )
+    pairs = [("ka", a), ("kb", b)]
+    assert reward_heavy.eviction_ranking(pairs, 1, now=0.0)[0].entry_id == "b"
+    assert usage_heavy.eviction_ranking(pairs, 1, now=0.0)[0].entry_id == "a"
+    s = reward_heavy.eviction_ranking(pairs, 2, now=0.0)
+    assert s[0].score == pytest.approx(0.25) and s[1].score == pytest.approx(0.9)
+
+
+def test_eviction_score_formula() -> None:
+    e = make_entry(bandit_arm=BanditArm(alpha=3, beta=1), usage_count=10, last_access=0.0)
+    score = e.eviction_score(0.5, 0.5, 0.3, 0.2, now=600.0, interval_s=300.0)
+    want = 0.5 * 0.75 + 0.3 * math.log1p(10) / math.log1p(50) + 0.2 * 0.5**2
+    assert score == pytest.approx(want)
+
+
+# --- decay ----------------------------------------------------------------------------------
+def test_auto_decay_shrinks_excess_toward_prior() -> None:
+    cfg = RLConfig(prior_alpha=2.0, prior_beta=1.0, usage_decay=0.5, decay_interval_s=10.0)
+    learner = CachePolicyLearner(cfg)
+    e = make_entry(bandit_arm=BanditArm(alpha=10.0, beta=5.0, decayed_at=0.0))
+    learner.auto_decay([e], now=20.0)  # two intervals: factor 0.25
+    assert e.bandit_arm.alpha == pytest.approx(2.0 + 8.0 * 0.25)
+    assert e.bandit_arm.beta == pytest.approx(1.0 + 4.0 * 0.25)
+    assert e.bandit_arm.decayed_at == 20.0
+    for _ in range(200):
+        learner.auto_decay([e], now=e.bandit_arm.decayed_at + 10.0)
+    assert e.bandit_arm.alpha >= 2.0 and e.bandit_arm.beta >= 1.0
+    assert e.bandit_arm.alpha == pytest.approx(2.0)
+
+
+def test_auto_decay_is_idempotent_in_time() -> None:
+    cfg = RLConfig(usage_decay=0.9, decay_interval_s=1.0)
+    learner = CachePolicyLearner(cfg)
+    once = make_entry(bandit_arm=BanditArm(alpha=20.0, beta=4.0))
+    twice = make_entry(bandit_arm=BanditArm(alpha=20.0, beta=4.0))
+    learner.auto_decay([once], now=7.0)
+    learner.auto_decay([twice], now=3.0)
+    learner.auto_decay([twice], now=7.0)
+    learner.auto_decay([twice], now=7.0)  # a doubled cycle
+    learner.auto_decay([twice], now=5.0)  # a late one: time never runs backwards
+    assert twice.bandit_arm.alpha == pytest.approx(once.bandit_arm.alpha, abs=1e-12)
+    assert twice.bandit_arm.beta == pytest.approx(once.bandit_arm.beta, abs=1e-12)
+
+
+def test_feedback_decays_to_now_first() -> None:
+    cfg = RLConfig(usage_decay=0.5, decay_interval_s=1.0)
+    learner = CachePolicyLearner(cfg)
+    e = make_entry(bandit_arm=BanditArm(alpha=5.0, beta=1.0, decayed_at=0.0))
+    learner.record_feedback(e, sig(), now=1.0)
+    assert e.bandit_arm.alpha == pytest.approx(1.0 + 4.0 * 0.5 + 1.0)
+
+
+def test_arm_at_does_not_mutate() -> None:
+    arm = BanditArm(alpha=5.0, beta=1.0, decayed_at=0.0)
+    view = arm.at(300.0, RLConfig())
+    assert arm.alpha == 5.0 and view.alpha == pytest.approx(1.0 + 4.0 * 0.995)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("magnitude", [math.nan, math.inf, -math.inf, -0.1, "1", True])
+def test_bad_magnitude_is_rejected(magnitude: object) -> None:
+    with pytest.raises(InvalidFeedbackError, match="magnitude"):
+        FeedbackSignal(entry_id="x", tenant_id="t", positive=True, magnitude=magnitude)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tenant", ["", "a{b}", "a:b", "a b", "a\nb", "x" * 65, None])
+def test_bad_tenant_in_signal_is_rejected(tenant: object) -> None:
+    with pytest.raises(InvalidTenantError):
+        FeedbackSignal(entry_id="x", tenant_id=tenant, positive=True)  # type: ignore[arg-type]
+
+
+def test_bad_signal_fields() -> None:
+    with pytest.raises(InvalidFeedbackError, match="entry_id"):
+        FeedbackSignal(entry_id="", tenant_id="t", positive=True)
+    with pytest.raises(InvalidFeedbackError, match="positive"):
+        FeedbackSignal(entry_id="x", tenant_id="t", positive=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidFeedbackError, match="source"):
+        FeedbackSignal(entry_id="x", tenant_id="t", positive=True, source="")

@@ -1,0 +1,387 @@
+"""RedisStorage against real servers (redis-server and valkey-server, see conftest)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import redis
+
+from zerda_cache import (
+    CacheConfig,
+    CorruptEntryError,
+    DimensionMismatchError,
+    EntryNotFoundError,
+    FeedbackSignal,
+    InvalidEmbeddingError,
+    InvalidEntryError,
+    InvalidTenantError,
+    RLConfig,
+    StorageError,
+)
+from zerda_cache.keys import tenant_keys
+from zerda_cache.storage import RedisStorage
+
+DIM = 16
+
+
+class Clock:
+    """An injectable clock for the scripts' ``now``."""
+
+    def __init__(self, t: float = 1_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def vec(seed: int, dim: int = DIM) -> np.ndarray[Any, np.dtype[np.float64]]:
+    return np.random.default_rng(seed).normal(size=dim)
+
+
+def snapshot(client: redis.Redis) -> dict[bytes, bytes]:
+    """Every key and its serialized value: equal snapshots mean Redis is unchanged."""
+    return {k: client.dump(k) for k in sorted(client.keys("*"))}
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def storage(redis_client: redis.Redis, clock: Clock) -> RedisStorage:
+    return RedisStorage(redis_client, CacheConfig(max_response_bytes=1000), clock=clock)
+
+
+def put(st: RedisStorage, i: int, tenant: str = "acme", **kw: Any) -> str:
+    return st.put(tenant, f"question {i}?", f"answer {i}", vec(i), **kw).entry_id
+
+
+# --- put / get / hit ----------------------------------------------------------------------
+def test_put_writes_every_structure(storage: RedisStorage, redis_client: redis.Redis) -> None:
+    out = storage.put(
+        "acme",
+        "What is Redis?",
+        "A server.",
+        vec(1),
+        scope="s1",
+        ttl_s=60,
+        quality=0.9,
+        metadata={"model": "m"},
+    )
+    k = tenant_keys("acme")
+    e = storage.get_entry("acme", out.entry_id)
+    assert (e.query, e.response, e.metadata, e.scope) == (
+        "What is Redis?",
+        "A server.",
+        {"model": "m"},
+        "s1",
+    )
+    assert e.created_at == 1000.0 and e.expires_at == 1060.0 and e.ttl_s == 60
+    assert e.bandit_arm.alpha == 1.0 and e.bandit_arm.decayed_at == 1000.0
+    assert e.version == 1 and e.size_bytes > DIM * 4
+    np.testing.assert_allclose(np.linalg.norm(e.embedding), 1.0, rtol=1e-6)
+    assert redis_client.zscore(k.ids, out.entry_id) == 1060.0
+    assert storage.exact_match("acme", "  what is REDIS? ", "s1") == out.entry_id
+    assert storage.exact_match("acme", "what is redis?", "other") is None
+    events = redis_client.xrange(k.log)
+    assert [(f[b"op"], f[b"id"].decode(), f[b"sc"]) for _, f in events] == [
+        (b"add", out.entry_id, b"s1")
+    ]
+    assert storage.stats("acme") == {"puts": 1, "bytes": e.size_bytes, "entries": 1}
+    assert storage.tenants() == ["acme"] and storage.tenant_dim("acme") == DIM
+
+
+def test_exact_duplicate_put_reports_displaced(storage: RedisStorage) -> None:
+    first = storage.put("acme", "Same q", "old", vec(1))
+    second = storage.put("acme", "same Q", "new", vec(2))
+    assert second.displaced_id == first.entry_id and first.displaced_id is None
+    assert storage.exact_match("acme", "same q") == second.entry_id
+
+
+def test_hit_counts_use_and_respects_expiry(storage: RedisStorage, clock: Clock) -> None:
+    eid = put(storage, 1, ttl_s=10)
+    clock.t = 1005.0
+    hit = storage.hit("acme", eid)
+    assert hit.status == "served" and hit.entry is not None
+    assert (hit.entry.response, hit.entry.usage_count, hit.entry.last_access) == (
+        "answer 1",
+        1,
+        1005.0,
+    )
+    assert hit.entry.version == 2 and hit.entry.created_at == 1000.0
+    assert storage.stats("acme")["hits"] == 1
+    clock.t = 1010.0
+    assert storage.hit("acme", eid).status == "expired"
+    assert storage.hit("acme", "0" * 32).status == "gone"
+
+
+def test_hit_refreshes_ttl_only_when_asked(
+    storage: RedisStorage, clock: Clock, redis_client: redis.Redis
+) -> None:
+    eid = put(storage, 1, ttl_s=10)
+    clock.t = 1008.0
+    storage.hit("acme", eid)
+    assert redis_client.zscore(tenant_keys("acme").ids, eid) == 1010.0
+    storage.hit("acme", eid, refresh_ttl=True)
+    assert redis_client.zscore(tenant_keys("acme").ids, eid) == 1018.0
+
+
+# --- feedback ---
+def test_feedback_updates_arm_counters_and_stream(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    eid = put(storage, 1)
+    st = storage.feedback(FeedbackSignal(eid, "acme", True, magnitude=2.0, source="llm_eval"))
+    assert st.bandit_arm.alpha == 3.0 and st.bandit_arm.pulls == 1
+    st = storage.feedback(FeedbackSignal(eid, "acme", False))
+    assert st.bandit_arm.beta == 2.0 and st.bandit_arm.reward_sum == 1.0
+    assert storage.get_entry("acme", eid).bandit_arm == st.bandit_arm
+    s = storage.stats("acme")
+    assert (s["positive"], s["negative"]) == (1, 1)
+    log = storage.feedback_log("acme")
+    assert [(x["id"], x["pos"], x["src"]) for x in log] == [
+        (eid, "0", "user"),
+        (eid, "1", "llm_eval"),
+    ]
+
+
+def test_feedback_stream_is_capped_exactly(redis_client: redis.Redis, clock: Clock) -> None:
+    st = RedisStorage(redis_client, CacheConfig(feedback_log_maxlen=25), clock=clock)
+    eid = put(st, 1)
+    for _ in range(60):
+        st.feedback(FeedbackSignal(eid, "acme", True))
+    assert redis_client.xlen(tenant_keys("acme").fb) == 25
+    assert st.get_entry("acme", eid).bandit_arm.pulls == 60
+
+
+def test_default_feedback_cap_is_10000(storage: RedisStorage) -> None:
+    assert storage.config.feedback_log_maxlen == 10_000
+
+
+# --- decay ---
+def decay_storage(client: redis.Redis, clock: Clock) -> RedisStorage:
+    cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=10.0))
+    return RedisStorage(client, cfg, clock=clock)
+
+
+def test_decay_is_persisted_and_idempotent_in_time(redis_client: redis.Redis, clock: Clock) -> None:
+    st = decay_storage(redis_client, clock)
+    a, b = put(st, 1), put(st, 2)
+    for eid in (a, b):
+        for _ in range(8):
+            st.feedback(FeedbackSignal(eid, "acme", True))
+    # a: decayed at t1 then t2; b: once at t2; plus a doubled batch at t2.
+    clock.t = 1010.0
+    assert st.decay("acme", [a]).decayed == 1
+    clock.t = 1030.0
+    first = st.decay("acme", [a, b])
+    before = snapshot(redis_client)
+    again = st.decay("acme", [a, b])  # same instant: a no-op, nothing written
+    assert (first.decayed, again.decayed) == (2, 0)
+    assert snapshot(redis_client) == before
+    arm_a = st.get_entry("acme", a).bandit_arm
+    arm_b = st.get_entry("acme", b).bandit_arm
+    assert arm_a.alpha == pytest.approx(1.0 + 8.0 * 0.125, abs=1e-12)
+    assert arm_b.alpha == pytest.approx(arm_a.alpha, abs=1e-12)
+    assert arm_a.decayed_at == arm_b.decayed_at == 1030.0
+    clock.t = 1020.0  # a late batch from a lagging worker changes nothing
+    assert st.decay("acme", [a, b]).decayed == 0
+
+
+def test_decay_reports_missing(redis_client: redis.Redis, clock: Clock) -> None:
+    st = decay_storage(redis_client, clock)
+    a = put(st, 1)
+    clock.t = 2000.0
+    out = st.decay("acme", [a, "f" * 32])
+    assert (out.decayed, out.missing, out.corrupt) == (1, 1, [])
+
+
+# --- evict / invalidate -------------------------------------------------------------------------
+def test_evict_removes_every_trace(storage: RedisStorage, redis_client: redis.Redis) -> None:
+    keep = put(storage, 1)
+    gone = put(storage, 2, scope="s")
+    size = storage.get_entry("acme", gone).size_bytes
+    before_bytes = storage.stats("acme")["bytes"]
+    out = storage.evict("acme", [(gone, 1)], "capacity")
+    assert out.removed == [gone]
+    k = tenant_keys("acme")
+    assert not redis_client.exists(k.entry(gone))
+    assert redis_client.zscore(k.ids, gone) is None
+    assert storage.exact_match("acme", "question 2?", "s") is None
+    assert redis_client.hlen(k.q) == 1
+    ops = [(f[b"op"], f[b"id"].decode()) for _, f in redis_client.xrange(k.log)]
+    assert ops[-1] == (b"del", gone)
+    s = storage.stats("acme")
+    assert s["evicted:capacity"] == 1 and s["bytes"] == before_bytes - size
+    assert s["entries"] == 1 and storage.get_entry("acme", keep).response == "answer 1"
+
+
+def test_evict_skips_entry_changed_since_scored(storage: RedisStorage) -> None:
+    eid = put(storage, 1)
+    scored_version = storage.load_states("acme", [eid]).entries[eid].version
+    storage.feedback(FeedbackSignal(eid, "acme", True))  # arrives after scoring
+    out = storage.evict("acme", [(eid, scored_version)], "low_reward")
+    assert out.changed == [eid] and out.removed == []
+    assert storage.count("acme") == 1
+    current = storage.load_states("acme", [eid]).entries[eid].version
+    assert storage.evict("acme", [(eid, current)], "low_reward").removed == [eid]
+
+
+def test_evict_cleans_stray_ids_and_unknown_reason(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    k = tenant_keys("acme")
+    redis_client.zadd(k.ids, {"a" * 32: math.inf})
+    assert storage.evict("acme", [("a" * 32, None)], "expired").gone == ["a" * 32]
+    assert redis_client.zcard(k.ids) == 0
+    with pytest.raises(ValueError, match="reason"):
+        storage.evict("acme", [("a" * 32, None)], "because")
+
+
+def test_invalidate(storage: RedisStorage) -> None:
+    eid = put(storage, 1)
+    assert storage.invalidate("acme", eid) is True
+    assert storage.invalidate("acme", eid) is False
+    with pytest.raises(EntryNotFoundError):
+        storage.get_entry("acme", eid)
+    assert storage.stats("acme")["evicted:invalidated"] == 1
+
+
+def test_iter_and_expired_ids(storage: RedisStorage, clock: Clock) -> None:
+    ids = {put(storage, i, ttl_s=5 if i % 2 else None) for i in range(25)}
+    seen = [eid for batch in storage.iter_ids("acme", batch=4) for eid, _ in batch]
+    assert set(seen) == ids
+    clock.t = 1006.0
+    expired = storage.expired_ids("acme", clock.t, limit=100)
+    assert len(expired) == 12 and set(expired) < ids
+
+
+def test_load_states_one_round_trip_shape(storage: RedisStorage) -> None:
+    a, b = put(storage, 1), put(storage, 2)
+    batch = storage.load_states("acme", [a, "0" * 32, b])
+    assert set(batch.entries) == {a, b} and batch.missing == ["0" * 32]
+    assert batch.entries[a].confidence_score == pytest.approx(0.4 * 0.5 + 0.25 + 0.125)
+
+
+def test_tenants_are_isolated(storage: RedisStorage) -> None:
+    a = put(storage, 1, tenant="t1")
+    with pytest.raises(EntryNotFoundError, match="t2"):
+        storage.feedback(FeedbackSignal(a, "t2", True))
+    storage.put("t2", "q", "r", vec(1, dim=4))  # each tenant has its own dimension
+    assert storage.tenant_dim("t2") == 4 and storage.tenant_dim("t1") == DIM
+
+
+def test_scripts_survive_script_flush(storage: RedisStorage, redis_client: redis.Redis) -> None:
+    eid = put(storage, 1)
+    redis_client.script_flush()
+    storage.feedback(FeedbackSignal(eid, "acme", True))  # NOSCRIPT -> reload -> retry
+    assert storage.get_entry("acme", eid).bandit_arm.alpha == 2.0
+
+
+# --- bad input: a typed error and Redis unchanged ------------------------------------------------
+BadCall = Callable[[RedisStorage, str], object]
+
+BAD_CALLS: dict[str, tuple[BadCall, type[Exception]]] = {
+    "tenant with brace": (lambda s, e: s.put("a{b}", "q", "r", vec(1)), InvalidTenantError),
+    "tenant with colon": (lambda s, e: s.put("a:b", "q", "r", vec(1)), InvalidTenantError),
+    "tenant with space": (lambda s, e: s.get_entry("a b", e), InvalidTenantError),
+    "tenant with newline": (lambda s, e: s.stats("a\nb"), InvalidTenantError),
+    "empty tenant": (lambda s, e: s.put("", "q", "r", vec(1)), InvalidTenantError),
+    "tenant over 64": (lambda s, e: s.put("x" * 65, "q", "r", vec(1)), InvalidTenantError),
+    "unknown entry feedback": (
+        lambda s, e: s.feedback(FeedbackSignal("0" * 32, "acme", True)),
+        EntryNotFoundError,
+    ),
+    "unknown entry get": (lambda s, e: s.get_entry("acme", "0" * 32), EntryNotFoundError),
+    "NaN embedding": (
+        lambda s, e: s.put("acme", "q", "r", [math.nan] * DIM),
+        InvalidEmbeddingError,
+    ),
+    "wrong dimension": (
+        lambda s, e: s.put("acme", "q", "r", vec(1, dim=DIM + 1)),
+        DimensionMismatchError,
+    ),
+    "empty query": (lambda s, e: s.put("acme", "  ", "r", vec(1)), InvalidEntryError),
+    "oversized response": (lambda s, e: s.put("acme", "q", "x" * 1001, vec(1)), InvalidEntryError),
+    "non-str metadata key": (
+        lambda s, e: s.put("acme", "q", "r", vec(1), metadata={1: 2}),
+        InvalidEntryError,
+    ),
+    "unserialisable metadata": (
+        lambda s, e: s.put("acme", "q", "r", vec(1), metadata={"f": object()}),
+        InvalidEntryError,
+    ),
+    "bad ttl": (lambda s, e: s.put("acme", "q", "r", vec(1), ttl_s=math.nan), InvalidEntryError),
+    "bad quality": (lambda s, e: s.put("acme", "q", "r", vec(1), quality=2), InvalidEntryError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_input_raises_typed_error_and_changes_nothing(
+    case: str, storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    eid = put(storage, 1)
+    storage.feedback(FeedbackSignal(eid, "acme", True))
+    call, exc = BAD_CALLS[case]
+    before = snapshot(redis_client)
+    with pytest.raises(exc):
+        call(storage, eid)
+    assert snapshot(redis_client) == before
+
+
+# --- corruption ---
+@pytest.mark.parametrize("field", ["arm", "use", "meta", "doc"])
+def test_corrupt_value_is_reported_and_tenant_keeps_working(
+    field: str, storage: RedisStorage, redis_client: redis.Redis, clock: Clock
+) -> None:
+    bad, good = put(storage, 1), put(storage, 2)
+    key = tenant_keys("acme").entry(bad)
+    redis_client.hset(key, field, b"\xc1garbage")
+    with pytest.raises(CorruptEntryError, match=field):
+        storage.get_entry("acme", bad)
+    if field != "doc":
+        before = redis_client.hgetall(key)
+        with pytest.raises(CorruptEntryError):
+            storage.feedback(FeedbackSignal(bad, "acme", True))
+        assert storage.hit("acme", bad).status == "corrupt"
+        clock.t = 5000.0
+        out = storage.decay("acme", [bad, good])
+        assert out.corrupt == [bad] and out.decayed == 1
+        assert redis_client.hgetall(key) == before  # nothing written to the bad entry
+        assert storage.load_states("acme", [bad, good]).corrupt == [bad]
+    # The rest of the tenant still works, and the corrupt entry can be removed.
+    storage.feedback(FeedbackSignal(good, "acme", True))
+    assert storage.hit("acme", good).status == "served"
+    assert storage.invalidate("acme", bad) is True
+    assert storage.count("acme") == 1
+
+
+def test_corrupt_wrong_shape_msgpack(storage: RedisStorage, redis_client: redis.Redis) -> None:
+    eid = put(storage, 1)
+    redis_client.hset(tenant_keys("acme").entry(eid), "arm", msgpack.packb({"a": "x"}))
+    with pytest.raises(CorruptEntryError):
+        storage.feedback(FeedbackSignal(eid, "acme", True))
+
+
+# --- server clock and errors ---
+def test_server_clock_is_used_without_injection(redis_client: redis.Redis) -> None:
+    st = RedisStorage(redis_client)
+    server_now = st.now()
+    eid = st.put("acme", "q", "r", vec(1)).entry_id
+    created = st.get_entry("acme", eid).created_at
+    assert abs(created - server_now) < 5.0
+
+
+def test_connection_failure_is_storage_error() -> None:
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    st = RedisStorage(dead)
+    with pytest.raises(StorageError) as info:
+        st.count("acme")
+    assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
+    dead.close()
