@@ -385,3 +385,18 @@ def test_connection_failure_is_storage_error() -> None:
         st.count("acme")
     assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
     dead.close()
+
+
+def test_feedback_many_pipelines_and_reports_errors_per_signal(storage: RedisStorage) -> None:
+    a, b = put(storage, 1), put(storage, 2)
+    signals = [
+        FeedbackSignal(a, "acme", True),
+        FeedbackSignal("0" * 32, "acme", True),
+        FeedbackSignal(b, "acme", False, magnitude=3.0),
+        FeedbackSignal(a, "acme", True),
+    ]
+    out = storage.feedback_many(signals)
+    assert isinstance(out[1], EntryNotFoundError)
+    assert not isinstance(out[3], Exception) and out[3].bandit_arm.alpha == 3.0
+    assert storage.get_entry("acme", b).bandit_arm.beta == 4.0
+    assert storage.feedback_many([]) == []

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 import redis.exceptions
@@ -90,34 +90,50 @@ class EvictOutcome:
     changed: list[str]
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall(Generic[T]):
+    """One script invocation, planned without I/O: run it with any client flavour."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+    parse: Callable[[Any], T]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan(Generic[T]):
+    """Plain read commands queued on one pipeline (one round trip), then parsed."""
+
+    name: str
+    queue: Callable[[Any], None]
+    parse: Callable[[list[Any]], T]
+
+
 _STATE_FIELDS = ("arm", "use", "meta", "ver", "sz")
 
 
-class RedisStorage:
-    """Typed access to one zerda-cache keyspace.
+class StorageOps:
+    """Everything about storage that does no I/O: keys, validation, script arguments and
+    the parsing of replies. ``RedisStorage`` (sync) and ``AsyncRedisStorage`` (asyncio)
+    execute the same plans, so the two flavours cannot drift apart.
 
     Args:
-        client: a ``redis.Redis`` or ``RedisCluster`` with ``decode_responses=False``.
         config: key prefix, size limits and the bandit parameters the scripts apply.
         clock: returns "now" in unix seconds; default: the Redis server's clock, read
             inside each script (one clock for every replica).
     """
 
     def __init__(
-        self,
-        client: Any,
-        config: CacheConfig | None = None,
-        *,
-        clock: Callable[[], float] | None = None,
+        self, config: CacheConfig | None = None, *, clock: Callable[[], float] | None = None
     ) -> None:
-        self.client = client
         self.config = config if config is not None else CacheConfig()
         self.clock = clock
-        self.scripts = Scripts.register(client)
         self._keys: dict[str, TenantKeys] = {}
         self._registered_tenants: set[str] = set()
 
-    # -- helpers -------------------------------------------------------------------------
     def keys(self, tenant: str) -> TenantKeys:
         """The (validated) keys of ``tenant``."""
         k = self._keys.get(tenant)
@@ -127,16 +143,12 @@ class RedisStorage:
                 self._keys[tenant] = k
         return k
 
+    @property
+    def tenants_key(self) -> str:
+        return tenants_key(self.config.key_prefix)
+
     def _now_arg(self) -> str:
         return "" if self.clock is None else repr(float(self.clock()))
-
-    def now(self) -> float:
-        """Current time on the storage clock (the server's, unless one was injected)."""
-        if self.clock is not None:
-            return float(self.clock())
-        with wrap_errors("TIME"):
-            sec, usec = self.client.time()
-        return float(sec) + float(usec) / 1_000_000
 
     def _rl_args(self) -> list[str]:
         rl = self.config.rl
@@ -147,8 +159,8 @@ class RedisStorage:
             repr(rl.decay_interval_s),
         ]
 
-    # -- put -----------------------------------------------------------------------------
-    def put(
+    # -- script plans ----------------------------------------------------------------------
+    def plan_put(
         self,
         tenant: str,
         query: str,
@@ -161,14 +173,7 @@ class RedisStorage:
         similarity: float | None = None,
         metadata: Mapping[str, Any] | None = None,
         entry_id: str | None = None,
-    ) -> PutOutcome:
-        """Store a new entry atomically (hash, ids, exact-match map, log, counters).
-
-        Raises:
-            InvalidTenantError, InvalidEmbeddingError, DimensionMismatchError,
-            InvalidEntryError: bad input; nothing is written.
-            StorageError: Redis failed.
-        """
+    ) -> ScriptCall[PutOutcome]:
         k = self.keys(tenant)
         cfg = self.config
         if not isinstance(query, str) or not query.strip():
@@ -200,15 +205,13 @@ class RedisStorage:
         dim = len(vec) // 4
         doc = codec.pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
         eid = new_entry_id() if entry_id is None else validate_entry_id(entry_id)
-        digest = codec.query_digest(query, scope)
-        keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg]
         args: list[Any] = [
             self._now_arg(),
             eid,
             doc,
             vec,
             dim,
-            digest,
+            codec.query_digest(query, scope),
             scope,
             repr(float(ttl or 0)),
             repr(s),
@@ -217,23 +220,364 @@ class RedisStorage:
             repr(cfg.rl.prior_beta),
             cfg.index_log_maxlen,
         ]
-        with wrap_errors("put"):
-            res = self.scripts.put(keys=keys, args=args)
-        code = int(res[0])
-        if code == -1:
-            raise DimensionMismatchError(tenant, int(res[1]), dim)
-        if code == -2:
-            raise InvalidEntryError(f"entry id {eid} already exists in tenant {tenant!r}")
-        if tenant not in self._registered_tenants:
-            # The global tenant set lives in another slot, so it cannot be part of the put
-            # script; SADD is idempotent and the worker tolerates a tenant without entries.
-            with wrap_errors("register tenant"):
-                self.client.sadd(tenants_key(cfg.key_prefix), tenant)
-            self._registered_tenants.add(tenant)
-        displaced = _s(res[1]) or None
-        return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
 
-    # -- reads ---------------------------------------------------------------------------
+        def parse(res: Any) -> PutOutcome:
+            code = int(res[0])
+            if code == -1:
+                raise DimensionMismatchError(tenant, int(res[1]), dim)
+            if code == -2:
+                raise InvalidEntryError(f"entry id {eid} already exists in tenant {tenant!r}")
+            displaced = _s(res[1]) or None
+            return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
+
+        return ScriptCall("put", [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg], args, parse)
+
+    def needs_registration(self, tenant: str) -> bool:
+        """True until this process has added ``tenant`` to the global tenant set.
+
+        The set lives in another slot, so it cannot be part of the put script; SADD is
+        idempotent and the worker tolerates a tenant without entries.
+        """
+        return tenant not in self._registered_tenants
+
+    def plan_hit(
+        self, tenant: str, entry_id: str, *, refresh_ttl: bool = False
+    ) -> ScriptCall[HitOutcome]:
+        k = self.keys(tenant)
+        key = k.entry(entry_id)
+        args = [self._now_arg(), entry_id, *self._rl_args(), "1" if refresh_ttl else "0"]
+
+        def parse(res: Any) -> HitOutcome:
+            code = int(res[0])
+            if code == 0:
+                return HitOutcome("gone")
+            if code == -1:
+                return HitOutcome("expired")
+            if code == -3:
+                log.warning("corrupt entry %s not served", key)
+                return HitOutcome("corrupt")
+            query, response, metadata = codec.unpack_doc(res[4], key=key)
+            meta = codec.unpack_meta(res[5], key=key)
+            usage, last, conf = codec.unpack_use(res[2], key=key)
+            entry = IntelligentCacheEntry(
+                entry_id=entry_id,
+                tenant=tenant,
+                query=query,
+                response=response,
+                metadata=metadata,
+                scope=meta["sc"],
+                created_at=meta["ct"],
+                ttl_s=meta["ttl"] or None,
+                quality_score=meta["qs"],
+                similarity_score=meta["ss"],
+                usage_count=usage,
+                last_access=last,
+                confidence_score=conf,
+                bandit_arm=codec.unpack_arm(res[1], key=key),
+                version=int(res[3]),
+            )
+            return HitOutcome("served", entry)
+
+        return ScriptCall("hit", [key, k.ids, k.stats], args, parse)
+
+    def plan_feedback(self, signal: FeedbackSignal) -> ScriptCall[IntelligentCacheEntry]:
+        tenant, eid = signal.tenant_id, signal.entry_id
+        k = self.keys(tenant)
+        key = k.entry(eid)
+        rl = self.config.rl
+        args = [
+            self._now_arg(),
+            eid,
+            "1" if signal.positive else "0",
+            repr(float(signal.magnitude)),
+            repr(rl.positive_feedback_reward),
+            repr(rl.negative_feedback_penalty),
+            *self._rl_args(),
+            self.config.feedback_log_maxlen,
+            signal.source,
+            repr(float(signal.timestamp)),
+        ]
+
+        def parse(res: Any) -> IntelligentCacheEntry:
+            code = int(res[0])
+            if code == 0:
+                raise EntryNotFoundError(tenant, eid)
+            if code == -3:
+                raise CorruptEntryError(
+                    key, "arm, use or meta does not decode; feedback not applied"
+                )
+            usage, last, conf = codec.unpack_use(res[2], key=key)
+            return IntelligentCacheEntry(
+                entry_id=eid,
+                tenant=tenant,
+                query="",
+                response="",
+                usage_count=usage,
+                last_access=last,
+                confidence_score=conf,
+                bandit_arm=codec.unpack_arm(res[1], key=key),
+            )
+
+        return ScriptCall("feedback", [key, k.stats, k.fb], args, parse)
+
+    def plan_decay(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[DecayOutcome]:
+        k = self.keys(tenant)
+        ids = list(entry_ids)
+
+        def parse(res: Any) -> DecayOutcome:
+            decayed, missing, corrupt = res
+            bad = [ids[int(i) - 1] for i in corrupt]
+            for eid in bad:
+                log.warning("decay skipped corrupt entry %s", k.entry(eid))
+            return DecayOutcome(int(decayed), int(missing), bad)
+
+        keys = [k.entry(eid) for eid in ids]
+        return ScriptCall("decay", keys, [self._now_arg(), *self._rl_args()], parse)
+
+    def plan_evict(
+        self, tenant: str, candidates: Sequence[tuple[str, int | None]], reason: str
+    ) -> ScriptCall[EvictOutcome]:
+        if reason not in REASONS:
+            raise ValueError(f"unknown eviction reason {reason!r}; use one of {REASONS}")
+        k = self.keys(tenant)
+        cands = list(candidates)
+        keys = [k.ids, k.q, k.log, k.stats, *(k.entry(eid) for eid, _ in cands)]
+        args: list[Any] = [reason, self.config.index_log_maxlen]
+        for eid, ver in cands:
+            args += [eid, "" if ver is None else str(int(ver))]
+
+        def parse(res: Any) -> EvictOutcome:
+            out = EvictOutcome([], [], [])
+            for (eid, _), status in zip(cands, res, strict=True):
+                {1: out.removed, 0: out.gone, -1: out.changed}[int(status)].append(eid)
+            return out
+
+        return ScriptCall("evict", keys, args, parse)
+
+    # -- read plans ----------------------------------------------------------------------------
+    def read_entry(
+        self, tenant: str, entry_id: str, *, with_vector: bool = True
+    ) -> ReadPlan[IntelligentCacheEntry]:
+        k = self.keys(tenant)
+        key = k.entry(entry_id)
+        fields = ("doc", "vec", *_STATE_FIELDS) if with_vector else ("doc", *_STATE_FIELDS)
+
+        def queue(pipe: Any) -> None:
+            pipe.hmget(key, fields)
+            pipe.zscore(k.ids, entry_id)
+
+        def parse(res: list[Any]) -> IntelligentCacheEntry:
+            raw, score = res
+            values = dict(zip(fields, raw, strict=True))
+            if values["doc"] is None:
+                raise EntryNotFoundError(tenant, entry_id)
+            entry = _state_entry(tenant, entry_id, key, values, score)
+            entry.query, entry.response, entry.metadata = codec.unpack_doc(values["doc"], key=key)
+            if with_vector:
+                entry.embedding = codec.decode_vector(values["vec"], key=key)
+            return entry
+
+        return ReadPlan("get_entry", queue, parse)
+
+    def read_states(self, tenant: str, entry_ids: Sequence[str]) -> ReadPlan[StateBatch]:
+        k = self.keys(tenant)
+        ids = list(entry_ids)
+
+        def queue(pipe: Any) -> None:
+            for eid in ids:
+                pipe.hmget(k.entry(eid), _STATE_FIELDS)
+            pipe.zmscore(k.ids, ids)
+
+        def parse(res: list[Any]) -> StateBatch:
+            out = StateBatch()
+            *rows, scores = res
+            for eid, raw, score in zip(ids, rows, scores, strict=True):
+                if raw[0] is None:
+                    out.missing.append(eid)
+                    continue
+                key = k.entry(eid)
+                try:
+                    values = dict(zip(_STATE_FIELDS, raw, strict=True))
+                    out.entries[eid] = _state_entry(tenant, eid, key, values, score)
+                except CorruptEntryError as exc:
+                    log.warning("skipping corrupt entry: %s", exc)
+                    out.corrupt.append(eid)
+            return out
+
+        return ReadPlan("load_states", queue, parse)
+
+    def read_vectors(
+        self, tenant: str, entry_ids: Sequence[str]
+    ) -> ReadPlan[dict[str, tuple[codec.Vector, str]]]:
+        k = self.keys(tenant)
+        ids = list(entry_ids)
+
+        def queue(pipe: Any) -> None:
+            for eid in ids:
+                pipe.hmget(k.entry(eid), ("vec", "meta"))
+
+        def parse(rows: list[Any]) -> dict[str, tuple[codec.Vector, str]]:
+            out: dict[str, tuple[codec.Vector, str]] = {}
+            for eid, (vec, meta) in zip(ids, rows, strict=True):
+                if vec is None:
+                    continue
+                key = k.entry(eid)
+                try:
+                    scope = codec.unpack_meta(meta, key=key)["sc"]
+                    out[eid] = (codec.decode_vector(vec, key=key), scope)
+                except CorruptEntryError as exc:
+                    log.warning("skipping corrupt entry: %s", exc)
+            return out
+
+        return ReadPlan("vectors", queue, parse)
+
+    def read_stats(self, tenant: str) -> ReadPlan[dict[str, int]]:
+        k = self.keys(tenant)
+
+        def queue(pipe: Any) -> None:
+            pipe.hgetall(k.stats)
+            pipe.zcard(k.ids)
+
+        def parse(res: list[Any]) -> dict[str, int]:
+            raw, n = res
+            out = {_s(f): int(v) for f, v in raw.items()}
+            out["entries"] = int(n)
+            return out
+
+        return ReadPlan("stats", queue, parse)
+
+
+class RedisStorage(StorageOps):
+    """Typed, synchronous access to one zerda-cache keyspace.
+
+    Args:
+        client: a ``redis.Redis`` or ``RedisCluster`` with ``decode_responses=False``.
+        config: key prefix, size limits and the bandit parameters the scripts apply.
+        clock: returns "now" in unix seconds; default: the Redis server's clock.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        config: CacheConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__(config, clock=clock)
+        self.client = client
+        self.scripts = Scripts.register(client)
+
+    def run(self, call: ScriptCall[T]) -> T:
+        """Execute one planned script call."""
+        with wrap_errors(call.script):
+            res = getattr(self.scripts, call.script)(keys=call.keys, args=call.args)
+        return call.parse(res)
+
+    def read(self, plan: ReadPlan[T]) -> T:
+        """Execute one read plan in a single pipeline round trip."""
+        with wrap_errors(plan.name):
+            pipe = self.client.pipeline(transaction=False)
+            plan.queue(pipe)
+            res = pipe.execute()
+        return plan.parse(res)
+
+    def now(self) -> float:
+        """Current time on the storage clock (the server's, unless one was injected)."""
+        if self.clock is not None:
+            return float(self.clock())
+        with wrap_errors("TIME"):
+            sec, usec = self.client.time()
+        return float(sec) + float(usec) / 1_000_000
+
+    # -- scripts ----------------------------------------------------------------------------
+    def put(
+        self, tenant: str, query: str, response: str, embedding: object, **kw: Any
+    ) -> PutOutcome:
+        """Store a new entry atomically (hash, ids, exact-match map, log, counters).
+
+        Keyword arguments: ``scope``, ``ttl_s``, ``quality``, ``similarity``, ``metadata``,
+        ``entry_id`` (see ``StorageOps.plan_put``).
+
+        Raises:
+            InvalidTenantError, InvalidEmbeddingError, DimensionMismatchError,
+            InvalidEntryError: bad input; nothing is written.
+            StorageError: Redis failed.
+        """
+        out = self.run(self.plan_put(tenant, query, response, embedding, **kw))
+        if self.needs_registration(tenant):
+            with wrap_errors("register tenant"):
+                self.client.sadd(self.tenants_key, tenant)
+            self._registered_tenants.add(tenant)
+        return out
+
+    def hit(self, tenant: str, entry_id: str, *, refresh_ttl: bool = False) -> HitOutcome:
+        """Serve ``entry_id``: count the use and return the entry (arm at now)."""
+        return self.run(self.plan_hit(tenant, entry_id, refresh_ttl=refresh_ttl))
+
+    def feedback(self, signal: FeedbackSignal) -> IntelligentCacheEntry:
+        """Apply one signal atomically; return the entry's new learning state.
+
+        Raises:
+            EntryNotFoundError: no such entry in ``signal.tenant_id``.
+            CorruptEntryError: the entry's state does not decode (nothing written).
+        """
+        return self.run(self.plan_feedback(signal))
+
+    def feedback_many(
+        self, signals: Sequence[FeedbackSignal]
+    ) -> list[IntelligentCacheEntry | ZerdaError]:
+        """Apply many signals in one pipeline round trip (each still its own script).
+
+        Returns, per signal, the new state or the error it raised (unknown entry,
+        corrupt state): one bad signal does not stop the others. On Redis Cluster, where
+        scripts cannot be pipelined, the signals are sent one by one.
+        """
+        calls = [self.plan_feedback(sig) for sig in signals]
+        out: list[IntelligentCacheEntry | ZerdaError] = []
+        if not calls:
+            return out
+        if _is_cluster(self.client):
+            results = []
+            for call in calls:
+                with wrap_errors("feedback"):
+                    results.append(self.scripts.feedback(keys=call.keys, args=call.args))
+        else:
+            with wrap_errors("feedback"):
+                pipe = self.client.pipeline(transaction=False)
+                for call in calls:
+                    self.scripts.feedback(keys=call.keys, args=call.args, client=pipe)
+                results = pipe.execute()
+        for call, res in zip(calls, results, strict=True):
+            try:
+                out.append(call.parse(res))
+            except ZerdaError as exc:
+                out.append(exc)
+        return out
+
+    def decay(self, tenant: str, entry_ids: Sequence[str]) -> DecayOutcome:
+        """Bring the arms of ``entry_ids`` to now and persist them (one script call)."""
+        if not entry_ids:
+            return DecayOutcome(0, 0, [])
+        return self.run(self.plan_decay(tenant, entry_ids))
+
+    def evict(
+        self, tenant: str, candidates: Sequence[tuple[str, int | None]], reason: str
+    ) -> EvictOutcome:
+        """Remove ``(entry_id, version)`` pairs from every structure, atomically per batch.
+
+        An entry whose ``ver`` is no longer ``version`` (it was served or got feedback
+        since it was scored) is kept; ``None`` removes it whatever its version.
+        """
+        call = self.plan_evict(tenant, candidates, reason)
+        if not candidates:
+            return EvictOutcome([], [], [])
+        return self.run(call)
+
+    def invalidate(self, tenant: str, entry_id: str) -> bool:
+        """Remove one entry now; False if it did not exist."""
+        return bool(self.evict(tenant, [(entry_id, None)], "invalidated").removed)
+
+    # -- reads ------------------------------------------------------------------------------
     def get_entry(
         self, tenant: str, entry_id: str, *, with_vector: bool = True
     ) -> IntelligentCacheEntry:
@@ -243,73 +587,26 @@ class RedisStorage:
             EntryNotFoundError: no such entry in ``tenant``.
             CorruptEntryError: a stored value does not decode.
         """
-        k = self.keys(tenant)
-        key = k.entry(entry_id)
-        fields = ("doc", "vec", *_STATE_FIELDS) if with_vector else ("doc", *_STATE_FIELDS)
-        with wrap_errors("get_entry"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hmget(key, fields)
-            pipe.zscore(k.ids, entry_id)
-            raw, score = pipe.execute()
-        values = dict(zip(fields, raw, strict=True))
-        if values["doc"] is None:
-            raise EntryNotFoundError(tenant, entry_id)
-        entry = _state_entry(tenant, entry_id, key, values, score)
-        entry.query, entry.response, entry.metadata = codec.unpack_doc(values["doc"], key=key)
-        if with_vector:
-            entry.embedding = codec.decode_vector(values["vec"], key=key)
-        return entry
+        return self.read(self.read_entry(tenant, entry_id, with_vector=with_vector))
 
     def load_states(self, tenant: str, entry_ids: Sequence[str]) -> StateBatch:
         """Arms, usage and meta of many entries in one round trip.
 
         Missing entries (evicted meanwhile) and corrupt ones are listed, not raised.
         """
-        out = StateBatch()
         if not entry_ids:
-            return out
-        k = self.keys(tenant)
-        with wrap_errors("load_states"):
-            pipe = self.client.pipeline(transaction=False)
-            for eid in entry_ids:
-                pipe.hmget(k.entry(eid), _STATE_FIELDS)
-            pipe.zmscore(k.ids, list(entry_ids))
-            *rows, scores = pipe.execute()
-        for eid, raw, score in zip(entry_ids, rows, scores, strict=True):
-            if raw[0] is None:
-                out.missing.append(eid)
-                continue
-            key = k.entry(eid)
-            try:
-                out.entries[eid] = _state_entry(
-                    tenant, eid, key, dict(zip(_STATE_FIELDS, raw, strict=True)), score
-                )
-            except CorruptEntryError as exc:
-                log.warning("skipping corrupt entry: %s", exc)
-                out.corrupt.append(eid)
-        return out
+            return StateBatch()
+        return self.read(self.read_states(tenant, entry_ids))
 
     def vectors(self, tenant: str, entry_ids: Sequence[str]) -> dict[str, tuple[codec.Vector, str]]:
         """``{id: (vector, scope)}`` of the entries that exist and decode."""
-        k = self.keys(tenant)
-        with wrap_errors("vectors"):
-            pipe = self.client.pipeline(transaction=False)
-            for eid in entry_ids:
-                pipe.hmget(k.entry(eid), ("vec", "meta"))
-            rows = pipe.execute()
-        out: dict[str, tuple[codec.Vector, str]] = {}
-        for eid, (vec, meta) in zip(entry_ids, rows, strict=True):
-            if vec is None:
-                continue
-            key = k.entry(eid)
-            try:
-                out[eid] = (
-                    codec.decode_vector(vec, key=key),
-                    codec.unpack_meta(meta, key=key)["sc"],
-                )
-            except CorruptEntryError as exc:
-                log.warning("skipping corrupt entry: %s", exc)
-        return out
+        if not entry_ids:
+            return {}
+        return self.read(self.read_vectors(tenant, entry_ids))
+
+    def stats(self, tenant: str) -> dict[str, int]:
+        """The tenant's counters plus ``entries`` (live ids)."""
+        return self.read(self.read_stats(tenant))
 
     def exact_match(self, tenant: str, query: str, scope: str = "") -> str | None:
         """The id the (normalised query, scope) digest points to, if any."""
@@ -335,6 +632,7 @@ class RedisStorage:
                 return
 
     def expired_ids(self, tenant: str, now: float, limit: int) -> list[str]:
+        """Up to ``limit`` ids whose expiry is at or before ``now``."""
         k = self.keys(tenant)
         with wrap_errors("expired_ids"):
             rows = self.client.zrangebyscore(k.ids, "-inf", repr(now), start=0, num=limit)
@@ -344,18 +642,6 @@ class RedisStorage:
         with wrap_errors("count"):
             return int(self.client.zcard(self.keys(tenant).ids))
 
-    def stats(self, tenant: str) -> dict[str, int]:
-        """The tenant's counters plus ``entries`` (live ids)."""
-        k = self.keys(tenant)
-        with wrap_errors("stats"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(k.stats)
-            pipe.zcard(k.ids)
-            raw, n = pipe.execute()
-        out = {_s(f): int(v) for f, v in raw.items()}
-        out["entries"] = int(n)
-        return out
-
     def tenant_dim(self, tenant: str) -> int | None:
         with wrap_errors("tenant_dim"):
             raw = self.client.hget(self.keys(tenant).cfg, "dim")
@@ -363,7 +649,7 @@ class RedisStorage:
 
     def tenants(self) -> list[str]:
         with wrap_errors("tenants"):
-            return sorted(_s(t) for t in self.client.smembers(tenants_key(self.config.key_prefix)))
+            return sorted(_s(t) for t in self.client.smembers(self.tenants_key))
 
     def count_miss(self, tenant: str) -> None:
         """One atomic HINCRBY (a counter, no read-modify-write)."""
@@ -376,134 +662,11 @@ class RedisStorage:
             rows = self.client.xrevrange(self.keys(tenant).fb, count=count)
         return [{_s(f): _s(v) for f, v in fields.items()} for _, fields in rows]
 
-    # -- scripts -------------------------------------------------------------------------
-    def hit(self, tenant: str, entry_id: str, *, refresh_ttl: bool = False) -> HitOutcome:
-        """Serve ``entry_id``: count the use and return the entry (arm at now)."""
-        k = self.keys(tenant)
-        key = k.entry(entry_id)
-        args = [self._now_arg(), entry_id, *self._rl_args(), "1" if refresh_ttl else "0"]
-        with wrap_errors("hit"):
-            res = self.scripts.hit(keys=[key, k.ids, k.stats], args=args)
-        code = int(res[0])
-        if code == 0:
-            return HitOutcome("gone")
-        if code == -1:
-            return HitOutcome("expired")
-        if code == -3:
-            log.warning("corrupt entry %s not served", key)
-            return HitOutcome("corrupt")
-        arm = codec.unpack_arm(res[1], key=key)
-        usage, last, conf = codec.unpack_use(res[2], key=key)
-        query, response, metadata = codec.unpack_doc(res[4], key=key)
-        meta = codec.unpack_meta(res[5], key=key)
-        entry = IntelligentCacheEntry(
-            entry_id=entry_id,
-            tenant=tenant,
-            query=query,
-            response=response,
-            metadata=metadata,
-            scope=meta["sc"],
-            created_at=meta["ct"],
-            ttl_s=meta["ttl"] or None,
-            quality_score=meta["qs"],
-            similarity_score=meta["ss"],
-            usage_count=usage,
-            last_access=last,
-            confidence_score=conf,
-            bandit_arm=arm,
-            version=int(res[3]),
-        )
-        return HitOutcome("served", entry)
 
-    def feedback(self, signal: FeedbackSignal) -> IntelligentCacheEntry:
-        """Apply one signal atomically; return the entry's new learning state.
+def _is_cluster(client: Any) -> bool:
+    from redis.cluster import RedisCluster
 
-        Raises:
-            EntryNotFoundError: no such entry in ``signal.tenant_id``.
-            CorruptEntryError: the entry's state does not decode (nothing written).
-        """
-        tenant = signal.tenant_id
-        k = self.keys(tenant)
-        eid = signal.entry_id
-        key = k.entry(eid)
-        rl = self.config.rl
-        args = [
-            self._now_arg(),
-            eid,
-            "1" if signal.positive else "0",
-            repr(float(signal.magnitude)),
-            repr(rl.positive_feedback_reward),
-            repr(rl.negative_feedback_penalty),
-            *self._rl_args(),
-            self.config.feedback_log_maxlen,
-            signal.source,
-            repr(float(signal.timestamp)),
-        ]
-        with wrap_errors("feedback"):
-            res = self.scripts.feedback(keys=[key, k.stats, k.fb], args=args)
-        code = int(res[0])
-        if code == 0:
-            raise EntryNotFoundError(tenant, eid)
-        if code == -3:
-            raise CorruptEntryError(key, "arm, use or meta does not decode; feedback not applied")
-        arm = codec.unpack_arm(res[1], key=key)
-        usage, last, conf = codec.unpack_use(res[2], key=key)
-        return IntelligentCacheEntry(
-            entry_id=eid,
-            tenant=tenant,
-            query="",
-            response="",
-            usage_count=usage,
-            last_access=last,
-            confidence_score=conf,
-            bandit_arm=arm,
-        )
-
-    def decay(self, tenant: str, entry_ids: Sequence[str]) -> DecayOutcome:
-        """Bring the arms of ``entry_ids`` to now and persist them (one script call)."""
-        if not entry_ids:
-            return DecayOutcome(0, 0, [])
-        k = self.keys(tenant)
-        keys = [k.entry(eid) for eid in entry_ids]
-        with wrap_errors("decay"):
-            decayed, missing, corrupt = self.scripts.decay(
-                keys=keys, args=[self._now_arg(), *self._rl_args()]
-            )
-        bad = [entry_ids[int(i) - 1] for i in corrupt]
-        for eid in bad:
-            log.warning("decay skipped corrupt entry %s", k.entry(eid))
-        return DecayOutcome(int(decayed), int(missing), bad)
-
-    def evict(
-        self,
-        tenant: str,
-        candidates: Sequence[tuple[str, int | None]],
-        reason: str,
-    ) -> EvictOutcome:
-        """Remove ``(entry_id, version)`` pairs from every structure, atomically per batch.
-
-        An entry whose ``ver`` is no longer ``version`` (it was served or got feedback
-        since it was scored) is kept; ``None`` removes it whatever its version.
-        """
-        if reason not in REASONS:
-            raise ValueError(f"unknown eviction reason {reason!r}; use one of {REASONS}")
-        out = EvictOutcome([], [], [])
-        if not candidates:
-            return out
-        k = self.keys(tenant)
-        keys = [k.ids, k.q, k.log, k.stats, *(k.entry(eid) for eid, _ in candidates)]
-        args: list[Any] = [reason, self.config.index_log_maxlen]
-        for eid, ver in candidates:
-            args += [eid, "" if ver is None else str(int(ver))]
-        with wrap_errors("evict"):
-            statuses = self.scripts.evict(keys=keys, args=args)
-        for (eid, _), status in zip(candidates, statuses, strict=True):
-            {1: out.removed, 0: out.gone, -1: out.changed}[int(status)].append(eid)
-        return out
-
-    def invalidate(self, tenant: str, entry_id: str) -> bool:
-        """Remove one entry now; False if it did not exist."""
-        return bool(self.evict(tenant, [(entry_id, None)], "invalidated").removed)
+    return isinstance(client, RedisCluster)
 
 
 def _s(value: bytes | str) -> str:
