@@ -1,0 +1,99 @@
+"""Shared helpers of the benchmark scripts: machine description and docs/BENCHMARKS.md.
+
+Each benchmark owns one section of docs/BENCHMARKS.md, delimited by HTML comments, and
+rewrites only that section, so the scripts can run in any order.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS_MD = ROOT / "docs" / "BENCHMARKS.md"
+
+_HEADER = """# Benchmarks
+
+Every table below is written by a script in `benchmarks/`; none is typed by hand. Each
+section names the machine and the exact command. The machines here are shared and noisy,
+so every comparison is made side by side in one run and reported as a ratio.
+"""
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine() -> str:
+    """One line: CPU, cores, memory, OS, Python."""
+    mem = ""
+    try:
+        kb = int(re.findall(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[0])
+        mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, IndexError):
+        pass
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores{mem}, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}"
+    )
+
+
+def command() -> str:
+    """The command line that is running, as a user would type it from the repo root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(ROOT))
+    except ValueError:
+        shown = str(script)
+    return " ".join([".venv/bin/python", shlex.quote(shown), *map(shlex.quote, sys.argv[1:])])
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_section(name: str, title: str, body: str) -> None:
+    """Replace (or append) section ``name`` of docs/BENCHMARKS.md."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    block = (
+        f"<!-- section:{name} -->\n## {title}\n\n"
+        f"Machine: {machine()}  \nCommand: `{command()}`  \n"
+        f"Commit: {git_rev()}, run {stamp}\n\n{body.strip()}\n<!-- /section:{name} -->"
+    )
+    BENCHMARKS_MD.parent.mkdir(parents=True, exist_ok=True)
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else _HEADER
+    pattern = re.compile(
+        rf"<!-- section:{re.escape(name)} -->.*?<!-- /section:{re.escape(name)} -->", re.S
+    )
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    BENCHMARKS_MD.write_text(text)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
