@@ -25,11 +25,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import table, write_section  # noqa: E402
+from _report import table, write_section
+from zerda_cache.testing import RedisServer
 
-from zerda_cache import CacheConfig, FeedbackSignal  # noqa: E402
-from zerda_cache.storage import RedisStorage  # noqa: E402
-from zerda_cache.testing import RedisServer  # noqa: E402
+from zerda_cache import CacheConfig, FeedbackSignal
+from zerda_cache.storage import RedisStorage
 
 TARGETS = {1: 0.7, 100: 0.4}
 ENTRIES = 1_000
