@@ -1,0 +1,147 @@
+"""The replica's in-memory vector index (no server needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zerda_cache.codec import normalize_vector
+from zerda_cache.context import ContextCache
+from zerda_cache.index import ExactIndex, ScopedIndex
+
+
+def unit(rng: np.random.Generator, dim: int = 32) -> np.ndarray:
+    return normalize_vector(rng.normal(size=dim))
+
+
+def brute(vectors: dict[str, np.ndarray], q: np.ndarray, k: int, thr: float) -> list[str]:
+    sims = sorted(((float(v @ q), eid) for eid, v in vectors.items()), reverse=True)
+    return [eid for s, eid in sims[:k] if s >= thr]
+
+
+def test_exact_index_matches_brute_force_through_adds_and_removes() -> None:
+    rng = np.random.default_rng(0)
+    idx = ExactIndex(32)
+    live: dict[str, np.ndarray] = {}
+    for step in range(3000):
+        if live and rng.random() < 0.35:
+            eid = list(live)[int(rng.integers(len(live)))]
+            assert idx.remove(eid)
+            del live[eid]
+        else:
+            eid = f"e{step}"
+            live[eid] = unit(rng)
+            idx.add(eid, live[eid])
+        if step % 250 == 0:
+            q = unit(rng)
+            got = [eid for eid, _ in idx.search(q, 5, -1.0)]
+            assert got == brute(live, q, 5, -1.0)
+    assert len(idx) == len(live) and set(idx.ids()) == set(live)
+    for eid, v in live.items():
+        np.testing.assert_array_equal(idx.vector(eid), v)
+
+
+def test_search_threshold_k_and_similarity_values() -> None:
+    idx = ExactIndex(2)
+    idx.add("x", normalize_vector([1.0, 0.0]))
+    idx.add("y", normalize_vector([1.0, 1.0]))
+    idx.add("z", normalize_vector([0.0, 1.0]))
+    res = idx.search(normalize_vector([1.0, 0.1]), 3, 0.5)
+    assert [e for e, _ in res] == ["x", "y"]
+    assert res[0][1] == pytest.approx(1 / np.sqrt(1.01), rel=1e-6)
+    assert idx.search(normalize_vector([1.0, 0.1]), 1, 0.0)[0][0] == "x"
+    assert idx.search(normalize_vector([1.0, 0.0]), 0, 0.0) == []
+    assert ExactIndex(2).search(normalize_vector([1.0, 0.0]), 3, 0.0) == []
+
+
+def test_replace_and_remove_unknown() -> None:
+    idx = ExactIndex(2)
+    idx.add("x", normalize_vector([1.0, 0.0]))
+    idx.add("x", normalize_vector([0.0, 1.0]))
+    assert len(idx) == 1 and idx.search(normalize_vector([0.0, 1.0]), 1, 0.99)[0][0] == "x"
+    assert idx.remove("nope") is False
+    with pytest.raises(ValueError):
+        idx.add("bad", np.zeros(3, dtype=np.float32))
+
+
+def test_memory_stays_near_raw_bytes_and_shrinks() -> None:
+    rng = np.random.default_rng(1)
+    idx = ExactIndex(384)
+    for i in range(5000):
+        idx.add(f"{i:032x}", unit(rng, 384))
+    raw = 5000 * 384 * 4
+    assert idx.nbytes() <= 1.2 * raw
+    for i in range(4500):
+        idx.remove(f"{i:032x}")
+    assert idx.nbytes() <= 1.2 * 500 * 384 * 4 + 256 * 384 * 4
+
+
+def test_scoped_index_keeps_scopes_apart() -> None:
+    idx = ScopedIndex(2)
+    v = normalize_vector([1.0, 0.0])
+    idx.add("a", v, "en")
+    idx.add("b", v, "tr")
+    assert [e for e, _ in idx.search(v, "en", 5, 0.0)] == ["a"]
+    assert [e for e, _ in idx.search(v, "tr", 5, 0.0)] == ["b"]
+    assert idx.search(v, "de", 5, 0.0) == []
+    idx.add("a", v, "tr")  # moved to another scope
+    assert idx.search(v, "en", 5, 0.0) == [] and len(idx) == 2
+    assert sorted(e for e, _ in idx.search(v, "tr", 5, 0.0)) == ["a", "b"]
+    assert idx.remove("a") and not idx.remove("a") and "b" in idx and idx.ids() == {"b"}
+    assert idx.remove("b") and idx.scopes() == []
+
+
+# --- ContextCache (the corrected LRU+TTL) ------------------------------------------------------
+class FakeTimer:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_context_cache_is_lru_not_fifo() -> None:
+    timer = FakeTimer()
+    c = ContextCache(max_size=2, ttl_seconds=10, timer=timer)
+    c.put("a", 1)
+    c.put("b", 2)
+    assert c.get("a") == 1  # a is now most recently used
+    c.put("c", 3)  # evicts b, not a
+    assert c.get("b") is None and c.get("a") == 1 and c.get("c") == 3
+    c.put("a", 9)  # re-put moves a to the end
+    c.put("d", 4)  # evicts c
+    assert c.keys() == ["a", "d"]
+
+
+def test_context_cache_ttl_and_stats() -> None:
+    timer = FakeTimer()
+    c = ContextCache(max_size=4, ttl_seconds=10, timer=timer)
+    assert c.stats["hit_rate"] == "0%"
+    c.put("a", "x")
+    timer.t = 10.0
+    assert c.get("a") == "x"
+    timer.t = 10.5
+    assert c.get("a") is None and c.keys() == []  # expired: gone from every structure
+    s = c.stats
+    assert (s["size"], s["hits"], s["misses"], s["hit_rate"], s["ttl_sec"]) == (
+        0,
+        1,
+        1,
+        "50.0%",
+        10,
+    )
+    c.put("b", 1)
+    c.clear()
+    assert len(c) == 0 and c.stats["hits"] == 1  # clear keeps the counters (seed behaviour)
+
+
+def test_context_cache_make_key_and_validation() -> None:
+    assert ContextCache.make_key("  Hello ") == ContextCache.make_key("hello")
+    assert ContextCache.make_key("q", {"b": 1, "a": 2}) == ContextCache.make_key(
+        "q", {"a": 2, "b": 1}
+    )
+    assert ContextCache.make_key("q", {"a": 1}) != ContextCache.make_key("q")
+    with pytest.raises(ValueError):
+        ContextCache(max_size=0)
+    with pytest.raises(ValueError):
+        ContextCache(ttl_seconds=0)
