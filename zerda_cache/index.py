@@ -142,13 +142,13 @@ class ScopedIndex:
 
     def add(self, entry_id: str, vector: Vector, scope: str) -> None:
         with self._lock:
-            for other, sub in list(self._by_scope.items()):
-                if other != scope and entry_id in sub:
+            for other, other_sub in list(self._by_scope.items()):
+                if other != scope and entry_id in other_sub:
                     self._remove_from(other, entry_id)
-            sub = self._by_scope.get(scope)
-            if sub is None:
-                sub = self._by_scope[scope] = self._factory(self.dim)
-            sub.add(entry_id, vector)
+            target = self._by_scope.get(scope)
+            if target is None:
+                target = self._by_scope[scope] = self._factory(self.dim)
+            target.add(entry_id, vector)
 
     def _remove_from(self, scope: str, entry_id: str) -> None:
         sub = self._by_scope[scope]
