@@ -116,6 +116,10 @@ def test_hit_counts_use_and_respects_expiry(storage: RedisStorage, clock: Clock)
     )
     assert hit.entry.version == 2 and hit.entry.created_at == 1000.0
     assert storage.stats("acme")["hits"] == 1
+    storage.feedback(FeedbackSignal(eid, "acme", False, magnitude=30.0))
+    before = snapshot(storage.client)
+    assert storage.hit("acme", eid, min_reward=0.05).status == "unservable"
+    assert snapshot(storage.client) == before
     clock.t = 1010.0
     assert storage.hit("acme", eid).status == "expired"
     assert storage.hit("acme", "0" * 32).status == "gone"

@@ -63,7 +63,7 @@ class PutOutcome:
 class HitOutcome:
     """Result of the hit script: ``entry`` (full content, arm at now) when served."""
 
-    status: str  # "served" | "gone" | "expired" | "corrupt"
+    status: str  # "served" | "gone" | "expired" | "corrupt" | "unservable"
     entry: IntelligentCacheEntry | None = None
 
 
@@ -241,11 +241,24 @@ class StorageOps:
         return tenant not in self._registered_tenants
 
     def plan_hit(
-        self, tenant: str, entry_id: str, *, refresh_ttl: bool = False
+        self,
+        tenant: str,
+        entry_id: str,
+        *,
+        refresh_ttl: bool = False,
+        min_reward: float | None = None,
     ) -> ScriptCall[HitOutcome]:
+        """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
+        now) is below it is not served (status ``unservable``)."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
-        args = [self._now_arg(), entry_id, *self._rl_args(), "1" if refresh_ttl else "0"]
+        args = [
+            self._now_arg(),
+            entry_id,
+            *self._rl_args(),
+            "1" if refresh_ttl else "0",
+            "" if min_reward is None else repr(float(min_reward)),
+        ]
 
         def parse(res: Any) -> HitOutcome:
             code = int(res[0])
@@ -256,6 +269,8 @@ class StorageOps:
             if code == -3:
                 log.warning("corrupt entry %s not served", key)
                 return HitOutcome("corrupt")
+            if code == -4:
+                return HitOutcome("unservable")
             query, response, metadata = codec.unpack_doc(res[4], key=key)
             meta = codec.unpack_meta(res[5], key=key)
             usage, last, conf = codec.unpack_use(res[2], key=key)
@@ -510,9 +525,18 @@ class RedisStorage(StorageOps):
             self._registered_tenants.add(tenant)
         return out
 
-    def hit(self, tenant: str, entry_id: str, *, refresh_ttl: bool = False) -> HitOutcome:
+    def hit(
+        self,
+        tenant: str,
+        entry_id: str,
+        *,
+        refresh_ttl: bool = False,
+        min_reward: float | None = None,
+    ) -> HitOutcome:
         """Serve ``entry_id``: count the use and return the entry (arm at now)."""
-        return self.run(self.plan_hit(tenant, entry_id, refresh_ttl=refresh_ttl))
+        return self.run(
+            self.plan_hit(tenant, entry_id, refresh_ttl=refresh_ttl, min_reward=min_reward)
+        )
 
     def feedback(self, signal: FeedbackSignal) -> IntelligentCacheEntry:
         """Apply one signal atomically; return the entry's new learning state.

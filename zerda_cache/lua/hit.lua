@@ -1,8 +1,9 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] stats hash
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] prior_alpha  ARGV[4] prior_beta
 -- ARGV[5] usage_decay  ARGV[6] decay_interval_s  ARGV[7] refresh TTL (1/0)
+-- ARGV[8] min_reward_to_keep ('' = serve whatever the reward)
 -- returns {1, arm, use, ver, doc, meta} served (msgpack values); {0} gone; {-1} expired;
--- {-3} corrupt state (nothing written).
+-- {-3} corrupt state; {-4} expected reward below the minimum (nothing written but served).
 -- Serving an entry: bring its arm to now, count the use, recompute confidence.
 local now = zc_now(ARGV[1])
 local id = ARGV[2]
@@ -19,6 +20,9 @@ if not arm then
   return {-3}
 end
 zc_decay(arm, now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+if ARGV[8] ~= '' and arm.a / (arm.a + arm.b) < tonumber(ARGV[8]) then
+  return {-4}
+end
 use.n = use.n + 1
 if now > use.la then
   use.la = now
