@@ -62,6 +62,14 @@ DEFAULT_FEEDBACK_LOG_MAXLEN = 10_000
 #: Approximate length of each tenant's add/remove log; replicas that fall further behind
 #: than this rebuild their index from Redis.
 DEFAULT_INDEX_LOG_MAXLEN = 100_000
+#: Socket timeout of the clients ``CacheManager.from_url`` builds: past it a lookup fails
+#: open (a miss) and a put or feedback raises ``StorageError``.
+DEFAULT_REDIS_TIMEOUT_S = 0.5
+#: Process-local memo of query -> embedding (the corrected ContextCache).
+DEFAULT_EMBEDDING_CACHE_SIZE = 4_096
+DEFAULT_EMBEDDING_CACHE_TTL_S = 3_600.0
+#: Replica metrics label this many tenants by name; the rest are "other".
+DEFAULT_MAX_TENANT_LABELS = 50
 
 
 def _check_finite(name: str, value: float) -> None:
@@ -196,6 +204,12 @@ class CacheConfig:
         max_query_chars / max_response_bytes / max_metadata_bytes: input size limits.
         feedback_log_maxlen: length of each tenant's feedback stream (exact cap).
         index_log_maxlen: approximate length of each tenant's add/remove log.
+        refresh_ttl_on_hit: a served entry's TTL starts again (off by default).
+        dedup_threshold: when set, a put whose embedding has cosine >= this with an entry
+            of the same scope replaces that entry instead of adding a near-copy.
+        redis_timeout_s: socket timeout of clients built by ``from_url``.
+        embedding_cache_size / embedding_cache_ttl_s: the per-replica embedding memo.
+        max_tenant_labels: tenants named in replica metrics; the rest are "other".
         rl / eviction: the nested configurations.
     """
 
@@ -208,6 +222,12 @@ class CacheConfig:
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
     feedback_log_maxlen: int = DEFAULT_FEEDBACK_LOG_MAXLEN
     index_log_maxlen: int = DEFAULT_INDEX_LOG_MAXLEN
+    refresh_ttl_on_hit: bool = False
+    dedup_threshold: float | None = None
+    redis_timeout_s: float = DEFAULT_REDIS_TIMEOUT_S
+    embedding_cache_size: int = DEFAULT_EMBEDDING_CACHE_SIZE
+    embedding_cache_ttl_s: float = DEFAULT_EMBEDDING_CACHE_TTL_S
+    max_tenant_labels: int = DEFAULT_MAX_TENANT_LABELS
     rl: RLConfig = field(default_factory=RLConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
@@ -224,6 +244,14 @@ class CacheConfig:
         _check_count("max_metadata_bytes", self.max_metadata_bytes)
         _check_count("feedback_log_maxlen", self.feedback_log_maxlen)
         _check_count("index_log_maxlen", self.index_log_maxlen)
+        if not isinstance(self.refresh_ttl_on_hit, bool):
+            raise ValueError(f"refresh_ttl_on_hit must be a bool, got {self.refresh_ttl_on_hit!r}")
+        if self.dedup_threshold is not None:
+            _check_unit("dedup_threshold", self.dedup_threshold)
+        _check_positive("redis_timeout_s", self.redis_timeout_s)
+        _check_count("embedding_cache_size", self.embedding_cache_size)
+        _check_positive("embedding_cache_ttl_s", self.embedding_cache_ttl_s)
+        _check_count("max_tenant_labels", self.max_tenant_labels)
         if not isinstance(self.rl, RLConfig):
             raise ValueError(f"rl must be an RLConfig, got {type(self.rl).__name__}")
         if not isinstance(self.eviction, EvictionConfig):

@@ -136,12 +136,7 @@ class CachePolicyLearner:
         self._decay_entry(entry, now)
         entry.record_hit(positive=bool(signal.positive), reward=reward)
         entry.confidence_score = self._compute_confidence(entry)
-        with self._lock:
-            if signal.positive:
-                self._total_positive += 1
-            else:
-                self._total_negative += 1
-            self._feedback_log.append(signal)
+        self.note_feedback(signal)
         log.debug(
             "feedback entry=%s positive=%s reward=%.3f expected=%.3f",
             entry.entry_id,
@@ -149,6 +144,19 @@ class CachePolicyLearner:
             reward,
             entry.expected_reward,
         )
+
+    def note_feedback(self, signal: FeedbackSignal) -> None:
+        """Count ``signal`` and append it to the rolling log (no arm is touched).
+
+        ``CacheManager.feedback`` calls this after the feedback script has updated the
+        arm in Redis, so ``get_stats`` covers this replica's signals.
+        """
+        with self._lock:
+            if signal.positive:
+                self._total_positive += 1
+            else:
+                self._total_negative += 1
+            self._feedback_log.append(signal)
 
     def record_use(self, entry: IntelligentCacheEntry, now: float) -> None:
         """The entry was served at ``now``: decay, count the use, recompute confidence.

@@ -680,6 +680,16 @@ class RedisStorage(StorageOps):
         with wrap_errors("count_miss"):
             self.client.hincrby(self.keys(tenant).stats, "misses", 1)
 
+    def reset_tenant(self, tenant: str) -> None:
+        """Drop a tenant's counters, feedback log and dimension (``clear`` calls this once
+        its entries are gone). The index log stays: replicas still need its events."""
+        k = self.keys(tenant)
+        with wrap_errors("reset_tenant"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.unlink(k.stats, k.fb)
+            pipe.hdel(k.cfg, "dim")
+            pipe.execute()
+
     def feedback_log(self, tenant: str, count: int = 100) -> list[dict[str, str]]:
         """The most recent feedback signals of ``tenant``, newest first."""
         with wrap_errors("feedback_log"):

@@ -1,0 +1,675 @@
+"""``CacheManager``: the facade app developers use in every replica.
+
+``lookup`` before calling the LLM, ``put`` after it, ``feedback`` when the user reacts.
+The manager composes the pieces and owns none of their logic: storage (keys, codecs,
+scripts), the learner (bandit math), the replica index (log sync) and the metrics.
+
+A lookup costs two round trips in the common case: one pipeline that reads the log's new
+events, the exact-match digest, the candidates' learning state and the server's clock;
+then the hit script on the chosen candidate. Only when the log had news (a put or a
+removal by another replica) does it read the new vectors and the new candidates' state.
+
+``AsyncCacheManager`` (``zerda_cache/aio.py``) has the same methods as coroutines and
+shares everything here except the I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import redis
+import redis.exceptions
+
+from zerda_cache import codec
+from zerda_cache.codec import Vector
+from zerda_cache.config import CacheConfig
+from zerda_cache.context.cache import ContextCache
+from zerda_cache.entry import IntelligentCacheEntry
+from zerda_cache.errors import (
+    DimensionMismatchError,
+    InvalidEmbeddingError,
+    InvalidEntryError,
+    StorageError,
+)
+from zerda_cache.keys import TenantKeys, validate_tenant
+from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
+from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
+from zerda_cache.replica import LogDelta, TenantIndex
+from zerda_cache.storage import RedisStorage, StateBatch, StorageOps, wrap_errors
+
+log = logging.getLogger(__name__)
+
+EmbedFn = Callable[[str], Any]
+
+#: How often the manager re-reads the server's clock for its local estimate.
+_CLOCK_RESYNC_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """A served answer.
+
+    Attributes:
+        entry_id: the entry to send feedback about.
+        response: the cached answer.
+        query: the cached question that matched.
+        similarity: cosine similarity of the two questions (1.0 for an exact match).
+        score: the composite ranking score (similarity, Thompson draw, confidence).
+        expected_reward: the arm's posterior mean when it was served.
+        confidence: the entry's composite confidence.
+        exact: matched by the normalised-question digest rather than by vector search.
+    """
+
+    entry_id: str
+    tenant: str
+    response: str
+    query: str
+    similarity: float
+    score: float
+    expected_reward: float
+    confidence: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+    exact: bool = False
+
+    def feedback(
+        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
+    ) -> FeedbackSignal:
+        """A ``FeedbackSignal`` about this hit, ready for ``CacheManager.feedback``."""
+        return FeedbackSignal(
+            entry_id=self.entry_id,
+            tenant_id=self.tenant,
+            positive=positive,
+            magnitude=magnitude,
+            source=source,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """What ``put`` did. ``bool(result)`` is ``stored``.
+
+    Attributes:
+        stored: the answer is now cached.
+        entry_id: its id when stored.
+        reason: why it was not stored (the admission check's verdict).
+        warnings: the admission check's warnings, stored or not.
+        replaced_id: an entry this one replaced (same question, or a near-duplicate when
+            ``dedup_threshold`` is set).
+    """
+
+    stored: bool
+    entry_id: str | None = None
+    reason: str | None = None
+    warnings: tuple[str, ...] = ()
+    replaced_id: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.stored
+
+
+class AdmissionCheck(Protocol):
+    """Decides whether an answer may enter the cache: ``(passed, warnings)``.
+
+    A failed check means the answer is not cached; the first warning is the reason.
+    """
+
+    def __call__(
+        self, query: str, response: str, metadata: Mapping[str, Any]
+    ) -> tuple[bool, list[str]]: ...
+
+
+def basic_admission(
+    query: str, response: str, metadata: Mapping[str, Any]
+) -> tuple[bool, list[str]]:
+    """The default check: refuse an empty (or whitespace-only) answer."""
+    if not response.strip():
+        return False, ["empty response"]
+    return True, []
+
+
+class _ManagerCore:
+    """State and pure logic shared by the sync and asyncio managers."""
+
+    def __init__(
+        self,
+        storage: StorageOps,
+        *,
+        embed_fn: EmbedFn | None,
+        admission: AdmissionCheck | None,
+        learner: CachePolicyLearner | None,
+        metrics: ReplicaMetrics | None,
+    ) -> None:
+        self.config: CacheConfig = storage.config
+        self.embed_fn = embed_fn
+        self.admission: AdmissionCheck = admission if admission is not None else basic_admission
+        self.learner = (
+            learner
+            if learner is not None
+            else CachePolicyLearner(self.config.rl, self.config.eviction)
+        )
+        self.metrics = metrics if metrics is not None else default_replica_metrics()
+        self.embeddings = ContextCache(
+            max_size=self.config.embedding_cache_size,
+            ttl_seconds=self.config.embedding_cache_ttl_s,
+        )
+        self._indexes: dict[str, TenantIndex] = {}
+        self._outage_since: float | None = None
+
+    # -- input -------------------------------------------------------------------------------
+    def _check_query(self, query: object) -> str:
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidEntryError("query must be a non-empty str")
+        if len(query) > self.config.max_query_chars:
+            raise InvalidEntryError(
+                f"query has {len(query)} characters, over max_query_chars="
+                f"{self.config.max_query_chars}"
+            )
+        return query
+
+    @staticmethod
+    def _check_scope(scope: object) -> str:
+        if scope is None:
+            return ""
+        if not isinstance(scope, str) or len(scope) > 256:
+            raise InvalidEntryError("scope must be a str of at most 256 characters")
+        return scope
+
+    def _embedding(self, query: str, embedding: object | None) -> Vector | None:
+        """The caller's embedding, else the memoised ``embed_fn(query)``, else None."""
+        if embedding is not None:
+            return codec.normalize_vector(embedding)
+        if self.embed_fn is None:
+            return None
+        key = hashlib.blake2b(query.encode("utf-8"), digest_size=16).hexdigest()
+        cached = self.embeddings.get(key)
+        if cached is not None:
+            vec: Vector = cached
+            return vec
+        vec = codec.normalize_vector(self.embed_fn(query))
+        self.embeddings.put(key, vec)
+        return vec
+
+    def _require_embedding(self, query: str, embedding: object | None) -> Vector:
+        vec = self._embedding(query, embedding)
+        if vec is None:
+            raise InvalidEmbeddingError(
+                "no embedding: pass embedding=... or create the manager with an embed_fn"
+            )
+        return vec
+
+    def _tenant_index(self, keys: TenantKeys) -> TenantIndex:
+        ti = self._indexes.get(keys.tenant)
+        if ti is None:
+            ti = self._indexes.setdefault(keys.tenant, TenantIndex(keys))
+        return ti
+
+    def _check_dim(self, tenant: str, ti: TenantIndex, vec: Vector | None) -> None:
+        if vec is not None and ti.index is not None and ti.index.dim != len(vec):
+            raise DimensionMismatchError(tenant, ti.index.dim, len(vec))
+
+    # -- ranking -------------------------------------------------------------------------------
+    def _candidates(
+        self,
+        found: Sequence[tuple[str, float]],
+        exact_id: str | None,
+        states: StateBatch,
+        now: float,
+    ) -> list[tuple[tuple[str, float, IntelligentCacheEntry], float, bool]]:
+        """Rank the servable candidates: ``((id, similarity, entry), score, exact)``."""
+        sims = dict(found)
+        if exact_id is not None:
+            sims[exact_id] = 1.0
+        cands = []
+        for eid, sim in sims.items():
+            entry = states.entries.get(eid)
+            if entry is None or entry.is_expired(now):
+                continue
+            entry.bandit_arm = entry.bandit_arm.at(now, self.config.rl)
+            if not self.learner.is_servable(entry):
+                continue
+            cands.append((eid, sim, entry))
+        scored = self.learner.score_candidates(cands)
+        return [(cand, score, cand[0] == exact_id) for cand, score in scored]
+
+    @staticmethod
+    def _hit(
+        tenant: str,
+        cand: tuple[str, float, IntelligentCacheEntry],
+        score: float,
+        exact: bool,
+        served: IntelligentCacheEntry,
+    ) -> CacheHit:
+        return CacheHit(
+            entry_id=cand[0],
+            tenant=tenant,
+            response=served.response,
+            query=served.query,
+            similarity=cand[1],
+            score=score,
+            expected_reward=served.expected_reward,
+            confidence=served.confidence_score,
+            metadata=served.metadata,
+            scope=served.scope,
+            exact=exact,
+        )
+
+    # -- fail-open ------------------------------------------------------------------------------
+    def _fail_open(self, tenant: str, exc: BaseException) -> None:
+        self.metrics.fail_open.labels(self.metrics.tenant(tenant)).inc()
+        self.metrics.lookups.labels(self.metrics.tenant(tenant), "fail_open").inc()
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning("zerda-cache: Redis failed, lookups fail open (miss): %s", exc)
+
+    def _recovered(self) -> None:
+        if self._outage_since is not None:
+            log.warning(
+                "zerda-cache: Redis is back after %.1f s; lookups served again",
+                time.monotonic() - self._outage_since,
+            )
+            self._outage_since = None
+
+    def _record_lookup(self, tenant: str, hit: CacheHit | None, started: float) -> None:
+        result = "hit" if hit is not None else "miss"
+        self.metrics.lookups.labels(self.metrics.tenant(tenant), result).inc()
+        self.metrics.lookup_latency.labels(result).observe(time.perf_counter() - started)
+
+    def _admit(
+        self, tenant: str, query: str, response: object, metadata: Mapping[str, Any] | None
+    ) -> tuple[bool, list[str]]:
+        if not isinstance(response, str):
+            raise InvalidEntryError(f"response must be a str, got {type(response).__name__}")
+        size = len(response.encode("utf-8"))
+        if size > self.config.max_response_bytes:
+            raise InvalidEntryError(
+                f"response has {size} bytes, over max_response_bytes="
+                f"{self.config.max_response_bytes}"
+            )
+        passed, warnings = self.admission(query, response, metadata or {})
+        label = self.metrics.tenant(tenant)
+        if not passed:
+            reason = warnings[0] if warnings else "admission check failed"
+            self.metrics.puts.labels(label, "rejected").inc()
+            self.metrics.puts_rejected.labels(_reason_label(reason)).inc()
+        return passed, list(warnings)
+
+
+def _reason_label(reason: str) -> str:
+    """A bounded metric label from a free-form reason: its first few words."""
+    words = "".join(c if c.isalnum() else " " for c in reason.lower()).split()
+    return "_".join(words[:4]) or "unknown"
+
+
+class CacheManager(_ManagerCore):
+    """The synchronous semantic cache of one app replica.
+
+    Args:
+        client: a ``redis.Redis`` or ``RedisCluster`` (``decode_responses=False``).
+        config: the cache configuration.
+        embed_fn: query -> embedding; optional when every call passes ``embedding=``.
+        admission: the put admission check (default: refuse empty answers).
+        learner: the bandit learner (default: one built from ``config.rl``).
+        metrics: replica metrics (default: the process-wide ones).
+        clock: inject "now" (tests); default: the Redis server's clock.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        config: CacheConfig | None = None,
+        *,
+        embed_fn: EmbedFn | None = None,
+        admission: AdmissionCheck | None = None,
+        learner: CachePolicyLearner | None = None,
+        metrics: ReplicaMetrics | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.storage = RedisStorage(client, config, clock=clock)
+        self.client = client
+        self._clock_sync: tuple[float, float] | None = None
+        super().__init__(
+            self.storage, embed_fn=embed_fn, admission=admission, learner=learner, metrics=metrics
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        config: CacheConfig | None = None,
+        *,
+        embed_fn: EmbedFn | None = None,
+        cluster: bool | None = None,
+        **kwargs: Any,
+    ) -> CacheManager:
+        """Connect with a URL: ``redis://``, ``rediss://`` (TLS), ``unix://``, with an ACL
+        user and password in the URL as usual. ``cluster=True`` (or a ``redis+cluster://``
+        / ``rediss+cluster://`` scheme) connects to a Redis Cluster. Remaining keyword
+        arguments go to the manager."""
+        cfg = config if config is not None else CacheConfig()
+        client = connect(url, cfg, cluster=cluster)
+        return cls(client, cfg, embed_fn=embed_fn, **kwargs)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _now(self) -> float:
+        """The storage clock, estimated locally: the server's time, measured once a
+        minute, plus the local time elapsed since (ranking needs no more precision; the
+        scripts read the server's clock themselves)."""
+        if self.storage.clock is not None:
+            return float(self.storage.clock())
+        mono = time.monotonic()
+        if self._clock_sync is None or mono - self._clock_sync[0] > _CLOCK_RESYNC_S:
+            self._clock_sync = (mono, self.storage.now())
+        return self._clock_sync[1] + (mono - self._clock_sync[0])
+
+    def __enter__(self) -> CacheManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- lookup ----------------------------------------------------------------------------------
+    def lookup(
+        self,
+        query: str,
+        *,
+        tenant: str,
+        embedding: object | None = None,
+        scope: str | None = None,
+    ) -> CacheHit | None:
+        """The best servable cached answer for ``query``, or ``None`` (a miss).
+
+        Fails open: if Redis is unreachable or slower than ``redis_timeout_s``, this
+        returns ``None``, logs once per outage and counts it. Bad input still raises.
+
+        Raises:
+            InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
+            DimensionMismatchError: bad input.
+        """
+        started = time.perf_counter()
+        keys = self.storage.keys(tenant)
+        query = self._check_query(query)
+        scope = self._check_scope(scope)
+        vec = self._embedding(query, embedding)
+        try:
+            hit = self._lookup(keys, query, vec, scope)
+        except StorageError as exc:
+            self._fail_open(tenant, exc)
+            return None
+        self._recovered()
+        self._record_lookup(tenant, hit, started)
+        return hit
+
+    def _lookup(
+        self, keys: TenantKeys, query: str, vec: Vector | None, scope: str
+    ) -> CacheHit | None:
+        tenant, cfg, st = keys.tenant, self.config, self.storage
+        ti = self._tenant_index(keys)
+        if not ti.built:
+            self._build(ti)
+        self._check_dim(tenant, ti, vec)
+
+        def search() -> list[tuple[str, float]]:
+            if vec is None:
+                return []
+            return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
+
+        found = search()
+        position = ti.last_id
+        states_plan = st.read_states(tenant, [eid for eid, _ in found])
+        with wrap_errors("lookup"):
+            pipe = self.client.pipeline(transaction=False)
+            ti.queue_catchup(pipe)
+            pipe.hget(keys.q, codec.query_digest(query, scope))
+            if found:
+                states_plan.queue(pipe)
+            res = pipe.execute()
+        first, new, exact_raw = res[:3]
+        states = states_plan.parse(res[3:]) if found else StateBatch()
+        now = self._now()
+        if self._catch_up(ti, ti.parse_catchup(first, new), position):
+            self._check_dim(tenant, ti, vec)
+            found = search()
+        exact_id = exact_raw.decode() if exact_raw is not None else None
+        missing = [eid for eid, _ in found if eid not in states.entries]
+        if exact_id is not None and exact_id not in states.entries:
+            missing.append(exact_id)
+        if missing:
+            more = st.load_states(tenant, missing)
+            states.entries.update(more.entries)
+        for cand, score, exact in self._candidates(found, exact_id, states, now):
+            outcome = st.hit(
+                tenant,
+                cand[0],
+                refresh_ttl=cfg.refresh_ttl_on_hit,
+                min_reward=cfg.rl.min_reward_to_keep,
+            )
+            if outcome.status == "served" and outcome.entry is not None:
+                return self._hit(tenant, cand, score, exact, outcome.entry)
+        st.count_miss(tenant)
+        return None
+
+    # -- keeping the index current ---------------------------------------------------------------
+    def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> bool:
+        """Apply ``delta`` (read at ``position``) and any further events; True if the index
+        changed. Rebuilds when the log was trimmed past the position."""
+        st = self.storage
+        changed = False
+        with ti.lock:
+            if ti.last_id != position:
+                # Another thread applied events meanwhile; read again from where it is.
+                delta = self._read_delta(ti)
+                changed = True
+            while True:
+                if delta.maybe_trimmed:
+                    with wrap_errors("xinfo"):
+                        info = self.client.xinfo_stream(ti.keys.log)
+                    if TenantIndex.trimmed_past(info, ti.last_id):
+                        log.info(
+                            "tenant %s: log trimmed past this replica; rebuilding", ti.keys.tenant
+                        )
+                        self._build(ti)
+                        return True
+                if not delta.adds and not delta.dels and delta.last_id is None:
+                    return changed
+                vectors = st.vectors(ti.keys.tenant, list(delta.adds)) if delta.adds else {}
+                if not ti.apply(delta, vectors):
+                    self._build(ti)
+                    return True
+                changed = True
+                if not delta.more:
+                    return changed
+                delta = self._read_delta(ti)
+
+    def _read_delta(self, ti: TenantIndex) -> LogDelta:
+        with wrap_errors("catch-up"):
+            pipe = self.client.pipeline(transaction=False)
+            ti.queue_catchup(pipe)
+            first, new = pipe.execute()
+        return ti.parse_catchup(first, new)
+
+    def _build(self, ti: TenantIndex) -> None:
+        """(Re)build a tenant's index from Redis, then replay the log from where the
+        scan started."""
+        st, tenant = self.storage, ti.keys.tenant
+        with ti.lock:
+            with wrap_errors("index build"):
+                newest = self.client.xrevrange(ti.keys.log, max="+", min="-", count=1)
+            ti.start_build(newest)
+            for batch in st.iter_ids(tenant):
+                ti.add_scanned(st.vectors(tenant, [eid for eid, _ in batch]))
+            delta = self._read_delta(ti)
+            delta.maybe_trimmed = False  # a trim during the build shows up next time
+            ti.finish_build()
+            self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
+            self._catch_up(ti, delta, ti.last_id)
+
+    def sync_index(self, tenant: str) -> int:
+        """Bring ``tenant``'s local index up to date now; returns its size."""
+        keys = self.storage.keys(tenant)
+        ti = self._tenant_index(keys)
+        if not ti.built:
+            self._build(ti)
+        else:
+            self._catch_up(ti, self._read_delta(ti), ti.last_id)
+        return len(ti)
+
+    def index_ids(self, tenant: str) -> set[str]:
+        """The entry ids in this replica's index for ``tenant`` (as of its last sync)."""
+        ti = self._indexes.get(validate_tenant(tenant))
+        return set() if ti is None else ti.ids()
+
+    # -- put ----------------------------------------------------------------------------------
+    def put(
+        self,
+        query: str,
+        response: str,
+        *,
+        tenant: str,
+        embedding: object | None = None,
+        ttl_s: float | None = None,
+        quality: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+    ) -> PutResult:
+        """Cache ``response`` as the answer to ``query``.
+
+        The admission check runs first; a refused answer is not cached and the result
+        says why. An earlier entry for the same normalised question and scope is replaced,
+        and so is a near-duplicate when ``config.dedup_threshold`` is set.
+
+        Raises:
+            InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
+            DimensionMismatchError: bad input; nothing is written.
+            StorageError: Redis failed.
+        """
+        keys = self.storage.keys(tenant)
+        query = self._check_query(query)
+        scope = self._check_scope(scope)
+        vec = self._require_embedding(query, embedding)
+        passed, warnings = self._admit(tenant, query, response, metadata)
+        if not passed:
+            return PutResult(
+                False,
+                reason=warnings[0] if warnings else "admission check failed",
+                warnings=tuple(warnings),
+            )
+        near: str | None = None
+        if self.config.dedup_threshold is not None:
+            ti = self._tenant_index(keys)
+            if not ti.built:
+                self._build(ti)
+            else:
+                self._catch_up(ti, self._read_delta(ti), ti.last_id)
+            self._check_dim(tenant, ti, vec)
+            best = ti.search(vec, scope, 1, self.config.dedup_threshold)
+            near = best[0][0] if best else None
+        out = self.storage.put(
+            tenant,
+            query,
+            response,
+            vec,
+            scope=scope,
+            ttl_s=ttl_s,
+            quality=quality,
+            metadata=metadata,
+        )
+        replaced = [eid for eid in {out.displaced_id, near} if eid and eid != out.entry_id]
+        if replaced:
+            self.storage.evict(tenant, [(eid, None) for eid in replaced], "replaced")
+        self.metrics.puts.labels(self.metrics.tenant(tenant), "stored").inc()
+        return PutResult(
+            True,
+            out.entry_id,
+            warnings=tuple(warnings),
+            replaced_id=replaced[0] if replaced else None,
+        )
+
+    # -- feedback and management ------------------------------------------------------------------
+    def feedback(self, signal: FeedbackSignal) -> None:
+        """Apply one feedback signal to the entry's arm, atomically in Redis.
+
+        Raises:
+            EntryNotFoundError: the entry does not exist in ``signal.tenant_id``.
+            StorageError: Redis failed.
+        """
+        if not isinstance(signal, FeedbackSignal):
+            raise TypeError(f"feedback expects a FeedbackSignal, got {type(signal).__name__}")
+        self.storage.feedback(signal)
+        self.learner.note_feedback(signal)
+        polarity = "positive" if signal.positive else "negative"
+        self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
+
+    def invalidate(self, entry_id: str, *, tenant: str) -> bool:
+        """Remove one entry from every replica; False if it did not exist."""
+        return self.storage.invalidate(tenant, entry_id)
+
+    def stats(self, tenant: str) -> dict[str, Any]:
+        """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
+        entries, bytes), its hit rate, and this replica's index size."""
+        out: dict[str, Any] = dict(self.storage.stats(tenant))
+        lookups = out.get("hits", 0) + out.get("misses", 0)
+        out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
+        ti = self._indexes.get(tenant)
+        out["replica_index_entries"] = len(ti) if ti is not None else 0
+        return out
+
+    def clear(self, tenant: str) -> int:
+        """Remove every entry of ``tenant`` (from every replica) and reset its counters,
+        feedback log and dimension. Returns the number of entries removed.
+
+        Not atomic with puts made to the same tenant while it runs.
+        """
+        removed = 0
+        batch = self.config.eviction.scan_batch
+        while True:
+            ids = [eid for chunk in self.storage.iter_ids(tenant, batch) for eid, _ in chunk]
+            if not ids:
+                break
+            for i in range(0, len(ids), batch):
+                chunk = [(eid, None) for eid in ids[i : i + batch]]
+                removed += len(self.storage.evict(tenant, chunk, "invalidated").removed)
+        self.storage.reset_tenant(tenant)
+        return removed
+
+
+def connect(url: str, config: CacheConfig, *, cluster: bool | None = None) -> Any:
+    """A redis-py client for ``url`` with zerda-cache's timeouts (see ``from_url``)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    scheme, sep, rest = url.partition("://")
+    if scheme.endswith("+cluster"):
+        cluster = True
+        url = scheme.removesuffix("+cluster") + sep + rest
+    timeout = config.redis_timeout_s
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        # One quick retry, no backoff: a lookup must fail open within the timeout.
+        "retry": Retry(NoBackoff(), 1),
+        "health_check_interval": 30,
+    }
+    if cluster:
+        from redis.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, **common)
+    return redis.Redis.from_url(url, **common)
+
+
+__all__ = [
+    "AdmissionCheck",
+    "CacheHit",
+    "CacheManager",
+    "EmbedFn",
+    "PutResult",
+    "basic_admission",
+    "connect",
+]
