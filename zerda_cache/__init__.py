@@ -5,6 +5,7 @@ scheduled worker decays and evicts, and lookups rank candidates by similarity pl
 Thompson draw plus confidence.
 """
 
+from zerda_cache.aio import AsyncCacheManager, AsyncRedisStorage
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
 from zerda_cache.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.errors import (
@@ -18,14 +19,20 @@ from zerda_cache.errors import (
     StorageError,
     ZerdaError,
 )
+from zerda_cache.manager import AdmissionCheck, CacheHit, CacheManager, PutResult
 from zerda_cache.policy_learner import CachePolicyLearner, EvictionCandidate, FeedbackSignal
 from zerda_cache.storage import RedisStorage
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdmissionCheck",
+    "AsyncCacheManager",
+    "AsyncRedisStorage",
     "BanditArm",
     "CacheConfig",
+    "CacheHit",
+    "CacheManager",
     "CachePolicyLearner",
     "CorruptEntryError",
     "DimensionMismatchError",
@@ -38,6 +45,7 @@ __all__ = [
     "InvalidEntryError",
     "InvalidFeedbackError",
     "InvalidTenantError",
+    "PutResult",
     "RLConfig",
     "RedisStorage",
     "StorageError",
