@@ -345,12 +345,9 @@ class AsyncCacheManager(_ManagerCore):
                 delta = await self._read_delta(ti)
                 changed = True
             while True:
-                if delta.maybe_trimmed:
-                    async with _wrap("xinfo"):
-                        info = await self.client.xinfo_stream(ti.keys.log)
-                    if TenantIndex.trimmed_past(info, ti.last_id):
-                        await self._build_locked(ti)
-                        return True
+                if delta.maybe_trimmed and ti.trimmed_past(await self._xinfo(ti)):
+                    await self._build_locked(ti)
+                    return True
                 if not delta.adds and not delta.dels and delta.last_id is None:
                     return changed
                 vectors = await st.vectors(ti.keys.tenant, list(delta.adds)) if delta.adds else {}
@@ -361,6 +358,15 @@ class AsyncCacheManager(_ManagerCore):
                 if not delta.more:
                     return changed
                 delta = await self._read_delta(ti)
+
+    async def _xinfo(self, ti: TenantIndex) -> Any:
+        try:
+            async with _wrap("xinfo"):
+                return await self.client.xinfo_stream(ti.keys.log)
+        except StorageError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
 
     async def _read_delta(self, ti: TenantIndex) -> LogDelta:
         async with _wrap("catch-up"):
@@ -376,9 +382,7 @@ class AsyncCacheManager(_ManagerCore):
 
     async def _build_locked(self, ti: TenantIndex) -> None:
         st, tenant = self.storage, ti.keys.tenant
-        async with _wrap("index build"):
-            newest = await self.client.xrevrange(ti.keys.log, max="+", min="-", count=1)
-        ti.start_build(newest)
+        ti.start_build(await self._xinfo(ti))
         async for batch in st.iter_ids(tenant):
             ti.add_scanned(await st.vectors(tenant, [eid for eid, _ in batch]))
         while True:  # replay what happened during the scan

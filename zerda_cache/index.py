@@ -107,9 +107,14 @@ class ExactIndex:
             return []
         sims = self._mat[:n] @ query
         top = np.argpartition(sims, n - k)[n - k :] if k < n else np.arange(n)
-        top = top[sims[top] >= threshold]
-        order = top[np.argsort(-sims[top], kind="stable")]
-        return [(self._ids[i], float(sims[i])) for i in order]
+        # Re-score the few winners in float64, row by row: a float32 matrix product can
+        # round the same vector differently depending on its row, and the similarity a
+        # caller sees (and ranks ties by) should not depend on where a vector is stored.
+        exact = np.multiply(self._mat[top].astype(np.float64), query.astype(np.float64)).sum(axis=1)
+        keep = exact >= threshold
+        top, exact = top[keep], exact[keep]
+        order = np.argsort(-exact, kind="stable")
+        return [(self._ids[top[i]], float(exact[i])) for i in order]
 
     def vector(self, entry_id: str) -> Vector | None:
         row = self._row.get(entry_id)

@@ -234,6 +234,9 @@ class _ManagerCore:
             if not self.learner.is_servable(entry):
                 continue
             cands.append((eid, sim, entry))
+        # A canonical order before the draws, so that a seeded learner reproduces its
+        # choices whatever order the index or Redis returned the candidates in.
+        cands.sort(key=lambda c: (-c[1], c[2].created_at, c[0]))
         scored = self.learner.score_candidates(cands)
         return [(cand, score, cand[0] == exact_id) for cand, score in scored]
 
@@ -468,15 +471,10 @@ class CacheManager(_ManagerCore):
                 delta = self._read_delta(ti)
                 changed = True
             while True:
-                if delta.maybe_trimmed:
-                    with wrap_errors("xinfo"):
-                        info = self.client.xinfo_stream(ti.keys.log)
-                    if TenantIndex.trimmed_past(info, ti.last_id):
-                        log.info(
-                            "tenant %s: log trimmed past this replica; rebuilding", ti.keys.tenant
-                        )
-                        self._build(ti)
-                        return True
+                if delta.maybe_trimmed and ti.trimmed_past(self._xinfo(ti)):
+                    log.info("tenant %s: log trimmed past this replica; rebuilding", ti.keys.tenant)
+                    self._build(ti)
+                    return True
                 if not delta.adds and not delta.dels and delta.last_id is None:
                     return changed
                 vectors = st.vectors(ti.keys.tenant, list(delta.adds)) if delta.adds else {}
@@ -487,6 +485,16 @@ class CacheManager(_ManagerCore):
                 if not delta.more:
                     return changed
                 delta = self._read_delta(ti)
+
+    def _xinfo(self, ti: TenantIndex) -> Any:
+        """``XINFO STREAM`` of the tenant's log, ``None`` if it does not exist yet."""
+        try:
+            with wrap_errors("xinfo"):
+                return self.client.xinfo_stream(ti.keys.log)
+        except StorageError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
 
     def _read_delta(self, ti: TenantIndex) -> LogDelta:
         with wrap_errors("catch-up"):
@@ -500,9 +508,7 @@ class CacheManager(_ManagerCore):
         scan started."""
         st, tenant = self.storage, ti.keys.tenant
         with ti.lock:
-            with wrap_errors("index build"):
-                newest = self.client.xrevrange(ti.keys.log, max="+", min="-", count=1)
-            ti.start_build(newest)
+            ti.start_build(self._xinfo(ti))
             for batch in st.iter_ids(tenant):
                 ti.add_scanned(st.vectors(tenant, [eid for eid, _ in batch]))
             delta = self._read_delta(ti)

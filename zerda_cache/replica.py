@@ -8,9 +8,12 @@ applied twice at worst, and both operations are idempotent) and afterwards appli
 the new events, read in the same pipeline round trip as the lookup's other reads.
 
 If the log was trimmed past the replica's position (it fell more than
-``index_log_maxlen`` events behind), events are lost and the replica rebuilds: the
-``XINFO STREAM`` field ``max-deleted-entry-id`` says whether anything after the position
-was trimmed, and it is only asked when the oldest entry is newer than the position.
+``index_log_maxlen`` events behind), events are lost and the replica rebuilds. The replica
+counts the events it has consumed; ``XINFO STREAM`` says how many were ever added
+(``entries-added``) and how many remain (``length``), so events were lost exactly when
+``entries-added - length > consumed``. (``max-deleted-entry-id`` would not do: trimming
+does not update it.) XINFO is asked only when the oldest event left is newer than the
+position, which is rare.
 
 This module does no I/O of its own: it queues commands on the caller's pipeline and
 interprets the replies, so the sync and asyncio managers share it.
@@ -43,6 +46,18 @@ def _s(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def _xinfo(reply: Any) -> dict[str, Any]:
+    """``last`` generated id, events ever ``added`` and current ``length`` of a stream."""
+    if not reply:
+        return {"last": "0-0", "added": 0, "length": 0}
+    info = {_s(k): v for k, v in reply.items()}
+    return {
+        "last": _s(info.get("last-generated-id") or b"0-0"),
+        "added": int(info.get("entries-added") or 0),
+        "length": int(info.get("length") or 0),
+    }
+
+
 @dataclass(slots=True)
 class LogDelta:
     """What a catch-up read found: events to apply, and whether the index must be rebuilt."""
@@ -50,6 +65,7 @@ class LogDelta:
     adds: dict[str, str] = field(default_factory=dict)  # id -> scope, in log order
     dels: set[str] = field(default_factory=set)
     last_id: str | None = None
+    count: int = 0  # events read, applied or not
     more: bool = False  # the batch was full: read again
     maybe_trimmed: bool = False  # the oldest event is newer than our position: check XINFO
 
@@ -61,6 +77,7 @@ class TenantIndex:
         self.keys = keys
         self.index: ScopedIndex | None = None
         self.last_id = "0-0"
+        self.consumed = 0  # log events consumed since the log began
         self.built = False
         self.lock = threading.RLock()  # one catch-up at a time per tenant (sync manager)
         self.rebuilds = 0
@@ -74,8 +91,7 @@ class TenantIndex:
     def parse_catchup(self, first: Any, new: Any) -> LogDelta:
         delta = LogDelta()
         if first:
-            first_id = _s(first[0][0])
-            delta.maybe_trimmed = self.last_id != "0-0" and _sid(first_id) > _sid(self.last_id)
+            delta.maybe_trimmed = _sid(_s(first[0][0])) > _sid(self.last_id)
         events: list[Any] = []
         if new:
             # RESP2 shape: [[stream, [(id, {field: value}), ...]]]
@@ -89,17 +105,15 @@ class TenantIndex:
                 delta.adds.pop(eid, None)
                 delta.dels.add(eid)
             delta.last_id = _s(event_id)
+        delta.count = len(events)
         delta.more = len(events) >= CATCHUP_BATCH
         return delta
 
-    @staticmethod
-    def trimmed_past(xinfo: Any, position: str) -> bool:
-        """From an ``XINFO STREAM`` reply: were events after ``position`` trimmed?"""
-        info = {_s(k): v for k, v in xinfo.items()} if isinstance(xinfo, dict) else {}
-        deleted = info.get("max-deleted-entry-id")
-        if deleted is None:  # servers before Redis 7.0 do not say: assume the worst
-            return True
-        return _sid(deleted) > _sid(position)
+    def trimmed_past(self, xinfo: Any) -> bool:
+        """From an ``XINFO STREAM`` reply: were events this replica has not consumed
+        trimmed away?"""
+        info = _xinfo(xinfo)
+        return bool(info["added"] - info["length"] > self.consumed)
 
     def apply(self, delta: LogDelta, vectors: dict[str, tuple[Vector, str]]) -> bool:
         """Apply a delta (``vectors`` holds the added entries that still exist).
@@ -123,14 +137,18 @@ class TenantIndex:
                 self.index.add(eid, vec, scope)
             if delta.last_id is not None:
                 self.last_id = delta.last_id
+            self.consumed += delta.count
             return True
 
     # -- build ---------------------------------------------------------------------------
-    def start_build(self, last_event: Any) -> None:
-        """Reset to an empty index positioned at the log's newest event (XREVRANGE reply)."""
+    def start_build(self, xinfo: Any) -> None:
+        """Reset to an empty index positioned at the log's newest event, from an
+        ``XINFO STREAM`` reply (``None`` when the log does not exist yet)."""
+        info = _xinfo(xinfo)
         with self.lock:
             self.index = None
-            self.last_id = _s(last_event[0][0]) if last_event else "0-0"
+            self.last_id = info["last"]
+            self.consumed = info["added"]
             self.built = False
 
     def add_scanned(self, vectors: dict[str, tuple[Vector, str]]) -> bool:

@@ -1,0 +1,505 @@
+"""CacheManager and AsyncCacheManager against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from zerda_cache import (
+    AsyncCacheManager,
+    CacheConfig,
+    CacheManager,
+    DimensionMismatchError,
+    EntryNotFoundError,
+    FeedbackSignal,
+    InvalidEmbeddingError,
+    InvalidEntryError,
+    InvalidTenantError,
+    RLConfig,
+)
+from zerda_cache.keys import tenant_keys
+from zerda_cache.metrics import ReplicaMetrics
+
+DIM = 16
+
+
+def unit(seed: int, dim: int = DIM) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=dim)
+    return v / np.linalg.norm(v)
+
+
+def near(v: np.ndarray, cos: float, seed: int = 99) -> np.ndarray:
+    """A unit vector with cosine ``cos`` to unit vector ``v``."""
+    r = np.random.default_rng(seed).normal(size=len(v))
+    r -= (r @ v) * v
+    r /= np.linalg.norm(r)
+    return cos * v + math.sqrt(1 - cos * cos) * r
+
+
+def snapshot(client: redis.Redis) -> dict[bytes, bytes]:
+    return {k: client.dump(k) for k in sorted(client.keys("*"))}  # noqa: SIM118
+
+
+class Clock:
+    def __init__(self, t: float = 10_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    value = reg.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def manager(redis_client: redis.Redis, registry: CollectorRegistry) -> Iterator[CacheManager]:
+    cfg = CacheConfig(similarity_threshold=0.8, max_response_bytes=2_000)
+    yield CacheManager(redis_client, cfg, metrics=ReplicaMetrics(registry))
+
+
+# --- the basic path ---------------------------------------------------------------------------
+def test_put_then_lookup_hit_and_miss(manager: CacheManager, registry: CollectorRegistry) -> None:
+    v = unit(1)
+    assert manager.lookup("How do I reset my password?", tenant="acme", embedding=v) is None
+    res = manager.put(
+        "How do I reset my password?",
+        "Settings > Security.",
+        tenant="acme",
+        embedding=v,
+        metadata={"model": "m1"},
+    )
+    assert res and res.entry_id and res.reason is None
+    hit = manager.lookup("how to reset password", tenant="acme", embedding=near(v, 0.9))
+    assert hit is not None and hit.entry_id == res.entry_id
+    assert hit.response == "Settings > Security." and hit.metadata == {"model": "m1"}
+    assert hit.similarity == pytest.approx(0.9, abs=1e-5) and not hit.exact
+    assert 0 < hit.score <= 1 and hit.expected_reward == 0.5
+    assert manager.lookup("unrelated", tenant="acme", embedding=near(v, 0.5)) is None
+    s = manager.stats("acme")
+    assert (s["hits"], s["misses"], s["puts"], s["entries"]) == (1, 2, 1, 1)
+    assert s["hit_rate"] == pytest.approx(1 / 3)
+    assert metric(registry, "zerda_cache_lookups_total", tenant="acme", result="hit") == 1
+    assert metric(registry, "zerda_cache_lookups_total", tenant="acme", result="miss") == 2
+
+
+def test_threshold_is_cosine_higher_is_stricter(
+    redis_client: redis.Redis, registry: CollectorRegistry
+) -> None:
+    v = unit(2)
+    loose = CacheManager(
+        redis_client, CacheConfig(similarity_threshold=0.7), metrics=ReplicaMetrics(registry)
+    )
+    strict = CacheManager(
+        redis_client,
+        CacheConfig(similarity_threshold=0.95),
+        metrics=ReplicaMetrics(CollectorRegistry()),
+    )
+    loose.put("q", "a", tenant="t", embedding=v)
+    assert loose.lookup("q2", tenant="t", embedding=near(v, 0.9)) is not None
+    assert strict.lookup("q2", tenant="t", embedding=near(v, 0.9)) is None
+    assert strict.lookup("q3", tenant="t", embedding=near(v, 0.96)) is not None
+
+
+def test_exact_fast_path_needs_no_embedding(manager: CacheManager) -> None:
+    manager.put("What is Redis?", "A server.", tenant="acme", embedding=unit(3))
+    hit = manager.lookup("  what IS redis? ", tenant="acme")
+    assert hit is not None and hit.exact and hit.similarity == 1.0
+
+
+def test_embed_fn_is_memoised(redis_client: redis.Redis) -> None:
+    calls: list[str] = []
+
+    def embed(text: str) -> np.ndarray:
+        calls.append(text)
+        return unit(len(text))
+
+    m = CacheManager(redis_client, embed_fn=embed, metrics=ReplicaMetrics(CollectorRegistry()))
+    m.put("hello", "world", tenant="t")
+    assert m.lookup("hello", tenant="t") is not None
+    assert m.lookup("hello", tenant="t") is not None
+    assert calls == ["hello"]
+    assert m.embeddings.stats["hits"] == 2
+
+
+def test_scopes_keep_answers_apart(manager: CacheManager) -> None:
+    v = unit(4)
+    en = manager.put("Summarise X", "English summary", tenant="t", embedding=v, scope="en")
+    tr = manager.put("Summarise X", "Türkçe özet", tenant="t", embedding=v, scope="tr")
+    assert en.entry_id != tr.entry_id and tr.replaced_id is None
+    assert manager.lookup("Summarise X", tenant="t", embedding=v, scope="en").response == (  # type: ignore[union-attr]
+        "English summary"
+    )
+    assert manager.lookup("Summarise X", tenant="t", embedding=v, scope="tr").response == (  # type: ignore[union-attr]
+        "Türkçe özet"
+    )
+    assert manager.lookup("Summarise X", tenant="t", embedding=v) is None  # default scope ""
+
+
+def test_same_question_replaces_and_dedup_option(redis_client: redis.Redis) -> None:
+    plain = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
+    first = plain.put("Q?", "old", tenant="t", embedding=unit(5))
+    second = plain.put("q?", "new", tenant="t", embedding=unit(5))
+    assert second.replaced_id == first.entry_id and plain.stats("t")["entries"] == 1
+    assert plain.stats("t")["evicted:replaced"] == 1
+    plain.put("other words", "near copy", tenant="t", embedding=near(unit(5), 0.99))
+    assert plain.stats("t")["entries"] == 2  # no dedup by default
+
+    dedup = CacheManager(
+        redis_client, CacheConfig(dedup_threshold=0.98), metrics=ReplicaMetrics(CollectorRegistry())
+    )
+    res = dedup.put("yet other words", "newest", tenant="t", embedding=near(unit(5), 0.995, 7))
+    assert res.replaced_id is not None and dedup.stats("t")["entries"] == 2
+
+
+def test_admission_check_refuses_and_says_why(
+    redis_client: redis.Redis, registry: CollectorRegistry
+) -> None:
+    def no_secrets(query: str, response: str, metadata: Any) -> tuple[bool, list[str]]:
+        if "password=" in response:
+            return False, ["answer contains a credential"]
+        return True, ["long answer"] if len(response) > 10 else []
+
+    m = CacheManager(redis_client, admission=no_secrets, metrics=ReplicaMetrics(registry))
+    before = snapshot(redis_client)
+    res = m.put("q", "password=hunter2", tenant="t", embedding=unit(6))
+    assert not res and res.reason == "answer contains a credential" and res.entry_id is None
+    assert snapshot(redis_client) == before
+    ok = m.put("q", "a fine long answer", tenant="t", embedding=unit(6))
+    assert ok and ok.warnings == ("long answer",)
+    assert (
+        metric(registry, "zerda_cache_puts_rejected_total", reason="answer_contains_a_credential")
+        == 1
+    )
+    default = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
+    assert default.put("q", "   ", tenant="t", embedding=unit(6)).reason == "empty response"
+
+
+def test_expired_entries_are_not_served(redis_client: redis.Redis) -> None:
+    clock = Clock()
+    m = CacheManager(redis_client, clock=clock, metrics=ReplicaMetrics(CollectorRegistry()))
+    m.put("q", "a", tenant="t", embedding=unit(8), ttl_s=60)
+    clock.t += 59
+    assert m.lookup("q", tenant="t", embedding=unit(8)) is not None
+    clock.t += 2
+    assert m.lookup("q", tenant="t", embedding=unit(8)) is None
+
+
+def test_ttl_refresh_on_hit_is_an_option(redis_client: redis.Redis) -> None:
+    clock = Clock()
+    m = CacheManager(
+        redis_client,
+        CacheConfig(refresh_ttl_on_hit=True),
+        clock=clock,
+        metrics=ReplicaMetrics(CollectorRegistry()),
+    )
+    m.put("q", "a", tenant="t", embedding=unit(8), ttl_s=60)
+    for _ in range(3):
+        clock.t += 50
+        assert m.lookup("q", tenant="t", embedding=unit(8)) is not None
+
+
+def test_invalidate_and_clear(manager: CacheManager) -> None:
+    a = manager.put("a", "A", tenant="t", embedding=unit(10)).entry_id
+    manager.put("b", "B", tenant="t", embedding=unit(11))
+    assert a is not None and manager.invalidate(a, tenant="t")
+    assert not manager.invalidate(a, tenant="t")
+    assert manager.lookup("a", tenant="t", embedding=unit(10)) is None
+    assert manager.clear("t") == 1
+    assert manager.stats("t")["entries"] == 0
+    assert manager.lookup("b", tenant="t", embedding=unit(11)) is None
+    # the tenant's dimension is reset too
+    assert manager.put("c", "C", tenant="t", embedding=unit(12, dim=8))
+
+
+# --- learning ------------------------------------------------------------------------------
+def test_liked_candidate_wins_and_seeded_lookups_reproduce(redis_client: redis.Redis) -> None:
+    def run() -> list[str]:
+        redis_client.flushall()
+        clock = Clock()
+        m = CacheManager(
+            redis_client,
+            CacheConfig(rl=RLConfig(seed=11)),
+            clock=clock,
+            metrics=ReplicaMetrics(CollectorRegistry()),
+        )
+        v = unit(20)
+        plain = m.put("plain question", "plain", tenant="t", embedding=v).entry_id
+        clock.t += 1
+        liked = m.put("liked question", "liked", tenant="t", embedding=v).entry_id
+        assert plain and liked
+        for _ in range(20):
+            m.feedback(FeedbackSignal(liked, "t", True))
+        out = []
+        for _ in range(1000):
+            hit = m.lookup("a third phrasing", tenant="t", embedding=v)
+            assert hit is not None
+            out.append(hit.response)
+        return out
+
+    first = run()
+    assert first.count("liked") >= 950
+    assert run() == first
+
+
+def test_negative_feedback_stops_serving(manager: CacheManager) -> None:
+    v = unit(30)
+    bad = manager.put("q bad", "wrong answer", tenant="t", embedding=v).entry_id
+    good = manager.put("q good", "right answer", tenant="t", embedding=near(v, 0.95)).entry_id
+    assert bad and good
+    for _ in range(25):
+        manager.feedback(FeedbackSignal(bad, "t", False))
+    for _ in range(50):
+        hit = manager.lookup("q", tenant="t", embedding=v)
+        assert hit is not None and hit.entry_id == good
+    manager.invalidate(good, tenant="t")
+    assert manager.lookup("q", tenant="t", embedding=v) is None  # below min_reward_to_keep
+
+
+# --- bad input ---------------------------------------------------------------------------------
+BAD: dict[str, tuple[Any, type[Exception]]] = {
+    "wrong dimension": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=unit(1, DIM + 2)),
+        DimensionMismatchError,
+    ),
+    "wrong dimension lookup": (
+        lambda m: m.lookup("q2", tenant="acme", embedding=unit(1, DIM + 2)),
+        DimensionMismatchError,
+    ),
+    "NaN embedding": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=[math.nan] * DIM),
+        InvalidEmbeddingError,
+    ),
+    "NaN lookup": (
+        lambda m: m.lookup("q2", tenant="acme", embedding=[math.nan] * DIM),
+        InvalidEmbeddingError,
+    ),
+    "no embedding": (lambda m: m.put("q2", "a", tenant="acme"), InvalidEmbeddingError),
+    "empty query": (lambda m: m.put("", "a", tenant="acme", embedding=unit(1)), InvalidEntryError),
+    "empty query lookup": (
+        lambda m: m.lookup(" ", tenant="acme", embedding=unit(1)),
+        InvalidEntryError,
+    ),
+    "oversized answer": (
+        lambda m: m.put("q2", "x" * 2_001, tenant="acme", embedding=unit(1)),
+        InvalidEntryError,
+    ),
+    "unknown entry": (
+        lambda m: m.feedback(FeedbackSignal("0" * 32, "acme", True)),
+        EntryNotFoundError,
+    ),
+    "other tenant's entry": (
+        lambda m: m.feedback(FeedbackSignal(m._eid, "other", True)),
+        EntryNotFoundError,
+    ),
+    "non-str metadata key": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=unit(1), metadata={3: "x"}),
+        InvalidEntryError,
+    ),
+    "unserialisable metadata": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=unit(1), metadata={"x": {1, 2}}),
+        InvalidEntryError,
+    ),
+    "bad tenant": (lambda m: m.lookup("q", tenant="a:b", embedding=unit(1)), InvalidTenantError),
+    "bad tenant put": (
+        lambda m: m.put("q", "a", tenant="{x}", embedding=unit(1)),
+        InvalidTenantError,
+    ),
+    "not a signal": (lambda m: m.feedback(("id", True)), TypeError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input(case: str, manager: CacheManager, redis_client: redis.Redis) -> None:
+    res = manager.put("q", "a", tenant="acme", embedding=unit(1))
+    manager.lookup("q", tenant="acme", embedding=unit(1))
+    manager._eid = res.entry_id  # type: ignore[attr-defined]
+    call, exc = BAD[case]
+    before = snapshot(redis_client)
+    with pytest.raises(exc):
+        call(manager)
+    assert snapshot(redis_client) == before
+
+
+# --- fail-open -----------------------------------------------------------------------------------
+def test_fail_open_and_recovery(redis_server_factory: Any, registry: CollectorRegistry) -> None:
+    server = redis_server_factory()
+    m = CacheManager.from_url(
+        server.url, CacheConfig(redis_timeout_s=0.5), metrics=ReplicaMetrics(registry)
+    )
+    v = unit(40)
+    m.put("q", "a", tenant="t", embedding=v)
+    assert m.lookup("q", tenant="t", embedding=v) is not None
+    server.stop()
+    started = time.monotonic()
+    assert m.lookup("q", tenant="t", embedding=v) is None
+    assert m.lookup("q", tenant="t", embedding=v) is None
+    assert time.monotonic() - started < 4 * 0.5  # two lookups, each bounded by the timeout
+    assert metric(registry, "zerda_cache_fail_open_total", tenant="t") == 2
+    with pytest.raises(Exception, match="failed"):
+        m.put("q", "a", tenant="t", embedding=v)  # writes raise StorageError
+    server.restart()  # same port, empty (no persistence)
+    m.put("q", "a again", tenant="t", embedding=v)
+    hit = m.lookup("q", tenant="t", embedding=v)
+    assert hit is not None and hit.response == "a again"
+    m.close()
+
+
+def test_fail_open_when_redis_is_slow(
+    redis_server_factory: Any, registry: CollectorRegistry
+) -> None:
+    server = redis_server_factory()
+    m = CacheManager.from_url(
+        server.url, CacheConfig(redis_timeout_s=0.3), metrics=ReplicaMetrics(registry)
+    )
+    v = unit(41)
+    m.put("q", "a", tenant="t", embedding=v)
+    admin = server.client()
+    admin.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+    try:
+        assert m.lookup("q", tenant="t", embedding=v) is None
+        assert metric(registry, "zerda_cache_fail_open_total", tenant="t") >= 1
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+    time.sleep(0.1)
+    assert m.lookup("q", tenant="t", embedding=v) is not None
+    m.close()
+
+
+# --- sync and async agree ------------------------------------------------------------------------
+def _sequence() -> list[tuple[str, Any]]:
+    ops: list[tuple[str, Any]] = []
+    for i in range(12):
+        ops.append(("put", (f"question {i}", f"answer {i}", unit(100 + i % 6), f"s{i % 2}")))
+    for i in range(40):
+        ops.append(("lookup", (f"ask {i}", near(unit(100 + i % 6), 0.97, i), f"s{i % 2}")))
+        if i % 3 == 0:
+            ops.append(("feedback", (i % 2 == 0, 1.0 + i % 3)))
+    return ops
+
+
+def test_sync_and_async_give_the_same_results(redis_client: redis.Redis, redis_url: str) -> None:
+    cfg = CacheConfig(similarity_threshold=0.8, rl=RLConfig(seed=5))
+
+    def run_sync() -> list[Any]:
+        clock = Clock()
+        m = CacheManager(
+            redis_client, cfg, clock=clock, metrics=ReplicaMetrics(CollectorRegistry())
+        )
+        out: list[Any] = []
+        last = None
+        for op, args in _sequence():
+            clock.t += 1.0
+            if op == "put":
+                q, r, v, s = args
+                out.append(bool(m.put(q, r, tenant="sync", embedding=v, scope=s)))
+            elif op == "lookup":
+                q, v, s = args
+                last = m.lookup(q, tenant="sync", embedding=v, scope=s)
+                out.append(None if last is None else (last.response, round(last.score, 12)))
+            elif last is not None:
+                m.feedback(last.feedback(args[0], magnitude=args[1]))
+        return out
+
+    async def run_async() -> list[Any]:
+        clock = Clock()
+        client = redis.asyncio.Redis.from_url(redis_url)
+        m = AsyncCacheManager(client, cfg, clock=clock, metrics=ReplicaMetrics(CollectorRegistry()))
+        out: list[Any] = []
+        last = None
+        for op, args in _sequence():
+            clock.t += 1.0
+            if op == "put":
+                q, r, v, s = args
+                out.append(bool(await m.put(q, r, tenant="async", embedding=v, scope=s)))
+            elif op == "lookup":
+                q, v, s = args
+                last = await m.lookup(q, tenant="async", embedding=v, scope=s)
+                out.append(None if last is None else (last.response, round(last.score, 12)))
+            elif last is not None:
+                await m.feedback(last.feedback(args[0], magnitude=args[1]))
+        stats = await m.stats("async")
+        await m.aclose()
+        out.append(stats["hits"])
+        return out
+
+    sync_out = run_sync()
+    async_out = asyncio.run(run_async())
+    sync_out.append(CacheManager(redis_client).stats("sync")["hits"])
+    assert sync_out == async_out
+    assert sum(1 for x in sync_out[:-1] if isinstance(x, tuple)) > 20  # it really served
+
+
+def test_async_fail_open(redis_server_factory: Any) -> None:
+    server = redis_server_factory()
+
+    async def run() -> None:
+        m = AsyncCacheManager.from_url(
+            server.url,
+            CacheConfig(redis_timeout_s=0.5),
+            metrics=ReplicaMetrics(CollectorRegistry()),
+        )
+        await m.put("q", "a", tenant="t", embedding=unit(1))
+        assert await m.lookup("q", tenant="t", embedding=unit(1)) is not None
+        server.stop()
+        assert await m.lookup("q", tenant="t", embedding=unit(1)) is None
+        server.restart()
+        await m.put("q", "b", tenant="t", embedding=unit(1))
+        hit = await m.lookup("q", tenant="t", embedding=unit(1))
+        assert hit is not None and hit.response == "b"
+        assert await m.clear("t") == 1
+        await m.aclose()
+
+    asyncio.run(run())
+
+
+# --- Redis Cluster -------------------------------------------------------------------------------
+def test_manager_on_cluster(redis_cluster: Any, cluster_client: Any) -> None:
+    url = redis_cluster.url
+    a = CacheManager.from_url(url, cluster=True, metrics=ReplicaMetrics(CollectorRegistry()))
+    b = CacheManager.from_url(
+        url.replace("redis://", "redis+cluster://"), metrics=ReplicaMetrics(CollectorRegistry())
+    )
+    for tenant in ("t1", "t2", "tenant-three"):
+        v = unit(len(tenant))
+        res = a.put("q", f"answer for {tenant}", tenant=tenant, embedding=v)
+        hit = b.lookup("q again", tenant=tenant, embedding=v)
+        assert hit is not None and hit.entry_id == res.entry_id
+        b.feedback(hit.feedback(True))
+        assert a.stats(tenant)["positive"] == 1
+        assert a.invalidate(hit.entry_id, tenant=tenant)
+        assert b.lookup("q again", tenant=tenant, embedding=v) is None
+    assert (
+        len({cluster_client.keyslot(tenant_keys(t).ids) for t in ("t1", "t2", "tenant-three")}) >= 2
+    )
+    a.close()
+    b.close()
+
+
+def test_async_manager_on_cluster(redis_cluster: Any, cluster_client: Any) -> None:
+    async def run() -> None:
+        m = AsyncCacheManager.from_url(
+            redis_cluster.url, cluster=True, metrics=ReplicaMetrics(CollectorRegistry())
+        )
+        await m.put("q", "a", tenant="t", embedding=unit(3))
+        hit = await m.lookup("q", tenant="t", embedding=unit(3))
+        assert hit is not None
+        await m.feedback(hit.feedback(False))
+        await m.aclose()
+
+    asyncio.run(run())
