@@ -45,7 +45,7 @@ def near(v: np.ndarray, cos: float, seed: int = 99) -> np.ndarray:
 
 
 def snapshot(client: redis.Redis) -> dict[bytes, bytes]:
-    return {k: client.dump(k) for k in sorted(client.keys("*"))}  # noqa: SIM118
+    return {k: client.dump(k) for k in sorted(client.keys("*"))}
 
 
 class Clock:
