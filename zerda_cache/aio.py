@@ -116,7 +116,10 @@ class AsyncRedisStorage(StorageOps):
         )
 
     async def feedback(self, signal: FeedbackSignal) -> IntelligentCacheEntry:
-        return await self.run(self.plan_feedback(signal))
+        (result,) = await self.run(self.plan_feedback([signal]))
+        if isinstance(result, ZerdaError):
+            raise result
+        return result
 
     async def decay(self, tenant: str, entry_ids: Sequence[str]) -> DecayOutcome:
         if not entry_ids:

@@ -9,11 +9,12 @@ Entry hash fields (see ``keys.py`` for the keys):
 ========  ==========================================================================
 ``doc``   msgpack ``{v, q: query, r: response, m: metadata}`` (written by Python)
 ``vec``   the L2-normalised embedding as little-endian float32 bytes
-``meta``  msgpack ``{v, ct: created_at, ttl, ss: similarity, qs: quality, sc: scope,
-          dim}`` (written by the put script)
+``meta``  msgpack ``{v, ct: created_at, ttl, sc: scope, dim}`` (written by the put script)
 ``arm``   msgpack ``{a: alpha, b: beta, n: pulls, r: reward_sum, t: decayed_at}``
-``use``   msgpack ``{n: usage_count, la: last_access, c: confidence}``
-``ver``   integer, bumped by every put, hit and feedback (eviction's change check)
+``use``   msgpack ``{n: usage_count, la: last_access, c: confidence, v: version,
+          ss: similarity, qs: quality}``: everything the hit and feedback scripts need
+          besides the arm, so they decode two small maps and nothing else. ``v`` is
+          bumped by every hit and feedback (eviction's "changed since scored" check).
 ``dg``    digest of (normalised query, scope): the exact-match key
 ``sz``    bytes of doc + vec, for the tenant's byte count
 ========  ==========================================================================
@@ -25,6 +26,7 @@ import hashlib
 import math
 import unicodedata
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -185,13 +187,41 @@ def unpack_arm(raw: object, *, key: str = "?") -> BanditArm:
     )
 
 
-def unpack_use(raw: object, *, key: str = "?") -> tuple[int, float, float]:
-    """Return (usage_count, last_access, confidence)."""
+@dataclass(frozen=True, slots=True)
+class Use:
+    """The decoded ``use`` field."""
+
+    count: int
+    last_access: float
+    confidence: float
+    version: int
+    similarity: float
+    quality: float
+
+
+def unpack_use(raw: object, *, key: str = "?") -> Use:
     use = _unpack_map(raw, key, "use")
-    return (
-        int(_num(use, "n", key, "use")),
-        _num(use, "la", key, "use"),
-        _num(use, "c", key, "use"),
+    return Use(
+        count=int(_num(use, "n", key, "use")),
+        last_access=_num(use, "la", key, "use"),
+        confidence=_num(use, "c", key, "use"),
+        version=int(_num(use, "v", key, "use")),
+        similarity=_num(use, "ss", key, "use"),
+        quality=_num(use, "qs", key, "use"),
+    )
+
+
+def trusted_arm(raw: bytes) -> BanditArm:
+    """Decode an arm a script has just packed (no shape checks: the hot path)."""
+    d = msgpack.unpackb(raw, raw=False)
+    return BanditArm(float(d["a"]), float(d["b"]), int(d["n"]), float(d["r"]), float(d["t"]))
+
+
+def trusted_use(raw: bytes) -> Use:
+    """Decode a ``use`` map a script has just packed (no shape checks)."""
+    d = msgpack.unpackb(raw, raw=False)
+    return Use(
+        int(d["n"]), float(d["la"]), float(d["c"]), int(d["v"]), float(d["ss"]), float(d["qs"])
     )
 
 
@@ -200,9 +230,7 @@ def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
     meta = _unpack_map(raw, key, "meta")
     if meta.get("v") != SCHEMA_VERSION:
         raise CorruptEntryError(key, f"meta has unknown schema version {meta.get('v')!r}")
-    out: dict[str, Any] = {
-        name: _num(meta, name, key, "meta") for name in ("ct", "ttl", "ss", "qs")
-    }
+    out: dict[str, Any] = {name: _num(meta, name, key, "meta") for name in ("ct", "ttl")}
     out["dim"] = int(_num(meta, "dim", key, "meta"))
     scope = meta.get("sc", "")
     if not isinstance(scope, str):

@@ -35,6 +35,9 @@ from zerda_cache.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
+#: Signals per feedback script call in ``feedback_many`` (bounds the time one call blocks
+#: the server: a few milliseconds).
+FEEDBACK_BATCH = 200
 #: Eviction reasons, as counted in the stats hash (``evicted:<reason>``).
 REASONS = ("expired", "low_reward", "capacity", "invalidated", "replaced", "corrupt")
 
@@ -112,7 +115,7 @@ class ReadPlan(Generic[T]):
     parse: Callable[[list[Any]], T]
 
 
-_STATE_FIELDS = ("arm", "use", "meta", "ver", "sz")
+_STATE_FIELDS = ("arm", "use", "meta", "sz")
 
 
 class StorageOps:
@@ -133,6 +136,20 @@ class StorageOps:
         self.clock = clock
         self._keys: dict[str, TenantKeys] = {}
         self._registered_tenants: set[str] = set()
+        rl = self.config.rl
+        # Script arguments that never change, formatted once (repr round-trips floats).
+        self._rl_static = [
+            repr(rl.prior_alpha),
+            repr(rl.prior_beta),
+            repr(rl.usage_decay),
+            repr(rl.decay_interval_s),
+        ]
+        self._feedback_static = [
+            repr(rl.positive_feedback_reward),
+            repr(rl.negative_feedback_penalty),
+            *self._rl_static,
+            str(self.config.feedback_log_maxlen),
+        ]
 
     def keys(self, tenant: str) -> TenantKeys:
         """The (validated) keys of ``tenant``."""
@@ -151,13 +168,7 @@ class StorageOps:
         return "" if self.clock is None else repr(float(self.clock()))
 
     def _rl_args(self) -> list[str]:
-        rl = self.config.rl
-        return [
-            repr(rl.prior_alpha),
-            repr(rl.prior_beta),
-            repr(rl.usage_decay),
-            repr(rl.decay_interval_s),
-        ]
+        return self._rl_static
 
     # -- script plans ----------------------------------------------------------------------
     def plan_put(
@@ -271,9 +282,13 @@ class StorageOps:
                 return HitOutcome("corrupt")
             if code == -4:
                 return HitOutcome("unservable")
-            query, response, metadata = codec.unpack_doc(res[4], key=key)
-            meta = codec.unpack_meta(res[5], key=key)
-            usage, last, conf = codec.unpack_use(res[2], key=key)
+            try:
+                query, response, metadata = codec.unpack_doc(res[3], key=key)
+                meta = codec.unpack_meta(res[4], key=key)
+            except CorruptEntryError as exc:
+                log.warning("corrupt entry not served: %s", exc)
+                return HitOutcome("corrupt")
+            use = codec.trusted_use(res[2])
             entry = IntelligentCacheEntry(
                 entry_id=entry_id,
                 tenant=tenant,
@@ -283,57 +298,75 @@ class StorageOps:
                 scope=meta["sc"],
                 created_at=meta["ct"],
                 ttl_s=meta["ttl"] or None,
-                quality_score=meta["qs"],
-                similarity_score=meta["ss"],
-                usage_count=usage,
-                last_access=last,
-                confidence_score=conf,
-                bandit_arm=codec.unpack_arm(res[1], key=key),
-                version=int(res[3]),
+                quality_score=use.quality,
+                similarity_score=use.similarity,
+                usage_count=use.count,
+                last_access=use.last_access,
+                confidence_score=use.confidence,
+                bandit_arm=codec.trusted_arm(res[1]),
+                version=use.version,
             )
             return HitOutcome("served", entry)
 
         return ScriptCall("hit", [key, k.ids, k.stats], args, parse)
 
-    def plan_feedback(self, signal: FeedbackSignal) -> ScriptCall[IntelligentCacheEntry]:
-        tenant, eid = signal.tenant_id, signal.entry_id
+    def plan_feedback(
+        self, signals: Sequence[FeedbackSignal]
+    ) -> ScriptCall[list[IntelligentCacheEntry | ZerdaError]]:
+        """Plan one script call applying ``signals`` (all of one tenant), in order.
+
+        The reply holds, per signal, the entry's new learning state or the error for it
+        (``EntryNotFoundError``, ``CorruptEntryError``).
+        """
+        sigs = list(signals)
+        tenant = sigs[0].tenant_id
         k = self.keys(tenant)
-        key = k.entry(eid)
-        rl = self.config.rl
-        args = [
-            self._now_arg(),
-            eid,
-            "1" if signal.positive else "0",
-            repr(float(signal.magnitude)),
-            repr(rl.positive_feedback_reward),
-            repr(rl.negative_feedback_penalty),
-            *self._rl_args(),
-            self.config.feedback_log_maxlen,
-            signal.source,
-            repr(float(signal.timestamp)),
-        ]
+        keys = [k.stats, k.fb]
+        args: list[Any] = [self._now_arg(), *self._feedback_static]
+        for sig in sigs:
+            if sig.tenant_id != tenant:
+                raise ValueError("plan_feedback takes signals of one tenant")
+            keys.append(k.entry(sig.entry_id))
+            args += [
+                sig.entry_id,
+                "1" if sig.positive else "0",
+                repr(float(sig.magnitude)),
+                sig.source,
+                repr(float(sig.timestamp)),
+            ]
 
-        def parse(res: Any) -> IntelligentCacheEntry:
-            code = int(res[0])
-            if code == 0:
-                raise EntryNotFoundError(tenant, eid)
-            if code == -3:
-                raise CorruptEntryError(
-                    key, "arm, use or meta does not decode; feedback not applied"
-                )
-            usage, last, conf = codec.unpack_use(res[2], key=key)
-            return IntelligentCacheEntry(
-                entry_id=eid,
-                tenant=tenant,
-                query="",
-                response="",
-                usage_count=usage,
-                last_access=last,
-                confidence_score=conf,
-                bandit_arm=codec.unpack_arm(res[1], key=key),
-            )
+        def parse(res: Any) -> list[IntelligentCacheEntry | ZerdaError]:
+            out: list[IntelligentCacheEntry | ZerdaError] = []
+            for sig, reply in zip(sigs, res, strict=True):
+                code = int(reply[0])
+                if code == 0:
+                    out.append(EntryNotFoundError(tenant, sig.entry_id))
+                elif code == -3:
+                    out.append(
+                        CorruptEntryError(
+                            k.entry(sig.entry_id), "arm or use does not decode; not applied"
+                        )
+                    )
+                else:
+                    use = codec.trusted_use(reply[2])
+                    out.append(
+                        IntelligentCacheEntry(
+                            entry_id=sig.entry_id,
+                            tenant=tenant,
+                            query="",
+                            response="",
+                            quality_score=use.quality,
+                            similarity_score=use.similarity,
+                            usage_count=use.count,
+                            last_access=use.last_access,
+                            confidence_score=use.confidence,
+                            bandit_arm=codec.trusted_arm(reply[1]),
+                            version=use.version,
+                        )
+                    )
+            return out
 
-        return ScriptCall("feedback", [key, k.stats, k.fb], args, parse)
+        return ScriptCall("feedback", keys, args, parse)
 
     def plan_decay(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[DecayOutcome]:
         k = self.keys(tenant)
@@ -545,38 +578,29 @@ class RedisStorage(StorageOps):
             EntryNotFoundError: no such entry in ``signal.tenant_id``.
             CorruptEntryError: the entry's state does not decode (nothing written).
         """
-        return self.run(self.plan_feedback(signal))
+        (result,) = self.run(self.plan_feedback([signal]))
+        if isinstance(result, ZerdaError):
+            raise result
+        return result
 
     def feedback_many(
-        self, signals: Sequence[FeedbackSignal]
+        self, signals: Sequence[FeedbackSignal], *, batch: int = FEEDBACK_BATCH
     ) -> list[IntelligentCacheEntry | ZerdaError]:
-        """Apply many signals in one pipeline round trip (each still its own script).
+        """Apply many signals; one script call per tenant and ``batch`` signals.
 
-        Returns, per signal, the new state or the error it raised (unknown entry,
-        corrupt state): one bad signal does not stop the others. On Redis Cluster, where
-        scripts cannot be pipelined, the signals are sent one by one.
+        Returns, per signal and in order, the new state or the error for it (unknown
+        entry, corrupt state): one bad signal does not stop the others. Each call is
+        atomic; signals of different calls are not applied together. Works unchanged on
+        Redis Cluster (a call touches one tenant, so one slot).
         """
-        calls = [self.plan_feedback(sig) for sig in signals]
-        out: list[IntelligentCacheEntry | ZerdaError] = []
-        if not calls:
-            return out
-        if _is_cluster(self.client):
-            results = []
-            for call in calls:
-                with wrap_errors("feedback"):
-                    results.append(self.scripts.feedback(keys=call.keys, args=call.args))
-        else:
-            with wrap_errors("feedback"):
-                pipe = self.client.pipeline(transaction=False)
-                for call in calls:
-                    self.scripts.feedback(keys=call.keys, args=call.args, client=pipe)
-                results = pipe.execute()
-        for call, res in zip(calls, results, strict=True):
-            try:
-                out.append(call.parse(res))
-            except ZerdaError as exc:
-                out.append(exc)
-        return out
+        out: list[IntelligentCacheEntry | ZerdaError | None] = [None] * len(signals)
+        for tenant_positions in _group_by_tenant(signals).values():
+            for i in range(0, len(tenant_positions), batch):
+                chunk = tenant_positions[i : i + batch]
+                results = self.run(self.plan_feedback([signals[j] for j in chunk]))
+                for j, res in zip(chunk, results, strict=True):
+                    out[j] = res
+        return [r for r in out if r is not None]
 
     def decay(self, tenant: str, entry_ids: Sequence[str]) -> DecayOutcome:
         """Bring the arms of ``entry_ids`` to now and persist them (one script call)."""
@@ -589,7 +613,7 @@ class RedisStorage(StorageOps):
     ) -> EvictOutcome:
         """Remove ``(entry_id, version)`` pairs from every structure, atomically per batch.
 
-        An entry whose ``ver`` is no longer ``version`` (it was served or got feedback
+        An entry whose version is no longer ``version`` (it was served or got feedback
         since it was scored) is kept; ``None`` removes it whatever its version.
         """
         call = self.plan_evict(tenant, candidates, reason)
@@ -697,10 +721,12 @@ class RedisStorage(StorageOps):
         return [{_s(f): _s(v) for f, v in fields.items()} for _, fields in rows]
 
 
-def _is_cluster(client: Any) -> bool:
-    from redis.cluster import RedisCluster
-
-    return isinstance(client, RedisCluster)
+def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:
+    """Positions of ``signals`` grouped by tenant, in order."""
+    groups: dict[str, list[int]] = {}
+    for i, sig in enumerate(signals):
+        groups.setdefault(sig.tenant_id, []).append(i)
+    return groups
 
 
 def _s(value: bytes | str) -> str:
@@ -717,12 +743,11 @@ def _state_entry(
     tenant: str, entry_id: str, key: str, values: Mapping[str, Any], score: float | None
 ) -> IntelligentCacheEntry:
     meta = codec.unpack_meta(values["meta"], key=key)
-    usage, last, conf = codec.unpack_use(values["use"], key=key)
+    use = codec.unpack_use(values["use"], key=key)
     try:
-        version = int(values["ver"])
         size = int(values["sz"])
     except (TypeError, ValueError) as exc:
-        raise CorruptEntryError(key, "ver or sz is not an integer") from exc
+        raise CorruptEntryError(key, "sz is not an integer") from exc
     return IntelligentCacheEntry(
         entry_id=entry_id,
         tenant=tenant,
@@ -732,12 +757,12 @@ def _state_entry(
         created_at=meta["ct"],
         ttl_s=meta["ttl"] or None,
         expires_at=float(score) if score is not None else -math.inf,
-        quality_score=meta["qs"],
-        similarity_score=meta["ss"],
-        usage_count=usage,
-        last_access=last,
-        confidence_score=conf,
+        quality_score=use.quality,
+        similarity_score=use.similarity,
+        usage_count=use.count,
+        last_access=use.last_access,
+        confidence_score=use.confidence,
         bandit_arm=codec.unpack_arm(values["arm"], key=key),
-        version=version,
+        version=use.version,
         size_bytes=size,
     )

@@ -37,15 +37,14 @@ local function zc_all_numbers(tbl, fields)
 end
 
 local ZC_ARM_FIELDS = {'a', 'b', 'n', 'r', 't'}
-local ZC_USE_FIELDS = {'n', 'la', 'c'}
-local ZC_META_FIELDS = {'ct', 'ttl', 'ss', 'qs'}
+local ZC_USE_FIELDS = {'n', 'la', 'c', 'v', 'ss', 'qs'}
 
--- Decode arm, use and meta together; nil if any of them is missing or corrupt.
-local function zc_state(raw_arm, raw_use, raw_meta)
-  local arm, use, meta = zc_unpack(raw_arm), zc_unpack(raw_use), zc_unpack(raw_meta)
-  if zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS)
-      and zc_all_numbers(meta, ZC_META_FIELDS) then
-    return arm, use, meta
+-- Decode arm and use together; nil if either is missing or corrupt.
+-- use = {n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality}
+local function zc_state(raw_arm, raw_use)
+  local arm, use = zc_unpack(raw_arm), zc_unpack(raw_use)
+  if zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS) then
+    return arm, use
   end
   return nil
 end
@@ -61,13 +60,13 @@ local function zc_decay(arm, now, prior_a, prior_b, decay, interval)
 end
 
 -- entry.compute_confidence
-local function zc_confidence(arm, use, meta)
+local function zc_confidence(arm, use)
   local expected = arm.a / (arm.a + arm.b)
   local cred = math.log(1.0 + use.n) / math.log(1.0 + 50)
   if cred > 1.0 then
     cred = 1.0
   end
-  local raw = 0.40 * expected + 0.25 * meta.ss + 0.25 * meta.qs + 0.10 * cred
+  local raw = 0.40 * expected + 0.25 * use.ss + 0.25 * use.qs + 0.10 * cred
   if raw < 0.0 then
     return 0.0
   elseif raw > 1.0 then

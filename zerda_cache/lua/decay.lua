@@ -2,23 +2,23 @@
 -- ARGV[1] now ('' = server TIME)  ARGV[2] prior_alpha  ARGV[3] prior_beta  ARGV[4] usage_decay
 -- ARGV[5] decay_interval_s.  returns {decayed, missing, {indexes of corrupt keys}}
 -- Brings every arm to now and persists it (with its confidence). Time-based and idempotent:
--- an arm already at now is left as it is. Does not bump 'ver': the arm's value at any
--- instant is unchanged, only its representation is.
+-- an arm already at now is left as it is. Does not bump the version: the arm's value at
+-- any instant is unchanged, only its representation is.
 local now = zc_now(ARGV[1])
 local pa, pb = tonumber(ARGV[2]), tonumber(ARGV[3])
 local decay, interval = tonumber(ARGV[4]), tonumber(ARGV[5])
 local decayed, missing, corrupt = 0, 0, {}
 for i, key in ipairs(KEYS) do
-  local raw = redis.call('HMGET', key, 'arm', 'use', 'meta')
+  local raw = redis.call('HMGET', key, 'arm', 'use')
   if not raw[1] then
     missing = missing + 1
   else
-    local arm, use, meta = zc_state(raw[1], raw[2], raw[3])
+    local arm, use = zc_state(raw[1], raw[2])
     if not arm then
       corrupt[#corrupt + 1] = i
     elseif now > arm.t then
       zc_decay(arm, now, pa, pb, decay, interval)
-      use.c = zc_confidence(arm, use, meta)
+      use.c = zc_confidence(arm, use)
       redis.call('HSET', key, 'arm', cmsgpack.pack(arm), 'use', cmsgpack.pack(use))
       decayed = decayed + 1
     end

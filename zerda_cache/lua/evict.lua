@@ -1,24 +1,29 @@
 -- KEYS[1] ids zset  KEYS[2] q hash  KEYS[3] log stream  KEYS[4] stats hash
--- KEYS[5..] entry hashes, one per (id, ver) pair in ARGV
--- ARGV[1] reason  ARGV[2] log maxlen  ARGV[3], ARGV[4], ...: entry id, expected 'ver' ('' = any)
--- returns one status per entry: 1 removed; 0 already gone (stray index entries cleaned);
--- -1 changed since it was scored (kept).
+-- KEYS[5..] entry hashes, one per (id, version) pair in ARGV
+-- ARGV[1] reason  ARGV[2] log maxlen  ARGV[3], ARGV[4], ...: entry id, expected version
+-- ('' = any).  returns one status per entry: 1 removed; 0 already gone (stray index
+-- entries cleaned); -1 changed since it was scored (kept).
 -- Removes an entry from every structure at once: hash, ids, exact-match map, replicas'
--- indexes (a 'del' event in the log) and the byte count. Never decodes msgpack, so a
--- corrupt entry can always be removed.
+-- indexes (a 'del' event in the log) and the byte count. An unconditional removal never
+-- decodes msgpack, so a corrupt entry can always be removed.
 local reason, maxlen = ARGV[1], ARGV[2]
 local out = {}
 local removed, freed = 0, 0
 for i = 5, #KEYS do
   local id, want = ARGV[(i - 5) * 2 + 3], ARGV[(i - 5) * 2 + 4]
   local key = KEYS[i]
-  local state = redis.call('HMGET', key, 'ver', 'dg', 'sz')
+  local state = redis.call('HMGET', key, 'sz', 'dg', 'use')
+  local changed = false
+  if state[1] and want ~= '' then
+    local ok, use = pcall(cmsgpack.unpack, state[3] or '')
+    changed = not ok or type(use) ~= 'table' or use.v ~= tonumber(want)
+  end
   if not state[1] then
     if redis.call('ZREM', KEYS[1], id) == 1 then
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
     end
     out[#out + 1] = 0
-  elseif want ~= '' and state[1] ~= want then
+  elseif changed then
     out[#out + 1] = -1
   else
     redis.call('DEL', key)
@@ -28,7 +33,7 @@ for i = 5, #KEYS do
     end
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
     removed = removed + 1
-    freed = freed + (tonumber(state[3]) or 0)
+    freed = freed + (tonumber(state[1]) or 0)
     out[#out + 1] = 1
   end
 end

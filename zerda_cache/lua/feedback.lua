@@ -1,40 +1,58 @@
--- KEYS[1] entry hash  KEYS[2] stats hash  KEYS[3] feedback stream
--- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] positive (1/0)  ARGV[4] magnitude
--- ARGV[5] positive_feedback_reward  ARGV[6] negative_feedback_penalty  ARGV[7] prior_alpha
--- ARGV[8] prior_beta  ARGV[9] usage_decay  ARGV[10] decay_interval_s
--- ARGV[11] feedback log maxlen (exact)  ARGV[12] source  ARGV[13] caller's timestamp
--- returns {1, arm, use} (msgpack) applied; {0} no such entry; {-3} corrupt state (nothing
--- written). CachePolicyLearner.record_feedback, applied where the arm lives.
+-- KEYS[1] stats hash  KEYS[2] feedback stream  KEYS[3..] entry hashes, one per signal
+-- ARGV[1] now ('' = server TIME)  ARGV[2] positive_feedback_reward
+-- ARGV[3] negative_feedback_penalty  ARGV[4] prior_alpha  ARGV[5] prior_beta
+-- ARGV[6] usage_decay  ARGV[7] decay_interval_s  ARGV[8] feedback log maxlen (exact)
+-- then five per signal: entry id, positive (1/0), magnitude, source, caller's timestamp
+-- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
+-- {-3} corrupt state (nothing written for that signal).
+-- CachePolicyLearner.record_feedback, applied where the arm lives, for a batch of signals
+-- of one tenant: one call amortises the script overhead over the batch.
 local now = zc_now(ARGV[1])
-local raw = redis.call('HMGET', KEYS[1], 'arm', 'use', 'meta')
-if not raw[1] then
-  return {0}
+local pos_w, neg_w = tonumber(ARGV[2]), tonumber(ARGV[3])
+local pa, pb = tonumber(ARGV[4]), tonumber(ARGV[5])
+local decay, interval = tonumber(ARGV[6]), tonumber(ARGV[7])
+local out = {}
+local n_pos, n_neg = 0, 0
+for i = 3, #KEYS do
+  local base = 8 + (i - 3) * 5
+  local raw = redis.call('HMGET', KEYS[i], 'arm', 'use')
+  if not raw[1] then
+    out[#out + 1] = {0}
+  else
+    local arm, use = zc_state(raw[1], raw[2])
+    if not arm then
+      out[#out + 1] = {-3}
+    else
+      local positive = ARGV[base + 2] == '1'
+      local magnitude = tonumber(ARGV[base + 3])
+      zc_decay(arm, now, pa, pb, decay, interval)
+      if positive then
+        local reward = magnitude * pos_w
+        arm.a = arm.a + reward
+        arm.r = arm.r + reward
+        n_pos = n_pos + 1
+      else
+        local reward = magnitude * neg_w
+        arm.b = arm.b + reward
+        arm.r = arm.r - reward
+        n_neg = n_neg + 1
+      end
+      arm.n = arm.n + 1
+      use.v = use.v + 1
+      use.c = zc_confidence(arm, use)
+      local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
+      redis.call('HSET', KEYS[i], 'arm', packed_arm, 'use', packed_use)
+      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[8], '*', 'id', ARGV[base + 1],
+                 'pos', ARGV[base + 2], 'mag', ARGV[base + 3], 'src', ARGV[base + 4],
+                 'ts', ARGV[base + 5])
+      out[#out + 1] = {1, packed_arm, packed_use}
+    end
+  end
 end
-local arm, use, meta = zc_state(raw[1], raw[2], raw[3])
-if not arm then
-  return {-3}
+if n_pos > 0 then
+  redis.call('HINCRBY', KEYS[1], 'positive', n_pos)
 end
-local positive = ARGV[3] == '1'
-local reward
-if positive then
-  reward = tonumber(ARGV[4]) * tonumber(ARGV[5])
-else
-  reward = tonumber(ARGV[4]) * tonumber(ARGV[6])
+if n_neg > 0 then
+  redis.call('HINCRBY', KEYS[1], 'negative', n_neg)
 end
-zc_decay(arm, now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]))
-if positive then
-  arm.a = arm.a + reward
-  arm.r = arm.r + reward
-else
-  arm.b = arm.b + reward
-  arm.r = arm.r - reward
-end
-arm.n = arm.n + 1
-use.c = zc_confidence(arm, use, meta)
-local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
-redis.call('HSET', KEYS[1], 'arm', packed_arm, 'use', packed_use)
-redis.call('HINCRBY', KEYS[1], 'ver', 1)
-redis.call('HINCRBY', KEYS[2], positive and 'positive' or 'negative', 1)
-redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[11], '*', 'id', ARGV[2], 'pos', ARGV[3],
-           'mag', ARGV[4], 'src', ARGV[12], 'ts', ARGV[13])
-return {1, packed_arm, packed_use}
+return out

@@ -2,9 +2,10 @@
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] prior_alpha  ARGV[4] prior_beta
 -- ARGV[5] usage_decay  ARGV[6] decay_interval_s  ARGV[7] refresh TTL (1/0)
 -- ARGV[8] min_reward_to_keep ('' = serve whatever the reward)
--- returns {1, arm, use, ver, doc, meta} served (msgpack values); {0} gone; {-1} expired;
--- {-3} corrupt state; {-4} expected reward below the minimum (nothing written but served).
--- Serving an entry: bring its arm to now, count the use, recompute confidence.
+-- returns {1, arm, use, doc, meta} served (msgpack values); {0} gone; {-1} expired;
+-- {-3} corrupt state; {-4} expected reward below the minimum (nothing written, not served).
+-- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
+-- version (eviction skips entries whose version moved since they were scored).
 local now = zc_now(ARGV[1])
 local id = ARGV[2]
 local score = redis.call('ZSCORE', KEYS[2], id)
@@ -15,7 +16,7 @@ end
 if tonumber(score) <= now then
   return {-1}
 end
-local arm, use, meta = zc_state(raw[1], raw[2], raw[3])
+local arm, use = zc_state(raw[1], raw[2])
 if not arm then
   return {-3}
 end
@@ -23,16 +24,22 @@ zc_decay(arm, now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonu
 if ARGV[8] ~= '' and arm.a / (arm.a + arm.b) < tonumber(ARGV[8]) then
   return {-4}
 end
+if ARGV[7] == '1' then
+  local meta = zc_unpack(raw[3])
+  if not meta or type(meta.ttl) ~= 'number' then
+    return {-3}
+  end
+  if meta.ttl > 0 then
+    redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
+  end
+end
 use.n = use.n + 1
 if now > use.la then
   use.la = now
 end
-use.c = zc_confidence(arm, use, meta)
+use.v = use.v + 1
+use.c = zc_confidence(arm, use)
 local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
 redis.call('HSET', KEYS[1], 'arm', packed_arm, 'use', packed_use)
-local ver = redis.call('HINCRBY', KEYS[1], 'ver', 1)
-if ARGV[7] == '1' and meta.ttl > 0 then
-  redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
-end
 redis.call('HINCRBY', KEYS[3], 'hits', 1)
-return {1, packed_arm, packed_use, ver, raw[4], raw[3]}
+return {1, packed_arm, packed_use, raw[4], raw[3]}

@@ -21,16 +21,14 @@ if not tenant_dim then
   redis.call('HSET', KEYS[6], 'dim', dim)
 end
 
-local meta = {v = 1, ct = now, ttl = ttl, ss = tonumber(ARGV[9]), qs = tonumber(ARGV[10]),
-              sc = scope, dim = dim}
+local meta = {v = 1, ct = now, ttl = ttl, sc = scope, dim = dim}
 local arm = {a = tonumber(ARGV[11]), b = tonumber(ARGV[12]), n = 0, r = 0, t = now}
-local use = {n = 0, la = now, c = 0}
-use.c = zc_confidence(arm, use, meta)
+local use = {n = 0, la = now, c = 0, v = 1, ss = tonumber(ARGV[9]), qs = tonumber(ARGV[10])}
+use.c = zc_confidence(arm, use)
 local size = #ARGV[3] + #ARGV[4]
 
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'vec', ARGV[4], 'meta', cmsgpack.pack(meta),
-           'arm', cmsgpack.pack(arm), 'use', cmsgpack.pack(use), 'ver', 1,
-           'dg', digest, 'sz', size)
+           'arm', cmsgpack.pack(arm), 'use', cmsgpack.pack(use), 'dg', digest, 'sz', size)
 local expires = '+inf'
 if ttl > 0 then
   expires = string.format('%.17g', now + ttl)
