@@ -38,6 +38,7 @@ from zerda_cache.scripts import Scripts
 from zerda_cache.storage import (
     DecayOutcome,
     EvictOutcome,
+    FeedbackOutcome,
     HitOutcome,
     PutOutcome,
     ReadPlan,
@@ -115,7 +116,7 @@ class AsyncRedisStorage(StorageOps):
             self.plan_hit(tenant, entry_id, refresh_ttl=refresh_ttl, min_reward=min_reward)
         )
 
-    async def feedback(self, signal: FeedbackSignal) -> IntelligentCacheEntry:
+    async def feedback(self, signal: FeedbackSignal) -> FeedbackOutcome:
         (result,) = await self.run(self.plan_feedback([signal]))
         if isinstance(result, ZerdaError):
             raise result

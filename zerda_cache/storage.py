@@ -20,7 +20,12 @@ import redis.exceptions
 
 from zerda_cache import codec
 from zerda_cache.config import CacheConfig
-from zerda_cache.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY, IntelligentCacheEntry
+from zerda_cache.entry import (
+    DEFAULT_QUALITY,
+    DEFAULT_SIMILARITY,
+    BanditArm,
+    IntelligentCacheEntry,
+)
 from zerda_cache.errors import (
     CorruptEntryError,
     DimensionMismatchError,
@@ -68,6 +73,46 @@ class HitOutcome:
 
     status: str  # "served" | "gone" | "expired" | "corrupt" | "unservable"
     entry: IntelligentCacheEntry | None = None
+
+
+class FeedbackOutcome:
+    """An entry's learning state right after a feedback signal, decoded on first use
+    (feedback is a hot path and most callers never look)."""
+
+    __slots__ = ("_arm", "_raw_arm", "_raw_use", "_use", "entry_id")
+
+    def __init__(self, entry_id: str, raw_arm: bytes, raw_use: bytes) -> None:
+        self.entry_id = entry_id
+        self._raw_arm, self._raw_use = raw_arm, raw_use
+        self._arm: BanditArm | None = None
+        self._use: codec.Use | None = None
+
+    @property
+    def bandit_arm(self) -> BanditArm:
+        if self._arm is None:
+            self._arm = codec.trusted_arm(self._raw_arm)
+        return self._arm
+
+    @property
+    def use(self) -> codec.Use:
+        if self._use is None:
+            self._use = codec.trusted_use(self._raw_use)
+        return self._use
+
+    @property
+    def expected_reward(self) -> float:
+        return self.bandit_arm.expected_reward
+
+    @property
+    def confidence_score(self) -> float:
+        return self.use.confidence
+
+    @property
+    def version(self) -> int:
+        return self.use.version
+
+    def __repr__(self) -> str:
+        return f"FeedbackOutcome({self.entry_id!r}, {self.bandit_arm!r}, {self.use!r})"
 
 
 @dataclass(slots=True)
@@ -312,7 +357,7 @@ class StorageOps:
 
     def plan_feedback(
         self, signals: Sequence[FeedbackSignal]
-    ) -> ScriptCall[list[IntelligentCacheEntry | ZerdaError]]:
+    ) -> ScriptCall[list[FeedbackOutcome | ZerdaError]]:
         """Plan one script call applying ``signals`` (all of one tenant), in order.
 
         The reply holds, per signal, the entry's new learning state or the error for it
@@ -335,33 +380,18 @@ class StorageOps:
                 repr(float(sig.timestamp)),
             ]
 
-        def parse(res: Any) -> list[IntelligentCacheEntry | ZerdaError]:
-            out: list[IntelligentCacheEntry | ZerdaError] = []
+        def parse(res: Any) -> list[FeedbackOutcome | ZerdaError]:
+            out: list[FeedbackOutcome | ZerdaError] = []
             for sig, reply in zip(sigs, res, strict=True):
-                code = int(reply[0])
-                if code == 0:
+                code = reply[0]
+                if code == 1:
+                    out.append(FeedbackOutcome(sig.entry_id, reply[1], reply[2]))
+                elif code == 0:
                     out.append(EntryNotFoundError(tenant, sig.entry_id))
-                elif code == -3:
+                else:
                     out.append(
                         CorruptEntryError(
                             k.entry(sig.entry_id), "arm or use does not decode; not applied"
-                        )
-                    )
-                else:
-                    use = codec.trusted_use(reply[2])
-                    out.append(
-                        IntelligentCacheEntry(
-                            entry_id=sig.entry_id,
-                            tenant=tenant,
-                            query="",
-                            response="",
-                            quality_score=use.quality,
-                            similarity_score=use.similarity,
-                            usage_count=use.count,
-                            last_access=use.last_access,
-                            confidence_score=use.confidence,
-                            bandit_arm=codec.trusted_arm(reply[1]),
-                            version=use.version,
                         )
                     )
             return out
@@ -571,7 +601,7 @@ class RedisStorage(StorageOps):
             self.plan_hit(tenant, entry_id, refresh_ttl=refresh_ttl, min_reward=min_reward)
         )
 
-    def feedback(self, signal: FeedbackSignal) -> IntelligentCacheEntry:
+    def feedback(self, signal: FeedbackSignal) -> FeedbackOutcome:
         """Apply one signal atomically; return the entry's new learning state.
 
         Raises:
@@ -585,7 +615,7 @@ class RedisStorage(StorageOps):
 
     def feedback_many(
         self, signals: Sequence[FeedbackSignal], *, batch: int = FEEDBACK_BATCH
-    ) -> list[IntelligentCacheEntry | ZerdaError]:
+    ) -> list[FeedbackOutcome | ZerdaError]:
         """Apply many signals; one script call per tenant and ``batch`` signals.
 
         Returns, per signal and in order, the new state or the error for it (unknown
@@ -593,7 +623,7 @@ class RedisStorage(StorageOps):
         atomic; signals of different calls are not applied together. Works unchanged on
         Redis Cluster (a call touches one tenant, so one slot).
         """
-        out: list[IntelligentCacheEntry | ZerdaError | None] = [None] * len(signals)
+        out: list[FeedbackOutcome | ZerdaError | None] = [None] * len(signals)
         for tenant_positions in _group_by_tenant(signals).values():
             for i in range(0, len(tenant_positions), batch):
                 chunk = tenant_positions[i : i + batch]
