@@ -26,10 +26,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import table, write_section
-from zerda_cache.testing import RedisServer
 
 from zerda_cache import CacheConfig, FeedbackSignal
 from zerda_cache.storage import RedisStorage
+from zerda_cache.testing import RedisServer
 
 TARGETS = {1: 0.7, 100: 0.4}
 ENTRIES = 1_000
@@ -81,12 +81,17 @@ def run_kind(kind: str, rounds: int, ops: int) -> list[list[str]]:
         for depth in (1, 100):
             feedback(depth), hset(depth)  # warm up: scripts loaded, connections open
             f_rates, h_rates, ratios = [], [], []
+            client.config_resetstat()
             for r in range(rounds):
                 order = (feedback, hset) if r % 2 == 0 else (hset, feedback)
                 rates = {fn.__name__: fn(depth) for fn in order}
                 f_rates.append(rates["feedback"])
                 h_rates.append(rates["hset"])
                 ratios.append(rates["feedback"] / rates["hset"])
+            cmdstats = client.info("commandstats")
+            script = cmdstats["cmdstat_evalsha"]
+            server_us = script["usec"] / (script["calls"] * (1 if depth == 1 else depth))
+            hset_us = cmdstats["cmdstat_hset"]["usec_per_call"]
             ratio = statistics.median(ratios)
             print(f"{kind} depth {depth}: ratio {ratio:.2f}", file=sys.stderr)
             rows.append(
@@ -96,6 +101,7 @@ def run_kind(kind: str, rounds: int, ops: int) -> list[list[str]]:
                     f"{statistics.median(f_rates):,.0f}",
                     f"{statistics.median(h_rates):,.0f}",
                     f"**{ratio:.2f}** ({min(ratios):.2f}-{max(ratios):.2f})",
+                    f"{server_us:.1f} / {hset_us:.1f}",
                     f">= {TARGETS[depth]}",
                     "yes" if ratio >= TARGETS[depth] else "**no**",
                 ]
@@ -125,6 +131,7 @@ def main() -> None:
             "feedback ops/s",
             "HSET ops/s",
             "ratio (median, range)",
+            "server us per op: script / HSET",
             "target",
             "met",
         ],
@@ -132,10 +139,15 @@ def main() -> None:
     )
     body += (
         f"\n\n{args.rounds} alternating rounds of {args.ops} operations each, one client, one "
-        "process, over 1,000 entries (feedback) and 1,000 plain hashes (HSET). The feedback "
-        "script decodes the arm, usage and meta, decays the arm to now, updates it, "
-        "recomputes confidence, writes two fields, bumps the version and a tenant counter, "
-        "and appends to the exactly capped feedback stream."
+        "process, over 1,000 entries (feedback) and 1,000 plain hashes (HSET). Depth 1 is "
+        "`RedisStorage.feedback` (one script call per signal) against one HSET per call; "
+        "depth 100 is `feedback_many` with 100 signals (one script call for the batch) "
+        "against a pipeline of 100 HSETs. Server time per operation comes from `INFO "
+        "commandstats`. Per signal the script does the work of five commands (TIME once "
+        "per call; HMGET of arm and use; HSET of both; XADD to the exactly capped feedback "
+        "stream; HINCRBY of the tenant's counter once per call) plus two msgpack decodes "
+        "and encodes, where HSET is one command: the server-side cost is what keeps the "
+        "ratio below the targets."
     )
     print(body)
     if not args.quick:

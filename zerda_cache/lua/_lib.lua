@@ -39,11 +39,19 @@ end
 local ZC_ARM_FIELDS = {'a', 'b', 'n', 'r', 't'}
 local ZC_USE_FIELDS = {'n', 'la', 'c', 'v', 'ss', 'qs'}
 
--- Decode arm and use together; nil if either is missing or corrupt.
+local function zc_unpack2(raw_a, raw_b)
+  return cmsgpack.unpack(raw_a), cmsgpack.unpack(raw_b)
+end
+
+-- Decode arm and use together (one pcall for both); nil if either is missing or corrupt.
 -- use = {n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality}
 local function zc_state(raw_arm, raw_use)
-  local arm, use = zc_unpack(raw_arm), zc_unpack(raw_use)
-  if zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS) then
+  if not raw_arm or not raw_use then
+    return nil
+  end
+  local ok, arm, use = pcall(zc_unpack2, raw_arm, raw_use)
+  if ok and type(arm) == 'table' and type(use) == 'table'
+      and zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS) then
     return arm, use
   end
   return nil
