@@ -1,7 +1,8 @@
 -- KEYS[1] stats hash  KEYS[2] feedback stream  KEYS[3..] entry hashes, one per signal
 -- ARGV[1] now ('' = server TIME)  ARGV[2] positive_feedback_reward
 -- ARGV[3] negative_feedback_penalty  ARGV[4] prior_alpha  ARGV[5] prior_beta
--- ARGV[6] usage_decay  ARGV[7] decay_interval_s  ARGV[8] feedback log maxlen (exact)
+-- ARGV[6] usage_decay  ARGV[7] decay_interval_s  ARGV[8] feedback log maxlen (approximate:
+-- Redis trims whole stream nodes, so up to stream-node-max-entries (100) more may remain)
 -- then five per signal: entry id, positive (1/0), magnitude, source, caller's timestamp
 -- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
 -- {-3} corrupt state (nothing written for that signal).
@@ -42,7 +43,7 @@ for i = 3, #KEYS do
       use.c = zc_confidence(arm, use)
       local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
       redis.call('HSET', KEYS[i], 'arm', packed_arm, 'use', packed_use)
-      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[8], '*', 'id', ARGV[base + 1],
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'id', ARGV[base + 1],
                  'pos', ARGV[base + 2], 'mag', ARGV[base + 3], 'src', ARGV[base + 4],
                  'ts', ARGV[base + 5])
       out[#out + 1] = {1, packed_arm, packed_use}
