@@ -145,3 +145,87 @@ def test_context_cache_make_key_and_validation() -> None:
         ContextCache(max_size=0)
     with pytest.raises(ValueError):
         ContextCache(ttl_seconds=0)
+
+
+# --- HNSW (the ann extra) ------------------------------------------------------------------------
+def hex_id(i: int) -> str:
+    return f"{i:032x}"
+
+
+def clustered(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    centers = rng.normal(size=(max(1, n // 20), dim))
+    x = centers[rng.integers(0, len(centers), n)] + 0.6 * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_hnsw_recall_against_exact_above_threshold() -> None:
+    from zerda_cache.index import HnswIndex
+
+    rng = np.random.default_rng(3)
+    x = clustered(rng, 5000, 64)
+    exact, ann = ExactIndex(64), HnswIndex(64, capacity=256)
+    for i, v in enumerate(x):
+        exact.add(hex_id(i), v)
+        ann.add(hex_id(i), v)
+    found = wanted = 0
+    for j in rng.integers(0, len(x), 300):
+        q = normalize_vector(x[j] + 0.25 * rng.normal(size=64) / 8)
+        want = {e for e, _ in exact.search(q, 8, 0.8)}
+        got = ann.search(q, 8, 0.8)
+        assert all(s >= 0.8 for _, s in got)
+        found += len(want & {e for e, _ in got})
+        wanted += len(want)
+    assert wanted > 300 and found / wanted >= 0.95
+
+
+def test_hnsw_add_remove_readd_and_grow() -> None:
+    from zerda_cache.index import HnswIndex
+
+    rng = np.random.default_rng(4)
+    ann = HnswIndex(16, capacity=8)
+    vecs = {hex_id(i): unit(rng, 16) for i in range(300)}  # grows past capacity
+    for eid, v in vecs.items():
+        ann.add(eid, v)
+    assert len(ann) == 300 and set(ann.ids()) == set(vecs)
+    for i in range(0, 300, 2):
+        assert ann.remove(hex_id(i))
+        assert hex_id(i) not in ann
+    assert not ann.remove(hex_id(0)) and len(ann) == 150
+    for i in range(1, 300, 2):  # every live vector is found as its own nearest neighbour
+        assert ann.search(vecs[hex_id(i)], 1, 0.99)[0][0] == hex_id(i)
+    new = unit(rng, 16)
+    ann.add(hex_id(10_000), new)  # reuses a freed slot
+    assert ann.search(new, 1, 0.99) == [(hex_id(10_000), pytest.approx(1.0, abs=1e-6))]
+    np.testing.assert_allclose(ann.vector(hex_id(10_000)), new, rtol=1e-6)
+    assert ann.search(new, 500, -1.0)[0][0] == hex_id(10_000)  # k larger than the index
+    with pytest.raises(ValueError, match="hex"):
+        ann.add("not-hex", new)
+
+
+def test_scoped_index_switches_to_hnsw_and_back() -> None:
+    from zerda_cache.index import IndexPolicy
+
+    rng = np.random.default_rng(5)
+    idx = ScopedIndex(16, IndexPolicy(ann_threshold=100))
+    vecs = {hex_id(i): unit(rng, 16) for i in range(150)}
+    for eid, v in vecs.items():
+        idx.add(eid, v, "s")
+    idx.add(hex_id(999), unit(rng, 16), "other")
+    assert idx.kind("s") == "hnsw" and idx.kind("other") == "exact" and idx.kind("x") == "none"
+    assert idx.ids() == set(vecs) | {hex_id(999)}
+    some = hex_id(7)
+    assert idx.search(vecs[some], "s", 1, 0.99)[0][0] == some
+    for i in range(130):
+        idx.remove(hex_id(i))
+    assert idx.kind("s") == "exact" and len(idx) == 21
+    assert idx.search(vecs[hex_id(140)], "s", 1, 0.99)[0][0] == hex_id(140)
+
+
+def test_ann_threshold_none_keeps_exact() -> None:
+    from zerda_cache.index import IndexPolicy
+
+    rng = np.random.default_rng(6)
+    idx = ScopedIndex(8, IndexPolicy(ann_threshold=None))
+    for i in range(50):
+        idx.add(hex_id(i), unit(rng, 8), "")
+    assert idx.kind("") == "exact"

@@ -503,3 +503,24 @@ def test_async_manager_on_cluster(redis_cluster: Any, cluster_client: Any) -> No
         await m.aclose()
 
     asyncio.run(run())
+
+
+def test_large_scope_uses_hnsw_and_stays_consistent(redis_client: redis.Redis) -> None:
+    cfg = CacheConfig(ann_threshold=200, similarity_threshold=0.9)
+    writer = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    reader = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    ids = [
+        writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(1000 + i)).entry_id
+        for i in range(300)
+    ]
+    hit = reader.lookup("q7 again", tenant="big", embedding=near(unit(1007), 0.97))
+    assert hit is not None and hit.response == "a7"
+    assert reader._indexes["big"].index.kind("") == "hnsw"  # type: ignore[union-attr]
+    for eid in ids[:100]:
+        assert eid is not None
+        writer.invalidate(eid, tenant="big")
+    assert reader.lookup("q7 again", tenant="big", embedding=near(unit(1007), 0.97)) is None
+    hit = reader.lookup("q250 again", tenant="big", embedding=near(unit(1250), 0.97))
+    assert hit is not None and hit.response == "a250"
+    live = {m.decode() for m in redis_client.zrange(tenant_keys("big").ids, 0, -1)}
+    assert reader.index_ids("big") == live

@@ -70,6 +70,12 @@ DEFAULT_EMBEDDING_CACHE_SIZE = 4_096
 DEFAULT_EMBEDDING_CACHE_TTL_S = 3_600.0
 #: Replica metrics label this many tenants by name; the rest are "other".
 DEFAULT_MAX_TENANT_LABELS = 50
+#: A scope's local index switches from exact search to HNSW at this many entries (exact
+#: search costs N x d multiply-adds per lookup; see docs/BENCHMARKS.md).
+DEFAULT_ANN_THRESHOLD = 20_000
+DEFAULT_ANN_M = 16
+DEFAULT_ANN_EF_CONSTRUCTION = 64
+DEFAULT_ANN_EF_SEARCH = 64
 
 
 def _check_finite(name: str, value: float) -> None:
@@ -210,6 +216,9 @@ class CacheConfig:
         redis_timeout_s: socket timeout of clients built by ``from_url``.
         embedding_cache_size / embedding_cache_ttl_s: the per-replica embedding memo.
         max_tenant_labels: tenants named in replica metrics; the rest are "other".
+        ann_threshold: entries at which a scope's local index becomes HNSW (needs the
+            ``ann`` extra); ``None`` keeps every index exact.
+        ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
         rl / eviction: the nested configurations.
     """
 
@@ -228,6 +237,10 @@ class CacheConfig:
     embedding_cache_size: int = DEFAULT_EMBEDDING_CACHE_SIZE
     embedding_cache_ttl_s: float = DEFAULT_EMBEDDING_CACHE_TTL_S
     max_tenant_labels: int = DEFAULT_MAX_TENANT_LABELS
+    ann_threshold: int | None = DEFAULT_ANN_THRESHOLD
+    ann_m: int = DEFAULT_ANN_M
+    ann_ef_construction: int = DEFAULT_ANN_EF_CONSTRUCTION
+    ann_ef_search: int = DEFAULT_ANN_EF_SEARCH
     rl: RLConfig = field(default_factory=RLConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
@@ -252,6 +265,10 @@ class CacheConfig:
         _check_count("embedding_cache_size", self.embedding_cache_size)
         _check_positive("embedding_cache_ttl_s", self.embedding_cache_ttl_s)
         _check_count("max_tenant_labels", self.max_tenant_labels)
+        _check_count("ann_threshold", self.ann_threshold, allow_none=True)  # type: ignore[arg-type]
+        _check_count("ann_m", self.ann_m)
+        _check_count("ann_ef_construction", self.ann_ef_construction)
+        _check_count("ann_ef_search", self.ann_ef_search)
         if not isinstance(self.rl, RLConfig):
             raise ValueError(f"rl must be an RLConfig, got {type(self.rl).__name__}")
         if not isinstance(self.eviction, EvictionConfig):

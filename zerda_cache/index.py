@@ -11,14 +11,17 @@ The index knows nothing of Redis; keeping it current is the replica's job.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 Vector = npt.NDArray[np.float32]
+log = logging.getLogger(__name__)
 
 #: Smallest capacity step of the matrix, and its growth factor. A small factor keeps the
 #: slack (allocated but unused rows) under ~7% of the vectors' bytes.
@@ -120,11 +123,190 @@ class ExactIndex:
         row = self._row.get(entry_id)
         return None if row is None else self._mat[row].copy()
 
+    def to_arrays(self) -> tuple[list[str], Vector]:
+        """All ids and their vectors (a copy), in row order."""
+        return list(self._ids), self._mat[: len(self._ids)].copy()
+
     def nbytes(self) -> int:
         """Approximate memory: matrix capacity plus the id list and map."""
         ids = len(self._ids)
         # str of 32 ASCII chars: 81 bytes; list slot: 8; dict entry: ~ 8 + 8 + 8 + slack.
         return int(self._mat.nbytes) + ids * (81 + 8) + len(self._row) * 42
+
+
+class HnswIndex:
+    """Approximate top-k (HNSW graph, hnswlib) with incremental add and remove.
+
+    For large tenants: a search visits ~``ef_search`` nodes instead of every vector.
+    hnswlib labels are dense slot numbers reused after removal (a removed slot is marked
+    deleted, and re-adding its label revives it with the new vector), so the graph does
+    not fill with tombstones. Ids are kept as 128-bit integers (entry ids are 32 hex
+    characters) in a numpy array and one dict, ~100 bytes per entry; capacity grows by
+    1/16 at a time. The few winners are re-scored exactly, in float64, as in
+    ``ExactIndex``, so reported similarities do not depend on the approximation.
+
+    Requires the ``ann`` extra (``pip install 'zerda-cache[ann]'``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        m: int = 16,
+        ef_construction: int = 64,
+        ef_search: int = 64,
+        capacity: int = 1024,
+    ) -> None:
+        import hnswlib
+
+        self.dim = dim
+        self.ef_search = ef_search
+        self._m = m
+        self._graph = hnswlib.Index(space="ip", dim=dim)
+        self._graph.init_index(max_elements=capacity, ef_construction=ef_construction, M=m)
+        self._graph.set_ef(ef_search)
+        self._cap = capacity
+        self._hi = np.zeros(capacity, dtype=np.uint64)  # slot -> id, high 64 bits
+        self._lo = np.zeros(capacity, dtype=np.uint64)  # slot -> id, low 64 bits
+        self._slot: dict[int, int] = {}  # 128-bit id -> slot
+        self._free: list[int] = []
+        self._next = 0
+
+    @staticmethod
+    def _key(entry_id: str) -> int:
+        try:
+            return int(entry_id, 16)
+        except ValueError:
+            raise ValueError(f"HnswIndex needs hex entry ids, got {entry_id!r}") from None
+
+    def _id(self, slot: int) -> str:
+        return f"{int(self._hi[slot]):016x}{int(self._lo[slot]):016x}"
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, entry_id: object) -> bool:
+        if not isinstance(entry_id, str):
+            return False
+        try:
+            return int(entry_id, 16) in self._slot
+        except ValueError:
+            return False
+
+    def ids(self) -> Iterator[str]:
+        return iter([self._id(slot) for slot in self._slot.values()])
+
+    def add(self, entry_id: str, vector: Vector) -> None:
+        if vector.shape != (self.dim,):
+            raise ValueError(f"expected a ({self.dim},) vector, got {vector.shape}")
+        key = self._key(entry_id)
+        slot = self._slot.get(key)
+        if slot is None:
+            if self._free:
+                slot = self._free.pop()
+            else:
+                if self._next == self._cap:
+                    self._grow()
+                slot = self._next
+                self._next += 1
+            self._slot[key] = slot
+            self._hi[slot] = key >> 64
+            self._lo[slot] = key & 0xFFFFFFFFFFFFFFFF
+        self._graph.add_items(vector.reshape(1, -1), [slot])
+
+    def add_many(self, entry_ids: list[str], vectors: Vector) -> None:
+        """Bulk add (used when an exact index is converted): hnswlib inserts in parallel."""
+        if not entry_ids:
+            return
+        while self._cap - self._next < len(entry_ids):
+            self._grow()
+        slots = np.arange(self._next, self._next + len(entry_ids))
+        self._next += len(entry_ids)
+        for eid, slot in zip(entry_ids, slots.tolist(), strict=True):
+            key = self._key(eid)
+            self._slot[key] = slot
+            self._hi[slot] = key >> 64
+            self._lo[slot] = key & 0xFFFFFFFFFFFFFFFF
+        self._graph.add_items(vectors, slots)
+
+    def _grow(self) -> None:
+        cap = max(self._cap + _MIN_GROW_ROWS, int(self._cap * _GROW_FACTOR))
+        self._graph.resize_index(cap)
+        self._hi = np.concatenate([self._hi, np.zeros(cap - self._cap, dtype=np.uint64)])
+        self._lo = np.concatenate([self._lo, np.zeros(cap - self._cap, dtype=np.uint64)])
+        self._cap = cap
+
+    def remove(self, entry_id: str) -> bool:
+        slot = self._slot.pop(self._key(entry_id), None)
+        if slot is None:
+            return False
+        self._graph.mark_deleted(slot)
+        self._free.append(slot)
+        return True
+
+    def search(self, query: Vector, k: int, threshold: float) -> list[tuple[str, float]]:
+        n = len(self._slot)
+        if n == 0 or k < 1:
+            return []
+        k = min(k, n)
+        self._graph.set_ef(max(self.ef_search, k))
+        try:
+            labels, _ = self._graph.knn_query(query.reshape(1, -1), k=k)
+        except RuntimeError:  # fewer than k reachable live nodes: ask for fewer
+            labels, _ = self._graph.knn_query(query.reshape(1, -1), k=max(1, k // 2))
+        slots = labels[0].astype(np.int64)
+        vecs = np.asarray(self._graph.get_items(slots), dtype=np.float64)
+        exact = np.multiply(vecs, query.astype(np.float64)).sum(axis=1)
+        keep = exact >= threshold
+        slots, exact = slots[keep], exact[keep]
+        order = np.argsort(-exact, kind="stable")
+        return [(self._id(int(slots[i])), float(exact[i])) for i in order]
+
+    def vector(self, entry_id: str) -> Vector | None:
+        slot = self._slot.get(self._key(entry_id))
+        if slot is None:
+            return None
+        return np.asarray(self._graph.get_items([slot])[0], dtype=np.float32)
+
+    def nbytes(self) -> int:
+        """Approximate memory: per slot of capacity, the vector, level-0 links (2M
+        neighbours), label and upper-level links (~1/ln(M) of nodes, M each); plus the
+        id arrays and the id -> slot dict."""
+        per_slot = self.dim * 4 + (2 * self._m + 1) * 4 + 8 + 8 + int(self._m * 4 / 2.77)
+        return self._cap * (per_slot + 16) + len(self._slot) * 100
+
+    def to_arrays(self) -> tuple[list[str], Vector]:
+        slots = list(self._slot.values())
+        vecs = np.asarray(self._graph.get_items(slots), dtype=np.float32).reshape(-1, self.dim)
+        return [self._id(s) for s in slots], vecs
+
+
+def ann_available() -> bool:
+    """True when hnswlib (the ``ann`` extra) is installed."""
+    try:
+        import hnswlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPolicy:
+    """When a scope's index switches from exact search to HNSW, and HNSW's parameters.
+
+    Attributes:
+        ann_threshold: entries at which a sub-index becomes approximate; ``None`` keeps
+            every index exact. It switches back below a quarter of this.
+        m / ef_construction / ef_search: hnswlib's M, construction and search widths.
+    """
+
+    ann_threshold: int | None = 20_000
+    m: int = 16
+    ef_construction: int = 64
+    ef_search: int = 64
+
+
+SubIndex = ExactIndex | HnswIndex
 
 
 class ScopedIndex:
@@ -139,11 +321,12 @@ class ScopedIndex:
         factory: builds the sub-index of a new scope (default ``ExactIndex``).
     """
 
-    def __init__(self, dim: int, factory: type[ExactIndex] = ExactIndex) -> None:
+    def __init__(self, dim: int, policy: IndexPolicy | None = None) -> None:
         self.dim = dim
-        self._factory = factory
-        self._by_scope: dict[str, ExactIndex] = {}
+        self.policy = policy if policy is not None else IndexPolicy()
+        self._by_scope: dict[str, SubIndex] = {}
         self._lock = threading.RLock()
+        self._ann_missing_warned = False
 
     def add(self, entry_id: str, vector: Vector, scope: str) -> None:
         with self._lock:
@@ -152,14 +335,61 @@ class ScopedIndex:
                     self._remove_from(other, entry_id)
             target = self._by_scope.get(scope)
             if target is None:
-                target = self._by_scope[scope] = self._factory(self.dim)
+                target = self._by_scope[scope] = ExactIndex(self.dim)
             target.add(entry_id, vector)
+            threshold = self.policy.ann_threshold
+            if (
+                threshold is not None
+                and isinstance(target, ExactIndex)
+                and len(target) >= threshold
+            ):
+                self._to_hnsw(scope, target)
+
+    def _to_hnsw(self, scope: str, exact: ExactIndex) -> None:
+        if not ann_available():
+            if not self._ann_missing_warned:
+                log.warning(
+                    "an index reached %d entries but hnswlib is not installed "
+                    "(pip install 'zerda-cache[ann]'): search stays exact and slow",
+                    len(exact),
+                )
+                self._ann_missing_warned = True
+            return
+        p = self.policy
+        ann = HnswIndex(
+            self.dim,
+            m=p.m,
+            ef_construction=p.ef_construction,
+            ef_search=p.ef_search,
+            capacity=max(1024, int(len(exact) * _GROW_FACTOR)),
+        )
+        ids, vecs = exact.to_arrays()
+        ann.add_many(ids, vecs)
+        self._by_scope[scope] = ann
+        log.info("scope %r: %d entries, switched to an HNSW index", scope, len(ann))
+
+    def _maybe_to_exact(self, scope: str) -> None:
+        sub = self._by_scope.get(scope)
+        threshold = self.policy.ann_threshold
+        if isinstance(sub, HnswIndex) and (threshold is None or len(sub) < threshold // 4):
+            exact = ExactIndex(self.dim)
+            ids, vecs = sub.to_arrays()
+            for eid, vec in zip(ids, vecs, strict=True):
+                exact.add(eid, vec)
+            self._by_scope[scope] = exact
+
+    def kind(self, scope: str) -> str:
+        """``exact``, ``hnsw`` or ``none`` for the sub-index of ``scope``."""
+        sub = self._by_scope.get(scope)
+        return "none" if sub is None else ("hnsw" if isinstance(sub, HnswIndex) else "exact")
 
     def _remove_from(self, scope: str, entry_id: str) -> None:
         sub = self._by_scope[scope]
         sub.remove(entry_id)
         if len(sub) == 0:
             del self._by_scope[scope]
+        else:
+            self._maybe_to_exact(scope)
 
     def remove(self, entry_id: str) -> bool:
         with self._lock:

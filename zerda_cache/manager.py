@@ -36,6 +36,7 @@ from zerda_cache.errors import (
     InvalidEntryError,
     StorageError,
 )
+from zerda_cache.index import IndexPolicy
 from zerda_cache.keys import TenantKeys, validate_tenant
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
@@ -160,6 +161,13 @@ class _ManagerCore:
         )
         self._indexes: dict[str, TenantIndex] = {}
         self._outage_since: float | None = None
+        cfg = self.config
+        self._index_policy = IndexPolicy(
+            ann_threshold=cfg.ann_threshold,
+            m=cfg.ann_m,
+            ef_construction=cfg.ann_ef_construction,
+            ef_search=cfg.ann_ef_search,
+        )
 
     # -- input -------------------------------------------------------------------------------
     def _check_query(self, query: object) -> str:
@@ -206,7 +214,7 @@ class _ManagerCore:
     def _tenant_index(self, keys: TenantKeys) -> TenantIndex:
         ti = self._indexes.get(keys.tenant)
         if ti is None:
-            ti = self._indexes.setdefault(keys.tenant, TenantIndex(keys))
+            ti = self._indexes.setdefault(keys.tenant, TenantIndex(keys, self._index_policy))
         return ti
 
     def _check_dim(self, tenant: str, ti: TenantIndex, vec: Vector | None) -> None:

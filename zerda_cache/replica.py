@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerda_cache.index import ScopedIndex, Vector
+from zerda_cache.index import IndexPolicy, ScopedIndex, Vector
 from zerda_cache.keys import TenantKeys
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,9 @@ class LogDelta:
 class TenantIndex:
     """One tenant's index on one replica, and its position in the tenant's log."""
 
-    def __init__(self, keys: TenantKeys) -> None:
+    def __init__(self, keys: TenantKeys, policy: IndexPolicy | None = None) -> None:
         self.keys = keys
+        self.policy = policy if policy is not None else IndexPolicy()
         self.index: ScopedIndex | None = None
         self.last_id = "0-0"
         self.consumed = 0  # log events consumed since the log began
@@ -131,7 +132,7 @@ class TenantIndex:
                     continue  # removed again since: its 'del' may be in a later batch
                 vec, scope = found
                 if self.index is None:
-                    self.index = ScopedIndex(len(vec))
+                    self.index = ScopedIndex(len(vec), self.policy)
                 elif len(vec) != self.index.dim:
                     return False
                 self.index.add(eid, vec, scope)
@@ -155,7 +156,7 @@ class TenantIndex:
         with self.lock:
             for eid, (vec, scope) in vectors.items():
                 if self.index is None:
-                    self.index = ScopedIndex(len(vec))
+                    self.index = ScopedIndex(len(vec), self.policy)
                 elif len(vec) != self.index.dim:
                     log.warning(
                         "tenant %s: entry %s has dimension %d, index has %d; skipped",
