@@ -45,6 +45,7 @@ from zerda_cache.storage import (
     ScriptCall,
     StateBatch,
     StorageOps,
+    is_cluster,
 )
 
 log = logging.getLogger(__name__)
@@ -172,10 +173,6 @@ class AsyncRedisStorage(StorageOps):
             if int(cursor) == 0:
                 return
 
-    async def count_miss(self, tenant: str) -> None:
-        async with _wrap("count_miss"):
-            await self.client.hincrby(self.keys(tenant).stats, "misses", 1)
-
     async def reset_tenant(self, tenant: str) -> None:
         k = self.keys(tenant)
         async with _wrap("reset_tenant"):
@@ -195,6 +192,8 @@ class AsyncCacheManager(_ManagerCore):
     Args are those of ``CacheManager``; ``client`` is a ``redis.asyncio`` client.
     """
 
+    storage: AsyncRedisStorage
+
     def __init__(
         self,
         client: Any,
@@ -210,6 +209,7 @@ class AsyncCacheManager(_ManagerCore):
         self.client = client
         self._clock_sync: tuple[float, float] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
+        self._speculate = not is_cluster(client)
         super().__init__(
             self.storage, embed_fn=embed_fn, admission=admission, learner=learner, metrics=metrics
         )
@@ -247,7 +247,16 @@ class AsyncCacheManager(_ManagerCore):
         return cls(client, cfg, embed_fn=embed_fn, **kwargs)
 
     async def aclose(self) -> None:
+        for tenant in list(self._pending_misses):
+            with contextlib.suppress(StorageError):
+                await self._flush_misses(tenant)
         await self.client.aclose()
+
+    async def _flush_misses(self, tenant: str) -> None:
+        pending = self._pending_misses.pop(tenant, 0)
+        if pending:
+            async with _wrap("count misses"):
+                await self.client.hincrby(self.storage.keys(tenant).stats, "misses", pending)
 
     async def __aenter__(self) -> AsyncCacheManager:
         return self
@@ -309,21 +318,29 @@ class AsyncCacheManager(_ManagerCore):
 
         found = search()
         position = ti.last_id
-        states_plan = st.read_states(tenant, [eid for eid, _ in found])
         async with _wrap("lookup"):
             pipe = self.client.pipeline(transaction=False)
-            ti.queue_catchup(pipe)
-            pipe.hget(keys.q, codec.query_digest(query, scope))
-            if found:
-                states_plan.queue(pipe)
-            res = await pipe.execute()
-        first, new, exact_raw = res[:3]
-        states = states_plan.parse(res[3:]) if found else StateBatch()
+            parse = self._queue_first_read(pipe, ti, query, scope, found, self._speculate)
+            got = parse(await pipe.execute(raise_on_error=False))
         now = await self._now()
-        if await self._catch_up(ti, ti.parse_catchup(first, new), position):
+        changed = await self._catch_up(ti, ti.parse_catchup(got.first, got.new), position)
+        if got.spec_id is not None:
+            outcome = got.spec_outcome
+            if got.spec_noscript:
+                outcome = await st.hit(
+                    tenant,
+                    got.spec_id,
+                    refresh_ttl=cfg.refresh_ttl_on_hit,
+                    min_reward=cfg.rl.min_reward_to_keep,
+                )
+            if outcome is not None and outcome.status == "served" and outcome.entry:
+                return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
+        if changed:
             self._check_dim(tenant, ti, vec)
             found = search()
-        exact_id = exact_raw.decode() if exact_raw is not None else None
+        found = [(eid, sim) for eid, sim in found if eid != got.spec_id]
+        exact_id = got.exact_id if got.exact_id != got.spec_id else None
+        states = got.states
         missing = [eid for eid, _ in found if eid not in states.entries]
         if exact_id is not None and exact_id not in states.entries:
             missing.append(exact_id)
@@ -338,7 +355,7 @@ class AsyncCacheManager(_ManagerCore):
             )
             if outcome.status == "served" and outcome.entry is not None:
                 return self._hit(tenant, cand, score, exact, outcome.entry)
-        await st.count_miss(tenant)
+        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
         return None
 
     async def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> bool:
@@ -479,6 +496,7 @@ class AsyncCacheManager(_ManagerCore):
         return await self.storage.invalidate(tenant, entry_id)
 
     async def stats(self, tenant: str) -> dict[str, Any]:
+        await self._flush_misses(tenant)
         out: dict[str, Any] = dict(await self.storage.stats(tenant))
         lookups = out.get("hits", 0) + out.get("misses", 0)
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0

@@ -57,12 +57,16 @@ def normalize_vector(embedding: object) -> Vector:
         raise InvalidEmbeddingError(
             f"embedding must be a non-empty 1-D vector, got shape {arr.shape}"
         )
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = float(np.dot(arr, arr))
+    if 0.0 < sq < math.inf:  # the common case: finite, non-zero, no overflow
+        return (arr / math.sqrt(sq)).astype(np.float32)
     if not np.all(np.isfinite(arr)):
         raise InvalidEmbeddingError("embedding contains NaN or infinite values")
     scale = float(np.max(np.abs(arr)))
     if scale == 0.0:
         raise InvalidEmbeddingError("embedding is all zeros: it has no direction")
-    arr = arr / scale  # no overflow in the norm of a huge-but-finite vector
+    arr = arr / scale  # a huge-but-finite vector: its squared norm overflowed
     return (arr / float(np.linalg.norm(arr))).astype(np.float32)
 
 

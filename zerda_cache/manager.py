@@ -15,6 +15,7 @@ shares everything here except the I/O.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -41,7 +42,14 @@ from zerda_cache.keys import TenantKeys, validate_tenant
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.replica import LogDelta, TenantIndex
-from zerda_cache.storage import RedisStorage, StateBatch, StorageOps, wrap_errors
+from zerda_cache.storage import (
+    HitOutcome,
+    RedisStorage,
+    StateBatch,
+    StorageOps,
+    is_cluster,
+    wrap_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +145,8 @@ def basic_admission(
 class _ManagerCore:
     """State and pure logic shared by the sync and asyncio managers."""
 
+    storage: StorageOps
+
     def __init__(
         self,
         storage: StorageOps,
@@ -161,6 +171,9 @@ class _ManagerCore:
         )
         self._indexes: dict[str, TenantIndex] = {}
         self._outage_since: float | None = None
+        # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
+        # of their own); at most one is pending per tenant, and stats() flushes it.
+        self._pending_misses: dict[str, int] = {}
         cfg = self.config
         self._index_policy = IndexPolicy(
             ann_threshold=cfg.ann_threshold,
@@ -270,6 +283,81 @@ class _ManagerCore:
             exact=exact,
         )
 
+    # -- the first round trip of a lookup ---------------------------------------------------------
+    def _queue_first_read(
+        self,
+        pipe: Any,
+        ti: TenantIndex,
+        query: str,
+        scope: str,
+        found: Sequence[tuple[str, float]],
+        speculate: bool,
+    ) -> Callable[[list[Any]], _FirstRead]:
+        """Queue the lookup's first pipeline and return the parser of its replies.
+
+        It reads the log's new events, the exact-match digest and the candidates' state,
+        and flushes this replica's pending miss count. With ``speculate`` and a single
+        candidate, it also runs the hit script on that candidate in the same round trip
+        (by EVALSHA: redis-py's pipeline would first send SCRIPT EXISTS, a round trip of
+        its own), so the common lookup costs one round trip.
+        """
+        keys, st = ti.keys, self.storage
+        tenant = keys.tenant
+        ti.queue_catchup(pipe)
+        pipe.hget(keys.q, codec.query_digest(query, scope))
+        n_fixed = 3
+        pending = self._pending_misses.pop(tenant, 0)
+        if pending:
+            pipe.hincrby(keys.stats, "misses", pending)
+            n_fixed += 1
+        spec_call = None
+        if speculate and len(found) == 1:
+            spec_call = st.plan_hit(
+                tenant,
+                found[0][0],
+                refresh_ttl=self.config.refresh_ttl_on_hit,
+                min_reward=self.config.rl.min_reward_to_keep,
+            )
+            pipe.evalsha(st.scripts.hit.sha, len(spec_call.keys), *spec_call.keys, *spec_call.args)
+            states_plan = None
+        else:
+            states_plan = st.read_states(tenant, [eid for eid, _ in found]) if found else None
+            if states_plan is not None:
+                states_plan.queue(pipe)
+
+        def parse(res: list[Any]) -> _FirstRead:
+            fixed = res[:n_fixed]
+            for item in fixed:
+                if isinstance(item, Exception):
+                    raise StorageError(f"lookup failed: {item}") from item
+            out = _FirstRead(first=fixed[0], new=fixed[1])
+            out.exact_id = fixed[2].decode() if fixed[2] is not None else None
+            rest = res[n_fixed:]
+            if spec_call is not None:
+                out.spec_id = spec_call.keys[0].rsplit(":", 1)[1]
+                reply = rest[0]
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    out.spec_noscript = True
+                elif isinstance(reply, Exception):
+                    raise StorageError(f"lookup failed: {reply}") from reply
+                else:
+                    out.spec_outcome = spec_call.parse(reply)
+            elif states_plan is not None:
+                for item in rest:
+                    if isinstance(item, Exception):
+                        raise StorageError(f"lookup failed: {item}") from item
+                out.states = states_plan.parse(rest)
+            return out
+
+        return parse
+
+    def _spec_hit(
+        self, tenant: str, eid: str, sim: float, served: IntelligentCacheEntry
+    ) -> CacheHit:
+        """The hit of a speculatively served single candidate (its score for the record)."""
+        ((cand, score),) = self.learner.score_candidates([(eid, sim, served)])
+        return self._hit(tenant, cand, score, False, served)
+
     # -- fail-open ------------------------------------------------------------------------------
     def _fail_open(self, tenant: str, exc: BaseException) -> None:
         self.metrics.fail_open.labels(self.metrics.tenant(tenant)).inc()
@@ -311,6 +399,19 @@ class _ManagerCore:
         return passed, list(warnings)
 
 
+@dataclass(slots=True)
+class _FirstRead:
+    """What the first round trip of a lookup returned."""
+
+    first: Any
+    new: Any
+    exact_id: str | None = None
+    states: StateBatch = field(default_factory=StateBatch)
+    spec_id: str | None = None
+    spec_outcome: HitOutcome | None = None
+    spec_noscript: bool = False
+
+
 def _reason_label(reason: str) -> str:
     """A bounded metric label from a free-form reason: its first few words."""
     words = "".join(c if c.isalnum() else " " for c in reason.lower()).split()
@@ -330,6 +431,8 @@ class CacheManager(_ManagerCore):
         clock: inject "now" (tests); default: the Redis server's clock.
     """
 
+    storage: RedisStorage
+
     def __init__(
         self,
         client: Any,
@@ -344,6 +447,8 @@ class CacheManager(_ManagerCore):
         self.storage = RedisStorage(client, config, clock=clock)
         self.client = client
         self._clock_sync: tuple[float, float] | None = None
+        # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
+        self._speculate = not is_cluster(client)
         super().__init__(
             self.storage, embed_fn=embed_fn, admission=admission, learner=learner, metrics=metrics
         )
@@ -367,7 +472,17 @@ class CacheManager(_ManagerCore):
         return cls(client, cfg, embed_fn=embed_fn, **kwargs)
 
     def close(self) -> None:
+        for tenant in list(self._pending_misses):
+            # Closing while Redis is down: a miss count is not worth an error.
+            with contextlib.suppress(StorageError):
+                self._flush_misses(tenant)
         self.client.close()
+
+    def _flush_misses(self, tenant: str) -> None:
+        pending = self._pending_misses.pop(tenant, 0)
+        if pending:
+            with wrap_errors("count misses"):
+                self.client.hincrby(self.storage.keys(tenant).stats, "misses", pending)
 
     def _now(self) -> float:
         """The storage clock, estimated locally: the server's time, measured once a
@@ -434,27 +549,34 @@ class CacheManager(_ManagerCore):
 
         found = search()
         position = ti.last_id
-        states_plan = st.read_states(tenant, [eid for eid, _ in found])
         with wrap_errors("lookup"):
             pipe = self.client.pipeline(transaction=False)
-            ti.queue_catchup(pipe)
-            pipe.hget(keys.q, codec.query_digest(query, scope))
-            if found:
-                states_plan.queue(pipe)
-            res = pipe.execute()
-        first, new, exact_raw = res[:3]
-        states = states_plan.parse(res[3:]) if found else StateBatch()
+            parse = self._queue_first_read(pipe, ti, query, scope, found, self._speculate)
+            got = parse(pipe.execute(raise_on_error=False))
         now = self._now()
-        if self._catch_up(ti, ti.parse_catchup(first, new), position):
+        changed = self._catch_up(ti, ti.parse_catchup(got.first, got.new), position)
+        if got.spec_id is not None:
+            outcome = got.spec_outcome
+            if got.spec_noscript:  # first use on this server: the script object loads it
+                outcome = st.hit(
+                    tenant,
+                    got.spec_id,
+                    refresh_ttl=cfg.refresh_ttl_on_hit,
+                    min_reward=cfg.rl.min_reward_to_keep,
+                )
+            if outcome is not None and outcome.status == "served" and outcome.entry:
+                return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
+        if changed:
             self._check_dim(tenant, ti, vec)
             found = search()
-        exact_id = exact_raw.decode() if exact_raw is not None else None
+        found = [(eid, sim) for eid, sim in found if eid != got.spec_id]
+        exact_id = got.exact_id if got.exact_id != got.spec_id else None
+        states = got.states
         missing = [eid for eid, _ in found if eid not in states.entries]
         if exact_id is not None and exact_id not in states.entries:
             missing.append(exact_id)
         if missing:
-            more = st.load_states(tenant, missing)
-            states.entries.update(more.entries)
+            states.entries.update(st.load_states(tenant, missing).entries)
         for cand, score, exact in self._candidates(found, exact_id, states, now):
             outcome = st.hit(
                 tenant,
@@ -464,7 +586,7 @@ class CacheManager(_ManagerCore):
             )
             if outcome.status == "served" and outcome.entry is not None:
                 return self._hit(tenant, cand, score, exact, outcome.entry)
-        st.count_miss(tenant)
+        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
         return None
 
     # -- keeping the index current ---------------------------------------------------------------
@@ -628,6 +750,7 @@ class CacheManager(_ManagerCore):
     def stats(self, tenant: str) -> dict[str, Any]:
         """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
         entries, bytes), its hit rate, and this replica's index size."""
+        self._flush_misses(tenant)
         out: dict[str, Any] = dict(self.storage.stats(tenant))
         lookups = out.get("hits", 0) + out.get("misses", 0)
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0

@@ -174,6 +174,8 @@ class StorageOps:
             inside each script (one clock for every replica).
     """
 
+    scripts: Scripts  # registered by the executing subclass
+
     def __init__(
         self, config: CacheConfig | None = None, *, clock: Callable[[], float] | None = None
     ) -> None:
@@ -729,11 +731,6 @@ class RedisStorage(StorageOps):
         with wrap_errors("tenants"):
             return sorted(_s(t) for t in self.client.smembers(self.tenants_key))
 
-    def count_miss(self, tenant: str) -> None:
-        """One atomic HINCRBY (a counter, no read-modify-write)."""
-        with wrap_errors("count_miss"):
-            self.client.hincrby(self.keys(tenant).stats, "misses", 1)
-
     def reset_tenant(self, tenant: str) -> None:
         """Drop a tenant's counters, feedback log and dimension (``clear`` calls this once
         its entries are gone). The index log stays: replicas still need its events."""
@@ -749,6 +746,14 @@ class RedisStorage(StorageOps):
         with wrap_errors("feedback_log"):
             rows = self.client.xrevrange(self.keys(tenant).fb, count=count)
         return [{_s(f): _s(v) for f, v in fields.items()} for _, fields in rows]
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client (sync or asyncio)."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
 
 
 def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:
