@@ -109,7 +109,11 @@ class ExactIndex:
         if n == 0 or k < 1:
             return []
         sims = self._mat[:n] @ query
-        top = np.argpartition(sims, n - k)[n - k :] if k < n else np.arange(n)
+        # Few vectors clear a cache's threshold: filter first, then partition those. The
+        # slack keeps float32 rounding from dropping a vector the float64 re-score keeps.
+        top = np.flatnonzero(sims >= threshold - 1e-5)
+        if top.size > k:
+            top = top[np.argpartition(sims[top], top.size - k)[top.size - k :]]
         # Re-score the few winners in float64, row by row: a float32 matrix product can
         # round the same vector differently depending on its row, and the similarity a
         # caller sees (and ranks ties by) should not depend on where a vector is stored.
