@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -158,12 +160,21 @@ def clustered(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def test_hnsw_recall_against_exact_above_threshold() -> None:
-    from zerda_cache.index import HnswIndex
+BACKENDS = ["usearch", "hnswlib"]
 
+
+def make_ann(backend: str, dim: int, capacity: int) -> Any:
+    from zerda_cache.index import HnswIndex, UsearchIndex
+
+    cls = UsearchIndex if backend == "usearch" else HnswIndex
+    return cls(dim, capacity=capacity)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ann_recall_against_exact_above_threshold(backend: str) -> None:
     rng = np.random.default_rng(3)
     x = clustered(rng, 5000, 64)
-    exact, ann = ExactIndex(64), HnswIndex(64, capacity=256)
+    exact, ann = ExactIndex(64), make_ann(backend, 64, 256)
     for i, v in enumerate(x):
         exact.add(hex_id(i), v)
         ann.add(hex_id(i), v)
@@ -178,11 +189,10 @@ def test_hnsw_recall_against_exact_above_threshold() -> None:
     assert wanted > 300 and found / wanted >= 0.95
 
 
-def test_hnsw_add_remove_readd_and_grow() -> None:
-    from zerda_cache.index import HnswIndex
-
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ann_add_remove_readd_replace_and_grow(backend: str) -> None:
     rng = np.random.default_rng(4)
-    ann = HnswIndex(16, capacity=8)
+    ann = make_ann(backend, 16, 8)
     vecs = {hex_id(i): unit(rng, 16) for i in range(300)}  # grows past capacity
     for eid, v in vecs.items():
         ann.add(eid, v)
@@ -195,15 +205,21 @@ def test_hnsw_add_remove_readd_and_grow() -> None:
         assert ann.search(vecs[hex_id(i)], 1, 0.99)[0][0] == hex_id(i)
     new = unit(rng, 16)
     ann.add(hex_id(10_000), new)  # reuses a freed slot
-    assert ann.search(new, 1, 0.99) == [(hex_id(10_000), pytest.approx(1.0, abs=1e-6))]
-    np.testing.assert_allclose(ann.vector(hex_id(10_000)), new, rtol=1e-6)
-    assert ann.search(new, 500, -1.0)[0][0] == hex_id(10_000)  # k larger than the index
+    (eid, sim), *_ = ann.search(new, 1, 0.99)
+    assert eid == hex_id(10_000) and sim == pytest.approx(1.0, abs=2e-3)
+    np.testing.assert_allclose(ann.vector(hex_id(10_000)), new, atol=2e-3)
+    ann.add(hex_id(1), new)  # replace a live entry's vector
+    assert {e for e, _ in ann.search(new, 2, 0.99)} == {hex_id(1), hex_id(10_000)}
+    assert len(ann) == 151
+    assert ann.search(new, 500, -1.0)[0][0] in {hex_id(1), hex_id(10_000)}  # k > size
+    ids, arr = ann.to_arrays()
+    assert len(ids) == 151 and arr.shape == (151, 16)
     with pytest.raises(ValueError, match="hex"):
         ann.add("not-hex", new)
 
 
 def test_scoped_index_switches_to_hnsw_and_back() -> None:
-    from zerda_cache.index import IndexPolicy
+    from zerda_cache.index import IndexPolicy, UsearchIndex
 
     rng = np.random.default_rng(5)
     idx = ScopedIndex(16, IndexPolicy(ann_threshold=100))
@@ -212,6 +228,7 @@ def test_scoped_index_switches_to_hnsw_and_back() -> None:
         idx.add(eid, v, "s")
     idx.add(hex_id(999), unit(rng, 16), "other")
     assert idx.kind("s") == "hnsw" and idx.kind("other") == "exact" and idx.kind("x") == "none"
+    assert isinstance(idx._by_scope["s"], UsearchIndex)  # the default backend
     assert idx.ids() == set(vecs) | {hex_id(999)}
     some = hex_id(7)
     assert idx.search(vecs[some], "s", 1, 0.99)[0][0] == some

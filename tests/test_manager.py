@@ -505,8 +505,11 @@ def test_async_manager_on_cluster(redis_cluster: Any, cluster_client: Any) -> No
     asyncio.run(run())
 
 
-def test_large_scope_uses_hnsw_and_stays_consistent(redis_client: redis.Redis) -> None:
-    cfg = CacheConfig(ann_threshold=200, similarity_threshold=0.9)
+@pytest.mark.parametrize("backend", ["usearch", "hnswlib"])
+def test_large_scope_uses_hnsw_and_stays_consistent(
+    redis_client: redis.Redis, backend: str
+) -> None:
+    cfg = CacheConfig(ann_threshold=200, similarity_threshold=0.9, ann_backend=backend)
     writer = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
     reader = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
     ids = [

@@ -73,6 +73,8 @@ DEFAULT_MAX_TENANT_LABELS = 50
 #: A scope's local index switches from exact search to HNSW at this many entries (exact
 #: search costs N x d multiply-adds per lookup; see docs/BENCHMARKS.md).
 DEFAULT_ANN_THRESHOLD = 20_000
+#: usearch (float16, ~0.9x the raw vector bytes) or hnswlib (float32, faster, ~1.4x).
+DEFAULT_ANN_BACKEND = "usearch"
 DEFAULT_ANN_M = 16
 DEFAULT_ANN_EF_CONSTRUCTION = 64
 DEFAULT_ANN_EF_SEARCH = 64
@@ -218,6 +220,7 @@ class CacheConfig:
         max_tenant_labels: tenants named in replica metrics; the rest are "other".
         ann_threshold: entries at which a scope's local index becomes HNSW (needs the
             ``ann`` extra); ``None`` keeps every index exact.
+        ann_backend: ``usearch`` (default) or ``hnswlib``; see docs/BENCHMARKS.md.
         ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
         rl / eviction: the nested configurations.
     """
@@ -238,6 +241,7 @@ class CacheConfig:
     embedding_cache_ttl_s: float = DEFAULT_EMBEDDING_CACHE_TTL_S
     max_tenant_labels: int = DEFAULT_MAX_TENANT_LABELS
     ann_threshold: int | None = DEFAULT_ANN_THRESHOLD
+    ann_backend: str = DEFAULT_ANN_BACKEND
     ann_m: int = DEFAULT_ANN_M
     ann_ef_construction: int = DEFAULT_ANN_EF_CONSTRUCTION
     ann_ef_search: int = DEFAULT_ANN_EF_SEARCH
@@ -266,6 +270,10 @@ class CacheConfig:
         _check_positive("embedding_cache_ttl_s", self.embedding_cache_ttl_s)
         _check_count("max_tenant_labels", self.max_tenant_labels)
         _check_count("ann_threshold", self.ann_threshold, allow_none=True)  # type: ignore[arg-type]
+        if self.ann_backend not in ("usearch", "hnswlib"):
+            raise ValueError(
+                f"ann_backend must be 'usearch' or 'hnswlib', got {self.ann_backend!r}"
+            )
         _check_count("ann_m", self.ann_m)
         _check_count("ann_ef_construction", self.ann_ef_construction)
         _check_count("ann_ef_search", self.ann_ef_search)

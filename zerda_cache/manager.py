@@ -177,6 +177,7 @@ class _ManagerCore:
         cfg = self.config
         self._index_policy = IndexPolicy(
             ann_threshold=cfg.ann_threshold,
+            backend=cfg.ann_backend,
             m=cfg.ann_m,
             ef_construction=cfg.ann_ef_construction,
             ef_search=cfg.ann_ef_search,
