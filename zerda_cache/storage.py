@@ -249,7 +249,7 @@ class StorageOps:
             )
         if not isinstance(scope, str) or len(scope) > 256:
             raise InvalidEntryError("scope must be a str of at most 256 characters")
-        ttl = cfg.default_ttl_s if ttl_s is None else ttl_s
+        ttl = ttl_s
         if ttl is not None and (
             isinstance(ttl, bool)
             or not isinstance(ttl, int | float)
@@ -271,12 +271,13 @@ class StorageOps:
             dim,
             codec.query_digest(query, scope),
             scope,
-            repr(float(ttl or 0)),
+            "" if ttl is None else repr(float(ttl)),
             repr(s),
             repr(q),
             repr(cfg.rl.prior_alpha),
             repr(cfg.rl.prior_beta),
             cfg.index_log_maxlen,
+            repr(float(cfg.default_ttl_s or 0)),
         ]
 
         def parse(res: Any) -> PutOutcome:
@@ -730,6 +731,44 @@ class RedisStorage(StorageOps):
     def tenants(self) -> list[str]:
         with wrap_errors("tenants"):
             return sorted(_s(t) for t in self.client.smembers(self.tenants_key))
+
+    def tenant_settings(self, tenant: str) -> dict[str, float]:
+        """Per-tenant overrides stored in Redis: ``max_entries``, ``max_bytes``, ``ttl``
+        (and ``dim``, fixed by the first put)."""
+        with wrap_errors("tenant_settings"):
+            raw = self.client.hgetall(self.keys(tenant).cfg)
+        out: dict[str, float] = {}
+        for field_, value in raw.items():
+            try:
+                out[_s(field_)] = float(value)
+            except ValueError:
+                log.warning("tenant %s: ignoring bad setting %r=%r", tenant, field_, value)
+        return out
+
+    def set_tenant_settings(self, tenant: str, **settings: float | None) -> None:
+        """Set (a number) or clear (``None``) overrides: max_entries, max_bytes, ttl."""
+        allowed = {"max_entries", "max_bytes", "ttl"}
+        unknown = set(settings) - allowed
+        if unknown:
+            raise ValueError(f"unknown tenant settings {sorted(unknown)}; use {sorted(allowed)}")
+        k = self.keys(tenant)
+        for name, value in settings.items():
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
+        with wrap_errors("set_tenant_settings"):
+            pipe = self.client.pipeline(transaction=False)
+            for name, value in settings.items():
+                if value is None:
+                    pipe.hdel(k.cfg, name)
+                else:
+                    pipe.hset(k.cfg, name, repr(value))
+            pipe.sadd(self.tenants_key, tenant)
+            pipe.execute()
 
     def reset_tenant(self, tenant: str) -> None:
         """Drop a tenant's counters, feedback log and dimension (``clear`` calls this once

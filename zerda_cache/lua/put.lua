@@ -3,14 +3,17 @@
 -- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists.
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
 -- ARGV[4] vec (float32 bytes)  ARGV[5] dim  ARGV[6] digest of (normalised query, scope)
--- ARGV[7] scope  ARGV[8] ttl_s (0 = none)  ARGV[9] similarity  ARGV[10] quality
--- ARGV[11] prior_alpha  ARGV[12] prior_beta  ARGV[13] log maxlen (approximate)
+-- ARGV[7] scope  ARGV[8] ttl_s from the caller ('' = none given)  ARGV[9] similarity
+-- ARGV[10] quality  ARGV[11] prior_alpha  ARGV[12] prior_beta
+-- ARGV[13] log maxlen (approximate)  ARGV[14] the configured default ttl_s (0 = none)
+-- The TTL is the caller's, else the tenant's override (cfg 'ttl'), else the default.
 local now = zc_now(ARGV[1])
 local id, dim, digest, scope = ARGV[2], tonumber(ARGV[5]), ARGV[6], ARGV[7]
-local ttl = tonumber(ARGV[8])
 
 -- The tenant's dimension is fixed by its first put.
-local tenant_dim = redis.call('HGET', KEYS[6], 'dim')
+local cfg = redis.call('HMGET', KEYS[6], 'dim', 'ttl')
+local tenant_dim = cfg[1]
+local ttl = tonumber(ARGV[8]) or tonumber(cfg[2]) or tonumber(ARGV[14]) or 0
 if tenant_dim and tonumber(tenant_dim) ~= dim then
   return {-1, tonumber(tenant_dim)}
 end
