@@ -444,6 +444,22 @@ class AsyncCacheManager(_ManagerCore):
         scope: str | None = None,
     ) -> PutResult:
         """See ``CacheManager.put``."""
+        with self._counting("put"):
+            return await self._put(
+                query, response, tenant, embedding, ttl_s, quality, metadata, scope
+            )
+
+    async def _put(
+        self,
+        query: str,
+        response: str,
+        tenant: str,
+        embedding: object | None,
+        ttl_s: float | None,
+        quality: float | None,
+        metadata: Mapping[str, Any] | None,
+        scope: str | None,
+    ) -> PutResult:
         keys = self.storage.keys(tenant)
         query = self._check_query(query)
         scope = self._check_scope(scope)
@@ -487,7 +503,8 @@ class AsyncCacheManager(_ManagerCore):
         """See ``CacheManager.feedback``."""
         if not isinstance(signal, FeedbackSignal):
             raise TypeError(f"feedback expects a FeedbackSignal, got {type(signal).__name__}")
-        await self.storage.feedback(signal)
+        with self._counting("feedback"):
+            await self.storage.feedback(signal)
         self.learner.note_feedback(signal)
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()

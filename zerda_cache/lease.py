@@ -28,17 +28,24 @@ class Lease:
         key: the lease key (``keys.leader_key(prefix)``).
         ttl_s: how long the lease lasts without renewal.
         scripts: registered scripts (to share registrations); default: register here.
+        holder_id: who holds it (shown in the key's value); default: the host name.
     """
 
     def __init__(
-        self, client: Any, key: str, ttl_s: float, *, scripts: Scripts | None = None
+        self,
+        client: Any,
+        key: str,
+        ttl_s: float,
+        *,
+        scripts: Scripts | None = None,
+        holder_id: str | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
         self.client = client
         self.key = key
         self.ttl_ms = int(ttl_s * 1000)
-        self.token = f"{socket.gethostname()}:{secrets.token_hex(8)}"
+        self.token = f"{holder_id or socket.gethostname()}:{secrets.token_hex(8)}"
         self.scripts = scripts if scripts is not None else Scripts.register(client)
         self._held = False
         self._lock = threading.Lock()
@@ -58,9 +65,7 @@ class Lease:
                 if not self._held:
                     log.warning("lost the worker lease %s", self.key)
             if not self._held:
-                self._held = bool(
-                    self.client.set(self.key, self.token, nx=True, px=self.ttl_ms)
-                )
+                self._held = bool(self.client.set(self.key, self.token, nx=True, px=self.ttl_ms))
                 if self._held:
                     log.info("took the worker lease %s as %s", self.key, self.token)
             return self._held

@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -359,8 +359,18 @@ class _ManagerCore:
         ((cand, score),) = self.learner.score_candidates([(eid, sim, served)])
         return self._hit(tenant, cand, score, False, served)
 
+    @contextlib.contextmanager
+    def _counting(self, operation: str) -> Iterator[None]:
+        """Count a ``StorageError`` of ``operation`` in the replica metrics, re-raised."""
+        try:
+            yield
+        except StorageError:
+            self.metrics.storage_errors.labels(operation).inc()
+            raise
+
     # -- fail-open ------------------------------------------------------------------------------
     def _fail_open(self, tenant: str, exc: BaseException) -> None:
+        self.metrics.storage_errors.labels("lookup").inc()
         self.metrics.fail_open.labels(self.metrics.tenant(tenant)).inc()
         self.metrics.lookups.labels(self.metrics.tenant(tenant), "fail_open").inc()
         if self._outage_since is None:
@@ -687,6 +697,20 @@ class CacheManager(_ManagerCore):
             DimensionMismatchError: bad input; nothing is written.
             StorageError: Redis failed.
         """
+        with self._counting("put"):
+            return self._put(query, response, tenant, embedding, ttl_s, quality, metadata, scope)
+
+    def _put(
+        self,
+        query: str,
+        response: str,
+        tenant: str,
+        embedding: object | None,
+        ttl_s: float | None,
+        quality: float | None,
+        metadata: Mapping[str, Any] | None,
+        scope: str | None,
+    ) -> PutResult:
         keys = self.storage.keys(tenant)
         query = self._check_query(query)
         scope = self._check_scope(scope)
@@ -739,7 +763,8 @@ class CacheManager(_ManagerCore):
         """
         if not isinstance(signal, FeedbackSignal):
             raise TypeError(f"feedback expects a FeedbackSignal, got {type(signal).__name__}")
-        self.storage.feedback(signal)
+        with self._counting("feedback"):
+            self.storage.feedback(signal)
         self.learner.note_feedback(signal)
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()

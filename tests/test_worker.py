@@ -1,0 +1,370 @@
+"""The eviction worker: eviction, decay, leader election, metrics (real servers)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
+from zerda_cache.keys import leader_key, tenant_keys
+from zerda_cache.maintenance import Maintenance
+from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage import RedisStorage
+from zerda_cache.worker import Worker, check_health
+
+ROOT = Path(__file__).resolve().parents[1]
+DIM = 8
+
+
+class Clock:
+    def __init__(self, t: float = 50_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def bulk_put(st: RedisStorage, tenant: str, n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    ids: list[str] = []
+    for start in range(0, n, 1000):
+        pipe = st.client.pipeline(transaction=False)
+        calls = [
+            st.plan_put(tenant, f"q{i}", f"a{i}", rng.normal(size=DIM))
+            for i in range(start, min(n, start + 1000))
+        ]
+        for call in calls:
+            st.scripts.put(keys=call.keys, args=call.args, client=pipe)
+        ids += [call.parse(res).entry_id for call, res in zip(calls, pipe.execute(), strict=True)]
+    st.client.sadd(st.tenants_key, tenant)
+    return ids
+
+
+# --- eviction -----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_eviction_to_capacity_lowest_reward_first(redis_client: redis.Redis) -> None:
+    clock = Clock()
+    cfg = CacheConfig(eviction=EvictionConfig(max_entries=10_000), rl=RLConfig(usage_decay=1.0))
+    st = RedisStorage(redis_client, cfg, clock=clock)
+    ids = bulk_put(st, "big", 12_000)
+    low = ids[:3_000]  # one negative signal each: expected reward 1/3
+    worst = ids[3_000:3_010]  # 25 negative signals: below min_reward_to_keep
+    st.feedback_many([FeedbackSignal(e, "big", False) for e in low])
+    st.feedback_many([FeedbackSignal(e, "big", False) for e in worst for _ in range(25)])
+    clock.t += 10
+
+    m = Maintenance(st)
+    plan = m.plan_eviction("big")
+    assert plan.scanned == 12_000 and plan.complete
+    assert {e for e, _ in plan.low_reward} == set(worst)
+    target = plan.limits.target_entries  # 9,500: capacity minus the low watermark
+    assert len(plan.capacity) == 12_000 - len(worst) - target
+    assert {e for e, _ in plan.capacity} <= set(low)  # lowest reward first
+
+    # Positive feedback after scoring: that entry survives this cycle.
+    saved = plan.capacity[0][0]
+    st.feedback(FeedbackSignal(saved, "big", True))
+    report = m.execute(plan)
+    assert report.removed == {"low_reward": 10, "capacity": len(plan.capacity) - 1}
+    assert report.kept_changed == 1
+    count = st.count("big")
+    assert count <= 10_000 and count == target + 1
+    assert st.get_entry("big", saved, with_vector=False).bandit_arm.pulls == 2
+
+    # No key of an evicted entry remains, anywhere.
+    k = tenant_keys("big")
+    evicted = [e for e, _ in plan.capacity if e != saved] + worst
+    pipe = redis_client.pipeline(transaction=False)
+    for e in evicted:
+        pipe.exists(k.entry(e))
+    assert sum(pipe.execute()) == 0
+    live = {x.decode() for x in redis_client.zrange(k.ids, 0, -1)}
+    assert not live & set(evicted)
+    assert not {v.decode() for v in redis_client.hvals(k.q)} & set(evicted)
+    dels = {f[b"id"].decode() for _, f in redis_client.xrange(k.log) if f[b"op"] == b"del"}
+    assert set(evicted) <= dels
+    s = st.stats("big")
+    assert s["evicted:capacity"] == len(plan.capacity) - 1 and s["evicted:low_reward"] == 10
+    live_bytes = 0
+    for batch in st.iter_ids("big"):
+        states = st.load_states("big", [e for e, _ in batch]).entries
+        live_bytes += sum(entry.size_bytes for entry in states.values())
+    assert s["bytes"] == live_bytes
+
+
+def test_expired_corrupt_and_byte_capacity(redis_client: redis.Redis) -> None:
+    clock = Clock()
+    st = RedisStorage(redis_client, CacheConfig(), clock=clock)
+    ids = bulk_put(st, "t", 40)
+    st.set_tenant_settings("t", max_bytes=20 * st.get_entry("t", ids[0]).size_bytes)
+    short = st.put("t", "short-lived", "x", np.ones(DIM), ttl_s=5).entry_id
+    redis_client.hset(tenant_keys("t").entry(ids[1]), "arm", b"\xc1")
+    clock.t += 10
+    m = Maintenance(st)
+    plan = m.plan_eviction("t")
+    assert plan.expired == [short] and plan.corrupt == [ids[1]]
+    report = m.execute(plan)
+    assert report.removed["expired"] == 1 and report.removed["corrupt"] == 1
+    limits = m.limits("t")
+    assert limits.max_bytes is not None and limits.target_bytes is not None
+    assert st.stats("t")["bytes"] <= limits.target_bytes
+    assert m.plan_eviction("t").total == 0  # nothing left to do
+
+
+def test_tenant_settings_override_and_validation(redis_client: redis.Redis) -> None:
+    st = RedisStorage(redis_client)
+    bulk_put(st, "small", 30)
+    st.set_tenant_settings("small", max_entries=20)
+    m = Maintenance(st)
+    assert m.limits("small").max_entries == 20
+    m.evict_tenant("small")
+    assert st.count("small") == 19  # 20 minus the 5% low watermark
+    st.set_tenant_settings("small", max_entries=None)
+    assert m.limits("small").max_entries == 10_000
+    with pytest.raises(ValueError, match="max_entries"):
+        st.set_tenant_settings("small", max_entries=-1)
+    with pytest.raises(ValueError, match="unknown"):
+        st.set_tenant_settings("small", colour=3)  # type: ignore[arg-type]
+
+
+# --- decay ----------------------------------------------------------------------------------------
+def test_decay_cycle_is_persisted_and_never_doubled(redis_client: redis.Redis) -> None:
+    clock = Clock()
+    cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=100.0))
+    st = RedisStorage(redis_client, cfg, clock=clock)
+    ids = bulk_put(st, "t", 50)
+    st.feedback_many([FeedbackSignal(e, "t", True, magnitude=8.0) for e in ids])
+    clock.t += 100
+    reports = [Maintenance(st).decay_tenant("t")]
+    assert reports[0].decayed == 50
+    arms = st.load_states("t", ids).entries
+    assert all(a.bandit_arm.alpha == pytest.approx(1 + 8 * 0.5) for a in arms.values())
+    # A restarted worker, and two cycles at once, at the same instant: no second decay.
+    Maintenance(st).decay_tenant("t")
+    threads = [threading.Thread(target=Maintenance(st).decay_tenant, args=("t",)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    again = st.load_states("t", ids).entries
+    assert {e: a.bandit_arm for e, a in again.items()} == {e: a.bandit_arm for e, a in arms.items()}
+
+
+# --- the worker process ---------------------------------------------------------------------------
+def spawn_worker(url: str, worker_id: str, tmp: Path, *extra: str) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        str(ROOT / "workers" / "eviction_worker.py"),
+        "--redis-url", url,
+        "--worker-id", worker_id,
+        "--lease-ttl", "1.5",
+        "--decay-interval", "0.3",
+        "--eviction-interval", "0.3",
+        "--metrics-interval", "0.3",
+        "--metrics-port", "0",
+        "--health-file", str(tmp / f"{worker_id}.health"),
+        "--log-level", "WARNING",
+        *extra,
+    ]  # fmt: skip
+    with open(tmp / f"{worker_id}.log", "wb") as log:  # the child keeps its own handle
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def holder(client: redis.Redis) -> str | None:
+    raw = client.get(leader_key())
+    return raw.decode().rsplit(":", 1)[0] if raw else None
+
+
+def wait_until(pred: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return bool(pred())
+
+
+def cycles(client: redis.Redis) -> list[tuple[float, str, str, str]]:
+    out = []
+    for sid, f in client.xrange("zc:worker:cycles"):
+        ms, seq = sid.decode().split("-")
+        out.append(
+            (
+                int(ms) + int(seq) / 1e6,
+                f[b"worker"].decode(),
+                f[b"job"].decode(),
+                f[b"phase"].decode(),
+            )
+        )
+    return out
+
+
+@pytest.mark.slow
+def test_one_leader_takeover_after_kill_and_no_overlap(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    st = RedisStorage(redis_client)
+    bulk_put(st, "t", 300)
+    procs = {w: spawn_worker(redis_url, w, tmp_path) for w in ("w1", "w2")}
+    try:
+        assert wait_until(lambda: holder(redis_client) is not None, 10)
+        time.sleep(1.5)
+        leader_name = holder(redis_client)
+        assert leader_name in procs
+        workers = {w for _, w, _, _ in cycles(redis_client)}
+        assert workers == {leader_name}  # exactly one leads; the other stands by
+        assert check_health(str(tmp_path / "w1.health"), 5)
+        assert check_health(str(tmp_path / "w2.health"), 5)
+
+        # kill -9 the leader: the standby leads within the lease TTL plus one interval.
+        killed = procs[leader_name]
+        kill_ms = int(redis_client.time()[0] * 1000 + redis_client.time()[1] / 1000)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        other = "w2" if leader_name == "w1" else "w1"
+        took = wait_until(
+            lambda: (
+                holder(redis_client) is not None
+                and redis_client.get(leader_key()).decode().startswith(other)
+            ),
+            1.5 + 0.5 + 2.0,
+        )
+        assert took
+        assert wait_until(
+            lambda: any(w.startswith(other) for _, w, _, p in cycles(redis_client) if p == "end"), 5
+        )
+
+        # Cycles never overlap: each start is followed by its own end before any other start
+        # (the killed leader's last cycle may have no end: it ended at the kill).
+        log = cycles(redis_client)
+        open_cycle: tuple[str, str] | None = None
+        for ts, worker, job, phase in log:
+            if phase == "start":
+                if open_cycle is not None:
+                    assert open_cycle[0] == leader_name and ts >= kill_ms, log
+                open_cycle = (worker, job)
+            else:
+                assert open_cycle == (worker, job), log
+                open_cycle = None
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+def test_sigterm_stops_cleanly_and_releases_the_lease(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    proc = spawn_worker(redis_url, "solo", tmp_path)
+    try:
+        assert wait_until(lambda: holder(redis_client) == "solo", 10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert redis_client.get(leader_key()) is None  # released on exit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_check_flag(tmp_path: Path) -> None:
+    health = tmp_path / "h"
+    run = [
+        sys.executable,
+        str(ROOT / "workers" / "eviction_worker.py"),
+        "--check",
+        "--health-file",
+        str(health),
+        "--lease-ttl",
+        "5",
+    ]
+    assert subprocess.run(run, capture_output=True).returncode == 1
+    health.touch()
+    assert subprocess.run(run, capture_output=True).returncode == 0
+    old = time.time() - 60
+    os.utime(health, (old, old))
+    assert subprocess.run(run, capture_output=True).returncode == 1
+
+
+# --- metrics contract -----------------------------------------------------------------------------
+CONTRACT = ROOT / "docs" / "metrics.md"
+
+
+def contract() -> dict[str, tuple[str, set[str]]]:
+    rows = re.findall(
+        r"^\| `(zerda_cache_\w+)` \| (\w+) \| ([\w, ]*) \|", CONTRACT.read_text(), re.M
+    )
+    return {
+        name: (kind, {x.strip() for x in labels.split(",") if x.strip()})
+        for name, kind, labels in rows
+    }
+
+
+def exposed(text: str) -> dict[str, tuple[str, set[str]]]:
+    out: dict[str, tuple[str, set[str]]] = {}
+    for fam in text_string_to_metric_families(text):
+        labels: set[str] = set()
+        for sample in fam.samples:
+            labels |= set(sample.labels) - {"le"}
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        out[name] = (fam.type, labels)
+    return out
+
+
+def test_worker_and_replica_expose_every_contract_metric(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    from zerda_cache import CacheManager
+
+    st = RedisStorage(redis_client)
+    ids = bulk_put(st, "acme", 50)
+    st.feedback_many([FeedbackSignal(e, "acme", i % 2 == 0) for i, e in enumerate(ids)])
+    worker = Worker(
+        redis.Redis.from_url(redis_url),
+        CacheConfig(),
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+        health_file=None,
+    )
+    port = worker.serve_metrics()
+    worker.lease_tick()
+    worker.evict_job()
+    worker.decay_job()
+    worker.metrics_job()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    worker.close()
+
+    registry = CollectorRegistry()
+    m = CacheManager(redis_client, metrics=ReplicaMetrics(registry))
+    m.put("q", "a", tenant="acme", embedding=np.ones(DIM))
+    m.lookup("q", tenant="acme", embedding=np.ones(DIM))
+    m.lookup("zz", tenant="acme", embedding=-np.ones(DIM))
+    m.put("q2", " ", tenant="acme", embedding=np.ones(DIM))
+    m.feedback(FeedbackSignal(ids[0], "acme", True))
+    m._fail_open("acme", RuntimeError("x"))
+    m.metrics.index_rebuilds.labels("acme")
+    got = exposed(text) | exposed(generate_latest(registry).decode())
+
+    want = contract()
+    assert len(want) >= 20
+    for name, (kind, labels) in want.items():
+        assert name in got, f"{name} is in docs/metrics.md but not exposed"
+        assert got[name][0] == kind, f"{name}: {got[name][0]} exposed, {kind} documented"
+        assert got[name][1] == labels, f"{name}: labels {got[name][1]} vs {labels}"
+    assert 'zerda_cache_tenant_entries{tenant="acme"} 50.0' in text
+    assert "zerda_cache_worker_leader 1.0" in text

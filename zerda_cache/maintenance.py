@@ -1,0 +1,382 @@
+"""What the worker does each cycle: decay every arm, evict what is not worth keeping.
+
+Eviction of one tenant is planned in one pass over its entries and then executed:
+
+1. Scan ``ids`` with ZSCAN, load each batch's learning state in one round trip, and sort
+   every entry into: expired; corrupt (undecodable); below ``min_reward_to_keep``
+   (``CachePolicyLearner.eviction_ranking``'s -1.0 fast path); or a keeper with its
+   ``eviction_score`` (with ``EvictionConfig``'s weights).
+2. If the keepers are over the tenant's capacity (``max_entries`` or ``max_bytes``, Redis
+   overrides first), the lowest-scored go until the tenant is at capacity minus the
+   low-watermark margin.
+3. Execute in batches through the evict script, which removes each entry from every
+   structure and keeps any entry whose version moved since it was scored (it was served
+   or got feedback meanwhile): it survives this cycle and is scored again in the next.
+
+The scan's cost is linear in the tenant's entries (one ZSCAN step and one pipelined read
+per batch); the capacity selection is a sort of the keepers' scores. Decay walks the same
+batches through the decay script. Both stop between batches when asked to stop.
+
+The pass also yields the tenant's expected-reward and confidence distributions, which the
+worker exports as metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zerda_cache.config import EvictionConfig
+from zerda_cache.keys import cycles_key
+from zerda_cache.policy_learner import CachePolicyLearner
+from zerda_cache.storage import RedisStorage, wrap_errors
+
+log = logging.getLogger(__name__)
+
+#: Bucket upper bounds of the expected-reward and confidence distributions.
+DISTRIBUTION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
+#: The worker's cycle log keeps about this many records.
+CYCLE_LOG_MAXLEN = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """A tenant's capacity: the worker's defaults overridden by the tenant's cfg hash."""
+
+    max_entries: int
+    max_bytes: int | None
+    low_watermark: float
+
+    @property
+    def target_entries(self) -> int:
+        return math.floor(self.max_entries * (1 - self.low_watermark))
+
+    @property
+    def target_bytes(self) -> int | None:
+        if self.max_bytes is None:
+            return None
+        return math.floor(self.max_bytes * (1 - self.low_watermark))
+
+
+@dataclass(slots=True)
+class Distribution:
+    """Cumulative bucket counts (Prometheus histogram style) and the sum."""
+
+    buckets: tuple[float, ...] = DISTRIBUTION_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * len(DISTRIBUTION_BUCKETS))
+    total: int = 0
+    sum: float = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        for i, bound in enumerate(self.buckets):
+            self.counts[i] += int(np.count_nonzero(values <= bound))
+        self.total += int(values.size)
+        self.sum += float(values.sum())
+
+
+@dataclass(slots=True)
+class EvictionPlan:
+    """What a cycle would remove from one tenant, and why (``evict --dry-run`` shows it)."""
+
+    tenant: str
+    now: float
+    limits: TenantLimits
+    scanned: int = 0
+    bytes_scanned: int = 0
+    expired: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    low_reward: list[tuple[str, int]] = field(default_factory=list)
+    capacity: list[tuple[str, int]] = field(default_factory=list)
+    rewards: Distribution = field(default_factory=Distribution)
+    confidences: Distribution = field(default_factory=Distribution)
+    complete: bool = True  # False when a stop request cut the scan short
+
+    @property
+    def total(self) -> int:
+        return len(self.expired) + len(self.corrupt) + len(self.low_reward) + len(self.capacity)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "expired": len(self.expired),
+            "corrupt": len(self.corrupt),
+            "low_reward": len(self.low_reward),
+            "capacity": len(self.capacity),
+        }
+
+
+@dataclass(slots=True)
+class EvictionReport:
+    tenant: str
+    removed: dict[str, int] = field(default_factory=dict)
+    kept_changed: int = 0  # changed since scored: kept this cycle
+    already_gone: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class DecayReport:
+    tenant: str
+    decayed: int = 0
+    missing: int = 0
+    corrupt: int = 0
+    seconds: float = 0.0
+
+
+class Maintenance:
+    """Decay and eviction over every tenant of one keyspace.
+
+    Args:
+        storage: the sync storage (its config carries the defaults).
+        learner: scores entries (default: one built from the storage's config).
+        stop: set it to finish the current batch and stop (a warm stop).
+        active: checked between batches too; a worker passes "I still hold the lease",
+            so a leader that lost its lease mid-cycle stops before another one starts.
+        worker_id: written into the cycle log.
+    """
+
+    def __init__(
+        self,
+        storage: RedisStorage,
+        learner: CachePolicyLearner | None = None,
+        *,
+        stop: threading.Event | None = None,
+        active: Callable[[], bool] | None = None,
+        worker_id: str = "",
+    ) -> None:
+        self.storage = storage
+        cfg = storage.config
+        self.eviction: EvictionConfig = cfg.eviction
+        self.learner = learner if learner is not None else CachePolicyLearner(cfg.rl, cfg.eviction)
+        self.stop = stop if stop is not None else threading.Event()
+        self.active = active if active is not None else (lambda: True)
+        self.worker_id = worker_id
+        #: The last eviction plan of each tenant (the worker's metrics read it).
+        self.last_plans: dict[str, EvictionPlan] = {}
+
+    def _halted(self) -> bool:
+        return self.stop.is_set() or not self.active()
+
+    # -- tenants -------------------------------------------------------------------------------
+    def tenants(self) -> list[str]:
+        return self.storage.tenants()
+
+    def limits(self, tenant: str) -> TenantLimits:
+        settings = self.storage.tenant_settings(tenant)
+        ev = self.eviction
+        max_bytes = settings.get("max_bytes", ev.max_bytes)
+        return TenantLimits(
+            max_entries=int(settings.get("max_entries", ev.max_entries)),
+            max_bytes=int(max_bytes) if max_bytes is not None else None,
+            low_watermark=ev.low_watermark,
+        )
+
+    # -- decay ---------------------------------------------------------------------------------
+    def decay_tenant(self, tenant: str) -> DecayReport:
+        """Bring every arm of ``tenant`` to now, batch by batch (persisted)."""
+        report = DecayReport(tenant)
+        started = time.perf_counter()
+        for batch in self.storage.iter_ids(tenant, self.eviction.scan_batch):
+            out = self.storage.decay(tenant, [eid for eid, _ in batch])
+            report.decayed += out.decayed
+            report.missing += out.missing
+            report.corrupt += len(out.corrupt)
+            if self._halted():
+                break
+        report.seconds = time.perf_counter() - started
+        return report
+
+    # -- eviction ------------------------------------------------------------------------------
+    def plan_eviction(
+        self,
+        tenant: str,
+        *,
+        now: float | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> EvictionPlan:
+        """Score every entry of ``tenant`` and decide what to remove (nothing is removed)."""
+        st = self.storage
+        now = st.now() if now is None else now
+        plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant))
+        seen: set[str] = set()
+        keep_ids: list[str] = []
+        keep_scores: list[float] = []
+        keep_sizes: list[int] = []
+        keep_versions: list[int] = []
+        for batch in st.iter_ids(tenant, self.eviction.scan_batch):
+            ids = [eid for eid, _ in batch if eid not in seen]
+            seen.update(ids)
+            states = st.load_states(tenant, ids)
+            plan.corrupt += states.corrupt
+            live = []
+            for eid in ids:
+                entry = states.entries.get(eid)
+                if entry is None:
+                    continue
+                plan.scanned += 1
+                plan.bytes_scanned += entry.size_bytes
+                if entry.is_expired(now):
+                    plan.expired.append(eid)
+                else:
+                    live.append((eid, entry))
+            ranked = self.learner.eviction_ranking(live, len(live), now=now)
+            by_id = dict(live)
+            rewards, confidences = [], []
+            for cand in ranked:
+                entry = by_id[cand.entry_id]
+                rewards.append(entry.bandit_arm.at(now, self.learner.config).expected_reward)
+                confidences.append(entry.confidence_score)
+                if cand.score < 0:  # below min_reward_to_keep (the seed's -1.0)
+                    plan.low_reward.append((cand.entry_id, entry.version))
+                else:
+                    keep_ids.append(cand.entry_id)
+                    keep_scores.append(cand.score)
+                    keep_sizes.append(entry.size_bytes)
+                    keep_versions.append(entry.version)
+            plan.rewards.add(np.asarray(rewards))
+            plan.confidences.add(np.asarray(confidences))
+            if progress is not None:
+                progress(len(ids))
+            if self._halted():
+                plan.complete = False
+                return plan  # a partial scan must not pick capacity victims
+        self._choose_capacity(plan, keep_ids, keep_scores, keep_sizes, keep_versions)
+        self.last_plans[tenant] = plan
+        return plan
+
+    @staticmethod
+    def _choose_capacity(
+        plan: EvictionPlan,
+        ids: list[str],
+        scores: list[float],
+        sizes: list[int],
+        versions: list[int],
+    ) -> None:
+        limits = plan.limits
+        n_keep = len(ids)
+        bytes_keep = int(np.sum(sizes)) if sizes else 0
+        need_n = n_keep - limits.target_entries if n_keep > limits.max_entries else 0
+        need_b = 0
+        if limits.max_bytes is not None and bytes_keep > limits.max_bytes:
+            need_b = bytes_keep - (limits.target_bytes or 0)
+        if need_n <= 0 and need_b <= 0:
+            return
+        order = np.argsort(np.asarray(scores), kind="stable")
+        freed = 0
+        for count, i in enumerate(order, start=1):
+            plan.capacity.append((ids[i], versions[i]))
+            freed += sizes[i]
+            if count >= need_n and freed >= need_b:
+                break
+
+    def execute(self, plan: EvictionPlan) -> EvictionReport:
+        """Remove what ``plan`` chose, in batches, each entry only if unchanged since."""
+        report = EvictionReport(plan.tenant)
+        started = time.perf_counter()
+        batch = self.eviction.scan_batch
+        groups: list[tuple[str, list[tuple[str, int | None]]]] = [
+            ("expired", [(eid, None) for eid in plan.expired]),
+            ("corrupt", [(eid, None) for eid in plan.corrupt]),
+            ("low_reward", [(eid, ver) for eid, ver in plan.low_reward]),
+            ("capacity", [(eid, ver) for eid, ver in plan.capacity]),
+        ]
+        for reason, items in groups:
+            for i in range(0, len(items), batch):
+                out = self.storage.evict(plan.tenant, items[i : i + batch], reason)
+                report.removed[reason] = report.removed.get(reason, 0) + len(out.removed)
+                report.kept_changed += len(out.changed)
+                report.already_gone += len(out.gone)
+                if self._halted():
+                    report.seconds = time.perf_counter() - started
+                    return report
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def evict_tenant(self, tenant: str) -> EvictionReport:
+        plan = self.plan_eviction(tenant)
+        report = self.execute(plan)
+        if report.removed or report.kept_changed:
+            log.info(
+                "tenant %s: evicted %s, kept %d changed since scored (%.2fs)",
+                tenant,
+                report.removed,
+                report.kept_changed,
+                report.seconds,
+            )
+        return report
+
+    # -- cycles over every tenant ---------------------------------------------------------------
+    def run_decay(self) -> list[DecayReport]:
+        with self.cycle("decay"):
+            reports = []
+            for tenant in self.tenants():
+                if self._halted():
+                    break
+                reports.append(self.decay_tenant(tenant))
+            return reports
+
+    def run_eviction(self) -> list[EvictionReport]:
+        with self.cycle("evict"):
+            reports = []
+            for tenant in self.tenants():
+                if self._halted():
+                    break
+                reports.append(self.evict_tenant(tenant))
+            return reports
+
+    def cycle(self, job: str) -> _Cycle:
+        """Context manager that records a cycle's start and end in the cycle log."""
+        return _Cycle(self, job)
+
+    def record(self, job: str, phase: str, **extra: str) -> None:
+        st = self.storage
+        fields = {"job": job, "phase": phase, "worker": self.worker_id, **extra}
+        with wrap_errors("cycle log"):
+            st.client.xadd(
+                cycles_key(st.config.key_prefix),
+                fields,
+                maxlen=CYCLE_LOG_MAXLEN,
+                approximate=True,
+            )
+
+    def recent_cycles(self, count: int = 50) -> list[dict[str, str]]:
+        st = self.storage
+        with wrap_errors("cycle log"):
+            rows = st.client.xrevrange(cycles_key(st.config.key_prefix), count=count)
+        return [{"id": _s(i), **{_s(k): _s(v) for k, v in fields.items()}} for i, fields in rows]
+
+
+class _Cycle:
+    def __init__(self, maintenance: Maintenance, job: str) -> None:
+        self.m = maintenance
+        self.job = job
+        self.started = 0.0
+        self.outcome = ""
+
+    def __enter__(self) -> _Cycle:
+        self.started = time.perf_counter()
+        self.m.record(self.job, "start")
+        return self
+
+    def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:
+        outcome = "error" if exc is not None else ("stopped" if self.m.stop.is_set() else "ok")
+        try:
+            self.m.record(
+                self.job,
+                "end",
+                outcome=outcome,
+                seconds=f"{time.perf_counter() - self.started:.6f}",
+            )
+        except Exception:  # the cycle's own error matters more than its record
+            log.exception("could not record the end of a %s cycle", self.job)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
