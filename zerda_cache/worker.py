@@ -543,3 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.install_signal_handlers()
     worker.run()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

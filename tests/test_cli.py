@@ -1,0 +1,75 @@
+"""The zerda-cache command line, and `make demo` in its short mode."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import redis
+from click.testing import CliRunner
+
+from zerda_cache import FeedbackSignal
+from zerda_cache.cli import cli
+from zerda_cache.storage import RedisStorage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(url: str, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--redis-url", url, *args])
+    return result.exit_code, result.output
+
+
+def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: str) -> None:
+    st = RedisStorage(redis_client)
+    rng = np.random.default_rng(0)
+    ids = [st.put("acme", f"q{i}", f"answer {i}", rng.normal(size=8)).entry_id for i in range(30)]
+    st.feedback(FeedbackSignal(ids[0], "acme", True))
+
+    code, out = run(redis_url, "stats")
+    assert code == 0 and "acme" in out and "30" in out and "worker leader: none" in out
+
+    code, out = run(redis_url, "inspect", ids[0], "--tenant", "acme")
+    assert code == 0 and "answer 0" in out and "Beta(2.000, 1.000)" in out
+    code, out = run(redis_url, "inspect", "0" * 32, "--tenant", "acme")
+    assert code == 1 and "no entry" in out
+
+    code, out = run(redis_url, "tenant", "set", "acme", "--max-entries", "20", "--ttl", "60")
+    assert code == 0 and "20" in out and "60 s" in out
+    code, out = run(redis_url, "tenant", "show", "acme")
+    assert code == 0 and "not set yet" not in out and "dimension" in out
+    code, _ = run(redis_url, "tenant", "set", "acme")
+    assert code == 2  # nothing to set
+
+    code, out = run(redis_url, "evict", "--dry-run", "--tenant", "acme")
+    assert code == 0 and "dry run" in out and st.count("acme") == 30
+    code, out = run(redis_url, "evict", "--tenant", "acme")
+    assert code == 0 and st.count("acme") == 19
+
+    code, out = run(redis_url, "inspect", ids[0], "--tenant", "bad:tenant")
+    assert code == 2 and "invalid tenant" in out
+
+
+def test_worker_check_without_server(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["worker", "--check", "--health-file", str(tmp_path / "none")])
+    assert result.exit_code == 1 and "unhealthy" in result.output
+
+
+def test_make_demo_short(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "demo", f"DEMO_ARGS=--short --out {out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "learning_curve.png").stat().st_size > 10_000
+    assert "| seconds | requests | hit rate |" in (out / "report.md").read_text()
+    assert report["worker_cycles"] > 0 and report["metrics_samples"] > 20
+    assert sum(w["requests"] for w in report["windows"]) > 300
+    assert report["stats"]["puts"] > 0 and report["stats"]["hits"] > 0

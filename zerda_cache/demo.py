@@ -1,0 +1,402 @@
+"""``make demo`` / ``zerda-cache demo``: the whole system on a small FAQ workload.
+
+What runs:
+
+* a Redis-compatible server (the embedded one, unless ``--redis-url`` is given);
+* the eviction worker, as its own process, serving ``/metrics``;
+* several app replicas, each an OS process with its own ``CacheManager``, asking FAQ
+  questions (``demo_faq.py``) in their users' words;
+* simulated users who react to a served answer only sometimes (sparse) and sometimes
+  wrongly (noisy), and an "LLM" that answers a miss rightly most of the time.
+
+The cache starts with right and planted wrong answers. Every request records whether it
+was a hit and whether the served answer was wrong; the report shows the hit rate and the
+wrong-answer rate over time (the learning curve), the evictions by reason and the
+worker's cycles, and writes ``report.md``, ``report.json`` and ``learning_curve.png``.
+
+Embeddings come from the built-in ``HashingEmbedder`` (lexical; see ``embedders.py``), so
+the demo needs no model download.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
+
+TENANT = "faq-demo"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    short: bool = False
+    out_dir: str = "out/demo"
+    replicas: int = 3
+    seed: int = 7
+    redis_url: str | None = None
+    duration_s: float = 45.0
+    rate_per_replica: float = 25.0  # requests per second
+    feedback_rate: float = 0.35  # share of served answers a user reacts to
+    feedback_noise: float = 0.1  # share of reactions that are wrong
+    llm_error_rate: float = 0.15  # share of LLM answers that are wrong
+    planted_wrong: float = 0.5  # share of topics seeded with a wrong twin entry
+    max_entries: int = 45
+    ttl_s: float = 20.0
+    windows: int = 10
+
+    def effective(self) -> DemoOptions:
+        if self.short:
+            return replace(self, duration_s=8.0, rate_per_replica=30.0, ttl_s=4.0, windows=4)
+        return self
+
+
+def demo_config() -> CacheConfig:
+    """The configuration every demo process shares (replicas and worker alike)."""
+    return CacheConfig(
+        similarity_threshold=0.35,
+        rl=RLConfig(decay_interval_s=30.0),
+        eviction=EvictionConfig(
+            decay_interval_s=2.0, eviction_interval_s=2.0, metrics_interval_s=1.0
+        ),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: Any) -> None:
+    """One app replica: ask, serve or call the "LLM", put, and pass on user feedback."""
+    from prometheus_client import CollectorRegistry
+
+    from zerda_cache.demo_faq import OFF_TOPIC, TOPICS
+    from zerda_cache.embedders import HashingEmbedder
+    from zerda_cache.manager import CacheManager
+    from zerda_cache.metrics import ReplicaMetrics
+
+    rng = random.Random(opts.seed * 1000 + index)
+    manager = CacheManager.from_url(
+        url, demo_config(), embed_fn=HashingEmbedder(), metrics=ReplicaMetrics(CollectorRegistry())
+    )
+    interval = 1.0 / opts.rate_per_replica
+    deadline = started_at + opts.duration_s
+    next_at = time.monotonic()
+    batch: list[tuple[float, int, int, int]] = []
+    while time.time() < deadline:
+        if rng.random() < 0.08:
+            query, topic = rng.choice(OFF_TOPIC), None
+        else:
+            topic = rng.choice(TOPICS)
+            query = rng.choice((topic.question, *topic.paraphrases))
+        hit = manager.lookup(query, tenant=TENANT)
+        right = topic.right if topic is not None else f"(a general answer to: {query})"
+        wrong = 0
+        if hit is not None:
+            is_right = hit.response == right
+            wrong = 0 if is_right else 1
+            if rng.random() < opts.feedback_rate:
+                verdict = is_right if rng.random() >= opts.feedback_noise else not is_right
+                manager.feedback(hit.feedback(verdict))
+        else:
+            if topic is None:
+                answer = right
+            else:
+                answer = right if rng.random() >= opts.llm_error_rate else topic.wrong
+            manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s)
+        batch.append((time.time() - started_at, 1 if hit else 0, wrong, 1 if topic else 0))
+        if len(batch) >= 20:
+            queue.put(batch)
+            batch = []
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    queue.put(batch)
+    queue.put(None)
+    manager.close()
+
+
+def _seed(url: str, opts: DemoOptions) -> int:
+    """The cache before any user: right answers, and planted wrong twins."""
+    from prometheus_client import CollectorRegistry
+
+    from zerda_cache.demo_faq import TOPICS
+    from zerda_cache.embedders import HashingEmbedder
+    from zerda_cache.manager import CacheManager
+    from zerda_cache.metrics import ReplicaMetrics
+
+    rng = random.Random(opts.seed)
+    m = CacheManager.from_url(
+        url, demo_config(), embed_fn=HashingEmbedder(), metrics=ReplicaMetrics(CollectorRegistry())
+    )
+    m.clear(TENANT)
+    m.storage.set_tenant_settings(TENANT, max_entries=opts.max_entries)
+    n = 0
+    for topic in TOPICS:
+        m.put(topic.question, topic.right, tenant=TENANT)
+        n += 1
+        if rng.random() < opts.planted_wrong:  # a wrong answer under a paraphrase
+            m.put(topic.paraphrases[0], topic.wrong, tenant=TENANT)
+            n += 1
+    m.close()
+    return n
+
+
+def _windows(
+    rows: list[tuple[float, int, int, int]], duration: float, k: int
+) -> list[dict[str, float]]:
+    out = []
+    for w in range(k):
+        lo, hi = duration * w / k, duration * (w + 1) / k
+        sel = [r for r in rows if lo <= r[0] < hi or (w == k - 1 and r[0] >= hi)]
+        n = len(sel)
+        hits = sum(r[1] for r in sel)
+        wrong = sum(r[2] for r in sel)
+        out.append(
+            {
+                "from_s": round(lo, 1),
+                "to_s": round(hi, 1),
+                "requests": n,
+                "hit_rate": hits / n if n else 0.0,
+                "wrong_rate": wrong / n if n else 0.0,
+                "hit_precision": (hits - wrong) / hits if hits else 0.0,
+            }
+        )
+    return out
+
+
+def _chart(windows: list[dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [(w["from_s"] + w["to_s"]) / 2 for w in windows]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot(xs, [w["hit_rate"] for w in windows], marker="o", label="hit rate")
+    ax.plot(
+        xs,
+        [w["wrong_rate"] for w in windows],
+        marker="s",
+        color="tab:red",
+        label="wrong answers served / requests",
+    )
+    ax.plot(
+        xs,
+        [w["hit_precision"] for w in windows],
+        marker="^",
+        color="tab:green",
+        linestyle="--",
+        label="hit precision (right / served)",
+    )
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylim(0, 1)
+    ax.set_title("zerda-cache demo: the cache learns which answers to serve")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
+    """Run the demo; returns a process exit code."""
+    console = console or Console()
+    opts = opts.effective()
+    out = Path(opts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    server = None
+    url = opts.redis_url
+    if url is None:
+        from zerda_cache.testing import RedisServer
+
+        server = RedisServer().start()
+        url = server.url
+        console.print(f"[bold]server[/bold]: embedded {server.kind} {server.version} at {url}")
+    metrics_port = _free_port()
+    worker_log = open(out / "worker.log", "wb")  # noqa: SIM115 - closed in finally
+    worker = subprocess.Popen(
+        [
+            sys.executable, "-m", "zerda_cache.worker",
+            "--redis-url", url,
+            "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
+            "--decay-interval", "2", "--eviction-interval", "2", "--metrics-interval", "1",
+            "--lease-ttl", "3", "--health-file", str(out / "worker.health"),
+            "--worker-id", "demo-worker", "--log-level", "INFO",
+        ],
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        seeded = _seed(url, opts)
+        console.print(
+            f"[bold]worker[/bold]: pid {worker.pid}, /metrics on 127.0.0.1:{metrics_port}; "
+            f"[bold]cache[/bold]: {seeded} seeded entries, capacity {opts.max_entries}"
+        )
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        started_at = time.time()
+        procs = [
+            ctx.Process(target=_replica, args=(url, i, opts, started_at, queue), daemon=True)
+            for i in range(opts.replicas)
+        ]
+        for p in procs:
+            p.start()
+        rows: list[tuple[float, int, int, int]] = []
+        expected = int(opts.duration_s * opts.rate_per_replica * opts.replicas)
+        done = 0
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("hit rate {task.fields[hit]:.0%}  wrong {task.fields[wrong]:.1%}"),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            task = progress.add_task(
+                f"{opts.replicas} replicas asking", total=expected, hit=0.0, wrong=0.0
+            )
+            while done < len(procs):
+                try:
+                    batch = queue.get(timeout=opts.duration_s + 60)
+                except Exception:
+                    console.print("[red]a replica stopped answering[/red]")
+                    return 1
+                if batch is None:
+                    done += 1
+                    continue
+                rows += batch
+                recent = rows[-300:]
+                progress.update(
+                    task,
+                    completed=min(len(rows), expected),
+                    hit=sum(r[1] for r in recent) / len(recent),
+                    wrong=sum(r[2] for r in recent) / len(recent),
+                )
+        for p in procs:
+            p.join(10)
+        time.sleep(2.5)  # one more worker cycle: metrics and evictions settle
+        return _report(console, opts, url, rows, metrics_port, out)
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(15)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        worker_log.close()
+        if server is not None:
+            server.stop()
+
+
+def _report(
+    console: Console,
+    opts: DemoOptions,
+    url: str,
+    rows: list[tuple[float, int, int, int]],
+    metrics_port: int,
+    out: Path,
+) -> int:
+    import redis
+
+    from zerda_cache.maintenance import Maintenance
+    from zerda_cache.storage import RedisStorage
+
+    windows = _windows(rows, opts.duration_s, opts.windows)
+    client = redis.Redis.from_url(url)
+    st = RedisStorage(client, demo_config())
+    stats = st.stats(TENANT)
+    cycles = [c for c in Maintenance(st).recent_cycles(500) if c.get("phase") == "end"]
+    client.close()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            metrics_text = r.read().decode()
+    except OSError as exc:
+        metrics_text = f"(could not read /metrics: {exc})"
+    metric_lines = [x for x in metrics_text.splitlines() if x.startswith("zerda_cache_")]
+
+    table = Table(title="learning curve")
+    for col in ("seconds", "requests", "hit rate", "wrong answers / requests", "hit precision"):
+        table.add_column(col, justify="right")
+    for w in windows:
+        table.add_row(
+            f"{w['from_s']:.0f}-{w['to_s']:.0f}",
+            f"{w['requests']}",
+            f"{w['hit_rate']:.1%}",
+            f"{w['wrong_rate']:.1%}",
+            f"{w['hit_precision']:.1%}",
+        )
+    console.print(table)
+    evictions = {k.split(":", 1)[1]: v for k, v in stats.items() if k.startswith("evicted:")}
+    console.print(f"evictions by reason: {evictions or 'none'}")
+    console.print(
+        f"feedback: {stats.get('positive', 0)} positive, {stats.get('negative', 0)} negative; "
+        f"entries now {stats.get('entries', 0)} (capacity {opts.max_entries}); "
+        f"worker cycles: {len(cycles)}; /metrics served {len(metric_lines)} zerda_cache samples"
+    )
+    chart = out / "learning_curve.png"
+    _chart(windows, chart)
+    first, last = windows[0], windows[-1]
+    summary = {
+        "options": asdict(opts),
+        "windows": windows,
+        "evictions": evictions,
+        "stats": stats,
+        "worker_cycles": len(cycles),
+        "metrics_samples": len(metric_lines),
+        "wrong_rate_first_window": first["wrong_rate"],
+        "wrong_rate_last_window": last["wrong_rate"],
+        "hit_precision_first_window": first["hit_precision"],
+        "hit_precision_last_window": last["hit_precision"],
+    }
+    (out / "report.json").write_text(json.dumps(summary, indent=2))
+    lines = [
+        "# zerda-cache demo report",
+        "",
+        f"{opts.replicas} replicas, {len(rows)} requests over {opts.duration_s:.0f} s; "
+        f"users react to {opts.feedback_rate:.0%} of answers and {opts.feedback_noise:.0%} "
+        f"of reactions are wrong; the LLM is wrong {opts.llm_error_rate:.0%} of the time.",
+        "",
+        "| seconds | requests | hit rate | wrong / requests | hit precision |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {w['from_s']:.0f}-{w['to_s']:.0f} | {w['requests']} | {w['hit_rate']:.1%} "
+            f"| {w['wrong_rate']:.1%} | {w['hit_precision']:.1%} |"
+            for w in windows
+        ),
+        "",
+        f"Evictions by reason: {evictions or 'none'}. Worker cycles: {len(cycles)}.",
+        "",
+        "![learning curve](learning_curve.png)",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))
+    console.print(f"report: {out / 'report.md'}, chart: {chart}")
+    return 0 if rows and cycles and metric_lines else 1
+
+
+def main() -> None:  # python -m zerda_cache.demo
+    short = "--short" in sys.argv
+    sys.exit(
+        run_demo(DemoOptions(short=short, out_dir=os.environ.get("ZERDA_DEMO_OUT", "out/demo")))
+    )
+
+
+if __name__ == "__main__":
+    main()
