@@ -201,10 +201,16 @@ def test_decay_is_persisted_and_idempotent_in_time(redis_client: redis.Redis, cl
 
 def test_decay_reports_missing(redis_client: redis.Redis, clock: Clock) -> None:
     st = decay_storage(redis_client, clock)
-    a = put(st, 1)
+    a, fresh = put(st, 1), put(st, 2)
+    st.feedback(FeedbackSignal(a, "acme", True))
     clock.t = 2000.0
-    out = st.decay("acme", [a, "f" * 32])
+    before = snapshot(redis_client)
+    out = st.decay("acme", [a, fresh, "f" * 32])
+    # the arm at its prior has nothing to decay and is not rewritten
     assert (out.decayed, out.missing, out.corrupt) == (1, 1, [])
+    after = snapshot(redis_client)
+    key = tenant_keys("acme").entry(fresh).encode()
+    assert before[key] == after[key]
 
 
 # --- evict / invalidate -------------------------------------------------------------------------
@@ -352,6 +358,7 @@ def test_corrupt_value_is_reported_and_tenant_keeps_working(
         storage.get_entry("acme", bad)
     assert storage.hit("acme", bad).status == "corrupt"  # never served
     if field in ("arm", "use"):  # the learning state itself: the scripts refuse to touch it
+        storage.feedback(FeedbackSignal(good, "acme", True))
         before = redis_client.hgetall(key)
         with pytest.raises(CorruptEntryError):
             storage.feedback(FeedbackSignal(bad, "acme", True))

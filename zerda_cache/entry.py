@@ -103,9 +103,13 @@ class BanditArm:
         """Shrink the excess over the prior for the time since ``decayed_at``.
 
         A ``now`` at or before ``decayed_at`` changes nothing (time never runs backwards
-        for an arm), so applying this twice at one instant equals applying it once.
+        for an arm), so applying this twice at one instant equals applying it once. An arm
+        at its prior has no evidence to shrink and is left as it is (``decayed_at``
+        included): the decay script then skips writing it, which is most arms of a cache.
         """
         if now <= self.decayed_at:
+            return
+        if abs(self.alpha - prior_alpha) + abs(self.beta - prior_beta) <= 1e-12:
             return
         factor = decay_factor(now - self.decayed_at, usage_decay, interval_s)
         self.alpha = prior_alpha + (self.alpha - prior_alpha) * factor

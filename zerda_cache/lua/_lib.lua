@@ -57,9 +57,10 @@ local function zc_state(raw_arm, raw_use)
   return nil
 end
 
--- BanditArm.decay_to: shrink the excess over the prior for the time since arm.t.
+-- BanditArm.decay_to: shrink the excess over the prior for the time since arm.t. An arm
+-- without evidence (at its prior) has nothing to shrink and is left as it is.
 local function zc_decay(arm, now, prior_a, prior_b, decay, interval)
-  if now > arm.t then
+  if now > arm.t and math.abs(arm.a - prior_a) + math.abs(arm.b - prior_b) > 1e-12 then
     local factor = decay ^ ((now - arm.t) / interval)
     arm.a = prior_a + (arm.a - prior_a) * factor
     arm.b = prior_b + (arm.b - prior_b) * factor

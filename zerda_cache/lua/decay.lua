@@ -2,7 +2,7 @@
 -- ARGV[1] now ('' = server TIME)  ARGV[2] prior_alpha  ARGV[3] prior_beta  ARGV[4] usage_decay
 -- ARGV[5] decay_interval_s.  returns {decayed, missing, {indexes of corrupt keys}}
 -- Brings every arm to now and persists it (with its confidence). Time-based and idempotent:
--- an arm already at now is left as it is. Does not bump the version: the arm's value at
+-- an arm already at now, or at its prior (no evidence to decay), is left as it is. Does not bump the version: the arm's value at
 -- any instant is unchanged, only its representation is.
 local now = zc_now(ARGV[1])
 local pa, pb = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -16,11 +16,14 @@ for i, key in ipairs(KEYS) do
     local arm, use = zc_state(raw[1], raw[2])
     if not arm then
       corrupt[#corrupt + 1] = i
-    elseif now > arm.t then
+    else
+      local before = arm.t
       zc_decay(arm, now, pa, pb, decay, interval)
-      use.c = zc_confidence(arm, use)
-      redis.call('HSET', key, 'arm', cmsgpack.pack(arm), 'use', cmsgpack.pack(use))
-      decayed = decayed + 1
+      if arm.t ~= before then  -- arms at their prior, or already at now, are not rewritten
+        use.c = zc_confidence(arm, use)
+        redis.call('HSET', key, 'arm', cmsgpack.pack(arm), 'use', cmsgpack.pack(use))
+        decayed = decayed + 1
+      end
     end
   end
 end
