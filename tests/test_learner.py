@@ -259,3 +259,46 @@ def test_bad_signal_fields() -> None:
         FeedbackSignal(entry_id="x", tenant_id="t", positive=1)  # type: ignore[arg-type]
     with pytest.raises(InvalidFeedbackError, match="source"):
         FeedbackSignal(entry_id="x", tenant_id="t", positive=True, source="")
+
+
+def test_vectorized_eviction_scores_match_eviction_ranking() -> None:
+    rng = np.random.default_rng(9)
+    cfg = RLConfig(usage_decay=0.9, decay_interval_s=50.0, prior_alpha=1.5, prior_beta=0.5)
+    learner = CachePolicyLearner(
+        cfg, EvictionConfig(reward_weight=0.6, usage_weight=0.1, recency_weight=0.3)
+    )
+    now = 10_000.0
+    entries = []
+    for i in range(400):
+        at_prior = i % 4 == 0
+        arm = BanditArm(
+            alpha=1.5 if at_prior else 1.5 + rng.exponential(5),
+            beta=0.5 if at_prior else 0.5 + (300 if i % 7 == 0 else rng.exponential(3)),
+            decayed_at=now - rng.uniform(0, 20 if i % 7 == 0 else 2000),
+        )
+        la = now - rng.uniform(0, 5000)
+        entries.append(
+            make_entry(
+                f"e{i}",
+                bandit_arm=arm,
+                usage_count=int(rng.integers(0, 90)),
+                last_access=la,
+                created_at=la - 10,
+            )
+        )
+    ranked = {
+        c.entry_id: c.score
+        for c in learner.eviction_ranking([(e.entry_id, e) for e in entries], len(entries), now=now)
+    }
+    scores, expected = learner.eviction_scores(
+        np.array([e.bandit_arm.alpha for e in entries]),
+        np.array([e.bandit_arm.beta for e in entries]),
+        np.array([e.bandit_arm.decayed_at for e in entries]),
+        np.array([e.usage_count for e in entries], dtype=float),
+        np.array([e.last_access for e in entries]),
+        now=now,
+    )
+    assert (scores < 0).sum() > 5  # some are below min_reward_to_keep
+    for e, score, er in zip(entries, scores, expected, strict=True):
+        assert score == pytest.approx(ranked[e.entry_id], abs=1e-12)
+        assert er == pytest.approx(e.bandit_arm.at(now, cfg).expected_reward, abs=1e-12)

@@ -201,53 +201,63 @@ class Maintenance:
         now: float | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> EvictionPlan:
-        """Score every entry of ``tenant`` and decide what to remove (nothing is removed)."""
+        """Score every entry of ``tenant`` and decide what to remove (nothing is removed).
+
+        Per batch: the ZSCAN step gives ids and expiry times; one pipelined read gives
+        the arms and usage as columns; the learner scores the whole batch at once.
+        """
         st = self.storage
         now = st.now() if now is None else now
         plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant))
         seen: set[str] = set()
         keep_ids: list[str] = []
-        keep_scores: list[float] = []
-        keep_sizes: list[int] = []
-        keep_versions: list[int] = []
+        keep_scores: list[np.ndarray] = []
+        keep_sizes: list[np.ndarray] = []
+        keep_versions: list[np.ndarray] = []
         for batch in st.iter_ids(tenant, self.eviction.scan_batch):
-            ids = [eid for eid, _ in batch if eid not in seen]
-            seen.update(ids)
-            states = st.load_states(tenant, ids)
-            plan.corrupt += states.corrupt
-            live = []
-            for eid in ids:
-                entry = states.entries.get(eid)
-                if entry is None:
-                    continue
-                plan.scanned += 1
-                plan.bytes_scanned += entry.size_bytes
-                if entry.is_expired(now):
+            fresh = [(eid, exp) for eid, exp in batch if eid not in seen]
+            seen.update(eid for eid, _ in fresh)
+            live_ids = []
+            for eid, expires_at in fresh:
+                if expires_at <= now:
                     plan.expired.append(eid)
                 else:
-                    live.append((eid, entry))
-            ranked = self.learner.eviction_ranking(live, len(live), now=now)
-            by_id = dict(live)
-            rewards, confidences = [], []
-            for cand in ranked:
-                entry = by_id[cand.entry_id]
-                rewards.append(entry.bandit_arm.at(now, self.learner.config).expected_reward)
-                confidences.append(entry.confidence_score)
-                if cand.score < 0:  # below min_reward_to_keep (the seed's -1.0)
-                    plan.low_reward.append((cand.entry_id, entry.version))
-                else:
-                    keep_ids.append(cand.entry_id)
-                    keep_scores.append(cand.score)
-                    keep_sizes.append(entry.size_bytes)
-                    keep_versions.append(entry.version)
-            plan.rewards.add(np.asarray(rewards))
-            plan.confidences.add(np.asarray(confidences))
+                    live_ids.append(eid)
+            cols = st.state_arrays(tenant, live_ids)
+            plan.corrupt += cols.corrupt
+            plan.scanned += len(cols.ids)
+            plan.bytes_scanned += int(cols.size.sum())
+            scores, expected = self.learner.eviction_scores(
+                cols.alpha,
+                cols.beta,
+                cols.decayed_at,
+                cols.usage_count,
+                cols.last_access,
+                now=now,
+            )
+            low = scores < 0
+            plan.low_reward += [
+                (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(low).tolist()
+            ]
+            keep = ~low
+            keep_ids += [cols.ids[i] for i in np.flatnonzero(keep).tolist()]
+            keep_scores.append(scores[keep])
+            keep_sizes.append(cols.size[keep])
+            keep_versions.append(cols.version[keep])
+            plan.rewards.add(expected)
+            plan.confidences.add(cols.confidence)
             if progress is not None:
-                progress(len(ids))
+                progress(len(fresh))
             if self._halted():
                 plan.complete = False
                 return plan  # a partial scan must not pick capacity victims
-        self._choose_capacity(plan, keep_ids, keep_scores, keep_sizes, keep_versions)
+        self._choose_capacity(
+            plan,
+            keep_ids,
+            np.concatenate(keep_scores) if keep_scores else np.empty(0),
+            np.concatenate(keep_sizes) if keep_sizes else np.empty(0, dtype=np.int64),
+            np.concatenate(keep_versions) if keep_versions else np.empty(0, dtype=np.int64),
+        )
         self.last_plans[tenant] = plan
         return plan
 
@@ -255,26 +265,25 @@ class Maintenance:
     def _choose_capacity(
         plan: EvictionPlan,
         ids: list[str],
-        scores: list[float],
-        sizes: list[int],
-        versions: list[int],
+        scores: np.ndarray,
+        sizes: np.ndarray,
+        versions: np.ndarray,
     ) -> None:
+        """Lowest scores first until the keepers fit the capacity minus the margin."""
         limits = plan.limits
         n_keep = len(ids)
-        bytes_keep = int(np.sum(sizes)) if sizes else 0
+        bytes_keep = int(sizes.sum())
         need_n = n_keep - limits.target_entries if n_keep > limits.max_entries else 0
         need_b = 0
         if limits.max_bytes is not None and bytes_keep > limits.max_bytes:
             need_b = bytes_keep - (limits.target_bytes or 0)
         if need_n <= 0 and need_b <= 0:
             return
-        order = np.argsort(np.asarray(scores), kind="stable")
-        freed = 0
-        for count, i in enumerate(order, start=1):
-            plan.capacity.append((ids[i], versions[i]))
-            freed += sizes[i]
-            if count >= need_n and freed >= need_b:
-                break
+        order = np.argsort(scores, kind="stable")
+        freed = np.cumsum(sizes[order])
+        count = max(need_n, int(np.searchsorted(freed, need_b)) + 1 if need_b > 0 else 0)
+        chosen = order[: min(count, n_keep)]
+        plan.capacity = [(ids[i], int(versions[i])) for i in chosen.tolist()]
 
     def execute(self, plan: EvictionPlan) -> EvictionReport:
         """Remove what ``plan`` chose, in batches, each entry only if unchanged since."""

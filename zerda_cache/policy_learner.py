@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zerda_cache.config import EvictionConfig, RLConfig
-from zerda_cache.entry import IntelligentCacheEntry, compute_confidence
+from zerda_cache.entry import USAGE_SATURATION, IntelligentCacheEntry, compute_confidence
 from zerda_cache.errors import InvalidFeedbackError
 from zerda_cache.keys import validate_tenant
 
@@ -241,6 +241,38 @@ class CachePolicyLearner:
             out.append(EvictionCandidate(entry_id=entry.entry_id, key=key, score=score))
         out.sort(key=lambda c: c.score)
         return out[:n_to_evict]
+
+    def eviction_scores(
+        self,
+        alpha: np.ndarray,
+        beta: np.ndarray,
+        decayed_at: np.ndarray,
+        usage_count: np.ndarray,
+        last_access: np.ndarray,
+        *,
+        now: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``eviction_ranking``'s scores for many entries at once, as arrays.
+
+        Returns ``(scores, expected_rewards)``: -1.0 where the expected reward at ``now``
+        is below ``min_reward_to_keep``, else the weighted eviction score. The same
+        formulas as ``eviction_ranking`` (a test holds them equal); the worker scores a
+        million entries this way in a fraction of a second.
+        """
+        cfg, ev = self.config, self.eviction
+        pa, pb = cfg.prior_alpha, cfg.prior_beta
+        elapsed = np.maximum(0.0, now - decayed_at)
+        excess = np.abs(alpha - pa) + np.abs(beta - pb)
+        factor = np.where(excess > 1e-12, cfg.usage_decay ** (elapsed / cfg.decay_interval_s), 1.0)
+        a = pa + (alpha - pa) * factor
+        b = pb + (beta - pb) * factor
+        expected = a / (a + b)
+        usage = np.minimum(1.0, np.log(1.0 + usage_count) / math.log(1.0 + USAGE_SATURATION))
+        idle = np.maximum(0.0, now - last_access)
+        recency = cfg.usage_decay ** (idle / cfg.decay_interval_s)
+        scores = ev.reward_weight * expected + ev.usage_weight * usage + ev.recency_weight * recency
+        scores = np.where(expected < cfg.min_reward_to_keep, -1.0, scores)
+        return scores, expected
 
     def auto_decay(
         self, entries: Iterable[IntelligentCacheEntry], *, now: float | None = None
