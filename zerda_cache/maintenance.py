@@ -35,7 +35,7 @@ import numpy as np
 from zerda_cache.config import EvictionConfig
 from zerda_cache.keys import cycles_key
 from zerda_cache.policy_learner import CachePolicyLearner
-from zerda_cache.storage import RedisStorage, wrap_errors
+from zerda_cache.storage import RedisStorage, StateArrays, wrap_errors
 
 log = logging.getLogger(__name__)
 
@@ -180,18 +180,31 @@ class Maintenance:
 
     # -- decay ---------------------------------------------------------------------------------
     def decay_tenant(self, tenant: str) -> DecayReport:
-        """Bring every arm of ``tenant`` to now, batch by batch (persisted)."""
+        """Bring every arm of ``tenant`` that has evidence to now, persisted.
+
+        The scan reads the arms in columns and sends only those with evidence (not at
+        their prior) through the decay script: most arms of a cache never get feedback,
+        and decaying them would change nothing.
+        """
         report = DecayReport(tenant)
         started = time.perf_counter()
         for batch in self.storage.iter_ids(tenant, self.eviction.scan_batch):
-            out = self.storage.decay(tenant, [eid for eid, _ in batch])
-            report.decayed += out.decayed
-            report.missing += out.missing
-            report.corrupt += len(out.corrupt)
+            cols = self.storage.state_arrays(tenant, [eid for eid, _ in batch])
+            self._decay_columns(tenant, cols, report)
             if self._halted():
                 break
         report.seconds = time.perf_counter() - started
         return report
+
+    def _decay_columns(self, tenant: str, cols: StateArrays, report: DecayReport) -> None:
+        rl = self.learner.config
+        excess = np.abs(cols.alpha - rl.prior_alpha) + np.abs(cols.beta - rl.prior_beta)
+        todo = [cols.ids[i] for i in np.flatnonzero(excess > 1e-12).tolist()]
+        report.corrupt += len(cols.corrupt)
+        if todo:
+            out = self.storage.decay(tenant, todo)
+            report.decayed += out.decayed
+            report.missing += out.missing
 
     # -- eviction ------------------------------------------------------------------------------
     def plan_eviction(
@@ -200,11 +213,15 @@ class Maintenance:
         *,
         now: float | None = None,
         progress: Callable[[int], None] | None = None,
+        decay: DecayReport | None = None,
     ) -> EvictionPlan:
-        """Score every entry of ``tenant`` and decide what to remove (nothing is removed).
+        """Score every entry of ``tenant`` and decide what to remove (nothing is removed,
+        unless ``decay`` is given: then the same scan also persists the decay of every
+        arm with evidence, and counts it there).
 
-        Per batch: the ZSCAN step gives ids and expiry times; one pipelined read gives
-        the arms and usage as columns; the learner scores the whole batch at once.
+        Per batch: the ZSCAN step gives ids and expiry times; one command (the read-only
+        ``state`` script) gives the arms and usage as columns; the learner scores the
+        whole batch at once.
         """
         st = self.storage
         now = st.now() if now is None else now
@@ -224,6 +241,8 @@ class Maintenance:
                 else:
                     live_ids.append(eid)
             cols = st.state_arrays(tenant, live_ids)
+            if decay is not None:
+                self._decay_columns(tenant, cols, decay)
             plan.corrupt += cols.corrupt
             plan.scanned += len(cols.ids)
             plan.bytes_scanned += int(cols.size.sum())
@@ -307,6 +326,14 @@ class Maintenance:
                     return report
         report.seconds = time.perf_counter() - started
         return report
+
+    def maintain_tenant(self, tenant: str) -> tuple[DecayReport, EvictionReport]:
+        """Decay and eviction of one tenant in a single scan (what a full cycle costs)."""
+        decay = DecayReport(tenant)
+        started = time.perf_counter()
+        plan = self.plan_eviction(tenant, decay=decay)
+        decay.seconds = time.perf_counter() - started
+        return decay, self.execute(plan)
 
     def evict_tenant(self, tenant: str) -> EvictionReport:
         plan = self.plan_eviction(tenant)

@@ -14,8 +14,17 @@ from importlib import resources
 from typing import Any
 
 #: Scripts that need the shared library of arm formulas.
-_WITH_LIB = frozenset({"put", "hit", "feedback", "decay"})
-SCRIPT_NAMES = ("put", "hit", "feedback", "decay", "evict", "lease_renew", "lease_release")
+_WITH_LIB = frozenset({"put", "hit", "feedback", "decay", "state"})
+SCRIPT_NAMES = (
+    "put",
+    "hit",
+    "feedback",
+    "decay",
+    "evict",
+    "state",
+    "lease_renew",
+    "lease_release",
+)
 
 
 @cache
@@ -40,6 +49,7 @@ class Scripts:
     feedback: Any
     decay: Any
     evict: Any
+    state: Any
     lease_renew: Any
     lease_release: Any
 

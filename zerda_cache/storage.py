@@ -97,9 +97,6 @@ class StateArrays:
     corrupt: list[str] = field(default_factory=list)
 
 
-_COLUMN_FIELDS = ("arm", "use", "sz")
-
-
 class FeedbackOutcome:
     """An entry's learning state right after a feedback signal, decoded on first use
     (feedback is a hot path and most callers never look)."""
@@ -512,58 +509,32 @@ class StorageOps:
 
         return ReadPlan("load_states", queue, parse)
 
-    def read_state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> ReadPlan[StateArrays]:
-        """Plan reading ``arm``, ``use`` and ``sz`` of many entries into columns."""
+    def plan_state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[StateArrays]:
+        """Plan reading ``arm``, ``use`` and ``sz`` of many entries into columns, in one
+        command (the read-only ``state`` script)."""
         k = self.keys(tenant)
         ids = list(entry_ids)
 
-        def queue(pipe: Any) -> None:
-            for eid in ids:
-                pipe.hmget(k.entry(eid), _COLUMN_FIELDS)
-
-        def parse(rows: list[Any]) -> StateArrays:
-            unpack = msgpack.unpackb
-            kept: list[str] = []
-            corrupt: list[str] = []
-            cols: list[tuple[float, float, float, float, float, float, float, float]] = []
-            for eid, (raw_arm, raw_use, raw_sz) in zip(ids, rows, strict=True):
-                if raw_arm is None:
-                    continue
-                try:
-                    a, u = unpack(raw_arm), unpack(raw_use)
-                    row = (
-                        float(a["a"]),
-                        float(a["b"]),
-                        float(a["t"]),
-                        float(u["n"]),
-                        float(u["la"]),
-                        float(u["c"]),
-                        float(u["v"]),
-                        float(raw_sz),
-                    )
-                except Exception:  # any decoding or shape problem: the entry is corrupt
-                    corrupt.append(eid)
-                    continue
-                if any(x != x for x in row):  # NaN
-                    corrupt.append(eid)
-                    continue
-                kept.append(eid)
-                cols.append(row)
-            arr = np.asarray(cols, dtype=np.float64).reshape(-1, 8)
+        def parse(packed: Any) -> StateArrays:
+            values = msgpack.unpackb(packed) if packed else []
+            arr = np.asarray(values, dtype=np.float64).reshape(-1, 9)
+            ok = arr[:, 0] == 1
+            bad = np.flatnonzero(arr[:, 0] == -1).tolist()
+            rows = arr[ok]
             return StateArrays(
-                ids=kept,
-                alpha=arr[:, 0],
-                beta=arr[:, 1],
-                decayed_at=arr[:, 2],
-                usage_count=arr[:, 3],
-                last_access=arr[:, 4],
-                confidence=arr[:, 5],
-                version=arr[:, 6].astype(np.int64),
-                size=arr[:, 7].astype(np.int64),
-                corrupt=corrupt,
+                ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
+                alpha=rows[:, 1],
+                beta=rows[:, 2],
+                decayed_at=rows[:, 3],
+                usage_count=rows[:, 4],
+                last_access=rows[:, 5],
+                confidence=rows[:, 6],
+                version=rows[:, 7].astype(np.int64),
+                size=rows[:, 8].astype(np.int64),
+                corrupt=[ids[i] for i in bad],
             )
 
-        return ReadPlan("state_arrays", queue, parse)
+        return ScriptCall("state", [k.entry(eid) for eid in ids], [], parse)
 
     def read_vectors(
         self, tenant: str, entry_ids: Sequence[str]
@@ -758,8 +729,10 @@ class RedisStorage(StorageOps):
         return self.read(self.read_states(tenant, entry_ids))
 
     def state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> StateArrays:
-        """Learning state of many entries as columns, in one round trip."""
-        return self.read(self.read_state_arrays(tenant, entry_ids))
+        """Learning state of many entries as columns, in one command."""
+        if not entry_ids:
+            return self.plan_state_arrays(tenant, []).parse(None)
+        return self.run(self.plan_state_arrays(tenant, entry_ids))
 
     def vectors(self, tenant: str, entry_ids: Sequence[str]) -> dict[str, tuple[codec.Vector, str]]:
         """``{id: (vector, scope)}`` of the entries that exist and decode."""

@@ -1,0 +1,224 @@
+"""Worker cycle time against a bare scan, and Redis memory per entry against the payload.
+
+For each size (one tenant of 384-d entries, 10% of them with feedback so that decay has
+work to do), in one run on one server:
+
+* baseline: a bare ``SCAN`` of the tenant's entry keys plus pipelined ``HGETALL`` of each
+  (what any full pass over the data costs);
+* the worker's cycle: ``Maintenance.decay_tenant`` (one hour later, so every arm with
+  evidence is rewritten) plus ``plan_eviction`` and ``execute`` (the capacity is set 5%
+  under the size, so the cycle really evicts);
+* Redis memory: ``INFO memory`` used_memory before and after loading, per entry, against
+  the payload (query, answer and metadata as stored, plus the float32 vector).
+
+Targets (issue "The eviction worker"): 1M entries in at most 10 s; t(1M)/t(100k) at most
+11; Redis bytes per entry at most 1.5x the payload.
+
+    .venv/bin/python benchmarks/bench_worker.py [--sizes 10000,100000,1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import table, write_section
+
+from zerda_cache import CacheConfig, FeedbackSignal
+from zerda_cache.maintenance import Maintenance
+from zerda_cache.storage import RedisStorage
+from zerda_cache.testing import RedisServer
+
+DIM = 384
+TENANT = "bench"
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def load(st: RedisStorage, n: int, batch: int = 1_000) -> tuple[list[str], int]:
+    rng = np.random.default_rng(0)
+    ids: list[str] = []
+    payload = 0
+    for start in range(0, n, batch):
+        vecs = rng.normal(size=(min(batch, n - start), DIM)).astype(np.float32)
+        calls = [
+            st.plan_put(
+                TENANT,
+                f"How do I configure feature number {start + i} of the product?",
+                f"Open Settings, then Features, then number {start + i}, and press Enable.",
+                vecs[i],
+                metadata={"model": "demo-llm", "tokens": 42},
+            )
+            for i in range(len(vecs))
+        ]
+        pipe = st.client.pipeline(transaction=False)
+        for call in calls:
+            st.scripts.put(keys=call.keys, args=call.args, client=pipe)
+            payload += len(call.args[2]) + len(call.args[3])  # doc + vector bytes
+        for call, res in zip(calls, pipe.execute(), strict=True):
+            ids.append(call.parse(res).entry_id)
+        print(f"\r  loaded {len(ids):,}/{n:,}", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    return ids, payload
+
+
+def bare_scan(st: RedisStorage, batch: int = 500) -> float:
+    k = st.keys(TENANT)
+    client = st.client
+    t0 = time.perf_counter()
+    n = 0
+    for keys in _chunks(client.scan_iter(match=k.entry_prefix + "*", count=batch), batch):
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        n += len(pipe.execute())
+    return time.perf_counter() - t0
+
+
+def _chunks(it: object, size: int) -> object:
+    chunk: list[bytes] = []
+    for item in it:  # type: ignore[attr-defined]
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def run_size(server: RedisServer, n: int) -> dict[str, float]:
+    client = server.client()
+    client.flushall()
+    mem0 = int(client.info("memory")["used_memory"])
+    clock = Clock(1_000_000.0)
+    st = RedisStorage(client, CacheConfig(), clock=clock)
+    ids, payload = load(st, n)
+    mem1 = int(client.info("memory")["used_memory"])
+    rng = np.random.default_rng(1)
+    fb = [FeedbackSignal(ids[i], TENANT, bool(rng.random() < 0.7)) for i in range(0, n, 10)]
+    for i in range(0, len(fb), 200):
+        st.feedback_many(fb[i : i + 200])
+    client.sadd(st.tenants_key, TENANT)
+    st.set_tenant_settings(TENANT, max_entries=int(n * 0.95))
+
+    base_s = bare_scan(st)
+    clock.t += 3_600  # an hour later: every arm with evidence has decay to persist
+    m = Maintenance(st)
+    t0 = time.perf_counter()
+    decay, report = m.maintain_tenant(TENANT)
+    cycle_s = time.perf_counter() - t0
+    decay_s = decay.seconds
+    evict_s = cycle_s - decay_s
+    client.close()
+    print(
+        f"  {n:,}: scan {base_s:.2f}s, decay {decay_s:.2f}s ({decay.decayed:,} arms), "
+        f"evict {evict_s:.2f}s ({sum(report.removed.values()):,} removed)",
+        file=sys.stderr,
+    )
+    return {
+        "n": n,
+        "base_s": base_s,
+        "decay_s": decay_s,
+        "evict_s": evict_s,
+        "cycle_s": cycle_s,
+        "decayed": decay.decayed,
+        "evicted": sum(report.removed.values()),
+        "mem_per_entry": (mem1 - mem0) / n,
+        "payload_per_entry": payload / n,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--kind", default=None, help="redis or valkey (default: redis)")
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help='extra server arguments, e.g. "--hash-max-listpack-value 4096" (docs/operations.md)',
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes = "2000,20000"
+    server = RedisServer(kind=args.kind, extra_args=args.server_args.split()).start()
+    try:
+        results = [run_size(server, int(s)) for s in args.sizes.split(",")]
+        version = f"{server.kind} {server.version}"
+    finally:
+        server.stop()
+    rows = [
+        [
+            f"{r['n']:,}",
+            f"{r['base_s']:.2f}",
+            f"{r['decay_s']:.2f} ({r['decayed']:,.0f} arms decayed)",
+            f"{r['evict_s']:.2f} ({r['evicted']:,.0f} removed)",
+            f"**{r['cycle_s']:.2f}**",
+            f"{r['cycle_s'] / r['base_s']:.2f}x",
+            f"{r['mem_per_entry']:,.0f} / {r['payload_per_entry']:,.0f}",
+            f"**{r['mem_per_entry'] / r['payload_per_entry']:.2f}x**",
+        ]
+        for r in results
+    ]
+    body = table(
+        [
+            "entries",
+            "bare SCAN + HGETALL s",
+            "scan: decay + plan s",
+            "evictions s",
+            "cycle s",
+            "cycle / bare scan",
+            "Redis bytes per entry / payload bytes",
+            "ratio",
+        ],
+        rows,
+    )
+    server_conf = args.server_args or "default configuration"
+    notes = [
+        f"Server: {version} ({server_conf}), no persistence. One tenant, 384-d vectors, 10% "
+        "of entries with one feedback signal; capacity 5% under the size. The cycle is "
+        "`Maintenance.maintain_tenant`: one scan that persists the decay of every arm with "
+        "evidence and plans the eviction, then the evictions."
+    ]
+    by_n = {r["n"]: r for r in results}
+    if 1_000_000 in by_n:
+        big = by_n[1_000_000]
+        notes.append(
+            f"Target 1M entries in <= 10 s: {'met' if big['cycle_s'] <= 10 else '**not met**'}"
+            f" ({big['cycle_s']:.1f} s)."
+        )
+        if 100_000 in by_n:
+            growth = big["cycle_s"] / by_n[100_000]["cycle_s"]
+            notes.append(
+                f"Growth t(1M)/t(100k) <= 11: {'met' if growth <= 11 else '**not met**'} "
+                f"({growth:.1f})."
+            )
+    worst = max(r["mem_per_entry"] / r["payload_per_entry"] for r in results)
+    notes.append(
+        f"Redis bytes per entry <= 1.5x payload: {'met' if worst <= 1.5 else '**not met**'} "
+        f"(worst {worst:.2f}x)."
+    )
+    body += "\n\n" + " ".join(notes)
+    print(body)
+    if not args.quick:
+        name = "worker" if not args.server_args else "worker-tuned"
+        title = "Worker cycle and Redis memory (bench_worker.py)" + (
+            f", server {args.server_args}" if args.server_args else ""
+        )
+        write_section(name, title, body)
+
+
+if __name__ == "__main__":
+    main()
