@@ -393,6 +393,20 @@ def demo(state: CliState, short: bool, out: str, replicas: int, seed: int) -> No
     sys.exit(run_demo(opts, console=console))
 
 
+@cli.command("demo-app")
+@click.option("--metrics-port", type=int, default=9109, show_default=True)
+@click.option("--rate", type=float, default=5.0, show_default=True, help="Questions per second.")
+@click.option("--seed", type=int, default=7, show_default=True)
+@pass_state
+def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None:
+    """A long-running demo app replica (FAQ questions, simulated users) with /metrics."""
+    from zerda_cache.demo import serve_app
+
+    if state.url is None:
+        raise click.UsageError("demo-app needs --redis-url or ZERDA_REDIS_URL")
+    sys.exit(serve_app(state.url, metrics_port=metrics_port, rate=rate, seed=seed))
+
+
 def main() -> None:
     cli(prog_name="zerda-cache")
 

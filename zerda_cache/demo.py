@@ -132,6 +132,58 @@ def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: 
     manager.close()
 
 
+def serve_app(url: str, *, metrics_port: int, rate: float, seed: int = 7) -> int:
+    """A long-running demo app replica (docker compose's ``app`` service): asks FAQ
+    questions at ``rate`` per second, puts on misses, sends sparse noisy feedback, and
+    serves its replica metrics on ``metrics_port`` until SIGTERM/SIGINT."""
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from zerda_cache.demo_faq import OFF_TOPIC, TOPICS
+    from zerda_cache.embedders import HashingEmbedder
+    from zerda_cache.errors import ZerdaError
+    from zerda_cache.manager import CacheManager
+    from zerda_cache.metrics import ReplicaMetrics
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    registry = CollectorRegistry()
+    server, _ = start_http_server(metrics_port, registry=registry)
+    opts = DemoOptions(seed=seed)
+    rng = random.Random(seed)
+    manager = CacheManager.from_url(
+        url, demo_config(), embed_fn=HashingEmbedder(), metrics=ReplicaMetrics(registry)
+    )
+    manager.storage.set_tenant_settings(TENANT, max_entries=opts.max_entries)
+    while not stop.wait(1.0 / rate):
+        topic = None if rng.random() < 0.08 else rng.choice(TOPICS)
+        query = (
+            rng.choice(OFF_TOPIC)
+            if topic is None
+            else rng.choice((topic.question, *topic.paraphrases))
+        )
+        right = topic.right if topic is not None else f"(a general answer to: {query})"
+        try:
+            hit = manager.lookup(query, tenant=TENANT)
+            if hit is not None:
+                if rng.random() < opts.feedback_rate:
+                    verdict = hit.response == right
+                    if rng.random() < opts.feedback_noise:
+                        verdict = not verdict
+                    manager.feedback(hit.feedback(verdict))
+            else:
+                wrong = topic is not None and rng.random() < opts.llm_error_rate
+                answer = topic.wrong if topic is not None and wrong else right
+                manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s * 30)
+        except ZerdaError as exc:  # Redis away: the app goes on; lookups already fail open
+            print(f"zerda-cache demo app: {exc}", file=sys.stderr)
+    manager.close()
+    server.shutdown()
+    return 0
+
+
 def _seed(url: str, opts: DemoOptions) -> int:
     """The cache before any user: right answers, and planted wrong twins."""
     from prometheus_client import CollectorRegistry
