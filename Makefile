@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-test
 DEMO_STAMP := $(VENV)/.installed-demo
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint typecheck pytest bench clean
+.PHONY: venv demo test lint typecheck pytest bench clean prometheus-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +37,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The deploy tests run a real Prometheus: install it from Debian's packages when missing
+# (as root, as on CI); elsewhere those tests are skipped with a reason.
+prometheus-tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing prometheus (Debian package) for the deploy tests"; \
+	    apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      prometheus >/dev/null; \
+	    pkill -x prometheus 2>/dev/null || true; \
+	  else echo "promtool is missing and cannot be installed here: deploy tests skip"; fi; }
+
 # The whole suite: unit tests, integration tests against throwaway redis-server AND
-# valkey-server processes (the fixtures start both), and the local-cluster tests.
-pytest: $(STAMP)
+# valkey-server processes (the fixtures start both), the local-cluster tests and the
+# deploy tests against a real Prometheus.
+pytest: $(STAMP) prometheus-tools
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
