@@ -186,7 +186,8 @@ def test_admission_check_refuses_and_says_why(
         == 1
     )
     default = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
-    assert default.put("q", "   ", tenant="t", embedding=unit(6)).reason == "empty response"
+    refused = default.put("q", "   ", tenant="t", embedding=unit(6))  # the ContextGuard
+    assert not refused and refused.reason is not None and "empty" in refused.reason
 
 
 def test_expired_entries_are_not_served(redis_client: redis.Redis) -> None:
@@ -527,3 +528,52 @@ def test_large_scope_uses_hnsw_and_stays_consistent(
     assert hit is not None and hit.response == "a250"
     live = {m.decode() for m in redis_client.zrange(tenant_keys("big").ids, 0, -1)}
     assert reader.index_ids("big") == live
+
+
+def test_prompt_scope_keeps_guardrail_sets_apart(redis_client: redis.Redis) -> None:
+    from zerda_cache.prompt import OutputFormat, PromptRequest, prompt_scope
+
+    m = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
+    plain = PromptRequest(query="What is RAG?")
+    cited = PromptRequest(query="What is RAG?", documents=["doc"], enable_citations=True)
+    as_json = PromptRequest(query="What is RAG?", output_format=OutputFormat.JSON)
+    scopes = {prompt_scope(r) for r in (plain, cited, as_json)}
+    assert len(scopes) == 3
+    v = unit(77)
+    a = m.put(
+        "What is RAG?",
+        "Retrieval-augmented generation.",
+        tenant="t",
+        embedding=v,
+        scope=prompt_scope(plain),
+    )
+    b = m.put(
+        "What is RAG?",
+        "RAG retrieves documents [Source: 1].",
+        tenant="t",
+        embedding=v,
+        scope=prompt_scope(cited),
+    )
+    assert a.entry_id != b.entry_id and m.stats("t")["entries"] == 2  # two entries
+    for _ in range(20):
+        hit = m.lookup("What is RAG?", tenant="t", embedding=v, scope=prompt_scope(plain))
+        assert hit is not None and hit.entry_id == a.entry_id
+        hit = m.lookup("What is RAG?", tenant="t", embedding=v, scope=prompt_scope(cited))
+        assert hit is not None and hit.entry_id == b.entry_id
+    assert m.lookup("What is RAG?", tenant="t", embedding=v, scope=prompt_scope(as_json)) is None
+
+
+def test_adaptive_windows_are_replica_metrics(redis_client: redis.Redis) -> None:
+    registry = CollectorRegistry()
+    m = CacheManager(redis_client, metrics=ReplicaMetrics(registry))
+    m.put("q", "an answer", tenant="t", embedding=unit(5))
+    m.put("q2", "  ", tenant="t", embedding=unit(6))  # refused by the guard
+    for _ in range(3):
+        m.lookup("q", tenant="t", embedding=unit(5))
+    report = m.adaptive.get_performance_report()
+    assert report["samples"] == 5 and report["guard_failure_rate"] == pytest.approx(0.2)
+    assert metric(registry, "zerda_cache_replica_window_admission_failure_ratio") == (
+        pytest.approx(0.2)
+    )
+    assert metric(registry, "zerda_cache_replica_window_candidates") > 0
+    assert metric(registry, "zerda_cache_replica_window_answer_chars") > 0

@@ -21,6 +21,7 @@ from zerda_cache.errors import (
 )
 from zerda_cache.manager import AdmissionCheck, CacheHit, CacheManager, PutResult
 from zerda_cache.policy_learner import CachePolicyLearner, EvictionCandidate, FeedbackSignal
+from zerda_cache.prompt import PromptRequest, prompt_scope
 from zerda_cache.storage import RedisStorage
 
 __version__ = "0.1.0"
@@ -45,10 +46,12 @@ __all__ = [
     "InvalidEntryError",
     "InvalidFeedbackError",
     "InvalidTenantError",
+    "PromptRequest",
     "PutResult",
     "RLConfig",
     "RedisStorage",
     "StorageError",
     "ZerdaError",
     "__version__",
+    "prompt_scope",
 ]

@@ -299,7 +299,7 @@ class AsyncCacheManager(_ManagerCore):
             self._fail_open(tenant, exc)
             return None
         self._recovered()
-        self._record_lookup(tenant, hit, started)
+        self._record_lookup(tenant, query, hit, started, self._last_candidates)
         return hit
 
     async def _lookup(
@@ -317,6 +317,7 @@ class AsyncCacheManager(_ManagerCore):
             return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
 
         found = search()
+        self._last_candidates = len(found)
         position = ti.last_id
         async with _wrap("lookup"):
             pipe = self.client.pipeline(transaction=False)

@@ -136,10 +136,32 @@ class AdmissionCheck(Protocol):
 def basic_admission(
     query: str, response: str, metadata: Mapping[str, Any]
 ) -> tuple[bool, list[str]]:
-    """The default check: refuse an empty (or whitespace-only) answer."""
+    """The simplest check: refuse an empty (or whitespace-only) answer."""
     if not response.strip():
         return False, ["empty response"]
     return True, []
+
+
+def default_admission(config: CacheConfig, embed_fn: EmbedFn | None) -> AdmissionCheck:
+    """The seed's ``ContextGuard`` as the admission check of ``put``: the answer about to
+    be cached is the context it validates (empty, too short, too long; the relevance of
+    answer to question when ``check_relevance`` is turned on, with the manager's
+    ``embed_fn``). A failed guard means the answer is not cached.
+
+    For a cache, the guard's RAG-oriented defaults are loosened: any non-empty answer
+    is long enough, source markers are not required, and relevance checking is off
+    (turn it on with your own ``ContextGuard(..., embed_fn=...)``: question-answer
+    similarity depends on the embedding model).
+    """
+    from zerda_cache.context import ContextEngineConfig, ContextGuard, GuardConfig
+
+    guard_config = GuardConfig(
+        min_context_length=1,
+        max_context_length=config.max_response_bytes,
+        check_source_coverage=False,
+        check_relevance=False,
+    )
+    return ContextGuard(ContextEngineConfig(guard=guard_config), embed_fn=embed_fn).as_admission()
 
 
 class _ManagerCore:
@@ -158,13 +180,21 @@ class _ManagerCore:
     ) -> None:
         self.config: CacheConfig = storage.config
         self.embed_fn = embed_fn
-        self.admission: AdmissionCheck = admission if admission is not None else basic_admission
+        self.admission: AdmissionCheck = (
+            admission if admission is not None else default_admission(self.config, embed_fn)
+        )
         self.learner = (
             learner
             if learner is not None
             else CachePolicyLearner(self.config.rl, self.config.eviction)
         )
         self.metrics = metrics if metrics is not None else default_replica_metrics()
+        from zerda_cache.context import AdaptiveLearningSystem, ContextEngineConfig
+
+        #: The replica's rolling windows (seed: AdaptiveLearningSystem): lookup latency,
+        #: answer length, candidates, admission failures; exported as replica metrics.
+        self.adaptive = AdaptiveLearningSystem(ContextEngineConfig())
+        self.metrics.watch(self.adaptive)
         self.embeddings = ContextCache(
             max_size=self.config.embedding_cache_size,
             ttl_seconds=self.config.embedding_cache_ttl_s,
@@ -174,6 +204,7 @@ class _ManagerCore:
         # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
         # of their own); at most one is pending per tenant, and stats() flushes it.
         self._pending_misses: dict[str, int] = {}
+        self._last_candidates = 0  # of the last lookup (for the adaptive windows)
         cfg = self.config
         self._index_policy = IndexPolicy(
             ann_threshold=cfg.ann_threshold,
@@ -385,10 +416,22 @@ class _ManagerCore:
             )
             self._outage_since = None
 
-    def _record_lookup(self, tenant: str, hit: CacheHit | None, started: float) -> None:
+    def _record_lookup(
+        self, tenant: str, query: str, hit: CacheHit | None, started: float, candidates: int
+    ) -> None:
         result = "hit" if hit is not None else "miss"
+        elapsed = time.perf_counter() - started
         self.metrics.lookups.labels(self.metrics.tenant(tenant), result).inc()
-        self.metrics.lookup_latency.labels(result).observe(time.perf_counter() - started)
+        self.metrics.lookup_latency.labels(result).observe(elapsed)
+        self._adapt(query, len(hit.response) if hit else 0, candidates, elapsed, True)
+
+    def _adapt(
+        self, query: str, length: int, candidates: int, seconds: float, passed: bool
+    ) -> None:
+        from zerda_cache.context import QueryAnalysis, QueryComplexity
+
+        analysis = QueryAnalysis(query=query, complexity=QueryComplexity.LOW, context_budget=0)
+        self.adaptive.record(query, analysis, length, candidates, seconds * 1000.0, passed)
 
     def _admit(
         self, tenant: str, query: str, response: object, metadata: Mapping[str, Any] | None
@@ -401,7 +444,9 @@ class _ManagerCore:
                 f"response has {size} bytes, over max_response_bytes="
                 f"{self.config.max_response_bytes}"
             )
+        started = time.perf_counter()
         passed, warnings = self.admission(query, response, metadata or {})
+        self._adapt(query, len(response), 0, time.perf_counter() - started, passed)
         label = self.metrics.tenant(tenant)
         if not passed:
             reason = warnings[0] if warnings else "admission check failed"
@@ -541,7 +586,7 @@ class CacheManager(_ManagerCore):
             self._fail_open(tenant, exc)
             return None
         self._recovered()
-        self._record_lookup(tenant, hit, started)
+        self._record_lookup(tenant, query, hit, started, self._last_candidates)
         return hit
 
     def _lookup(
@@ -559,6 +604,7 @@ class CacheManager(_ManagerCore):
             return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
 
         found = search()
+        self._last_candidates = len(found)
         position = ti.last_id
         with wrap_errors("lookup"):
             pipe = self.client.pipeline(transaction=False)

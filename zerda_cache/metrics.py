@@ -9,8 +9,13 @@ every metric with its type and labels.
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from zerda_cache.config import DEFAULT_MAX_TENANT_LABELS
 
@@ -110,12 +115,63 @@ class ReplicaMetrics:
             ["tenant"],
             registry=reg,
         )
+        self._adaptive = _AdaptiveCollector()
+        reg.register(self._adaptive)
         self.storage_errors = Counter(
             "zerda_cache_storage_errors",
             "Redis errors seen by this replica, by operation.",
             ["operation"],
             registry=reg,
         )
+
+    def watch(self, adaptive: Any) -> None:
+        """Export ``adaptive``'s rolling windows (an ``AdaptiveLearningSystem``)."""
+        self._adaptive.add(adaptive)
+
+
+class _AdaptiveCollector(Collector):
+    """Exports the rolling windows of the managers watched by a ``ReplicaMetrics``."""
+
+    def __init__(self) -> None:
+        # Weak: a manager that is gone stops being reported (and is not kept alive).
+        self.systems: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, system: Any) -> None:
+        with self._lock:
+            self.systems.add(system)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            reports = [s.get_performance_report() for s in list(self.systems)]
+        fams = {
+            "avg_response_ms": GaugeMetricFamily(
+                "zerda_cache_replica_window_latency_ms",
+                "Mean lookup (and admission) time over the last 100 operations.",
+            ),
+            "avg_context_length": GaugeMetricFamily(
+                "zerda_cache_replica_window_answer_chars",
+                "Mean length of answers served or admitted over the last 100 operations.",
+            ),
+            "avg_chunk_count": GaugeMetricFamily(
+                "zerda_cache_replica_window_candidates",
+                "Mean number of candidates per lookup over the last 100 operations.",
+            ),
+            "guard_failure_rate": GaugeMetricFamily(
+                "zerda_cache_replica_window_admission_failure_ratio",
+                "Share of the last 100 operations that were puts refused by the admission check.",
+            ),
+        }
+        weights = [r["samples"] for r in reports]
+        total = sum(weights)
+        for key, fam in fams.items():
+            value = (
+                sum(r[key] * w for r, w in zip(reports, weights, strict=True)) / total
+                if total
+                else 0.0
+            )
+            fam.add_metric([], value)
+        yield from fams.values()
 
 
 _default: ReplicaMetrics | None = None
