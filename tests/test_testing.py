@@ -19,7 +19,12 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from zerda_cache.testing import RedisClusterServer, RedisServer, find_server_binary
+from zerda_cache.testing import (
+    FORBIDDEN_PORT,
+    RedisClusterServer,
+    RedisServer,
+    find_server_binary,
+)
 
 
 def _connection_refused(port: int) -> bool:
@@ -81,8 +86,8 @@ def test_missing_redis_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_refuses_port_6379() -> None:
-    with pytest.raises(ValueError, match="6379"):
-        RedisServer(port=6379)
+    with pytest.raises(ValueError, match=str(FORBIDDEN_PORT)):
+        RedisServer(port=FORBIDDEN_PORT)
 
 
 # --------------------------------------------------------------------------- single server
@@ -92,7 +97,7 @@ def test_server_answers_ping_and_is_not_on_6379(
     redis_server: RedisServer, redis_client: redis.Redis, redis_url: str
 ) -> None:
     assert redis_client.ping() is True
-    assert redis_server.port != 6379
+    assert redis_server.port != FORBIDDEN_PORT
     assert redis_server.host == "127.0.0.1"
     assert redis_url == f"redis://127.0.0.1:{redis_server.port}/0"
     assert redis_server.is_running()
@@ -134,7 +139,7 @@ def test_two_servers_get_different_ports(
     second = redis_server_factory()
     ports = {redis_server.port, first.port, second.port}
     assert len(ports) == 3
-    assert 6379 not in ports
+    assert FORBIDDEN_PORT not in ports
     for server in (first, second):
         with server.client() as client:
             assert client.ping() is True
@@ -270,7 +275,7 @@ def test_cluster_is_ok_with_all_slots_assigned(redis_cluster: RedisClusterServer
     assert len(redis_cluster.nodes) == 3
     ports = {node.port for node in redis_cluster.nodes}
     assert len(ports) == 3
-    assert 6379 not in ports
+    assert FORBIDDEN_PORT not in ports
     assert redis_cluster.url == f"redis://127.0.0.1:{redis_cluster.nodes[0].port}/0"
     for node in redis_cluster.nodes:
         assert node.kind == redis_cluster.kind

@@ -47,7 +47,7 @@ __all__ = [
 SERVER_KINDS: tuple[str, ...] = ("redis", "valkey")
 
 _HOST = "127.0.0.1"
-_FORBIDDEN_PORT = 6379  # never touch a developer's (or production) default Redis
+FORBIDDEN_PORT = 6379  # never touch a developer's (or production) default Redis
 _CLUSTER_BUS_OFFSET = 10000
 _CLUSTER_SLOTS = 16384
 _PORT_RETRIES = 5
@@ -144,7 +144,7 @@ def _free_port() -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((_HOST, 0))
             port: int = sock.getsockname()[1]
-        if port != _FORBIDDEN_PORT:
+        if port != FORBIDDEN_PORT:
             return port
 
 
@@ -153,7 +153,7 @@ def _free_cluster_port() -> int:
     for _ in range(1000):
         port = _free_port()
         bus = port + _CLUSTER_BUS_OFFSET
-        if bus <= 65535 and bus != _FORBIDDEN_PORT and _can_bind(bus):
+        if bus <= 65535 and bus != FORBIDDEN_PORT and _can_bind(bus):
             return port
     raise RuntimeError("could not find a free port pair (port, port + 10000) for a cluster node")
 
@@ -263,7 +263,7 @@ class RedisServer:
             ValueError: Unknown ``kind``, or ``port`` is 6379.
             RuntimeError: The binary is not available.
         """
-        if port == _FORBIDDEN_PORT:
+        if port == FORBIDDEN_PORT:
             raise ValueError("refusing to start a throwaway server on port 6379")
         self.kind, self.binary = find_server_binary(kind)
         self.extra_args: list[str] = list(extra_args)
