@@ -461,44 +461,27 @@ class AsyncCacheManager(_ManagerCore):
         metadata: Mapping[str, Any] | None,
         scope: str | None,
     ) -> PutResult:
-        keys = self.storage.keys(tenant)
-        query = self._check_query(query)
-        scope = self._check_scope(scope)
-        vec = self._require_embedding(query, embedding)
-        passed, warnings = self._admit(tenant, query, response, metadata)
-        if not passed:
-            return PutResult(
-                False,
-                reason=warnings[0] if warnings else "admission check failed",
-                warnings=tuple(warnings),
-            )
+        plan = self._plan_put(query, response, tenant, embedding, metadata, scope)
+        if isinstance(plan, PutResult):
+            return plan
         near: str | None = None
         if self.config.dedup_threshold is not None:
             await self.sync_index(tenant)
-            ti = self._tenant_index(keys)
-            self._check_dim(tenant, ti, vec)
-            best = ti.search(vec, scope, 1, self.config.dedup_threshold)
-            near = best[0][0] if best else None
+            near = self._near_duplicate(self._tenant_index(plan.keys), plan)
         out = await self.storage.put(
             tenant,
-            query,
+            plan.query,
             response,
-            vec,
-            scope=scope,
+            plan.vec,
+            scope=plan.scope,
             ttl_s=ttl_s,
             quality=quality,
             metadata=metadata,
         )
-        replaced = [eid for eid in {out.displaced_id, near} if eid and eid != out.entry_id]
+        replaced, result = self._put_done(plan, out, near)
         if replaced:
             await self.storage.evict(tenant, [(eid, None) for eid in replaced], "replaced")
-        self.metrics.puts.labels(self.metrics.tenant(tenant), "stored").inc()
-        return PutResult(
-            True,
-            out.entry_id,
-            warnings=tuple(warnings),
-            replaced_id=replaced[0] if replaced else None,
-        )
+        return result
 
     async def feedback(self, signal: FeedbackSignal) -> None:
         """See ``CacheManager.feedback``."""
@@ -515,12 +498,7 @@ class AsyncCacheManager(_ManagerCore):
 
     async def stats(self, tenant: str) -> dict[str, Any]:
         await self._flush_misses(tenant)
-        out: dict[str, Any] = dict(await self.storage.stats(tenant))
-        lookups = out.get("hits", 0) + out.get("misses", 0)
-        out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
-        ti = self._indexes.get(tenant)
-        out["replica_index_entries"] = len(ti) if ti is not None else 0
-        return out
+        return self._stats_view(tenant, await self.storage.stats(tenant))
 
     async def clear(self, tenant: str) -> int:
         removed = 0

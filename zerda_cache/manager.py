@@ -44,6 +44,7 @@ from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.replica import LogDelta, TenantIndex
 from zerda_cache.storage import (
     HitOutcome,
+    PutOutcome,
     RedisStorage,
     StateBatch,
     StorageOps,
@@ -399,6 +400,60 @@ class _ManagerCore:
             self.metrics.storage_errors.labels(operation).inc()
             raise
 
+    # -- put and stats, shared -------------------------------------------------------------------
+    def _plan_put(
+        self,
+        query: str,
+        response: str,
+        tenant: str,
+        embedding: object | None,
+        metadata: Mapping[str, Any] | None,
+        scope: str | None,
+    ) -> _PutPlan | PutResult:
+        """Validate a put and run the admission check; a ``PutResult`` if refused."""
+        keys = self.storage.keys(tenant)
+        query = self._check_query(query)
+        scope = self._check_scope(scope)
+        vec = self._require_embedding(query, embedding)
+        passed, warnings = self._admit(tenant, query, response, metadata)
+        if not passed:
+            return PutResult(
+                False,
+                reason=warnings[0] if warnings else "admission check failed",
+                warnings=tuple(warnings),
+            )
+        return _PutPlan(keys, query, scope, vec, warnings)
+
+    def _near_duplicate(self, ti: TenantIndex, plan: _PutPlan) -> str | None:
+        assert self.config.dedup_threshold is not None
+        self._check_dim(plan.keys.tenant, ti, plan.vec)
+        best = ti.search(plan.vec, plan.scope, 1, self.config.dedup_threshold)
+        return best[0][0] if best else None
+
+    def _put_done(
+        self, plan: _PutPlan, out: PutOutcome, near: str | None
+    ) -> tuple[list[str], PutResult]:
+        """The entries the new one replaces (to evict), and the result."""
+        replaced = list(
+            dict.fromkeys(e for e in (out.displaced_id, near) if e and e != out.entry_id)
+        )
+        self.metrics.puts.labels(self.metrics.tenant(plan.keys.tenant), "stored").inc()
+        result = PutResult(
+            True,
+            out.entry_id,
+            warnings=tuple(plan.warnings),
+            replaced_id=replaced[0] if replaced else None,
+        )
+        return replaced, result
+
+    def _stats_view(self, tenant: str, raw: Mapping[str, int]) -> dict[str, Any]:
+        out: dict[str, Any] = dict(raw)
+        lookups = out.get("hits", 0) + out.get("misses", 0)
+        out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
+        ti = self._indexes.get(tenant)
+        out["replica_index_entries"] = len(ti) if ti is not None else 0
+        return out
+
     # -- fail-open ------------------------------------------------------------------------------
     def _fail_open(self, tenant: str, exc: BaseException) -> None:
         self.metrics.storage_errors.labels("lookup").inc()
@@ -453,6 +508,17 @@ class _ManagerCore:
             self.metrics.puts.labels(label, "rejected").inc()
             self.metrics.puts_rejected.labels(_reason_label(reason)).inc()
         return passed, list(warnings)
+
+
+@dataclass(slots=True)
+class _PutPlan:
+    """A validated, admitted put, ready for the put script."""
+
+    keys: TenantKeys
+    query: str
+    scope: str
+    vec: Vector
+    warnings: list[str]
 
 
 @dataclass(slots=True)
@@ -757,47 +823,31 @@ class CacheManager(_ManagerCore):
         metadata: Mapping[str, Any] | None,
         scope: str | None,
     ) -> PutResult:
-        keys = self.storage.keys(tenant)
-        query = self._check_query(query)
-        scope = self._check_scope(scope)
-        vec = self._require_embedding(query, embedding)
-        passed, warnings = self._admit(tenant, query, response, metadata)
-        if not passed:
-            return PutResult(
-                False,
-                reason=warnings[0] if warnings else "admission check failed",
-                warnings=tuple(warnings),
-            )
+        plan = self._plan_put(query, response, tenant, embedding, metadata, scope)
+        if isinstance(plan, PutResult):
+            return plan
         near: str | None = None
         if self.config.dedup_threshold is not None:
-            ti = self._tenant_index(keys)
+            ti = self._tenant_index(plan.keys)
             if not ti.built:
                 self._build(ti)
             else:
                 self._catch_up(ti, self._read_delta(ti), ti.last_id)
-            self._check_dim(tenant, ti, vec)
-            best = ti.search(vec, scope, 1, self.config.dedup_threshold)
-            near = best[0][0] if best else None
+            near = self._near_duplicate(ti, plan)
         out = self.storage.put(
             tenant,
-            query,
+            plan.query,
             response,
-            vec,
-            scope=scope,
+            plan.vec,
+            scope=plan.scope,
             ttl_s=ttl_s,
             quality=quality,
             metadata=metadata,
         )
-        replaced = [eid for eid in {out.displaced_id, near} if eid and eid != out.entry_id]
+        replaced, result = self._put_done(plan, out, near)
         if replaced:
             self.storage.evict(tenant, [(eid, None) for eid in replaced], "replaced")
-        self.metrics.puts.labels(self.metrics.tenant(tenant), "stored").inc()
-        return PutResult(
-            True,
-            out.entry_id,
-            warnings=tuple(warnings),
-            replaced_id=replaced[0] if replaced else None,
-        )
+        return result
 
     # -- feedback and management ------------------------------------------------------------------
     def feedback(self, signal: FeedbackSignal) -> None:
@@ -823,12 +873,7 @@ class CacheManager(_ManagerCore):
         """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
         entries, bytes), its hit rate, and this replica's index size."""
         self._flush_misses(tenant)
-        out: dict[str, Any] = dict(self.storage.stats(tenant))
-        lookups = out.get("hits", 0) + out.get("misses", 0)
-        out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
-        ti = self._indexes.get(tenant)
-        out["replica_index_entries"] = len(ti) if ti is not None else 0
-        return out
+        return self._stats_view(tenant, self.storage.stats(tenant))
 
     def clear(self, tenant: str) -> int:
         """Remove every entry of ``tenant`` (from every replica) and reset its counters,
