@@ -302,3 +302,18 @@ def test_vectorized_eviction_scores_match_eviction_ranking() -> None:
     for e, score, er in zip(entries, scores, expected, strict=True):
         assert score == pytest.approx(ranked[e.entry_id], abs=1e-12)
         assert er == pytest.approx(e.bandit_arm.at(now, cfg).expected_reward, abs=1e-12)
+
+
+def test_serving_bar() -> None:
+    assert RLConfig().serve_bar == 0.05  # the seed's single bar by default
+    cfg = RLConfig(min_reward_to_serve=0.4)
+    learner = CachePolicyLearner(cfg)
+    fresh = make_entry(bandit_arm=BanditArm(alpha=1, beta=1))
+    once_wrong = make_entry(bandit_arm=BanditArm(alpha=1, beta=2))  # 0.33
+    confirmed = make_entry(bandit_arm=BanditArm(alpha=4, beta=2))  # 0.67
+    assert learner.is_servable(fresh) and learner.is_servable(confirmed)
+    assert not learner.is_servable(once_wrong)
+    with pytest.raises(ValueError, match="min_reward_to_serve"):
+        RLConfig(min_reward_to_serve=0.01)
+    with pytest.raises(ValueError, match="min_reward_to_serve"):
+        RLConfig(min_reward_to_serve=1.5)

@@ -577,3 +577,23 @@ def test_adaptive_windows_are_replica_metrics(redis_client: redis.Redis) -> None
     )
     assert metric(registry, "zerda_cache_replica_window_candidates") > 0
     assert metric(registry, "zerda_cache_replica_window_answer_chars") > 0
+
+
+def test_serving_bar_stops_an_unconfirmed_answer_after_one_negative(
+    redis_client: redis.Redis,
+) -> None:
+    cfg = CacheConfig(rl=RLConfig(min_reward_to_serve=0.4, seed=3))
+    m = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    v, w = unit(90), unit(91)
+    shaky = m.put("shaky", "unconfirmed answer", tenant="t", embedding=v).entry_id
+    solid = m.put("solid", "confirmed answer", tenant="t", embedding=w).entry_id
+    assert shaky and solid
+    for _ in range(3):
+        m.feedback(FeedbackSignal(solid, "t", True))
+    m.feedback(FeedbackSignal(shaky, "t", False))  # Beta(1, 2): 0.33 < 0.4
+    m.feedback(FeedbackSignal(solid, "t", False))  # Beta(4, 2): 0.67, still served
+    assert m.lookup("shaky", tenant="t", embedding=v) is None
+    hit = m.lookup("solid", tenant="t", embedding=w)
+    assert hit is not None and hit.entry_id == solid
+    # still cached (not evicted: min_reward_to_keep is 0.05), just not served
+    assert m.stats("t")["entries"] == 2

@@ -332,7 +332,7 @@ class AsyncCacheManager(_ManagerCore):
                     tenant,
                     got.spec_id,
                     refresh_ttl=cfg.refresh_ttl_on_hit,
-                    min_reward=cfg.rl.min_reward_to_keep,
+                    min_reward=cfg.rl.serve_bar,
                 )
             if outcome is not None and outcome.status == "served" and outcome.entry:
                 return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
@@ -352,7 +352,7 @@ class AsyncCacheManager(_ManagerCore):
                 tenant,
                 cand[0],
                 refresh_ttl=cfg.refresh_ttl_on_hit,
-                min_reward=cfg.rl.min_reward_to_keep,
+                min_reward=cfg.rl.serve_bar,
             )
             if outcome.status == "served" and outcome.entry is not None:
                 return self._hit(tenant, cand, score, exact, outcome.entry)

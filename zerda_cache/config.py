@@ -30,6 +30,9 @@ DEFAULT_SIMILARITY_BONUS_SCALE = 0.5
 #: Seed default: an arm whose expected reward falls below this is never served and is
 #: evicted first.
 DEFAULT_MIN_REWARD_TO_KEEP = 0.05
+#: Entries whose expected reward is below this are not served (they stay cached until
+#: evicted). None: the same as min_reward_to_keep, the seed's single bar.
+DEFAULT_MIN_REWARD_TO_SERVE: float | None = None
 #: Seed default: the excess of alpha and beta over the prior shrinks by this factor...
 DEFAULT_USAGE_DECAY = 0.995
 #: ...per this many seconds (the seed's suggested decay period, 5 minutes). Decay is
@@ -120,6 +123,11 @@ class RLConfig:
         similarity_bonus_scale: weight of the Thompson draw in the composite score (>= 0).
         min_reward_to_keep: arms whose expected reward is below this are never served
             and are evicted first (0..1).
+        min_reward_to_serve: a stricter bar for serving only (0..1, at least
+            ``min_reward_to_keep``); ``None`` uses ``min_reward_to_keep``. With sparse
+            feedback, the seed's 0.05 takes ~19 net negative signals to stop serving an
+            answer; a serving bar of 0.4 stops after the first negative on an answer
+            nobody has confirmed, while confirmed answers survive a few false negatives.
         usage_decay: decay factor per ``decay_interval_s`` (0 < x <= 1; 1 disables decay).
         decay_interval_s: the time unit of ``usage_decay`` in seconds (> 0).
         seed: seed of the learner's own random generator; ``None`` draws fresh entropy.
@@ -131,9 +139,17 @@ class RLConfig:
     negative_feedback_penalty: float = DEFAULT_NEGATIVE_FEEDBACK_PENALTY
     similarity_bonus_scale: float = DEFAULT_SIMILARITY_BONUS_SCALE
     min_reward_to_keep: float = DEFAULT_MIN_REWARD_TO_KEEP
+    min_reward_to_serve: float | None = DEFAULT_MIN_REWARD_TO_SERVE
     usage_decay: float = DEFAULT_USAGE_DECAY
     decay_interval_s: float = DEFAULT_DECAY_INTERVAL_S
     seed: int | None = None
+
+    @property
+    def serve_bar(self) -> float:
+        """The expected reward an entry needs to be served."""
+        if self.min_reward_to_serve is None:
+            return self.min_reward_to_keep
+        return self.min_reward_to_serve
 
     def __post_init__(self) -> None:
         _check_positive("prior_alpha", self.prior_alpha)
@@ -146,6 +162,13 @@ class RLConfig:
                 f"similarity_bonus_scale must be >= 0, got {self.similarity_bonus_scale!r}"
             )
         _check_unit("min_reward_to_keep", self.min_reward_to_keep)
+        if self.min_reward_to_serve is not None:
+            _check_unit("min_reward_to_serve", self.min_reward_to_serve)
+            if self.min_reward_to_serve < self.min_reward_to_keep:
+                raise ValueError(
+                    f"min_reward_to_serve ({self.min_reward_to_serve}) must be >= "
+                    f"min_reward_to_keep ({self.min_reward_to_keep})"
+                )
         _check_unit("usage_decay", self.usage_decay, closed_low=False)
         _check_positive("decay_interval_s", self.decay_interval_s)
         if self.seed is not None and (

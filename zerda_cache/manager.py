@@ -349,7 +349,7 @@ class _ManagerCore:
                 tenant,
                 found[0][0],
                 refresh_ttl=self.config.refresh_ttl_on_hit,
-                min_reward=self.config.rl.min_reward_to_keep,
+                min_reward=self.config.rl.serve_bar,
             )
             pipe.evalsha(st.scripts.hit.sha, len(spec_call.keys), *spec_call.keys, *spec_call.args)
             states_plan = None
@@ -685,7 +685,7 @@ class CacheManager(_ManagerCore):
                     tenant,
                     got.spec_id,
                     refresh_ttl=cfg.refresh_ttl_on_hit,
-                    min_reward=cfg.rl.min_reward_to_keep,
+                    min_reward=cfg.rl.serve_bar,
                 )
             if outcome is not None and outcome.status == "served" and outcome.entry:
                 return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
@@ -705,7 +705,7 @@ class CacheManager(_ManagerCore):
                 tenant,
                 cand[0],
                 refresh_ttl=cfg.refresh_ttl_on_hit,
-                min_reward=cfg.rl.min_reward_to_keep,
+                min_reward=cfg.rl.serve_bar,
             )
             if outcome.status == "served" and outcome.entry is not None:
                 return self._hit(tenant, cand, score, exact, outcome.entry)

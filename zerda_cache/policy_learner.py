@@ -193,8 +193,9 @@ class CachePolicyLearner:
         return scored
 
     def is_servable(self, entry: IntelligentCacheEntry) -> bool:
-        """False once the arm's expected reward is below ``min_reward_to_keep``."""
-        return entry.expected_reward >= self.config.min_reward_to_keep
+        """False once the arm's expected reward is below the serving bar
+        (``min_reward_to_serve``, by default ``min_reward_to_keep``)."""
+        return entry.expected_reward >= self.config.serve_bar
 
     # -- eviction and decay ----------------------------------------------------------------
     def eviction_ranking(

@@ -199,14 +199,27 @@ def llm_right(rng: np.random.Generator) -> bool:
 
 # --- policies ---------------------------------------------------------------------------------
 def run_zerda(
-    w: Workload, threshold: float, capacity: int, url: str, seed: int, decay: bool
+    w: Workload,
+    threshold: float,
+    capacity: int,
+    url: str,
+    seed: int,
+    *,
+    decay: bool,
+    serve_bar: float | None,
+    name: str,
 ) -> Result:
     import redis
 
     client = redis.Redis.from_url(url)
     client.flushall()
     clock = [1_000_000.0]
-    rl = RLConfig(seed=seed, usage_decay=0.995 if decay else 1.0, decay_interval_s=60.0)
+    rl = RLConfig(
+        seed=seed,
+        usage_decay=0.995 if decay else 1.0,
+        decay_interval_s=60.0,
+        min_reward_to_serve=serve_bar,
+    )
     cfg = CacheConfig(similarity_threshold=threshold, rl=rl, top_k=8)
     m = CacheManager(
         client, cfg, clock=lambda: clock[0], metrics=ReplicaMetrics(CollectorRegistry())
@@ -218,7 +231,6 @@ def run_zerda(
         res = m.put(w.texts[text], f"a{text}", tenant=TENANT, embedding=w.vecs[text])
         answers[str(res.entry_id)] = Answer(text, pair, pair not in w.planted_wrong, True)
     maint.evict_tenant(TENANT)
-    name = "zerda-cache" + ("" if decay else " (decay off)")
     out = Result(name, threshold)
     users, rng = Users(seed), np.random.default_rng(seed + 1)
     window = max(1, len(w.queries) // 20)
@@ -391,6 +403,9 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, default=0.8, help="share of the seeded entries")
     parser.add_argument("--thresholds", default="0.75,0.8,0.85,0.9,0.95")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--serve-bar", type=float, default=0.4, help="zerda-cache's min_reward_to_serve"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
     if args.quick:
@@ -401,16 +416,25 @@ def main() -> None:
     results: list[Result] = [run_oracle(w, capacity, args.seed)]
     server = RedisServer().start()
     try:
+        variants = [
+            ("zerda-cache", True, args.serve_bar),
+            ("zerda-cache (seed serving bar 0.05)", True, None),
+            ("zerda-cache (decay off)", False, args.serve_bar),
+        ]
         with Progress() as progress:
-            jobs = len(thresholds) * 3
+            jobs = len(thresholds) * (1 + len(variants))
             task = progress.add_task("policies x thresholds", total=jobs)
             for thr in thresholds:
                 results.append(run_threshold_lru(w, thr, capacity, args.seed))
                 progress.advance(task)
-                results.append(run_zerda(w, thr, capacity, server.url, args.seed, decay=True))
-                progress.advance(task)
-                results.append(run_zerda(w, thr, capacity, server.url, args.seed, decay=False))
-                progress.advance(task)
+                for name, decay, bar in variants:
+                    results.append(
+                        run_zerda(
+                            w, thr, capacity, server.url, args.seed,
+                            decay=decay, serve_bar=bar, name=name,
+                        )
+                    )  # fmt: skip
+                    progress.advance(task)
     finally:
         server.stop()
     rows = [r.row() for r in results]
@@ -452,7 +476,8 @@ def main() -> None:
     plot(rows, out_dir / "learning_curves.png", args.requests)
     body += (
         f"\n\n{args.pairs} QQP pairs (half duplicates), {args.requests} requests, capacity "
-        f"{capacity} entries (80% of the seeded ones), seed {args.seed}; 10% planted wrong "
+        f"{capacity} entries (80% of the seeded ones), seed {args.seed}; zerda-cache runs "
+        f"with min_reward_to_serve={args.serve_bar} unless named otherwise; 10% planted wrong "
         "answers, 20% of the right ones stale after the drift (halfway); users react to "
         "30% of served answers, 10% of reactions wrong; the LLM is right 95% of the time.\n\n"
         + "\n".join(lines)
