@@ -156,6 +156,10 @@ def is_right(ans: Answer, query_text: int, query_pair: int, w: Workload, t: int)
     return ans.pair == query_pair and w.pair_label[query_pair] == 1
 
 
+def same_question(ans: Answer, query_text: int, query_pair: int, w: Workload) -> bool:
+    return ans.text == query_text or (ans.pair == query_pair and w.pair_label[query_pair] == 1)
+
+
 @dataclass
 class Result:
     name: str
@@ -164,8 +168,19 @@ class Result:
     wrong: int = 0
     requests: int = 0
     stale_serves: int = 0
+    near_miss_serves: int = 0  # the served question is not the query's question
+    wrong_answer_serves: int = 0  # the right question, a wrong (planted or LLM) answer
     curve: list[tuple[int, int, int]] = field(default_factory=list)  # window: n, hits, wrong
     lookup_ms: list[float] = field(default_factory=list)
+
+    def count_wrong(self, ans: Answer, q: int, p: int, w: Workload, t: int) -> None:
+        self.wrong += 1
+        if ans.seeded and ans.pair in w.stale and t >= w.drift_at:
+            self.stale_serves += 1
+        elif not same_question(ans, q, p, w):
+            self.near_miss_serves += 1
+        else:
+            self.wrong_answer_serves += 1
 
     def row(self) -> dict[str, Any]:
         n = max(1, self.requests)
@@ -177,6 +192,8 @@ class Result:
             "hit_precision": (self.hits - self.wrong) / self.hits if self.hits else 1.0,
             "correct_hit_rate": (self.hits - self.wrong) / n,
             "stale_serves_after_drift": self.stale_serves,
+            "near_miss_serves": self.near_miss_serves,
+            "wrong_answer_serves": self.wrong_answer_serves,
             "lookup_p99_ms": float(np.percentile(self.lookup_ms, 99)) if self.lookup_ms else 0.0,
             "curve": self.curve,
         }
@@ -248,10 +265,8 @@ def run_zerda(
             out.hits += 1
             wh += 1
             if not right:
-                out.wrong += 1
+                out.count_wrong(ans, q, p, w, t)
                 ww += 1
-                if ans.seeded and ans.pair in w.stale and t >= w.drift_at:
-                    out.stale_serves += 1
             verdict = users.react(right)
             if verdict is not None:
                 m.feedback(hit.feedback(verdict))
@@ -315,10 +330,8 @@ def run_threshold_lru(w: Workload, threshold: float, capacity: int, seed: int) -
             out.hits += 1
             wh += 1
             if not right:
-                out.wrong += 1
+                out.count_wrong(ans, q, p, w, t)
                 ww += 1
-                if ans.seeded and ans.pair in w.stale and t >= w.drift_at:
-                    out.stale_serves += 1
         else:
             put(q, Answer(q, p, llm_right(rng), False))
         if wn == window:
@@ -448,11 +461,13 @@ def main() -> None:
     }
     body = table(
         ["policy", "threshold", "hit rate", "error rate", "hit precision", "correct hits",
-         "stale serves after drift", "lookup p99 ms"],
+         "wrong serves: near-miss / wrong answer / stale", "lookup p99 ms"],
         [
             [r["policy"], f"{r['threshold']:.2f}", f"{r['hit_rate']:.3f}",
              f"{r['error_rate']:.3f}", f"{r['hit_precision']:.3f}",
-             f"{r['correct_hit_rate']:.3f}", str(r["stale_serves_after_drift"]),
+             f"{r['correct_hit_rate']:.3f}",
+             f"{r['near_miss_serves']} / {r['wrong_answer_serves']} / "
+             f"{r['stale_serves_after_drift']}",
              f"{r['lookup_p99_ms']:.2f}"]
             for r in rows
         ],
