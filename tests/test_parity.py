@@ -30,6 +30,8 @@ _tenants = itertools.count()
 
 rl_configs = st.builds(
     RLConfig,
+    near_miss_penalty_share=st.floats(0.0, 1.0),
+    similarity_bar_margin=st.floats(0.0, 0.05),
     prior_alpha=st.floats(0.1, 5.0),
     prior_beta=st.floats(0.1, 5.0),
     positive_feedback_reward=st.floats(0.1, 3.0),
@@ -43,6 +45,7 @@ steps = st.lists(
         st.one_of(st.just(0.0), st.floats(0.0, 5.0), st.floats(0.0, 5_000.0)),  # time step
         st.booleans(),  # positive
         st.floats(0.0, 4.0),  # magnitude
+        st.one_of(st.none(), st.floats(0.5, 1.0)),  # similarity served at
     ),
     min_size=1,
     max_size=40,
@@ -72,7 +75,7 @@ class Clock:
 def test_python_and_lua_agree(
     redis_client: redis.Redis,
     rl: RLConfig,
-    steps: list[tuple[str, float, bool, float]],
+    steps: list[tuple[str, float, bool, float, float | None]],
     quality: float,
     similarity: float,
     t0: float,
@@ -97,10 +100,10 @@ def test_python_and_lua_agree(
     model.confidence_score = learner._compute_confidence(model)
     compare(storage, tenant, eid, model)
 
-    for op, dt, positive, magnitude in steps:
+    for op, dt, positive, magnitude, sim in steps:
         clock.t += dt
         if op == "feedback":
-            signal = FeedbackSignal(eid, tenant, positive, magnitude=magnitude)
+            signal = FeedbackSignal(eid, tenant, positive, magnitude=magnitude, similarity=sim)
             storage.feedback(signal)
             learner.record_feedback(model, signal, now=clock.t)
         elif op == "hit":
@@ -123,3 +126,5 @@ def compare(storage: RedisStorage, tenant: str, eid: str, model: IntelligentCach
     assert (a.pulls, got.usage_count) == (m.pulls, model.usage_count)
     assert a.decayed_at == m.decayed_at
     assert got.last_access == model.last_access
+    assert got.similarity_bar == pytest.approx(model.similarity_bar, abs=1e-12)
+    assert got.min_positive_similarity == pytest.approx(model.min_positive_similarity, abs=1e-12)

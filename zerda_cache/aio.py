@@ -112,9 +112,16 @@ class AsyncRedisStorage(StorageOps):
         *,
         refresh_ttl: bool = False,
         min_reward: float | None = None,
+        similarity: float | None = None,
     ) -> HitOutcome:
         return await self.run(
-            self.plan_hit(tenant, entry_id, refresh_ttl=refresh_ttl, min_reward=min_reward)
+            self.plan_hit(
+                tenant,
+                entry_id,
+                refresh_ttl=refresh_ttl,
+                min_reward=min_reward,
+                similarity=similarity,
+            )
         )
 
     async def feedback(self, signal: FeedbackSignal) -> FeedbackOutcome:
@@ -333,6 +340,7 @@ class AsyncCacheManager(_ManagerCore):
                     got.spec_id,
                     refresh_ttl=cfg.refresh_ttl_on_hit,
                     min_reward=cfg.rl.serve_bar,
+                    similarity=found[0][1],
                 )
             if outcome is not None and outcome.status == "served" and outcome.entry:
                 return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
@@ -353,6 +361,7 @@ class AsyncCacheManager(_ManagerCore):
                 cand[0],
                 refresh_ttl=cfg.refresh_ttl_on_hit,
                 min_reward=cfg.rl.serve_bar,
+                similarity=cand[1],
             )
             if outcome.status == "served" and outcome.entry is not None:
                 return self._hit(tenant, cand, score, exact, outcome.entry)

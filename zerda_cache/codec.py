@@ -12,7 +12,8 @@ Entry hash fields (see ``keys.py`` for the keys):
 ``meta``  msgpack ``{v, ct: created_at, ttl, sc: scope, dim}`` (written by the put script)
 ``arm``   msgpack ``{a: alpha, b: beta, n: pulls, r: reward_sum, t: decayed_at}``
 ``use``   msgpack ``{n: usage_count, la: last_access, c: confidence, v: version,
-          ss: similarity, qs: quality}``: everything the hit and feedback scripts need
+          ss: similarity, qs: quality, sb: the entry's own similarity bar, pm: lowest
+          similarity of a positive signal}``: everything the hit and feedback scripts need
           besides the arm, so they decode two small maps and nothing else. ``v`` is
           bumped by every hit and feedback (eviction's "changed since scored" check).
 ``dg``    digest of (normalised query, scope): the exact-match key
@@ -201,6 +202,8 @@ class Use:
     version: int
     similarity: float
     quality: float
+    similarity_bar: float
+    min_positive_similarity: float
 
 
 def unpack_use(raw: object, *, key: str = "?") -> Use:
@@ -212,6 +215,8 @@ def unpack_use(raw: object, *, key: str = "?") -> Use:
         version=int(_num(use, "v", key, "use")),
         similarity=_num(use, "ss", key, "use"),
         quality=_num(use, "qs", key, "use"),
+        similarity_bar=_num(use, "sb", key, "use"),
+        min_positive_similarity=_num(use, "pm", key, "use"),
     )
 
 
@@ -225,7 +230,14 @@ def trusted_use(raw: bytes) -> Use:
     """Decode a ``use`` map a script has just packed (no shape checks)."""
     d = msgpack.unpackb(raw, raw=False)
     return Use(
-        int(d["n"]), float(d["la"]), float(d["c"]), int(d["v"]), float(d["ss"]), float(d["qs"])
+        int(d["n"]),
+        float(d["la"]),
+        float(d["c"]),
+        int(d["v"]),
+        float(d["ss"]),
+        float(d["qs"]),
+        float(d["sb"]),
+        float(d["pm"]),
     )
 
 

@@ -33,6 +33,12 @@ DEFAULT_MIN_REWARD_TO_KEEP = 0.05
 #: Entries whose expected reward is below this are not served (they stay cached until
 #: evicted). None: the same as min_reward_to_keep, the seed's single bar.
 DEFAULT_MIN_REWARD_TO_SERVE: float | None = None
+#: A negative signal at similarity s (below every positive's) lifts the entry's own
+#: similarity bar to s + this margin...
+DEFAULT_SIMILARITY_BAR_MARGIN = 0.005
+#: ...and keeps only this share of its penalty on the arm (the match was wrong, perhaps
+#: not the answer).
+DEFAULT_NEAR_MISS_PENALTY_SHARE = 0.5
 #: Seed default: the excess of alpha and beta over the prior shrinks by this factor...
 DEFAULT_USAGE_DECAY = 0.995
 #: ...per this many seconds (the seed's suggested decay period, 5 minutes). Decay is
@@ -123,6 +129,10 @@ class RLConfig:
         similarity_bonus_scale: weight of the Thompson draw in the composite score (>= 0).
         min_reward_to_keep: arms whose expected reward is below this are never served
             and are evicted first (0..1).
+        similarity_bar_margin: how far above a rejected match's similarity an entry's
+            own similarity bar rises (0..1).
+        near_miss_penalty_share: share of a negative signal's penalty the arm keeps when
+            the signal is blamed on the match (0..1; 1 is the seed's behaviour).
         min_reward_to_serve: a stricter bar for serving only (0..1, at least
             ``min_reward_to_keep``); ``None`` uses ``min_reward_to_keep``. With sparse
             feedback, the seed's 0.05 takes ~19 net negative signals to stop serving an
@@ -140,6 +150,8 @@ class RLConfig:
     similarity_bonus_scale: float = DEFAULT_SIMILARITY_BONUS_SCALE
     min_reward_to_keep: float = DEFAULT_MIN_REWARD_TO_KEEP
     min_reward_to_serve: float | None = DEFAULT_MIN_REWARD_TO_SERVE
+    similarity_bar_margin: float = DEFAULT_SIMILARITY_BAR_MARGIN
+    near_miss_penalty_share: float = DEFAULT_NEAR_MISS_PENALTY_SHARE
     usage_decay: float = DEFAULT_USAGE_DECAY
     decay_interval_s: float = DEFAULT_DECAY_INTERVAL_S
     seed: int | None = None
@@ -162,6 +174,8 @@ class RLConfig:
                 f"similarity_bonus_scale must be >= 0, got {self.similarity_bonus_scale!r}"
             )
         _check_unit("min_reward_to_keep", self.min_reward_to_keep)
+        _check_unit("similarity_bar_margin", self.similarity_bar_margin)
+        _check_unit("near_miss_penalty_share", self.near_miss_penalty_share)
         if self.min_reward_to_serve is not None:
             _check_unit("min_reward_to_serve", self.min_reward_to_serve)
             if self.min_reward_to_serve < self.min_reward_to_keep:

@@ -159,6 +159,10 @@ class IntelligentCacheEntry:
     bandit_arm: BanditArm = field(default_factory=BanditArm)
     version: int = 0
     size_bytes: int = 0
+    #: The entry's own similarity bar, learned from negative signals at low similarity.
+    similarity_bar: float = 0.0
+    #: The lowest similarity at which the entry got positive feedback (2.0: none yet).
+    min_positive_similarity: float = 2.0
 
     def record_hit(self, positive: bool, reward: float) -> None:
         """Apply one feedback signal to the arm (the seed's name for it)."""

@@ -11,11 +11,12 @@ The index knows nothing of Redis; keeping it current is the replica's job.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -281,6 +282,22 @@ class _SlottedAnn:
         return self._graph_nbytes() + self._cap * 16 + len(self._slot) * 100
 
 
+def _import_usearch() -> Any:
+    """``usearch.index``, imported after onnxruntime when that is installed.
+
+    Creating an onnxruntime session after usearch's extension was loaded crashes the
+    process (segfault; seen with usearch 2.26 and onnxruntime 1.32), and the other order
+    works. A replica may well run an ONNX embedding model (``MiniLMEmbedder``) beside its
+    index, so load onnxruntime first whenever it is there.
+    """
+    with contextlib.suppress(ImportError):
+        import onnxruntime  # noqa: F401
+
+    import usearch.index
+
+    return usearch.index
+
+
 class UsearchIndex(_SlottedAnn):
     """HNSW from usearch, storing vectors as float16: the default ANN backend.
 
@@ -298,7 +315,7 @@ class UsearchIndex(_SlottedAnn):
         ef_search: int = 64,
         capacity: int = 1024,
     ) -> None:
-        from usearch.index import Index
+        Index = _import_usearch().Index
 
         super().__init__(dim, capacity)
         self.ef_search = ef_search
@@ -387,9 +404,11 @@ ANN_BACKENDS = ("usearch", "hnswlib")
 
 def ann_available(backend: str = "usearch") -> bool:
     """True when the library of ``backend`` (the ``ann`` extra) is installed."""
-    module = {"usearch": "usearch.index", "hnswlib": "hnswlib"}[backend]
     try:
-        __import__(module)
+        if backend == "usearch":
+            _import_usearch()
+        else:
+            import hnswlib  # noqa: F401
     except ImportError:
         return False
     return True

@@ -97,6 +97,7 @@ class CacheHit:
             positive=positive,
             magnitude=magnitude,
             source=source,
+            similarity=min(1.0, max(-1.0, self.similarity)),
         )
 
 
@@ -285,7 +286,7 @@ class _ManagerCore:
             if entry is None or entry.is_expired(now):
                 continue
             entry.bandit_arm = entry.bandit_arm.at(now, self.config.rl)
-            if not self.learner.is_servable(entry):
+            if not self.learner.is_servable(entry) or sim < entry.similarity_bar:
                 continue
             cands.append((eid, sim, entry))
         # A canonical order before the draws, so that a seeded learner reproduces its
@@ -350,6 +351,7 @@ class _ManagerCore:
                 found[0][0],
                 refresh_ttl=self.config.refresh_ttl_on_hit,
                 min_reward=self.config.rl.serve_bar,
+                similarity=found[0][1],
             )
             pipe.evalsha(st.scripts.hit.sha, len(spec_call.keys), *spec_call.keys, *spec_call.args)
             states_plan = None
@@ -686,6 +688,7 @@ class CacheManager(_ManagerCore):
                     got.spec_id,
                     refresh_ttl=cfg.refresh_ttl_on_hit,
                     min_reward=cfg.rl.serve_bar,
+                    similarity=found[0][1],
                 )
             if outcome is not None and outcome.status == "served" and outcome.entry:
                 return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
@@ -706,6 +709,7 @@ class CacheManager(_ManagerCore):
                 cand[0],
                 refresh_ttl=cfg.refresh_ttl_on_hit,
                 min_reward=cfg.rl.serve_bar,
+                similarity=cand[1],
             )
             if outcome.status == "served" and outcome.entry is not None:
                 return self._hit(tenant, cand, score, exact, outcome.entry)

@@ -55,6 +55,9 @@ class FeedbackSignal:
     magnitude: float = 1.0
     source: str = "user"
     timestamp: float = field(default_factory=time.time)
+    #: The cosine similarity at which the entry was served (``CacheHit.feedback`` fills
+    #: it): lets a negative signal on a near miss teach the entry its own similarity bar.
+    similarity: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.entry_id, str) or not self.entry_id:
@@ -69,6 +72,14 @@ class FeedbackSignal:
             )
         if not isinstance(self.source, str) or not 0 < len(self.source) <= 64:
             raise InvalidFeedbackError(f"source must be a str of 1-64 chars, got {self.source!r}")
+        sim = self.similarity
+        if sim is not None and (
+            isinstance(sim, bool)
+            or not isinstance(sim, int | float)
+            or not math.isfinite(sim)
+            or not -1.0 <= sim <= 1.0 + 1e-6
+        ):
+            raise InvalidFeedbackError(f"similarity must be in [-1, 1] or None, got {sim!r}")
         if not isinstance(self.timestamp, int | float) or not math.isfinite(self.timestamp):
             raise InvalidFeedbackError(f"timestamp must be a finite number, got {self.timestamp!r}")
 
@@ -134,6 +145,16 @@ class CachePolicyLearner:
         now = time.time() if now is None else now
         reward = self.reward_for(signal)
         self._decay_entry(entry, now)
+        sim = signal.similarity
+        if signal.positive:
+            if sim is not None and sim < entry.min_positive_similarity:
+                entry.min_positive_similarity = float(sim)
+        elif sim is not None and sim < 1 - 1e-6 and sim < entry.min_positive_similarity:
+            # No positive at or below this similarity: blame the match more than the
+            # answer. The entry's own bar rises above it; the arm keeps part of the penalty.
+            bar = min(sim + self.config.similarity_bar_margin, 0.99999)  # never above its own
+            entry.similarity_bar = max(entry.similarity_bar, bar)  # question's similarity
+            reward *= self.config.near_miss_penalty_share
         entry.record_hit(positive=bool(signal.positive), reward=reward)
         entry.confidence_score = self._compute_confidence(entry)
         self.note_feedback(signal)

@@ -73,7 +73,7 @@ class PutOutcome:
 class HitOutcome:
     """Result of the hit script: ``entry`` (full content, arm at now) when served."""
 
-    status: str  # "served" | "gone" | "expired" | "corrupt" | "unservable"
+    status: str  # "served" | "gone" | "expired" | "corrupt" | "unservable" | "below_bar"
     entry: IntelligentCacheEntry | None = None
 
 
@@ -218,6 +218,8 @@ class StorageOps:
             repr(rl.negative_feedback_penalty),
             *self._rl_static,
             str(self.config.feedback_log_maxlen),
+            repr(rl.similarity_bar_margin),
+            repr(rl.near_miss_penalty_share),
         ]
 
     def keys(self, tenant: str) -> TenantKeys:
@@ -328,9 +330,11 @@ class StorageOps:
         *,
         refresh_ttl: bool = False,
         min_reward: float | None = None,
+        similarity: float | None = None,
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
-        now) is below it is not served (status ``unservable``)."""
+        now) is below it is not served (status ``unservable``); with ``similarity`` a
+        match below the entry's own learned bar is not served (``below_bar``)."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
         args = [
@@ -339,6 +343,7 @@ class StorageOps:
             *self._rl_args(),
             "1" if refresh_ttl else "0",
             "" if min_reward is None else repr(float(min_reward)),
+            "" if similarity is None else repr(float(similarity)),
         ]
 
         def parse(res: Any) -> HitOutcome:
@@ -352,6 +357,8 @@ class StorageOps:
                 return HitOutcome("corrupt")
             if code == -4:
                 return HitOutcome("unservable")
+            if code == -5:
+                return HitOutcome("below_bar")
             try:
                 query, response, metadata = codec.unpack_doc(res[3], key=key)
                 meta = codec.unpack_meta(res[4], key=key)
@@ -375,6 +382,8 @@ class StorageOps:
                 confidence_score=use.confidence,
                 bandit_arm=codec.trusted_arm(res[1]),
                 version=use.version,
+                similarity_bar=use.similarity_bar,
+                min_positive_similarity=use.min_positive_similarity,
             )
             return HitOutcome("served", entry)
 
@@ -403,6 +412,7 @@ class StorageOps:
                 repr(float(sig.magnitude)),
                 sig.source,
                 repr(float(sig.timestamp)),
+                "" if sig.similarity is None else repr(float(sig.similarity)),
             ]
 
         def parse(res: Any) -> list[FeedbackOutcome | ZerdaError]:
@@ -647,10 +657,17 @@ class RedisStorage(StorageOps):
         *,
         refresh_ttl: bool = False,
         min_reward: float | None = None,
+        similarity: float | None = None,
     ) -> HitOutcome:
         """Serve ``entry_id``: count the use and return the entry (arm at now)."""
         return self.run(
-            self.plan_hit(tenant, entry_id, refresh_ttl=refresh_ttl, min_reward=min_reward)
+            self.plan_hit(
+                tenant,
+                entry_id,
+                refresh_ttl=refresh_ttl,
+                min_reward=min_reward,
+                similarity=similarity,
+            )
         )
 
     def feedback(self, signal: FeedbackSignal) -> FeedbackOutcome:
@@ -894,4 +911,6 @@ def _state_entry(
         bandit_arm=codec.unpack_arm(values["arm"], key=key),
         version=use.version,
         size_bytes=size,
+        similarity_bar=use.similarity_bar,
+        min_positive_similarity=use.min_positive_similarity,
     )

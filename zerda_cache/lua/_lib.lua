@@ -37,14 +37,15 @@ local function zc_all_numbers(tbl, fields)
 end
 
 local ZC_ARM_FIELDS = {'a', 'b', 'n', 'r', 't'}
-local ZC_USE_FIELDS = {'n', 'la', 'c', 'v', 'ss', 'qs'}
+local ZC_USE_FIELDS = {'n', 'la', 'c', 'v', 'ss', 'qs', 'sb', 'pm'}
 
 local function zc_unpack2(raw_a, raw_b)
   return cmsgpack.unpack(raw_a), cmsgpack.unpack(raw_b)
 end
 
 -- Decode arm and use together (one pcall for both); nil if either is missing or corrupt.
--- use = {n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality}
+-- use = {n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality,
+--        sb=the entry's own similarity bar, pm=lowest similarity of a positive signal}
 local function zc_state(raw_arm, raw_use)
   if not raw_arm or not raw_use then
     return nil

@@ -3,7 +3,9 @@
 -- ARGV[3] negative_feedback_penalty  ARGV[4] prior_alpha  ARGV[5] prior_beta
 -- ARGV[6] usage_decay  ARGV[7] decay_interval_s  ARGV[8] feedback log maxlen (approximate:
 -- Redis trims whole stream nodes, so up to stream-node-max-entries (100) more may remain)
--- then five per signal: entry id, positive (1/0), magnitude, source, caller's timestamp
+-- ARGV[9] similarity-bar margin  ARGV[10] share of the penalty a near-miss negative keeps
+-- then six per signal: entry id, positive (1/0), magnitude, source, caller's timestamp,
+-- the similarity the entry was served at ('' = unknown)
 -- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
 -- {-3} corrupt state (nothing written for that signal).
 -- CachePolicyLearner.record_feedback, applied where the arm lives, for a batch of signals
@@ -12,10 +14,11 @@ local now = zc_now(ARGV[1])
 local pos_w, neg_w = tonumber(ARGV[2]), tonumber(ARGV[3])
 local pa, pb = tonumber(ARGV[4]), tonumber(ARGV[5])
 local decay, interval = tonumber(ARGV[6]), tonumber(ARGV[7])
+local margin, near_share = tonumber(ARGV[9]), tonumber(ARGV[10])
 local out = {}
 local n_pos, n_neg = 0, 0
 for i = 3, #KEYS do
-  local base = 8 + (i - 3) * 5
+  local base = 10 + (i - 3) * 6
   local raw = redis.call('HMGET', KEYS[i], 'arm', 'use')
   if not raw[1] then
     out[#out + 1] = {0}
@@ -26,14 +29,28 @@ for i = 3, #KEYS do
     else
       local positive = ARGV[base + 2] == '1'
       local magnitude = tonumber(ARGV[base + 3])
+      local sim = tonumber(ARGV[base + 6])
       zc_decay(arm, now, pa, pb, decay, interval)
       if positive then
         local reward = magnitude * pos_w
         arm.a = arm.a + reward
         arm.r = arm.r + reward
+        if sim and sim < use.pm then
+          use.pm = sim
+        end
         n_pos = n_pos + 1
       else
         local reward = magnitude * neg_w
+        -- CachePolicyLearner.record_feedback: a negative at a similarity below every
+        -- positive's is blamed mostly on the match (the entry's own bar rises above it),
+        -- only partly on the answer.
+        if sim and sim < 1 - 1e-6 and sim < use.pm then
+          local bar = math.min(sim + margin, 0.99999)  -- never above its own question
+          if bar > use.sb then
+            use.sb = bar
+          end
+          reward = reward * near_share
+        end
         arm.b = arm.b + reward
         arm.r = arm.r - reward
         n_neg = n_neg + 1

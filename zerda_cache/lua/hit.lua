@@ -1,9 +1,11 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] stats hash
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] prior_alpha  ARGV[4] prior_beta
 -- ARGV[5] usage_decay  ARGV[6] decay_interval_s  ARGV[7] refresh TTL (1/0)
--- ARGV[8] min_reward_to_keep ('' = serve whatever the reward)
+-- ARGV[8] the serving bar of the expected reward ('' = serve whatever the reward)
+-- ARGV[9] the similarity this entry matched at ('' = unknown)
 -- returns {1, arm, use, doc, meta} served (msgpack values); {0} gone; {-1} expired;
--- {-3} corrupt state; {-4} expected reward below the minimum (nothing written, not served).
+-- {-3} corrupt state; {-4} expected reward below the bar; {-5} similarity below the
+-- entry's own learned bar (nothing written, not served, for -4 and -5).
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
 local now = zc_now(ARGV[1])
@@ -23,6 +25,9 @@ end
 zc_decay(arm, now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 if ARGV[8] ~= '' and arm.a / (arm.a + arm.b) < tonumber(ARGV[8]) then
   return {-4}
+end
+if ARGV[9] ~= '' and tonumber(ARGV[9]) < use.sb then
+  return {-5}
 end
 if ARGV[7] == '1' then
   local meta = zc_unpack(raw[3])

@@ -26,7 +26,8 @@ end
 
 local meta = {v = 1, ct = now, ttl = ttl, sc = scope, dim = dim}
 local arm = {a = tonumber(ARGV[11]), b = tonumber(ARGV[12]), n = 0, r = 0, t = now}
-local use = {n = 0, la = now, c = 0, v = 1, ss = tonumber(ARGV[9]), qs = tonumber(ARGV[10])}
+local use = {n = 0, la = now, c = 0, v = 1, ss = tonumber(ARGV[9]), qs = tonumber(ARGV[10]),
+             sb = 0, pm = 2}
 use.c = zc_confidence(arm, use)
 local size = #ARGV[3] + #ARGV[4]
 
