@@ -33,7 +33,7 @@ import json
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,7 @@ def run_zerda(
     decay: bool,
     serve_bar: float | None,
     name: str,
+    similarity_feedback: bool = True,
 ) -> Result:
     import redis
 
@@ -269,7 +270,10 @@ def run_zerda(
                 ww += 1
             verdict = users.react(right)
             if verdict is not None:
-                m.feedback(hit.feedback(verdict))
+                signal = hit.feedback(verdict)
+                if not similarity_feedback:  # the seed's signal: no similarity
+                    signal = replace(signal, similarity=None)
+                m.feedback(signal)
         else:
             res = m.put(w.texts[q], f"a{q}", tenant=TENANT, embedding=w.vecs[q])
             if res.entry_id is not None:
@@ -414,7 +418,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2_000)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--capacity", type=float, default=0.8, help="share of the seeded entries")
-    parser.add_argument("--thresholds", default="0.75,0.8,0.85,0.9,0.95")
+    parser.add_argument("--thresholds", default="0.8,0.85,0.9,0.95")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument(
         "--serve-bar", type=float, default=0.4, help="zerda-cache's min_reward_to_serve"
@@ -430,9 +434,10 @@ def main() -> None:
     server = RedisServer().start()
     try:
         variants = [
-            ("zerda-cache", True, args.serve_bar),
-            ("zerda-cache (seed serving bar 0.05)", True, None),
-            ("zerda-cache (decay off)", False, args.serve_bar),
+            ("zerda-cache", True, args.serve_bar, True),
+            ("zerda-cache (no similarity bar)", True, args.serve_bar, False),
+            ("zerda-cache (seed policy)", True, None, False),
+            ("zerda-cache (decay off)", False, args.serve_bar, True),
         ]
         with Progress() as progress:
             jobs = len(thresholds) * (1 + len(variants))
@@ -440,11 +445,12 @@ def main() -> None:
             for thr in thresholds:
                 results.append(run_threshold_lru(w, thr, capacity, args.seed))
                 progress.advance(task)
-                for name, decay, bar in variants:
+                for name, decay, bar, sim_fb in variants:
                     results.append(
                         run_zerda(
                             w, thr, capacity, server.url, args.seed,
                             decay=decay, serve_bar=bar, name=name,
+                            similarity_feedback=sim_fb,
                         )
                     )  # fmt: skip
                     progress.advance(task)
@@ -491,8 +497,10 @@ def main() -> None:
     plot(rows, out_dir / "learning_curves.png", args.requests)
     body += (
         f"\n\n{args.pairs} QQP pairs (half duplicates), {args.requests} requests, capacity "
-        f"{capacity} entries (80% of the seeded ones), seed {args.seed}; zerda-cache runs "
-        f"with min_reward_to_serve={args.serve_bar} unless named otherwise; 10% planted wrong "
+        f"{capacity} entries (80% of the seeded ones), seed {args.seed}. zerda-cache runs "
+        f"with min_reward_to_serve={args.serve_bar} and the per-entry similarity bar (feedback "
+        'carries the similarity); "no similarity bar" sends the seed\'s signal without it; '
+        '"seed policy" also serves down to min_reward_to_keep=0.05. 10% planted wrong '
         "answers, 20% of the right ones stale after the drift (halfway); users react to "
         "30% of served answers, 10% of reactions wrong; the LLM is right 95% of the time.\n\n"
         + "\n".join(lines)
