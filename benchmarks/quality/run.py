@@ -389,6 +389,10 @@ def best_at(rows: list[dict[str, Any]], name: str, max_error: float) -> dict[str
 
 
 def plot(rows: list[dict[str, Any]], path: Path, n_requests: int) -> None:
+    """Learning curves at one threshold (the middle of the sweep), every policy."""
+    thresholds = sorted({r["threshold"] for r in rows if not r["policy"].startswith("oracle")})
+    shown = thresholds[len(thresholds) // 2] if thresholds else 0.0
+    rows = [r for r in rows if r["threshold"] == shown]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -399,10 +403,14 @@ def plot(rows: list[dict[str, Any]], path: Path, n_requests: int) -> None:
         if not r["curve"] or r["policy"].startswith("oracle"):
             continue
         xs = np.cumsum([c[0] for c in r["curve"]])
-        label = f"{r['policy']} @ {r['threshold']:.2f}"
+        label = r["policy"]
         axes[0].plot(xs, [c[2] / c[0] for c in r["curve"]], label=label)
         axes[1].plot(xs, [c[1] / c[0] for c in r["curve"]], label=label)
-    for ax, title in zip(axes, ("wrong answers / requests", "hit rate"), strict=True):
+    for ax, title in zip(
+        axes,
+        (f"wrong answers / requests (threshold {shown:.2f})", f"hit rate (threshold {shown:.2f})"),
+        strict=True,
+    ):
         ax.axvline(n_requests // 2, color="grey", linestyle=":", label="drift")
         ax.set_title(title)
         ax.set_xlabel("requests")
@@ -424,7 +432,18 @@ def main() -> None:
         "--serve-bar", type=float, default=0.4, help="zerda-cache's min_reward_to_serve"
     )
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw the chart from docs/quality/quality.json"
+    )
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads((ROOT / "docs" / "quality" / "quality.json").read_text())
+        plot(
+            saved["rows"],
+            ROOT / "docs" / "quality" / "learning_curves.png",
+            saved["args"]["requests"],
+        )
+        return
     if args.quick:
         args.pairs, args.requests, args.thresholds = 400, 3_000, "0.8,0.9"
     w = load_workload(args.pairs, args.requests, args.seed)
