@@ -20,8 +20,9 @@ swept. Embeddings: all-MiniLM-L6-v2 offline (``make minilm``), cached on disk.
 
     .venv/bin/python benchmarks/quality/run.py [--pairs 2000] [--requests 20000]
 
-This is a first part of the quality benchmark: the peers that need their own packages
-(GPTCache, RedisVL, Redis allkeys-lfu, S3-FIFO) are not in it yet.
+This is a first part of the quality benchmark: the threshold cache is simulated with LRU
+and with S3-FIFO eviction; the peers that need their own packages or servers (GPTCache,
+RedisVL, Redis allkeys-lfu) are not in it yet.
 """
 
 from __future__ import annotations
@@ -287,11 +288,76 @@ def run_zerda(
     return out
 
 
-def run_threshold_lru(w: Workload, threshold: float, capacity: int, seed: int) -> Result:
-    """A similarity-threshold cache with LRU eviction: the best cosine at or above the
-    threshold is served, no learning."""
+class LRU:
+    """Least recently used first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.order: OrderedDict[int, None] = OrderedDict()
+
+    def insert(self, key: int, text: int) -> None:
+        self.order[key] = None
+
+    def hit(self, key: int) -> None:
+        self.order.move_to_end(key)
+
+    def evict(self) -> int:
+        return self.order.popitem(last=False)[0]
+
+
+class S3FIFO:
+    """S3-FIFO (Yang et al., SOSP 2023): a small FIFO (10%) that filters one-hit
+    wonders, a main FIFO with lazy promotion (2-bit frequency), and a ghost queue of
+    recently evicted questions whose return goes straight to the main FIFO."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.small: OrderedDict[int, int] = OrderedDict()  # key -> text
+        self.main: OrderedDict[int, int] = OrderedDict()
+        self.ghost: OrderedDict[int, None] = OrderedDict()  # texts
+        self.freq: dict[int, int] = {}
+
+    def insert(self, key: int, text: int) -> None:
+        self.freq[key] = 0
+        if text in self.ghost:
+            del self.ghost[text]
+            self.main[key] = text
+        else:
+            self.small[key] = text
+
+    def hit(self, key: int) -> None:
+        self.freq[key] = min(3, self.freq[key] + 1)
+
+    def evict(self) -> int:
+        while True:
+            if self.small and len(self.small) >= self.capacity // 10:
+                key, text = self.small.popitem(last=False)
+                if self.freq[key] > 0:
+                    self.freq[key] = 0
+                    self.main[key] = text
+                    continue
+                self.ghost[text] = None
+                if len(self.ghost) > self.capacity:
+                    self.ghost.popitem(last=False)
+                del self.freq[key]
+                return key
+            key, text = self.main.popitem(last=False)
+            if self.freq[key] > 0:
+                self.freq[key] -= 1
+                self.main[key] = text
+                continue
+            del self.freq[key]
+            return key
+
+
+def run_threshold(
+    w: Workload, threshold: float, capacity: int, seed: int, eviction: str = "lru"
+) -> Result:
+    """A similarity-threshold cache (the best cosine at or above the threshold is served,
+    no learning) with LRU (GPTCache's default) or S3-FIFO eviction."""
     dim = w.vecs.shape[1]
-    store: OrderedDict[int, Answer] = OrderedDict()
+    policy: LRU | S3FIFO = LRU(capacity) if eviction == "lru" else S3FIFO(capacity)
+    store: dict[int, Answer] = {}
     mat = np.zeros((capacity + 1, dim), dtype=np.float32)
     slot_of: dict[int, int] = {}
     free = list(range(capacity + 1))
@@ -300,7 +366,8 @@ def run_threshold_lru(w: Workload, threshold: float, capacity: int, seed: int) -
 
     def put(text: int, ans: Answer) -> None:
         if len(store) >= capacity:
-            old, _ = store.popitem(last=False)
+            old = policy.evict()
+            del store[old]
             slot = slot_of.pop(old)
             keys[slot] = -1
             free.append(slot)
@@ -311,10 +378,11 @@ def run_threshold_lru(w: Workload, threshold: float, capacity: int, seed: int) -
         keys[slot] = key
         slot_of[key] = slot
         store[key] = ans
+        policy.insert(key, text)
 
     for text, pair in zip(w.seed_ids, w.seed_pair, strict=True):
         put(text, Answer(text, pair, pair not in w.planted_wrong, True))
-    out = Result("threshold + LRU", threshold)
+    out = Result("threshold + " + ("LRU" if eviction == "lru" else "S3-FIFO"), threshold)
     rng = np.random.default_rng(seed + 1)
     window = max(1, len(w.queries) // 20)
     wn = wh = ww = 0
@@ -328,7 +396,7 @@ def run_threshold_lru(w: Workload, threshold: float, capacity: int, seed: int) -
         wn += 1
         if sims[best] >= threshold:
             key = int(keys[best])
-            store.move_to_end(key)
+            policy.hit(key)
             ans = store[key]
             right = is_right(ans, q, p, w, t)
             out.hits += 1
@@ -459,11 +527,12 @@ def main() -> None:
             ("zerda-cache (decay off)", False, args.serve_bar, True),
         ]
         with Progress() as progress:
-            jobs = len(thresholds) * (1 + len(variants))
+            jobs = len(thresholds) * (2 + len(variants))
             task = progress.add_task("policies x thresholds", total=jobs)
             for thr in thresholds:
-                results.append(run_threshold_lru(w, thr, capacity, args.seed))
-                progress.advance(task)
+                for eviction in ("lru", "s3fifo"):
+                    results.append(run_threshold(w, thr, capacity, args.seed, eviction))
+                    progress.advance(task)
                 for name, decay, bar, sim_fb in variants:
                     results.append(
                         run_zerda(
@@ -500,7 +569,7 @@ def main() -> None:
     lines = []
     for cap in (0.01, 0.02):
         z = best_at(rows, "zerda-cache", cap)
-        b = best_at(rows, "threshold + LRU", cap)
+        b = best_at(rows, "threshold + LRU", cap) or best_at(rows, "threshold + S3-FIFO", cap)
         lines.append(
             f"- hit rate at error <= {cap:.0%}: zerda-cache "
             f"{z['hit_rate']:.3f} (threshold {z['threshold']:.2f})"
