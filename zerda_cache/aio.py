@@ -30,11 +30,11 @@ from zerda_cache.manager import (
     EmbedFn,
     PutResult,
     _ManagerCore,
+    client_options,
 )
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.replica import LogDelta, TenantIndex
-from zerda_cache.scripts import Scripts
 from zerda_cache.storage import (
     DecayOutcome,
     EvictOutcome,
@@ -72,9 +72,7 @@ class AsyncRedisStorage(StorageOps):
         *,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__(config, clock=clock)
-        self.client = client
-        self.scripts = Scripts.register(client)
+        super().__init__(client, config, clock=clock)
 
     async def run(self, call: ScriptCall[T]) -> T:
         async with _wrap(call.script):
@@ -233,24 +231,17 @@ class AsyncCacheManager(_ManagerCore):
     ) -> AsyncCacheManager:
         """As ``CacheManager.from_url``, with a ``redis.asyncio`` client."""
         cfg = config if config is not None else CacheConfig()
-        scheme, sep, rest = url.partition("://")
-        if scheme.endswith("+cluster"):
-            cluster = True
-            url = scheme.removesuffix("+cluster") + sep + rest
-        common: dict[str, Any] = {
-            "socket_timeout": cfg.redis_timeout_s,
-            "socket_connect_timeout": cfg.redis_timeout_s,
-        }
+        url, is_cluster_url, options = client_options(url, cfg, cluster)
         client: Any
-        if cluster:
+        if is_cluster_url:
             from redis.asyncio.cluster import RedisCluster
 
-            client = RedisCluster.from_url(url, **common)
+            client = RedisCluster.from_url(url, **options)
         else:
             from redis.asyncio.retry import Retry
             from redis.backoff import NoBackoff
 
-            client = redis.asyncio.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **common)
+            client = redis.asyncio.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **options)
         return cls(client, cfg, embed_fn=embed_fn, **kwargs)
 
     async def aclose(self) -> None:
@@ -301,17 +292,18 @@ class AsyncCacheManager(_ManagerCore):
         scope = self._check_scope(scope)
         vec = self._embedding(query, embedding)
         try:
-            hit = await self._lookup(keys, query, vec, scope)
+            hit, candidates = await self._lookup(keys, query, vec, scope)
         except StorageError as exc:
             self._fail_open(tenant, exc)
             return None
         self._recovered()
-        self._record_lookup(tenant, query, hit, started, self._last_candidates)
+        self._record_lookup(tenant, query, hit, started, candidates)
         return hit
 
     async def _lookup(
         self, keys: TenantKeys, query: str, vec: Vector | None, scope: str
-    ) -> CacheHit | None:
+    ) -> tuple[CacheHit | None, int]:
+        """The hit (or None) and how many candidates the index found."""
         tenant, cfg, st = keys.tenant, self.config, self.storage
         ti = self._tenant_index(keys)
         if not ti.built:
@@ -324,7 +316,7 @@ class AsyncCacheManager(_ManagerCore):
             return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
 
         found = search()
-        self._last_candidates = len(found)
+        n_found = len(found)
         position = ti.last_id
         async with _wrap("lookup"):
             pipe = self.client.pipeline(transaction=False)
@@ -343,7 +335,7 @@ class AsyncCacheManager(_ManagerCore):
                     similarity=found[0][1],
                 )
             if outcome is not None and outcome.status == "served" and outcome.entry:
-                return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
+                return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry), n_found
         if changed:
             self._check_dim(tenant, ti, vec)
             found = search()
@@ -364,9 +356,9 @@ class AsyncCacheManager(_ManagerCore):
                 similarity=cand[1],
             )
             if outcome.status == "served" and outcome.entry is not None:
-                return self._hit(tenant, cand, score, exact, outcome.entry)
+                return self._hit(tenant, cand, score, exact, outcome.entry), n_found
         self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
-        return None
+        return None, n_found
 
     async def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> bool:
         st = self.storage

@@ -76,14 +76,3 @@ class Lease:
             released = bool(self.scripts.lease_release(keys=[self.key], args=[self.token]))
             self._held = False
             return released
-
-    def holder(self) -> str | None:
-        """The token of whoever holds the lease now, if anyone."""
-        with wrap_errors("lease"):
-            raw = self.client.get(self.key)
-        return raw.decode() if isinstance(raw, bytes) else raw
-
-    def remaining_s(self) -> float:
-        with wrap_errors("lease"):
-            ms = self.client.pttl(self.key)
-        return max(0.0, float(ms) / 1000.0)

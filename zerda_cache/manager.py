@@ -29,7 +29,15 @@ import redis.exceptions
 from zerda_cache import codec
 from zerda_cache.codec import Vector
 from zerda_cache.config import CacheConfig
-from zerda_cache.context.cache import ContextCache
+from zerda_cache.context import (
+    AdaptiveLearningSystem,
+    ContextCache,
+    ContextEngineConfig,
+    ContextGuard,
+    GuardConfig,
+    QueryAnalysis,
+    QueryComplexity,
+)
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import (
     DimensionMismatchError,
@@ -155,8 +163,6 @@ def default_admission(config: CacheConfig, embed_fn: EmbedFn | None) -> Admissio
     (turn it on with your own ``ContextGuard(..., embed_fn=...)``: question-answer
     similarity depends on the embedding model).
     """
-    from zerda_cache.context import ContextEngineConfig, ContextGuard, GuardConfig
-
     guard_config = GuardConfig(
         min_context_length=1,
         max_context_length=config.max_response_bytes,
@@ -191,8 +197,6 @@ class _ManagerCore:
             else CachePolicyLearner(self.config.rl, self.config.eviction)
         )
         self.metrics = metrics if metrics is not None else default_replica_metrics()
-        from zerda_cache.context import AdaptiveLearningSystem, ContextEngineConfig
-
         #: The replica's rolling windows (seed: AdaptiveLearningSystem): lookup latency,
         #: answer length, candidates, admission failures; exported as replica metrics.
         self.adaptive = AdaptiveLearningSystem(ContextEngineConfig())
@@ -206,7 +210,6 @@ class _ManagerCore:
         # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
         # of their own); at most one is pending per tenant, and stats() flushes it.
         self._pending_misses: dict[str, int] = {}
-        self._last_candidates = 0  # of the last lookup (for the adaptive windows)
         cfg = self.config
         self._index_policy = IndexPolicy(
             ann_threshold=cfg.ann_threshold,
@@ -485,8 +488,6 @@ class _ManagerCore:
     def _adapt(
         self, query: str, length: int, candidates: int, seconds: float, passed: bool
     ) -> None:
-        from zerda_cache.context import QueryAnalysis, QueryComplexity
-
         analysis = QueryAnalysis(query=query, complexity=QueryComplexity.LOW, context_budget=0)
         self.adaptive.record(query, analysis, length, candidates, seconds * 1000.0, passed)
 
@@ -649,17 +650,18 @@ class CacheManager(_ManagerCore):
         scope = self._check_scope(scope)
         vec = self._embedding(query, embedding)
         try:
-            hit = self._lookup(keys, query, vec, scope)
+            hit, candidates = self._lookup(keys, query, vec, scope)
         except StorageError as exc:
             self._fail_open(tenant, exc)
             return None
         self._recovered()
-        self._record_lookup(tenant, query, hit, started, self._last_candidates)
+        self._record_lookup(tenant, query, hit, started, candidates)
         return hit
 
     def _lookup(
         self, keys: TenantKeys, query: str, vec: Vector | None, scope: str
-    ) -> CacheHit | None:
+    ) -> tuple[CacheHit | None, int]:
+        """The hit (or None) and how many candidates the index found."""
         tenant, cfg, st = keys.tenant, self.config, self.storage
         ti = self._tenant_index(keys)
         if not ti.built:
@@ -672,7 +674,7 @@ class CacheManager(_ManagerCore):
             return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
 
         found = search()
-        self._last_candidates = len(found)
+        n_found = len(found)
         position = ti.last_id
         with wrap_errors("lookup"):
             pipe = self.client.pipeline(transaction=False)
@@ -691,7 +693,7 @@ class CacheManager(_ManagerCore):
                     similarity=found[0][1],
                 )
             if outcome is not None and outcome.status == "served" and outcome.entry:
-                return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry)
+                return self._spec_hit(tenant, got.spec_id, found[0][1], outcome.entry), n_found
         if changed:
             self._check_dim(tenant, ti, vec)
             found = search()
@@ -712,9 +714,9 @@ class CacheManager(_ManagerCore):
                 similarity=cand[1],
             )
             if outcome.status == "served" and outcome.entry is not None:
-                return self._hit(tenant, cand, score, exact, outcome.entry)
+                return self._hit(tenant, cand, score, exact, outcome.entry), n_found
         self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
-        return None
+        return None, n_found
 
     # -- keeping the index current ---------------------------------------------------------------
     def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> bool:
@@ -898,28 +900,33 @@ class CacheManager(_ManagerCore):
         return removed
 
 
-def connect(url: str, config: CacheConfig, *, cluster: bool | None = None) -> Any:
-    """A redis-py client for ``url`` with zerda-cache's timeouts (see ``from_url``)."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
+def client_options(
+    url: str, config: CacheConfig, cluster: bool | None
+) -> tuple[str, bool, dict[str, Any]]:
+    """The URL (a ``+cluster`` scheme suffix removed), whether it is a Redis Cluster, and
+    zerda-cache's client options: socket timeouts of ``redis_timeout_s``, and one quick
+    retry without backoff, so that a lookup fails open within the timeout."""
     scheme, sep, rest = url.partition("://")
     if scheme.endswith("+cluster"):
         cluster = True
         url = scheme.removesuffix("+cluster") + sep + rest
     timeout = config.redis_timeout_s
-    common: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        # One quick retry, no backoff: a lookup must fail open within the timeout.
-        "retry": Retry(NoBackoff(), 1),
-        "health_check_interval": 30,
-    }
-    if cluster:
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    return url, bool(cluster), options
+
+
+def connect(url: str, config: CacheConfig, *, cluster: bool | None = None) -> Any:
+    """A redis-py client for ``url`` with zerda-cache's timeouts (see ``from_url``)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    url, is_cluster_url, options = client_options(url, config, cluster)
+    options.update(retry=Retry(NoBackoff(), 1), health_check_interval=30)
+    if is_cluster_url:
         from redis.cluster import RedisCluster
 
-        return RedisCluster.from_url(url, **common)
-    return redis.Redis.from_url(url, **common)
+        return RedisCluster.from_url(url, **options)
+    return redis.Redis.from_url(url, **options)
 
 
 __all__ = [

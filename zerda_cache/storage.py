@@ -191,16 +191,22 @@ class StorageOps:
     execute the same plans, so the two flavours cannot drift apart.
 
     Args:
+        client: the redis-py client (sync or asyncio) the subclass executes with.
         config: key prefix, size limits and the bandit parameters the scripts apply.
         clock: returns "now" in unix seconds; default: the Redis server's clock, read
             inside each script (one clock for every replica).
     """
 
-    scripts: Scripts  # registered by the executing subclass
-
     def __init__(
-        self, config: CacheConfig | None = None, *, clock: Callable[[], float] | None = None
+        self,
+        client: Any,
+        config: CacheConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        self.client = client
+        # register_script returns the flavour of the client: sync or asyncio scripts.
+        self.scripts = Scripts.register(client)
         self.config = config if config is not None else CacheConfig()
         self.clock = clock
         self._keys: dict[str, TenantKeys] = {}
@@ -603,9 +609,7 @@ class RedisStorage(StorageOps):
         *,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__(config, clock=clock)
-        self.client = client
-        self.scripts = Scripts.register(client)
+        super().__init__(client, config, clock=clock)
 
     def run(self, call: ScriptCall[T]) -> T:
         """Execute one planned script call."""
@@ -783,13 +787,6 @@ class RedisStorage(StorageOps):
                 yield [(_s(member), float(score)) for member, score in items]
             if int(cursor) == 0:
                 return
-
-    def expired_ids(self, tenant: str, now: float, limit: int) -> list[str]:
-        """Up to ``limit`` ids whose expiry is at or before ``now``."""
-        k = self.keys(tenant)
-        with wrap_errors("expired_ids"):
-            rows = self.client.zrangebyscore(k.ids, "-inf", repr(now), start=0, num=limit)
-        return [_s(r) for r in rows]
 
     def count(self, tenant: str) -> int:
         with wrap_errors("count"):

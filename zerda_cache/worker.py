@@ -47,7 +47,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from zerda_cache.config import CacheConfig, EvictionConfig
+from zerda_cache.config import DEFAULT_MAX_TENANT_LABELS, CacheConfig, EvictionConfig
 from zerda_cache.errors import ZerdaError
 from zerda_cache.keys import leader_key
 from zerda_cache.lease import Lease
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 DEFAULT_LEASE_TTL_S = 15.0
 DEFAULT_METRICS_PORT = 9108
 DEFAULT_HEALTH_FILE = "/tmp/zerda-cache-worker.health"
-DEFAULT_MAX_TENANT_LABELS = 50
 CYCLE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
