@@ -144,7 +144,7 @@ def main() -> None:
         "depth 100 is `feedback_many` with 100 signals (one script call for the batch) "
         "against a pipeline of 100 HSETs. Server time per operation comes from `INFO "
         "commandstats`. Per signal the script does the work of five commands (TIME once "
-        "per call; HMGET of arm and use; HSET of both; XADD to the exactly capped feedback "
+        "per call; HMGET of arm and use; HSET of both; XADD to the (approximately) capped feedback "
         "stream; HINCRBY of the tenant's counter once per call) plus two msgpack decodes "
         "and encodes, where HSET is one command: the server-side cost is what keeps the "
         "ratio below the targets."

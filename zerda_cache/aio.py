@@ -286,11 +286,11 @@ class AsyncCacheManager(_ManagerCore):
         scope: str | None = None,
     ) -> CacheHit | None:
         """See ``CacheManager.lookup``."""
-        started = time.perf_counter()
         keys = self.storage.keys(tenant)
         query = self._check_query(query)
         scope = self._check_scope(scope)
         vec = self._embedding(query, embedding)
+        started = time.perf_counter()  # the latency metric excludes the embedding
         try:
             hit, candidates = await self._lookup(keys, query, vec, scope)
         except StorageError as exc:
@@ -322,7 +322,6 @@ class AsyncCacheManager(_ManagerCore):
             pipe = self.client.pipeline(transaction=False)
             parse = self._queue_first_read(pipe, ti, query, scope, found, self._speculate)
             got = parse(await pipe.execute(raise_on_error=False))
-        now = await self._now()
         changed = await self._catch_up(ti, ti.parse_catchup(got.first, got.new), position)
         if got.spec_id is not None:
             outcome = got.spec_outcome
@@ -341,6 +340,7 @@ class AsyncCacheManager(_ManagerCore):
             found = search()
         found = [(eid, sim) for eid, sim in found if eid != got.spec_id]
         exact_id = got.exact_id if got.exact_id != got.spec_id else None
+        now = await self._now()
         states = got.states
         missing = [eid for eid, _ in found if eid not in states.entries]
         if exact_id is not None and exact_id not in states.entries:
@@ -413,7 +413,8 @@ class AsyncCacheManager(_ManagerCore):
             if not delta.adds and not delta.dels and delta.last_id is None:
                 break
             vectors = await st.vectors(tenant, list(delta.adds)) if delta.adds else {}
-            ti.apply(delta, vectors)
+            if not ti.apply(delta, vectors):
+                return  # cleared and re-created meanwhile: stays unbuilt, rebuilt next time
             if not delta.more:
                 break
         ti.finish_build()

@@ -77,13 +77,14 @@ DEFAULT_REDIS_TIMEOUT_S = 0.5
 #: Process-local memo of query -> embedding (the corrected ContextCache).
 DEFAULT_EMBEDDING_CACHE_SIZE = 4_096
 DEFAULT_EMBEDDING_CACHE_TTL_S = 3_600.0
-#: Replica metrics label this many tenants by name; the rest are "other".
+#: Metrics label this many tenants by name; the rest are "other".
 DEFAULT_MAX_TENANT_LABELS = 50
 #: A scope's local index switches from exact search to HNSW at this many entries (exact
 #: search costs N x d multiply-adds per lookup; see docs/BENCHMARKS.md).
 DEFAULT_ANN_THRESHOLD = 20_000
 #: usearch (float16, ~0.9x the raw vector bytes) or hnswlib (float32, faster, ~1.4x).
 DEFAULT_ANN_BACKEND = "usearch"
+ANN_BACKENDS = ("usearch", "hnswlib")
 DEFAULT_ANN_M = 16
 DEFAULT_ANN_EF_CONSTRUCTION = 64
 DEFAULT_ANN_EF_SEARCH = 64
@@ -247,14 +248,16 @@ class CacheConfig:
         top_k: candidates taken from the vector index per lookup.
         default_ttl_s: TTL of entries put without one; ``None`` keeps them until evicted.
         max_query_chars / max_response_bytes / max_metadata_bytes: input size limits.
-        feedback_log_maxlen: length of each tenant's feedback stream (exact cap).
+        feedback_log_maxlen: length of each tenant's feedback stream (an approximate cap:
+            Redis trims whole stream nodes, so up to 100 more may remain).
         index_log_maxlen: approximate length of each tenant's add/remove log.
         refresh_ttl_on_hit: a served entry's TTL starts again (off by default).
         dedup_threshold: when set, a put whose embedding has cosine >= this with an entry
             of the same scope replaces that entry instead of adding a near-copy.
         redis_timeout_s: socket timeout of clients built by ``from_url``.
         embedding_cache_size / embedding_cache_ttl_s: the per-replica embedding memo.
-        max_tenant_labels: tenants named in replica metrics; the rest are "other".
+        max_tenant_labels: tenants the worker names in its metrics; the rest are "other"
+            (replicas: ``ReplicaMetrics(max_tenant_labels=...)``).
         ann_threshold: entries at which a scope's local index becomes HNSW (needs the
             ``ann`` extra); ``None`` keeps every index exact.
         ann_backend: ``usearch`` (default) or ``hnswlib``; see docs/BENCHMARKS.md.
@@ -307,10 +310,8 @@ class CacheConfig:
         _check_positive("embedding_cache_ttl_s", self.embedding_cache_ttl_s)
         _check_count("max_tenant_labels", self.max_tenant_labels)
         _check_count("ann_threshold", self.ann_threshold, allow_none=True)  # type: ignore[arg-type]
-        if self.ann_backend not in ("usearch", "hnswlib"):
-            raise ValueError(
-                f"ann_backend must be 'usearch' or 'hnswlib', got {self.ann_backend!r}"
-            )
+        if self.ann_backend not in ANN_BACKENDS:
+            raise ValueError(f"ann_backend must be one of {ANN_BACKENDS}, got {self.ann_backend!r}")
         _check_count("ann_m", self.ann_m)
         _check_count("ann_ef_construction", self.ann_ef_construction)
         _check_count("ann_ef_search", self.ann_ef_search)

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,20 +28,6 @@ log = logging.getLogger(__name__)
 #: slack (allocated but unused rows) under ~7% of the vectors' bytes.
 _MIN_GROW_ROWS = 256
 _GROW_FACTOR = 1.0625
-
-
-class VectorIndex(Protocol):
-    """What the replica needs of an index (exact or approximate)."""
-
-    dim: int
-
-    def add(self, entry_id: str, vector: Vector) -> None: ...
-    def remove(self, entry_id: str) -> bool: ...
-    def search(self, query: Vector, k: int, threshold: float) -> list[tuple[str, float]]: ...
-    def __len__(self) -> int: ...
-    def __contains__(self, entry_id: object) -> bool: ...
-    def ids(self) -> Iterator[str]: ...
-    def nbytes(self) -> int: ...
 
 
 class ExactIndex:
@@ -180,7 +166,7 @@ class _SlottedAnn:
     def _graph_nbytes(self) -> int:
         raise NotImplementedError
 
-    # -- the VectorIndex interface -------------------------------------------------------------
+    # -- the index interface (as ExactIndex) ------------------------------------------------
     @staticmethod
     def _key(entry_id: str) -> int:
         try:
@@ -397,9 +383,6 @@ class HnswIndex(_SlottedAnn):
         # M + 1 ints on average, plus a pointer), the per-element mutex and hash-map node.
         per = self.dim * 4 + (2 * self._m + 1) * 4 + 8 + 8 + (self._m + 1) * 4 // 15 + 40 + 56
         return self._cap * per
-
-
-ANN_BACKENDS = ("usearch", "hnswlib")
 
 
 def ann_available(backend: str = "usearch") -> bool:

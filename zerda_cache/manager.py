@@ -4,10 +4,14 @@
 The manager composes the pieces and owns none of their logic: storage (keys, codecs,
 scripts), the learner (bandit math), the replica index (log sync) and the metrics.
 
-A lookup costs two round trips in the common case: one pipeline that reads the log's new
-events, the exact-match digest, the candidates' learning state and the server's clock;
-then the hit script on the chosen candidate. Only when the log had news (a put or a
-removal by another replica) does it read the new vectors and the new candidates' state.
+A lookup with a single candidate costs one round trip: one pipeline reads the log's new
+events and the exact-match digest and runs the hit script on the candidate. With several
+candidates it reads their learning state instead, ranks them, then runs the hit script
+(two round trips; always two on Redis Cluster, whose pipelines cannot carry scripts).
+Only when the log had news (a put or a removal by another replica) does it read the new
+vectors and the new candidates' state. On that single-candidate path an exact-match entry
+that the replica's index has not caught up with yet is not considered: the candidate the
+index found is served (the next lookup sees both).
 
 ``AsyncCacheManager`` (``zerda_cache/aio.py``) has the same methods as coroutines and
 shares everything here except the I/O.
@@ -372,7 +376,7 @@ class _ManagerCore:
             out.exact_id = fixed[2].decode() if fixed[2] is not None else None
             rest = res[n_fixed:]
             if spec_call is not None:
-                out.spec_id = spec_call.keys[0].rsplit(":", 1)[1]
+                out.spec_id = found[0][0]
                 reply = rest[0]
                 if isinstance(reply, redis.exceptions.NoScriptError):
                     out.spec_noscript = True
@@ -550,7 +554,8 @@ class CacheManager(_ManagerCore):
         client: a ``redis.Redis`` or ``RedisCluster`` (``decode_responses=False``).
         config: the cache configuration.
         embed_fn: query -> embedding; optional when every call passes ``embedding=``.
-        admission: the put admission check (default: refuse empty answers).
+        admission: the put admission check (default: the seed's ``ContextGuard``, see
+            ``default_admission``).
         learner: the bandit learner (default: one built from ``config.rl``).
         metrics: replica metrics (default: the process-wide ones).
         clock: inject "now" (tests); default: the Redis server's clock.
@@ -644,11 +649,11 @@ class CacheManager(_ManagerCore):
             InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
             DimensionMismatchError: bad input.
         """
-        started = time.perf_counter()
         keys = self.storage.keys(tenant)
         query = self._check_query(query)
         scope = self._check_scope(scope)
         vec = self._embedding(query, embedding)
+        started = time.perf_counter()  # the latency metric excludes the embedding
         try:
             hit, candidates = self._lookup(keys, query, vec, scope)
         except StorageError as exc:
@@ -665,7 +670,9 @@ class CacheManager(_ManagerCore):
         tenant, cfg, st = keys.tenant, self.config, self.storage
         ti = self._tenant_index(keys)
         if not ti.built:
-            self._build(ti)
+            with ti.lock:  # one thread builds; the others wait and use its index
+                if not ti.built:
+                    self._build(ti)
         self._check_dim(tenant, ti, vec)
 
         def search() -> list[tuple[str, float]]:
@@ -680,7 +687,6 @@ class CacheManager(_ManagerCore):
             pipe = self.client.pipeline(transaction=False)
             parse = self._queue_first_read(pipe, ti, query, scope, found, self._speculate)
             got = parse(pipe.execute(raise_on_error=False))
-        now = self._now()
         changed = self._catch_up(ti, ti.parse_catchup(got.first, got.new), position)
         if got.spec_id is not None:
             outcome = got.spec_outcome
@@ -699,6 +705,7 @@ class CacheManager(_ManagerCore):
             found = search()
         found = [(eid, sim) for eid, sim in found if eid != got.spec_id]
         exact_id = got.exact_id if got.exact_id != got.spec_id else None
+        now = self._now()
         states = got.states
         missing = [eid for eid, _ in found if eid not in states.entries]
         if exact_id is not None and exact_id not in states.entries:

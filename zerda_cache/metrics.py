@@ -151,11 +151,11 @@ class _AdaptiveCollector(Collector):
             ),
             "avg_context_length": GaugeMetricFamily(
                 "zerda_cache_replica_window_answer_chars",
-                "Mean length of answers served or admitted over the last 100 operations.",
+                "Mean answer length over the last 100 lookups and puts (a miss counts 0).",
             ),
             "avg_chunk_count": GaugeMetricFamily(
                 "zerda_cache_replica_window_candidates",
-                "Mean number of candidates per lookup over the last 100 operations.",
+                "Mean candidates over the last 100 lookups and puts (a put counts 0).",
             ),
             "guard_failure_rate": GaugeMetricFamily(
                 "zerda_cache_replica_window_admission_failure_ratio",

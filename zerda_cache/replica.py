@@ -1,6 +1,6 @@
 """Keeping a replica's vector index in step with Redis through the tenant's log stream.
 
-Every put and every removal appends an ``add`` or ``del`` event to ``p:{t}:log`` inside
+Every put and every removal appends an ``add`` or ``del`` event to ``zc:{t}:log`` inside
 the same Lua script that changes the entry, so the log is a complete, ordered history.
 A replica builds its index once (remember the log's last id, scan every live id, fetch
 their vectors, then replay the log from the remembered id: events that raced the scan are
@@ -81,7 +81,6 @@ class TenantIndex:
         self.consumed = 0  # log events consumed since the log began
         self.built = False
         self.lock = threading.RLock()  # one catch-up at a time per tenant (sync manager)
-        self.rebuilds = 0
 
     # -- catch-up ------------------------------------------------------------------------
     def queue_catchup(self, pipe: Any) -> None:
@@ -152,7 +151,7 @@ class TenantIndex:
             self.consumed = info["added"]
             self.built = False
 
-    def add_scanned(self, vectors: dict[str, tuple[Vector, str]]) -> bool:
+    def add_scanned(self, vectors: dict[str, tuple[Vector, str]]) -> None:
         with self.lock:
             for eid, (vec, scope) in vectors.items():
                 if self.index is None:
@@ -167,12 +166,10 @@ class TenantIndex:
                     )
                     continue
                 self.index.add(eid, vec, scope)
-            return True
 
     def finish_build(self) -> None:
         with self.lock:
             self.built = True
-            self.rebuilds += 1
 
     # -- queries -------------------------------------------------------------------------
     def search(self, vec: Vector, scope: str, k: int, threshold: float) -> list[tuple[str, float]]:

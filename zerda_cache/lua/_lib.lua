@@ -1,5 +1,5 @@
 -- KEYS: none. ARGV: none. returns: nothing. Not a script: scripts.py prepends this library
--- to put, hit, feedback and decay, so that each formula of zerda_cache/entry.py exists once
+-- to put, hit, feedback, decay and state, so that each formula of zerda_cache/entry.py exists once
 -- in Lua. Arms are msgpack maps {a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at}.
 
 -- The one clock: the caller's injected time (tests) or the Redis server's TIME.
