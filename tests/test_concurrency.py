@@ -72,7 +72,8 @@ def _run(url: str, ids: list[str], rl: RLConfig) -> dict[str, list[float]]:
 
 @pytest.mark.slow
 def test_no_lost_update(redis_client: redis.Redis, redis_url: str) -> None:
-    rl = RLConfig(usage_decay=1.0)  # no decay: alpha and beta are exact sums
+    # No decay and no forgetting (order-dependent): alpha and beta are exact sums.
+    rl = RLConfig(usage_decay=1.0, negative_streak_forget=1.0)
     storage, ids = _setup(redis_url, rl)
     total = _run(redis_url, ids, rl)
     states = storage.load_states(TENANT, ids).entries
@@ -90,7 +91,7 @@ def test_no_lost_update(redis_client: redis.Redis, redis_url: str) -> None:
 @pytest.mark.slow
 def test_no_lost_update_while_decaying(redis_client: redis.Redis, redis_url: str) -> None:
     # Fast decay on the server's clock: the excess halves every 50 ms.
-    rl = RLConfig(usage_decay=0.5, decay_interval_s=0.05)
+    rl = RLConfig(usage_decay=0.5, decay_interval_s=0.05, negative_streak_forget=1.0)
     storage, ids = _setup(redis_url, rl)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()

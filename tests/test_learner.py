@@ -30,6 +30,47 @@ def sig(eid: str = "e1", positive: bool = True, magnitude: float = 1.0) -> Feedb
     return FeedbackSignal(entry_id=eid, tenant_id="acme", positive=positive, magnitude=magnitude)
 
 
+def test_a_streak_of_negatives_forgets_earned_praise() -> None:
+    """An answer confirmed 30 times that went stale stops being served after three
+    complaints in a row (not after ~30); one noisy complaint costs it nothing extra."""
+    cfg = RLConfig(min_reward_to_serve=0.4, negative_streak_forget=0.25)
+    learner = CachePolicyLearner(cfg)
+    e = make_entry(bandit_arm=BanditArm.fresh(cfg, now=0.0))
+    for _ in range(30):
+        learner.record_feedback(e, sig(), now=0.0)
+    learner.record_feedback(e, sig(positive=False), now=0.0)  # noise: alpha kept
+    assert (e.bandit_arm.alpha, e.negative_streak) == (31.0, 1)
+    learner.record_feedback(e, sig(), now=0.0)  # a positive ends the streak
+    assert e.negative_streak == 0
+    served = []
+    for _ in range(4):
+        learner.record_feedback(e, sig(positive=False), now=0.0)
+        served.append(learner.is_servable(e))
+    assert served == [True, True, False, False]
+    assert e.bandit_arm.alpha == pytest.approx(1.0 + 31.0 * 0.25**3)
+
+    seed = CachePolicyLearner(RLConfig(min_reward_to_serve=0.4, negative_streak_forget=1.0))
+    e2 = make_entry(bandit_arm=BanditArm.fresh(cfg, now=0.0))
+    for _ in range(31):
+        seed.record_feedback(e2, sig(), now=0.0)
+    for _ in range(4):
+        seed.record_feedback(e2, sig(positive=False), now=0.0)
+    assert seed.is_servable(e2)  # the seed's arm still trusts it
+
+
+def test_near_miss_negatives_do_not_count_towards_the_streak() -> None:
+    learner = CachePolicyLearner(RLConfig())
+    e = make_entry()
+    for _ in range(5):
+        learner.record_feedback(e, sig(), now=0.0)
+    for s in (0.80, 0.82, 0.84):
+        learner.record_feedback(
+            e, FeedbackSignal("e1", "acme", positive=False, similarity=s), now=0.0
+        )
+    assert e.negative_streak == 0
+    assert e.bandit_arm.alpha == 6.0
+
+
 # --- seed defaults ---------------------------------------------------------------------------
 def test_seed_defaults() -> None:
     rl, ev = RLConfig(), EvictionConfig()

@@ -97,6 +97,26 @@ def test_put_then_lookup_hit_and_miss(manager: CacheManager, registry: Collector
     assert metric(registry, "zerda_cache_lookups_total", tenant="acme", result="miss") == 2
 
 
+def test_feedback_on_a_fresh_answer_judges_it_before_it_is_served(
+    redis_client: redis.Redis, registry: CollectorRegistry
+) -> None:
+    """The user's reaction to the LLM's answer (a miss) goes to the entry just cached: a
+    wrong one is never served from the cache, and its similarity bar is not touched."""
+    cfg = CacheConfig(similarity_threshold=0.8, rl=RLConfig(min_reward_to_serve=0.4))
+    m = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(registry))
+    v = unit(7)
+    res = m.put("What is the capital of Australia?", "Sydney.", tenant="geo", embedding=v)
+    signal = res.feedback(False)
+    assert (signal.entry_id, signal.tenant_id, signal.similarity) == (res.entry_id, "geo", 1.0)
+    m.feedback(signal)
+    assert m.lookup("capital of australia", tenant="geo", embedding=near(v, 0.95)) is None
+    entry = m.storage.get_entry("geo", res.entry_id or "", with_vector=False)
+    assert (entry.bandit_arm.beta, entry.similarity_bar) == (2.0, 0.0)
+    refused = m.put("empty?", "", tenant="geo", embedding=unit(8))
+    with pytest.raises(ValueError, match="nothing was stored"):
+        refused.feedback(True)
+
+
 def test_threshold_is_cosine_higher_is_stricter(
     redis_client: redis.Redis, registry: CollectorRegistry
 ) -> None:

@@ -31,6 +31,7 @@ _tenants = itertools.count()
 rl_configs = st.builds(
     RLConfig,
     near_miss_penalty_share=st.floats(0.0, 1.0),
+    negative_streak_forget=st.floats(0.0, 1.0),
     similarity_bar_margin=st.floats(0.0, 0.05),
     prior_alpha=st.floats(0.1, 5.0),
     prior_beta=st.floats(0.1, 5.0),
@@ -128,3 +129,4 @@ def compare(storage: RedisStorage, tenant: str, eid: str, model: IntelligentCach
     assert got.last_access == model.last_access
     assert got.similarity_bar == pytest.approx(model.similarity_bar, abs=1e-12)
     assert got.min_positive_similarity == pytest.approx(model.min_positive_similarity, abs=1e-12)
+    assert got.negative_streak == model.negative_streak

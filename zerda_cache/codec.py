@@ -204,6 +204,8 @@ class Use:
     quality: float
     similarity_bar: float
     min_positive_similarity: float
+    #: ``ns``, absent from entries written before it existed (read as 0).
+    negative_streak: int = 0
 
 
 def unpack_use(raw: object, *, key: str = "?") -> Use:
@@ -217,6 +219,7 @@ def unpack_use(raw: object, *, key: str = "?") -> Use:
         quality=_num(use, "qs", key, "use"),
         similarity_bar=_num(use, "sb", key, "use"),
         min_positive_similarity=_num(use, "pm", key, "use"),
+        negative_streak=int(_num(use, "ns", key, "use")) if "ns" in use else 0,
     )
 
 
@@ -238,6 +241,7 @@ def trusted_use(raw: bytes) -> Use:
         float(d["qs"]),
         float(d["sb"]),
         float(d["pm"]),
+        int(d.get("ns", 0)),
     )
 
 

@@ -39,6 +39,11 @@ DEFAULT_SIMILARITY_BAR_MARGIN = 0.005
 #: ...and keeps only this share of its penalty on the arm (the match was wrong, perhaps
 #: not the answer).
 DEFAULT_NEAR_MISS_PENALTY_SHARE = 0.5
+#: A negative signal that follows another negative (no positive between them) first
+#: shrinks the arm's positive evidence over the prior by this factor: an answer that was
+#: confirmed once and now draws complaint after complaint (it went stale) stops being
+#: served after two or three of them, not after as many complaints as it had praise.
+DEFAULT_NEGATIVE_STREAK_FORGET = 0.25
 #: Seed default: the excess of alpha and beta over the prior shrinks by this factor...
 DEFAULT_USAGE_DECAY = 0.995
 #: ...per this many seconds (the seed's suggested decay period, 5 minutes). Decay is
@@ -134,6 +139,10 @@ class RLConfig:
             own similarity bar rises (0..1).
         near_miss_penalty_share: share of a negative signal's penalty the arm keeps when
             the signal is blamed on the match (0..1; 1 is the seed's behaviour).
+        negative_streak_forget: on the second and later negative signal in a row (no
+            positive between them), the arm's positive evidence over the prior is first
+            multiplied by this (0..1; 1 is the seed's behaviour: never forget). Negatives
+            blamed on the match do not count towards the streak.
         min_reward_to_serve: a stricter bar for serving only (0..1, at least
             ``min_reward_to_keep``); ``None`` uses ``min_reward_to_keep``. With sparse
             feedback, the seed's 0.05 takes ~19 net negative signals to stop serving an
@@ -153,6 +162,7 @@ class RLConfig:
     min_reward_to_serve: float | None = DEFAULT_MIN_REWARD_TO_SERVE
     similarity_bar_margin: float = DEFAULT_SIMILARITY_BAR_MARGIN
     near_miss_penalty_share: float = DEFAULT_NEAR_MISS_PENALTY_SHARE
+    negative_streak_forget: float = DEFAULT_NEGATIVE_STREAK_FORGET
     usage_decay: float = DEFAULT_USAGE_DECAY
     decay_interval_s: float = DEFAULT_DECAY_INTERVAL_S
     seed: int | None = None
@@ -177,6 +187,7 @@ class RLConfig:
         _check_unit("min_reward_to_keep", self.min_reward_to_keep)
         _check_unit("similarity_bar_margin", self.similarity_bar_margin)
         _check_unit("near_miss_penalty_share", self.near_miss_penalty_share)
+        _check_unit("negative_streak_forget", self.negative_streak_forget)
         if self.min_reward_to_serve is not None:
             _check_unit("min_reward_to_serve", self.min_reward_to_serve)
             if self.min_reward_to_serve < self.min_reward_to_keep:

@@ -163,6 +163,9 @@ class IntelligentCacheEntry:
     similarity_bar: float = 0.0
     #: The lowest similarity at which the entry got positive feedback (2.0: none yet).
     min_positive_similarity: float = 2.0
+    #: Negative signals in a row since the last positive (those blamed on the match
+    #: excluded); see ``RLConfig.negative_streak_forget``.
+    negative_streak: int = 0
 
     def record_hit(self, positive: bool, reward: float) -> None:
         """Apply one feedback signal to the arm (the seed's name for it)."""

@@ -124,6 +124,7 @@ class PutResult:
         warnings: the admission check's warnings, stored or not.
         replaced_id: an entry this one replaced (same question, or a near-duplicate when
             ``dedup_threshold`` is set).
+        tenant: the tenant it was put for.
     """
 
     stored: bool
@@ -131,9 +132,32 @@ class PutResult:
     reason: str | None = None
     warnings: tuple[str, ...] = ()
     replaced_id: str | None = None
+    tenant: str = ""
 
     def __bool__(self) -> bool:
         return self.stored
+
+    def feedback(
+        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
+    ) -> FeedbackSignal:
+        """A ``FeedbackSignal`` about the answer just cached, ready for
+        ``CacheManager.feedback``: the user's reaction to the fresh answer judges it
+        before it is ever served from the cache. It is about the entry's own question,
+        so it carries similarity 1.0 (it never moves the entry's similarity bar).
+
+        Raises:
+            ValueError: nothing was stored.
+        """
+        if not self.stored or self.entry_id is None:
+            raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
+        return FeedbackSignal(
+            entry_id=self.entry_id,
+            tenant_id=self.tenant,
+            positive=positive,
+            magnitude=magnitude,
+            source=source,
+            similarity=1.0,
+        )
 
 
 class AdmissionCheck(Protocol):
@@ -430,6 +454,7 @@ class _ManagerCore:
                 False,
                 reason=warnings[0] if warnings else "admission check failed",
                 warnings=tuple(warnings),
+                tenant=tenant,
             )
         return _PutPlan(keys, query, scope, vec, warnings)
 
@@ -452,6 +477,7 @@ class _ManagerCore:
             out.entry_id,
             warnings=tuple(plan.warnings),
             replaced_id=replaced[0] if replaced else None,
+            tenant=plan.keys.tenant,
         )
         return replaced, result
 

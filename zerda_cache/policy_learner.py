@@ -149,12 +149,20 @@ class CachePolicyLearner:
         if signal.positive:
             if sim is not None and sim < entry.min_positive_similarity:
                 entry.min_positive_similarity = float(sim)
+            entry.negative_streak = 0
         elif sim is not None and sim < 1 - 1e-6 and sim < entry.min_positive_similarity:
             # No positive at or below this similarity: blame the match more than the
             # answer. The entry's own bar rises above it; the arm keeps part of the penalty.
             bar = min(sim + self.config.similarity_bar_margin, 0.99999)  # never above its own
             entry.similarity_bar = max(entry.similarity_bar, bar)  # question's similarity
             reward *= self.config.near_miss_penalty_share
+        else:
+            # A complaint after a complaint: forget most of the praise the answer had
+            # earned, so that an answer gone stale stops being served after two or three.
+            entry.negative_streak += 1
+            arm, prior = entry.bandit_arm, self.config.prior_alpha
+            if entry.negative_streak >= 2 and arm.alpha > prior:
+                arm.alpha = prior + (arm.alpha - prior) * self.config.negative_streak_forget
         entry.record_hit(positive=bool(signal.positive), reward=reward)
         entry.confidence_score = self._compute_confidence(entry)
         self.note_feedback(signal)

@@ -226,6 +226,7 @@ class StorageOps:
             str(self.config.feedback_log_maxlen),
             repr(rl.similarity_bar_margin),
             repr(rl.near_miss_penalty_share),
+            repr(rl.negative_streak_forget),
         ]
 
     def keys(self, tenant: str) -> TenantKeys:
@@ -390,6 +391,7 @@ class StorageOps:
                 version=use.version,
                 similarity_bar=use.similarity_bar,
                 min_positive_similarity=use.min_positive_similarity,
+                negative_streak=use.negative_streak,
             )
             return HitOutcome("served", entry)
 
@@ -910,4 +912,5 @@ def _state_entry(
         size_bytes=size,
         similarity_bar=use.similarity_bar,
         min_positive_similarity=use.min_positive_similarity,
+        negative_streak=use.negative_streak,
     )

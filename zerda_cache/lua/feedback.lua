@@ -4,6 +4,7 @@
 -- ARGV[6] usage_decay  ARGV[7] decay_interval_s  ARGV[8] feedback log maxlen (approximate:
 -- Redis trims whole stream nodes, so up to stream-node-max-entries (100) more may remain)
 -- ARGV[9] similarity-bar margin  ARGV[10] share of the penalty a near-miss negative keeps
+-- ARGV[11] negative-streak forget factor (1 = never forget)
 -- then six per signal: entry id, positive (1/0), magnitude, source, caller's timestamp,
 -- the similarity the entry was served at ('' = unknown)
 -- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
@@ -15,10 +16,11 @@ local pos_w, neg_w = tonumber(ARGV[2]), tonumber(ARGV[3])
 local pa, pb = tonumber(ARGV[4]), tonumber(ARGV[5])
 local decay, interval = tonumber(ARGV[6]), tonumber(ARGV[7])
 local margin, near_share = tonumber(ARGV[9]), tonumber(ARGV[10])
+local forget = tonumber(ARGV[11])
 local out = {}
 local n_pos, n_neg = 0, 0
 for i = 3, #KEYS do
-  local base = 10 + (i - 3) * 6
+  local base = 11 + (i - 3) * 6
   local raw = redis.call('HMGET', KEYS[i], 'arm', 'use')
   if not raw[1] then
     out[#out + 1] = {0}
@@ -38,6 +40,7 @@ for i = 3, #KEYS do
         if sim and sim < use.pm then
           use.pm = sim
         end
+        use.ns = 0
         n_pos = n_pos + 1
       else
         local reward = magnitude * neg_w
@@ -50,6 +53,14 @@ for i = 3, #KEYS do
             use.sb = bar
           end
           reward = reward * near_share
+        else
+          -- CachePolicyLearner.record_feedback: a complaint after a complaint forgets most
+          -- of the praise the answer had (it may have gone stale).
+          local streak = (tonumber(use.ns) or 0) + 1
+          if streak >= 2 and arm.a > pa then
+            arm.a = pa + (arm.a - pa) * forget
+          end
+          use.ns = streak
         end
         arm.b = arm.b + reward
         arm.r = arm.r - reward
