@@ -202,15 +202,29 @@ class S3FIFO:
 
 
 class VectorRows:
-    """Vectors in a growing matrix, with dead rows masked and compacted away."""
+    """The baselines' vector search: exact (a matrix, dead rows masked and compacted
+    away) or, for the full data set, HNSW from usearch (float32, cosine): an exact scan
+    of 65k x 384 floats per request would take hours over the whole stream."""
 
-    def __init__(self, dim: int, reserve: int) -> None:
-        self.mat = np.zeros((max(16, reserve), dim), dtype=np.float32)
+    def __init__(self, dim: int, reserve: int, *, ann: bool = False) -> None:
+        self.ann = None
+        if ann:
+            from zerda_cache.index import _import_usearch
+
+            self.ann = _import_usearch().Index(ndim=dim, metric="cos", dtype="f32")
+        self.mat = np.zeros((16 if ann else max(16, reserve), dim), dtype=np.float32)
         self.keys = np.full(len(self.mat), -1, dtype=np.int64)
         self.n = 0
         self.row_of: dict[int, int] = {}
 
+    def live(self) -> list[int]:
+        return list(self.row_of)
+
     def add(self, key: int, vec: np.ndarray) -> None:
+        if self.ann is not None:
+            self.ann.add(key, vec)
+            self.row_of[key] = 0
+            return
         if self.n == len(self.mat):
             self.compact()
             if self.n == len(self.mat):
@@ -222,9 +236,15 @@ class VectorRows:
         self.n += 1
 
     def remove(self, key: int) -> None:
-        self.keys[self.row_of.pop(key)] = -1
+        row = self.row_of.pop(key)
+        if self.ann is not None:
+            self.ann.remove(key)
+        else:
+            self.keys[row] = -1
 
     def compact(self) -> None:
+        if self.ann is not None:
+            return
         alive = self.keys[: self.n] >= 0
         m = int(alive.sum())
         self.mat[:m] = self.mat[: self.n][alive]
@@ -233,30 +253,41 @@ class VectorRows:
         self.n = m
         self.row_of = {int(k): i for i, k in enumerate(self.keys[:m])}
 
-    def similarities(self, vec: np.ndarray) -> np.ndarray:
+    def search(self, vec: np.ndarray, threshold: float, k: int = 8) -> list[tuple[int, float]]:
+        """Up to ``k`` live keys at cosine >= ``threshold``, best first."""
+        if self.ann is not None:
+            if not self.row_of:
+                return []
+            found = self.ann.search(vec, k)
+            pairs = [(int(key), 1.0 - float(d)) for key, d in zip(found.keys, found.distances,
+                                                                   strict=True)]  # fmt: skip
+            return [(key, sim) for key, sim in pairs if sim >= threshold]
         sims = self.mat[: self.n] @ vec
         sims[self.keys[: self.n] < 0] = -2.0
-        return sims
+        top = np.argpartition(-sims, k)[:k] if len(sims) > k else np.arange(len(sims))
+        top = top[np.argsort(-sims[top])]
+        return [(int(self.keys[i]), float(sims[i])) for i in top if sims[i] >= threshold]
 
 
 class Threshold(Policy):
     """The best cosine at or above the threshold is served, no learning; LRU eviction
     (GPTCache's default) or S3-FIFO."""
 
-    def __init__(self, w: Workload, threshold: float, capacity: int, eviction: str) -> None:
+    def __init__(
+        self, w: Workload, threshold: float, capacity: int, eviction: str, *, ann: bool = False
+    ) -> None:
         self.w, self.threshold, self.capacity = w, threshold, capacity
         self.name = "threshold + " + ("LRU" if eviction == "lru" else "S3-FIFO")
         self.policy: LRU | S3FIFO = LRU(capacity) if eviction == "lru" else S3FIFO(capacity)
-        self.rows = VectorRows(w.vecs.shape[1], capacity + 1)
+        self.rows = VectorRows(w.vecs.shape[1], capacity + 1, ann=ann)
         self.store_: dict[int, Answer] = {}
         self.next_key = 0
 
     def lookup(self, text: int, pair: int, t: int) -> tuple[Answer, Any] | None:
-        sims = self.rows.similarities(self.w.vecs[text])
-        best = int(np.argmax(sims))
-        if sims[best] < self.threshold:
+        found = self.rows.search(self.w.vecs[text], self.threshold, 1)
+        if not found:
             return None
-        key = int(self.rows.keys[best])
+        key = found[0][0]
         self.policy.hit(key)
         return self.store_[key], key
 
@@ -282,7 +313,9 @@ class RedisLFU(Policy):
     the search and drops a row when its key is found gone. ``maxmemory`` is set to the
     memory Redis uses once ``capacity`` seeded entries are in."""
 
-    def __init__(self, w: Workload, threshold: float, capacity: int, server: RedisServer) -> None:
+    def __init__(
+        self, w: Workload, threshold: float, capacity: int, server: RedisServer, *, ann: bool
+    ) -> None:
         import redis
 
         self.w, self.threshold = w, threshold
@@ -291,7 +324,7 @@ class RedisLFU(Policy):
         self.r.flushall()
         self.r.config_set("maxmemory", 0)
         self.r.config_set("maxmemory-policy", "allkeys-lfu")
-        self.rows = VectorRows(w.vecs.shape[1], capacity + 1)
+        self.rows = VectorRows(w.vecs.shape[1], capacity + 1, ann=ann)
         self.answers: dict[int, Answer] = {}
         self.capacity, self.next_key = capacity, 0
 
@@ -306,17 +339,12 @@ class RedisLFU(Policy):
                 self.r.config_set("maxmemory", used)
 
     def lookup(self, text: int, pair: int, t: int) -> tuple[Answer, Any] | None:
-        sims = self.rows.similarities(self.w.vecs[text])
-        while True:
-            best = int(np.argmax(sims)) if len(sims) else 0
-            if not len(sims) or sims[best] < self.threshold:
-                return None
-            key = int(self.rows.keys[best])
+        for key, _ in self.rows.search(self.w.vecs[text], self.threshold):
             if self.r.get(f"e{key}") is not None:  # GET counts as an access for LFU
                 return self.answers[key], key
             self.rows.remove(key)  # evicted by Redis
             del self.answers[key]
-            sims[best] = -2.0
+        return None
 
     def store(self, text: int, ans: Answer) -> Any:
         key, self.next_key = self.next_key, self.next_key + 1
@@ -327,7 +355,7 @@ class RedisLFU(Policy):
 
     def tick(self, t: int) -> None:
         if (t + 1) % 2_000 == 0:  # forget rows whose keys Redis evicted (EXISTS: no touch)
-            keys = [int(k) for k in self.rows.keys[: self.rows.n] if k >= 0]
+            keys = self.rows.live()
             for i in range(0, len(keys), 200):  # small batches: client buffers count
                 chunk = keys[i : i + 200]  # against maxmemory too
                 pipe = self.r.pipeline(transaction=False)
