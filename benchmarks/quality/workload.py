@@ -71,13 +71,14 @@ def embed_corpus(texts: list[str]) -> np.ndarray:
     from zerda_cache.embedders import MiniLMEmbedder
 
     model = MiniLMEmbedder(threads=2)
-    out = []
+    order = np.argsort([len(t) for t in texts], kind="stable")  # batches of like length:
+    vecs = np.zeros((len(texts), 384), dtype=np.float32)  # half the padding work
     with Progress() as progress:
         task = progress.add_task("embedding QQP (all-MiniLM-L6-v2)", total=len(texts))
         for i in range(0, len(texts), 256):
-            out.append(model.embed_many(texts[i : i + 256]))
-            progress.advance(task, len(out[-1]))
-    vecs = np.concatenate(out).astype(np.float32)
+            rows = order[i : i + 256]
+            vecs[rows] = model.embed_many([texts[j] for j in rows])
+            progress.advance(task, len(rows))
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, vecs)
