@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,6 +340,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny run; writes nothing")
     parser.add_argument("--replot", action="store_true", help="redraw from the saved JSON")
     args = parser.parse_args()
+    # A kill stops the Redis servers too (the finally below), not only this process.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     label = "quality-full" if args.full else "quality"
     out_dir = ROOT / "docs" / "quality"
     if args.replot:
