@@ -73,13 +73,27 @@ def git_rev() -> str:
         return "unknown"
 
 
-def write_section(name: str, title: str, body: str) -> None:
-    """Replace (or append) section ``name`` of docs/BENCHMARKS.md."""
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+def provenance() -> dict[str, str]:
+    """Where numbers come from: machine, command, commit and time of this run."""
+    return {
+        "machine": machine(),
+        "command": command(),
+        "commit": git_rev(),
+        "run_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def write_section(name: str, title: str, body: str, origin: dict[str, str] | None = None) -> None:
+    """Replace (or append) section ``name`` of docs/BENCHMARKS.md.
+
+    ``origin`` (see ``provenance``) names the run that measured the numbers when the
+    section is rendered later from saved results; by default, this run.
+    """
+    o = origin or provenance()
     block = (
         f"<!-- section:{name} -->\n## {title}\n\n"
-        f"Machine: {machine()}  \nCommand: `{command()}`  \n"
-        f"Commit: {git_rev()}, run {stamp}\n\n{body.strip()}\n<!-- /section:{name} -->"
+        f"Machine: {o['machine']}  \nCommand: `{o['command']}`  \n"
+        f"Commit: {o['commit']}, run {o['run_at']}\n\n{body.strip()}\n<!-- /section:{name} -->"
     )
     BENCHMARKS_MD.parent.mkdir(parents=True, exist_ok=True)
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else _HEADER

@@ -21,7 +21,6 @@ an oracle that knows the labels (an upper bound). Thresholds are swept.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import signal
 import sys
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(HERE))
 
 import policies as P  # noqa: E402
-from _report import table, write_section  # noqa: E402
+from _report import git_rev, provenance, table, write_section  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from workload import (  # noqa: E402
     Answer,
@@ -154,22 +153,12 @@ def family(row: dict[str, Any]) -> str:
     return row["policy"]
 
 
-def interpolate_error(rows: list[dict[str, Any]], hit_rate: float) -> float | None:
-    """A static family's error rate at ``hit_rate``, linear between its sweep points."""
-    pts = sorted((r["hit_rate"], r["error_rate"]) for r in rows)
-    for (h0, e0), (h1, e1) in itertools.pairwise(pts):
-        if h0 <= hit_rate <= h1:
-            return e0 if h1 == h0 else e0 + (e1 - e0) * (hit_rate - h0) / (h1 - h0)
-    return None
-
-
-def best_static_error(rows: list[dict[str, Any]], hit_rate: float) -> tuple[float, str] | None:
-    found = []
-    for fam in STATIC:
-        err = interpolate_error([r for r in rows if family(r) == fam], hit_rate)
-        if err is not None:
-            found.append((err, fam))
-    return min(found) if found else None
+def static_error_at(static: list[dict[str, Any]], hit_rate: float) -> dict[str, Any] | None:
+    """The static point with the lowest error among those whose hit rate is at least
+    ``hit_rate``: what the best static configuration costs for as many hits (no
+    interpolation, so never better for zerda-cache than the measured points)."""
+    ok = [r for r in static if r["hit_rate"] >= hit_rate - 1e-12]
+    return min(ok, key=lambda r: r["error_rate"]) if ok else None
 
 
 def best_hit_at(rows: list[dict[str, Any]], max_error: float) -> dict[str, Any] | None:
@@ -191,29 +180,45 @@ def targets(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         return "n/a" if flag is None else ("met" if flag else "**not met**")
 
     # 1. error at equal hit rate, at every zerda point; the best ratio and the default's.
+    # Only where a static cache has as few hits too: below its lowest hit rate there is
+    # no static configuration to compare with (confirm first lives there).
+    lowest = min((r["hit_rate"] for r in static), default=1.0)
     ratios = []
     for r in zerda:
-        base = best_static_error(static, r["hit_rate"])
-        if base is not None and base[0] > 0:
-            ratios.append((r["error_rate"] / base[0], r, base))
+        if r["hit_rate"] < lowest:
+            continue
+        base = static_error_at(static, r["hit_rate"])
+        if base is not None and base["error_rate"] > 0:
+            ratios.append((r["error_rate"] / base["error_rate"], r, base))
+
+    def describe(x: tuple[float, dict[str, Any], dict[str, Any]]) -> str:
+        z, b = x[1], x[2]
+        return (f"{x[0]:.2f}: {z['policy']} @{z['threshold']:.2f} ({z['hit_rate']:.3f} hits, "
+                f"{z['error_rate']:.2%} wrong) vs {family(b)} @{b['threshold']:.2f} "
+                f"({b['hit_rate']:.3f}, {b['error_rate']:.2%})")  # fmt: skip
+
     if ratios:
         best = min(ratios, key=lambda x: x[0])
+        shown = f"best {describe(best)}"
         at_default = next((x for x in ratios if x[1] is at), None)
-        shown = (f"{best[0]:.2f}: {best[1]['policy']} @{best[1]['threshold']:.2f} vs "
-                 f"{best[2][1]}")  # fmt: skip
         if at_default:
-            shown += f"; {at_default[0]:.2f} at {DEFAULT_THRESHOLD}"
-        lines.append(["error / best static error at equal hit rate", "<= 0.20", shown,
-                      ok(best[0] <= 0.2)])  # fmt: skip
+            shown += f"; default threshold {describe(at_default)}"
+        lines.append(["error / best static error at a hit rate at least as high", "<= 0.20",
+                      shown, ok(best[0] <= 0.2)])  # fmt: skip
         out["error_ratio_best"] = best[0]
     else:
-        lines.append(["error / best static error at equal hit rate", "<= 0.20",
-                      "no static point at zerda's hit rates", ok(None)])  # fmt: skip
+        lines.append(["error / best static error at a hit rate at least as high", "<= 0.20",
+                      "no static point has as many hits", ok(None)])  # fmt: skip
     # 2. hit rate at error <= 2% (and 1%).
     for cap in (0.02, 0.01):
         z, b = best_hit_at(zerda, cap), best_hit_at(static, cap)
         zs = f"{z['hit_rate']:.3f} ({z['policy']} @{z['threshold']:.2f})" if z else "none"
-        bs = f"{b['hit_rate']:.3f} ({family(b)} @{b['threshold']:.2f})" if b else "none"
+        if b:
+            bs = f"{b['hit_rate']:.3f} ({family(b)} @{b['threshold']:.2f})"
+        else:
+            c = min(static, key=lambda r: r["error_rate"])
+            bs = (f"none (its lowest error: {c['error_rate']:.2%} at {c['hit_rate']:.3f} hits, "
+                  f"{family(c)} @{c['threshold']:.2f})")  # fmt: skip
         ratio = (z["hit_rate"] / b["hit_rate"]) if z and b else None
         flag = None if cap == 0.01 else (ratio >= 1.5 if ratio else (z is not None))
         shown = f"{zs} vs {bs}" + (f" = {ratio:.2f}x" if ratio else "")
@@ -247,11 +252,15 @@ def plot(rows: list[dict[str, Any]], path: Path, n_requests: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), dpi=110)
+    names = sorted({r["policy"] for r in rows})
+    palette = plt.get_cmap("tab20")
+    color = {name: palette(i % 20) for i, name in enumerate(names)}  # one per policy
     shown = [r for r in rows if abs(r["threshold"] - DEFAULT_THRESHOLD) < 1e-9 and r["curve"]]
     for r in shown:
         xs = np.cumsum([c[0] for c in r["curve"]])
-        axes[0].plot(xs, [c[2] / c[0] for c in r["curve"]], label=r["policy"])
-        axes[1].plot(xs, [c[1] / c[0] for c in r["curve"]], label=r["policy"])
+        style = {"label": r["policy"], "color": color[r["policy"]]}
+        axes[0].plot(xs, [c[2] / c[0] for c in r["curve"]], **style)
+        axes[1].plot(xs, [c[1] / c[0] for c in r["curve"]], **style)
     for ax, title in zip(
         axes[:2],
         (f"wrong answers / requests (threshold {DEFAULT_THRESHOLD})",
@@ -266,7 +275,8 @@ def plot(rows: list[dict[str, Any]], path: Path, n_requests: int) -> None:
     ax = axes[2]
     for name in sorted({r["policy"] for r in rows if not r["policy"].startswith("oracle")}):
         pts = sorted((r["hit_rate"], r["error_rate"]) for r in rows if r["policy"] == name)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name,
+                color=color[name])  # fmt: skip
     oracle = [r for r in rows if r["policy"].startswith("oracle")]
     if oracle:
         ax.axvline(oracle[0]["hit_rate"], color="black", linestyle="--", label="oracle hit rate")
@@ -345,8 +355,7 @@ def main() -> None:
     label = "quality-full" if args.full else "quality"
     out_dir = ROOT / "docs" / "quality"
     if args.replot:
-        saved = json.loads((out_dir / f"{label}.json").read_text())
-        plot(saved["rows"], out_dir / f"{label}.png", saved["requests"])
+        render(json.loads((out_dir / f"{label}.json").read_text()), label, replot=True)
         return
     if args.quick:
         args.pairs, args.requests, args.thresholds = 400, 3_000, "0.85,0.95"
@@ -393,27 +402,38 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
-    rows = [r.row() for r in results]
-    target_table, target_numbers = targets(rows)
     summary = {
         "args": vars(args),
+        "origin": provenance(),
         "pairs": len(w.seed_ids),
         "requests": len(w.queries),
         "capacity": capacity,
         "duplicate_share": sum(w.pair_label.values()) / len(w.pair_label),
-        "targets": target_numbers,
         "skipped": skipped,
-        "rows": rows,
+        "rows": [r.row() for r in results],
     }
-    body = report(rows, summary, target_table, label)
-    print(body)
     if args.quick:
+        print(report(summary["rows"], summary, targets(summary["rows"])[0], label))
         return
+    render(summary, label)
+
+
+def render(summary: dict[str, Any], label: str, *, replot: bool = False) -> None:
+    """Targets, table, plot and JSON from a run's results; ``replot`` re-renders saved
+    results (the section keeps naming the run that measured them)."""
+    rows = summary["rows"]
+    target_table, summary["targets"] = targets(rows)
+    body = report(rows, summary, target_table, label)
+    if replot:
+        body += f"\n\nTargets, table and plot re-rendered from the JSON at commit {git_rev()}."
+    print(body)
+    out_dir = ROOT / "docs" / "quality"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{label}.json").write_text(json.dumps(summary, indent=1))
-    plot(rows, out_dir / f"{label}.png", len(w.queries))
-    title = "every QQP pair" if args.full else f"{len(w.seed_ids):,} sampled QQP pairs"
-    write_section(label, f"Learning quality on {title} (benchmarks/quality/run.py)", body)
+    plot(rows, out_dir / f"{label}.png", summary["requests"])
+    title = "every QQP pair" if label == "quality-full" else f"{summary['pairs']:,} sampled pairs"
+    write_section(label, f"Learning quality on QQP, {title} (benchmarks/quality/run.py)", body,
+                  summary.get("origin"))  # fmt: skip
 
 
 def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, label: str) -> str:
@@ -457,6 +477,13 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
         "maxmemory calibrated so that the capacity's worth of entries (vector + answer "
         "id) fits; Redis samples 5 keys per eviction.",
     ]
+    notes.append(
+        "Lookup p99 is measured inside the simulation on a shared 2-core machine (the "
+        "published sampled and full runs ran side by side), so it says little: "
+        "`benchmarks/bench_lookup.py` is the latency reference. zerda-cache's entry ids are "
+        "random, which breaks ties differently from run to run: its rows move by a few "
+        "tenths of a point between identical runs."
+    )
     if s["skipped"]:
         notes.append("Skipped: " + "; ".join(s["skipped"]) + ".")
     return (
