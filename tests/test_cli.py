@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -27,12 +28,20 @@ def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: st
     rng = np.random.default_rng(0)
     ids = [st.put("acme", f"q{i}", f"answer {i}", rng.normal(size=8)).entry_id for i in range(30)]
     st.feedback(FeedbackSignal(ids[0], "acme", True))
+    st.feedback(FeedbackSignal(ids[1], "acme", False, similarity=0.9))  # a near miss
+    st.feedback(FeedbackSignal(ids[2], "acme", False))
 
     code, out = run(redis_url, "stats")
     assert code == 0 and "acme" in out and "30" in out and "worker leader: none" in out
 
     code, out = run(redis_url, "inspect", ids[0], "--tenant", "acme")
     assert code == 0 and "answer 0" in out and "Beta(2.000, 1.000)" in out
+    assert "none (not raised yet)" in out
+    code, out = run(redis_url, "inspect", ids[1], "--tenant", "acme")
+    assert code == 0 and "own similarity bar" in out and "0.905" in out
+    code, out = run(redis_url, "inspect", ids[2], "--tenant", "acme")
+    assert code == 0 and "Beta(1.000, 2.000)" in out
+    assert re.search(r"complaints in a row\W+1\b", out), out
     code, out = run(redis_url, "inspect", "0" * 32, "--tenant", "acme")
     assert code == 1 and "no entry" in out
 

@@ -235,11 +235,16 @@ def inspect(state: CliState, entry_id: str, tenant: str) -> None:
                 "expected reward",
                 f"{arm.expected_reward:.3f}"
                 + (
-                    "  [red](below min_reward_to_keep: not served)[/red]"
-                    if arm.expected_reward < st.config.rl.min_reward_to_keep
+                    "  [red](below the serving bar: not served)[/red]"
+                    if arm.expected_reward < st.config.rl.serve_bar
                     else ""
                 ),
             ),
+            (
+                "own similarity bar",
+                f"{e.similarity_bar:.3f}" if e.similarity_bar > 0 else "none (not raised yet)",
+            ),
+            ("complaints in a row", str(e.negative_streak)),
             ("confidence", f"{e.confidence_score:.3f}"),
             ("uses", f"{e.usage_count:,}"),
             ("quality / similarity", f"{e.quality_score:.2f} / {e.similarity_score:.2f}"),
