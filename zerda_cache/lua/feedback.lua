@@ -40,7 +40,7 @@ for i = 3, #KEYS do
         if sim and sim < use.pm then
           use.pm = sim
         end
-        use.ns = 0
+        use.ns = nil  -- the run of complaints ends (absent reads as 0: a smaller map)
         n_pos = n_pos + 1
       else
         local reward = magnitude * neg_w
