@@ -375,6 +375,25 @@ def test_corrupt_value_is_reported_and_tenant_keeps_working(
     assert storage.count("acme") == 1
 
 
+@pytest.mark.parametrize("ns", ["x", float("inf"), -1, 1.5])
+def test_corrupt_negative_streak_is_corrupt_everywhere(
+    ns: object, storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    """A bad ``use.ns`` makes the entry corrupt for every script and for the decoder: it
+    is neither served nor silently rewritten."""
+    eid = put(storage, 1)
+    key = tenant_keys("acme").entry(eid)
+    use = msgpack.unpackb(redis_client.hget(key, "use"))
+    redis_client.hset(key, "use", msgpack.packb({**use, "ns": ns}))
+    before = redis_client.hgetall(key)
+    assert storage.hit("acme", eid).status == "corrupt"
+    with pytest.raises(CorruptEntryError):
+        storage.feedback(FeedbackSignal(eid, "acme", False))
+    with pytest.raises(CorruptEntryError, match="use"):
+        storage.get_entry("acme", eid)
+    assert redis_client.hgetall(key) == before
+
+
 def test_corrupt_wrong_shape_msgpack(storage: RedisStorage, redis_client: redis.Redis) -> None:
     eid = put(storage, 1)
     redis_client.hset(tenant_keys("acme").entry(eid), "arm", msgpack.packb({"a": "x"}))

@@ -219,8 +219,18 @@ def unpack_use(raw: object, *, key: str = "?") -> Use:
         quality=_num(use, "qs", key, "use"),
         similarity_bar=_num(use, "sb", key, "use"),
         min_positive_similarity=_num(use, "pm", key, "use"),
-        negative_streak=int(_num(use, "ns", key, "use")) if "ns" in use else 0,
+        negative_streak=_streak(use, key),
     )
+
+
+def _streak(use: dict[str, Any], key: str) -> int:
+    """``ns``: absent (0) or a whole number >= 0, as the scripts' ``zc_valid_streak``."""
+    if "ns" not in use:
+        return 0
+    ns = _num(use, "ns", key, "use")
+    if not (math.isfinite(ns) and 0 <= ns < 1e9 and ns == int(ns)):
+        raise CorruptEntryError(key, f"use.ns is not a count: {ns!r}")
+    return int(ns)
 
 
 def trusted_arm(raw: bytes) -> BanditArm:

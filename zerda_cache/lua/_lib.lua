@@ -43,16 +43,23 @@ local function zc_unpack2(raw_a, raw_b)
   return cmsgpack.unpack(raw_a), cmsgpack.unpack(raw_b)
 end
 
+-- The run of complaints: absent (0) or a whole number >= 0.
+local function zc_valid_streak(ns)
+  return ns == nil or (type(ns) == 'number' and ns >= 0 and ns < 1e9 and ns % 1 == 0)
+end
+
 -- Decode arm and use together (one pcall for both); nil if either is missing or corrupt.
 -- use = {n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality,
---        sb=the entry's own similarity bar, pm=lowest similarity of a positive signal}
+--        sb=the entry's own similarity bar, pm=lowest similarity of a positive signal,
+--        ns=negative signals in a row (absent when 0)}
 local function zc_state(raw_arm, raw_use)
   if not raw_arm or not raw_use then
     return nil
   end
   local ok, arm, use = pcall(zc_unpack2, raw_arm, raw_use)
   if ok and type(arm) == 'table' and type(use) == 'table'
-      and zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS) then
+      and zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS)
+      and zc_valid_streak(use.ns) then
     return arm, use
   end
   return nil

@@ -56,7 +56,7 @@ for i = 3, #KEYS do
         else
           -- CachePolicyLearner.record_feedback: a complaint after a complaint forgets most
           -- of the praise the answer had (it may have gone stale).
-          local streak = (tonumber(use.ns) or 0) + 1
+          local streak = (use.ns or 0) + 1  -- zc_state checked it
           if streak >= 2 and arm.a > pa then
             arm.a = pa + (arm.a - pa) * forget
           end
