@@ -41,8 +41,8 @@ DEFAULT_SIMILARITY_BAR_MARGIN = 0.005
 DEFAULT_NEAR_MISS_PENALTY_SHARE = 0.5
 #: A negative signal that follows another negative (no positive between them) first
 #: shrinks the arm's positive evidence over the prior by this factor: an answer that was
-#: confirmed once and now draws complaint after complaint (it went stale) stops being
-#: served after two or three of them, not after as many complaints as it had praise.
+#: confirmed once and now draws complaint after complaint (it went stale) falls under a
+#: serving bar of 0.4 after a few of them, not after as many complaints as it had praise.
 DEFAULT_NEGATIVE_STREAK_FORGET = 0.25
 #: Seed default: the excess of alpha and beta over the prior shrinks by this factor...
 DEFAULT_USAGE_DECAY = 0.995

@@ -505,23 +505,24 @@ class Oracle(Policy):
     def __init__(self, w: Workload, capacity: int) -> None:
         self.w, self.capacity = w, capacity
         self.store_: OrderedDict[int, Answer] = OrderedDict()
-        self.by_pair: dict[int, set[int]] = {}
+        self.by_text: dict[int, set[int]] = {}  # question -> keys of its cached answers
         self.next_key = 0
 
     def lookup(self, text: int, pair: int, t: int) -> tuple[Answer, Any] | None:
-        for k in self.by_pair.get(pair, ()):
-            if is_right(self.store_[k], text, pair, self.w, t):
-                self.store_.move_to_end(k)
-                return self.store_[k], k
+        for same in (text, *sorted(self.w.dups.get(text, ()))):
+            for k in self.by_text.get(same, ()):
+                if is_right(self.store_[k], text, self.w, t):
+                    self.store_.move_to_end(k)
+                    return self.store_[k], k
         return None
 
     def store(self, text: int, ans: Answer) -> Any:
         if len(self.store_) >= self.capacity:
             old, gone = self.store_.popitem(last=False)
-            self.by_pair[gone.pair].discard(old)
+            self.by_text[gone.text].discard(old)
         key, self.next_key = self.next_key, self.next_key + 1
         self.store_[key] = ans
-        self.by_pair.setdefault(ans.pair, set()).add(key)
+        self.by_text.setdefault(ans.text, set()).add(key)
         return key
 
 

