@@ -15,6 +15,11 @@ Fixtures:
     redis_server_factory   function: start private servers (e.g. to stop/restart them)
     redis_cluster          session: a 3-master :class:`~zerda_cache.testing.RedisClusterServer`
     cluster_client         function: ``RedisCluster`` (bytes), all primaries flushed
+    flavour                function: ``"sync"`` or ``"async"`` (the driver under test)
+    make_manager           function: managers of that flavour, called the same way
+
+``Clock`` (an injectable "now") and ``Blocking`` (an async manager behind blocking calls)
+are importable from here: ``from conftest import Clock``.
 
 Tests using ``redis_cluster`` (directly or through ``cluster_client``) are marked
 ``cluster`` automatically, so ``-m "not cluster"`` deselects them.
@@ -22,13 +27,21 @@ Tests using ``redis_cluster`` (directly or through ``cluster_client``) are marke
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
+from prometheus_client import CollectorRegistry
 from redis.cluster import RedisCluster
 
+from zerda_cache import AsyncCacheManager, AsyncRedisStorage, CacheConfig, CacheManager
+from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.testing import SERVER_KINDS, RedisClusterServer, RedisServer, find_server_binary
 
 SERVER_ENV = "ZERDA_TEST_SERVER"
@@ -133,3 +146,89 @@ def cluster_client(redis_cluster: RedisClusterServer) -> Iterator[RedisCluster]:
         yield client
     finally:
         client.close()
+
+
+# --- both drivers, one test body -------------------------------------------------------------
+class Clock:
+    """An injectable "now" (unix seconds) that tests move by hand."""
+
+    def __init__(self, t: float = 10_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Blocking:
+    """An asyncio manager or storage seen through blocking calls: each awaitable a method
+    returns is run to completion on the test's event loop. One test body then serves
+    ``CacheManager`` and ``AsyncCacheManager`` alike."""
+
+    def __init__(self, target: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.target = target
+        self.loop = loop
+
+    def run(self, value: Any) -> Any:
+        return self.loop.run_until_complete(value) if inspect.isawaitable(value) else value
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.target, name)
+        if isinstance(attr, AsyncRedisStorage):
+            return Blocking(attr, self.loop)
+        if callable(attr) and not inspect.isclass(attr):
+            return lambda *args, **kwargs: self.run(attr(*args, **kwargs))
+        return attr
+
+    def close(self) -> None:
+        self.run(self.target.aclose())
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest) -> str:
+    """The driver under test: ``CacheManager`` (sync) or ``AsyncCacheManager``."""
+    flavour: str = request.param
+    return flavour
+
+
+@pytest.fixture
+def make_manager(
+    flavour: str, redis_server: RedisServer, redis_client: redis.Redis
+) -> Iterator[Callable[..., Any]]:
+    """Make managers of the current flavour on the session server (flushed first).
+
+    ``make(config=None, *, url=None, from_url=False, cluster=None, **kwargs)``: kwargs go
+    to the manager (``metrics`` defaults to a fresh registry's). An async manager comes
+    wrapped in :class:`Blocking`, so tests call both the same way. All are closed after
+    the test.
+    """
+    loop = asyncio.new_event_loop()
+    made: list[Any] = []
+
+    def make(
+        config: CacheConfig | None = None,
+        *,
+        url: str | None = None,
+        from_url: bool = False,
+        cluster: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        kwargs.setdefault("metrics", ReplicaMetrics(CollectorRegistry()))
+        cls = CacheManager if flavour == "sync" else AsyncCacheManager
+        url = url or redis_server.url
+        if from_url or cluster:
+            manager: Any = cls.from_url(url, config, cluster=cluster, **kwargs)
+        else:
+            client = (redis.Redis if flavour == "sync" else redis.asyncio.Redis).from_url(url)
+            manager = cls(client, config, **kwargs)
+        if flavour == "async":
+            manager = Blocking(manager, loop)
+        made.append(manager)
+        return manager
+
+    try:
+        yield make
+    finally:
+        for manager in made:
+            with contextlib.suppress(Exception):  # a test may have stopped its server
+                manager.close()
+        loop.close()

@@ -17,9 +17,10 @@ from zerda_cache import (
     InvalidEntryError,
     InvalidTenantError,
     RLConfig,
-    codec,
 )
-from zerda_cache.keys import new_entry_id, tenant_keys, validate_tenant
+from zerda_cache.storage import codec
+from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.validation import new_entry_id, validate_tenant
 
 
 # --- config ----------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zerda_cache.codec import normalize_vector
 from zerda_cache.context import ContextCache
 from zerda_cache.index import ExactIndex, ScopedIndex
+from zerda_cache.storage.codec import normalize_vector
 
 
 def unit(rng: np.random.Generator, dim: int = 32) -> np.ndarray:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from conftest import Clock
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import (
@@ -25,8 +26,8 @@ from zerda_cache import (
     InvalidTenantError,
     RLConfig,
 )
-from zerda_cache.keys import tenant_keys
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage.keys import tenant_keys
 
 DIM = 16
 
@@ -46,14 +47,6 @@ def near(v: np.ndarray, cos: float, seed: int = 99) -> np.ndarray:
 
 def snapshot(client: redis.Redis) -> dict[bytes, bytes]:
     return {k: client.dump(k) for k in sorted(client.keys("*"))}
-
-
-class Clock:
-    def __init__(self, t: float = 10_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:

@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 import pytest
 import redis
+from conftest import Clock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,14 +52,6 @@ steps = st.lists(
     min_size=1,
     max_size=40,
 )
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @settings(

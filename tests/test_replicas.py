@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import redis
 
-from zerda_cache.keys import tenant_keys
+from zerda_cache.storage.keys import tenant_keys
 
 DIM = 16
 

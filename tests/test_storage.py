@@ -10,6 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 import redis
+from conftest import Clock
 
 from zerda_cache import (
     CacheConfig,
@@ -23,20 +24,10 @@ from zerda_cache import (
     RLConfig,
     StorageError,
 )
-from zerda_cache.keys import tenant_keys
 from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import tenant_keys
 
 DIM = 16
-
-
-class Clock:
-    """An injectable clock for the scripts' ``now``."""
-
-    def __init__(self, t: float = 1_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def vec(seed: int, dim: int = DIM) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -50,7 +41,7 @@ def snapshot(client: redis.Redis) -> dict[bytes, bytes]:
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1_000.0)
 
 
 @pytest.fixture

@@ -16,26 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from conftest import Clock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
-from zerda_cache.keys import leader_key, tenant_keys
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import leader_key, tenant_keys
 from zerda_cache.worker import Worker, check_health
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM = 8
-
-
-class Clock:
-    def __init__(self, t: float = 50_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def bulk_put(st: RedisStorage, tenant: str, n: int, seed: int = 0) -> list[str]:
@@ -57,7 +50,7 @@ def bulk_put(st: RedisStorage, tenant: str, n: int, seed: int = 0) -> list[str]:
 # --- eviction -----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_eviction_to_capacity_lowest_reward_first(redis_client: redis.Redis) -> None:
-    clock = Clock()
+    clock = Clock(50_000.0)
     cfg = CacheConfig(eviction=EvictionConfig(max_entries=10_000), rl=RLConfig(usage_decay=1.0))
     st = RedisStorage(redis_client, cfg, clock=clock)
     ids = bulk_put(st, "big", 12_000)
@@ -107,7 +100,7 @@ def test_eviction_to_capacity_lowest_reward_first(redis_client: redis.Redis) -> 
 
 
 def test_expired_corrupt_and_byte_capacity(redis_client: redis.Redis) -> None:
-    clock = Clock()
+    clock = Clock(50_000.0)
     st = RedisStorage(redis_client, CacheConfig(), clock=clock)
     ids = bulk_put(st, "t", 40)
     st.set_tenant_settings("t", max_bytes=20 * st.get_entry("t", ids[0]).size_bytes)
@@ -143,7 +136,7 @@ def test_tenant_settings_override_and_validation(redis_client: redis.Redis) -> N
 
 # --- decay ----------------------------------------------------------------------------------------
 def test_decay_cycle_is_persisted_and_never_doubled(redis_client: redis.Redis) -> None:
-    clock = Clock()
+    clock = Clock(50_000.0)
     cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=100.0))
     st = RedisStorage(redis_client, cfg, clock=clock)
     ids = bulk_put(st, "t", 50)
@@ -172,7 +165,7 @@ def spawn_worker(url: str, worker_id: str, tmp: Path, *extra: str) -> subprocess
         "--redis-url", url,
         "--worker-id", worker_id,
         "--lease-ttl", "1.5",
-        "--decay-interval", "0.3",
+        "--decay-job-interval", "0.3",
         "--eviction-interval", "0.3",
         "--metrics-interval", "0.3",
         "--metrics-port", "0",

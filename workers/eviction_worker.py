@@ -1,16 +1,17 @@
-"""The eviction worker's entry point: a thin shell over ``zerda_cache.worker``.
+"""The eviction worker's entry point: the ``zerda-cache worker`` command, as a script.
 
     python workers/eviction_worker.py --redis-url redis://localhost:6379/0
 
-Everything (the lease, the APScheduler jobs, signals, metrics) lives in the library; see
-``zerda_cache/worker.py`` and ``docs/metrics.md``. ``zerda-cache worker`` runs the same.
+Takes the options of ``zerda-cache worker --help``. Everything (the lease, the
+APScheduler jobs, signals, metrics) lives in the library; see ``zerda_cache/worker.py``
+and ``docs/metrics.md``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from zerda_cache.worker import main
+from zerda_cache.cli import cli
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli(["worker", *sys.argv[1:]], prog_name="eviction_worker.py")

@@ -5,7 +5,7 @@ scheduled worker decays and evicts, and lookups rank candidates by similarity pl
 Thompson draw plus confidence.
 """
 
-from zerda_cache.aio import AsyncCacheManager, AsyncRedisStorage
+from zerda_cache.aio import AsyncCacheManager
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
 from zerda_cache.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.errors import (
@@ -22,7 +22,7 @@ from zerda_cache.errors import (
 from zerda_cache.manager import AdmissionCheck, CacheHit, CacheManager, PutResult
 from zerda_cache.policy_learner import CachePolicyLearner, EvictionCandidate, FeedbackSignal
 from zerda_cache.prompt import PromptRequest, prompt_scope
-from zerda_cache.storage import RedisStorage
+from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 
 __version__ = "0.1.0"
 

@@ -1,8 +1,11 @@
-"""``zerda-cache``: the operator's command line.
+"""``zerda-cache``: the operator's command line (the only CLI: the worker's entry point in
+``workers/`` runs its ``worker`` command).
 
-Every command takes ``--redis-url`` (or ``ZERDA_REDIS_URL``); without either, the commands
-that need a server start the embedded one (a throwaway server: useful for trying things,
-empty each time). Logging is configured here and nowhere else in the package.
+Every command takes ``--redis-url`` (or ``ZERDA_REDIS_URL``), ``--cluster``,
+``--key-prefix`` and ``--log-level``, before or after the command's name; without a URL,
+the commands that need a server start the embedded one (a throwaway server: useful for
+trying things, empty each time). Logging is configured here and nowhere else in the
+package: WARNING by default, INFO for the worker.
 
 Exit codes: 0 ok, 1 not found or unhealthy, 2 bad usage or Redis unreachable.
 """
@@ -14,23 +17,31 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zerda_cache.config import CacheConfig
+from zerda_cache.config import (
+    DEFAULT_HEALTH_FILE,
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_LEASE_TTL_S,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
+    CacheConfig,
+)
 from zerda_cache.errors import EntryNotFoundError, ZerdaError
-from zerda_cache.keys import leader_key
 from zerda_cache.maintenance import Maintenance
-from zerda_cache.storage import RedisStorage
+from zerda_cache.storage import RedisStorage, connect
 
 console = Console()
 err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass
@@ -40,42 +51,93 @@ class CliState:
     url: str | None
     cluster: bool
     key_prefix: str
+    log_level: str | None = None
     _storage: RedisStorage | None = None
     _server: Any = None
-    _closers: list[Any] = field(default_factory=list)
+    _opened: list[RedisStorage] = field(default_factory=list)
 
     @property
     def config(self) -> CacheConfig:
         return CacheConfig(key_prefix=self.key_prefix)
 
+    def configure_logging(self, default: str) -> None:
+        logging.basicConfig(
+            level=(self.log_level or default).upper(), format=LOG_FORMAT, force=True
+        )
+
+    def server_url(self) -> str:
+        """The URL to use: the given one, else a fresh embedded server's."""
+        if self.url is not None:
+            return self.url
+        if self._server is None:
+            from zerda_cache.testing import RedisServer
+
+            self._server = RedisServer().start()
+            err.print(
+                f"[yellow]no --redis-url or ZERDA_REDIS_URL: using an embedded "
+                f"{self._server.kind} server at {self._server.url} (empty, gone on exit)[/yellow]"
+            )
+        url: str = self._server.url
+        return url
+
+    def client(self, config: CacheConfig | None = None) -> Any:
+        """A new sync client with zerda-cache's timeouts (closed on exit)."""
+        return self._connect(config if config is not None else self.config).client
+
     def storage(self) -> RedisStorage:
         if self._storage is None:
-            from zerda_cache.manager import connect
-
-            url = self.url
-            if url is None:
-                from zerda_cache.testing import RedisServer
-
-                self._server = RedisServer().start()
-                url = self._server.url
-                err.print(
-                    f"[yellow]no --redis-url or ZERDA_REDIS_URL: using an embedded "
-                    f"{self._server.kind} server at {url} (empty, gone on exit)[/yellow]"
-                )
-            client = connect(url, self.config, cluster=self.cluster or None)
-            self._closers.append(client.close)
-            self._storage = RedisStorage(client, self.config)
+            self._storage = self._connect(self.config)
         return self._storage
 
+    def _connect(self, config: CacheConfig) -> RedisStorage:
+        client = connect(self.server_url(), config, cluster=self.cluster or None)
+        storage = RedisStorage(client, config)
+        self._opened.append(storage)
+        return storage
+
     def close(self) -> None:
-        for close in self._closers:
+        for storage in self._opened:
             with contextlib.suppress(Exception):
-                close()
+                storage.close()
         if self._server is not None:
             self._server.stop()
 
 
 pass_state = click.make_pass_decorator(CliState)
+
+
+def _set_state(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None or value is False:
+            return  # not given after the command's name: the group's value stands
+        state = ctx.find_object(CliState)
+        assert state is not None
+        setattr(state, attr, value)
+        if attr == "log_level":
+            state.configure_logging(value)
+
+    return callback
+
+
+def shared_options(command: F) -> F:
+    """The group's options, accepted after a command's name too (``zerda-cache worker
+    --redis-url ...``, as ``workers/eviction_worker.py`` passes them)."""
+    for name, attr, flag in (
+        ("--log-level", "log_level", False),
+        ("--key-prefix", "key_prefix", False),
+        ("--cluster", "cluster", True),
+        ("--redis-url", "url", False),
+    ):
+        command = click.option(
+            name,
+            attr + "_",
+            is_flag=flag,
+            default=False if flag else None,
+            expose_value=False,
+            callback=_set_state(attr),
+            help="As before the command's name.",
+        )(command)
+    return command
 
 
 @click.group()
@@ -86,17 +148,20 @@ pass_state = click.make_pass_decorator(CliState)
     help="redis://, rediss:// or unix:// URL (env ZERDA_REDIS_URL).",
 )
 @click.option("--cluster", is_flag=True, help="The URL is a Redis Cluster node.")
-@click.option("--key-prefix", default=CacheConfig().key_prefix, show_default=True)
-@click.option("--log-level", envvar="ZERDA_LOG_LEVEL", default="WARNING", show_default=True)
+@click.option("--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True)
+@click.option(
+    "--log-level",
+    envvar="ZERDA_LOG_LEVEL",
+    default=None,
+    help="Default WARNING; INFO for the worker (env ZERDA_LOG_LEVEL).",
+)
 @click.pass_context
 def cli(
-    ctx: click.Context, redis_url: str | None, cluster: bool, key_prefix: str, log_level: str
+    ctx: click.Context, redis_url: str | None, cluster: bool, key_prefix: str, log_level: str | None
 ) -> None:
     """zerda-cache: a shared semantic cache that learns which answers to serve."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    state = CliState(url=redis_url, cluster=cluster, key_prefix=key_prefix)
+    state = CliState(url=redis_url, cluster=cluster, key_prefix=key_prefix, log_level=log_level)
+    state.configure_logging("INFO" if ctx.invoked_subcommand == "worker" else "WARNING")
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -115,36 +180,71 @@ def errors() -> Iterator[None]:
 
 # -- worker -------------------------------------------------------------------------------------
 @cli.command()
-@click.option("--metrics-port", type=int, default=9108, show_default=True)
-@click.option("--metrics-host", default="0.0.0.0", show_default=True)
-@click.option("--lease-ttl", type=float, default=15.0, show_default=True)
-@click.option("--decay-interval", type=float, default=None, help="Seconds between decay cycles.")
+@shared_options
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=DEFAULT_METRICS_PORT,
+    show_default=True,
+    help="Serve /metrics here; 0: any free port.",
+)
+@click.option("--metrics-host", default=DEFAULT_METRICS_HOST, show_default=True)
+@click.option("--lease-ttl", type=float, default=DEFAULT_LEASE_TTL_S, show_default=True)
+@click.option(
+    "--decay-job-interval", type=float, default=None, help="Seconds between decay cycles."
+)
 @click.option("--eviction-interval", type=float, default=None)
 @click.option("--metrics-interval", type=float, default=None)
 @click.option("--max-entries", type=int, default=None, help="Default capacity per tenant.")
-@click.option("--health-file", default="/tmp/zerda-cache-worker.health", show_default=True)
+@click.option("--health-file", default=DEFAULT_HEALTH_FILE, show_default=True)
 @click.option("--worker-id", default=None)
 @click.option("--check", is_flag=True, help="Liveness probe: exit 0 if this worker is alive.")
 @pass_state
-def worker(state: CliState, /, **opts: Any) -> None:
+def worker(
+    state: CliState,
+    /,
+    metrics_port: int,
+    metrics_host: str,
+    lease_ttl: float,
+    decay_job_interval: float | None,
+    eviction_interval: float | None,
+    metrics_interval: float | None,
+    max_entries: int | None,
+    health_file: str,
+    worker_id: str | None,
+    check: bool,
+) -> None:
     """Run the eviction/decay/metrics worker (one leads, the others stand by)."""
-    from zerda_cache.worker import main
+    from zerda_cache.worker import Worker, health_problem
 
-    argv = ["--key-prefix", state.key_prefix]
-    if state.url:
-        argv += ["--redis-url", state.url]
-    if state.cluster:
-        argv.append("--cluster")
-    for name, value in opts.items():
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (None, False):
-            argv += [flag, str(value)]
-    if state.url is None and not opts["check"]:
-        state.storage()  # starts the embedded server
-        argv += ["--redis-url", state._server.url]
-    sys.exit(main(argv))
+    if check:
+        problem = health_problem(health_file, max_age_s=lease_ttl)
+        click.echo("healthy" if problem is None else f"unhealthy: {problem}")
+        sys.exit(0 if problem is None else 1)
+    with errors():
+        cfg = state.config
+        changes: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("decay_job_interval_s", decay_job_interval),
+                ("eviction_interval_s", eviction_interval),
+                ("metrics_interval_s", metrics_interval),
+                ("max_entries", max_entries),
+            )
+            if value is not None
+        }
+        cfg = replace(cfg, eviction=replace(cfg.eviction, **changes))
+        w = Worker(
+            state.client(cfg),
+            cfg,
+            lease_ttl_s=lease_ttl,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            health_file=health_file,
+            worker_id=worker_id,
+        )
+    w.install_signal_handlers()
+    w.run()
 
 
 # -- stats and inspect ----------------------------------------------------------------------------
@@ -157,6 +257,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 @cli.command()
+@shared_options
 @click.option("--tenant", default=None, help="One tenant (default: all).")
 @pass_state
 def stats(state: CliState, tenant: str | None) -> None:
@@ -199,9 +300,7 @@ def stats(state: CliState, tenant: str | None) -> None:
                 f"{evicted:,}",
             )
         console.print(table)
-        raw = st.client.get(leader_key(state.key_prefix))
-        leader = raw.decode() if raw else "none"
-        console.print(f"worker leader: [bold]{leader}[/bold]")
+        console.print(f"worker leader: [bold]{st.leader() or 'none'}[/bold]")
         for c in m.recent_cycles(6):
             if c.get("phase") == "end":
                 console.print(
@@ -211,6 +310,7 @@ def stats(state: CliState, tenant: str | None) -> None:
 
 
 @cli.command()
+@shared_options
 @click.argument("entry_id")
 @click.option("--tenant", required=True)
 @pass_state
@@ -257,6 +357,7 @@ def inspect(state: CliState, entry_id: str, tenant: str) -> None:
 
 # -- evict ----------------------------------------------------------------------------------------
 @cli.command()
+@shared_options
 @click.option("--tenant", default=None, help="One tenant (default: all).")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @pass_state
@@ -312,6 +413,7 @@ def tenant() -> None:
 
 
 @tenant.command("set")
+@shared_options
 @click.argument("name")
 @click.option("--max-entries", type=int, default=None)
 @click.option("--max-bytes", type=int, default=None)
@@ -347,6 +449,7 @@ def tenant_set(
 
 
 @tenant.command("show")
+@shared_options
 @click.argument("name")
 @pass_state
 def tenant_show(state: CliState, name: str) -> None:
@@ -383,6 +486,7 @@ def _show_tenant(state: CliState, name: str) -> None:
 
 # -- demo -----------------------------------------------------------------------------------------
 @cli.command()
+@shared_options
 @click.option("--short", is_flag=True, help="A quick run (for tests).")
 @click.option("--out", default="out/demo", show_default=True, help="Report and chart folder.")
 @click.option("--replicas", type=int, default=3, show_default=True)
@@ -406,6 +510,7 @@ def demo(state: CliState, short: bool, out: str, replicas: int, seed: int, embed
 
 
 @cli.command("demo-app")
+@shared_options
 @click.option("--metrics-port", type=int, default=9109, show_default=True)
 @click.option("--rate", type=float, default=5.0, show_default=True, help="Questions per second.")
 @click.option("--seed", type=int, default=7, show_default=True)

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerda_cache.validation import validate_prefix
+
 # --- RLConfig (the bandit) -------------------------------------------------------------
 #: Beta prior of every new arm: Beta(1, 1) is uniform, "we know nothing yet".
 DEFAULT_PRIOR_ALPHA = 1.0
@@ -62,6 +64,15 @@ DEFAULT_SCAN_BATCH = 500
 DEFAULT_EVICTION_INTERVAL_S = 60.0
 DEFAULT_DECAY_JOB_INTERVAL_S = 300.0
 DEFAULT_METRICS_INTERVAL_S = 15.0
+
+# --- the worker process ---------------------------------------------------------------------
+#: The leader lease's time to live: a standby takes over within it when the leader dies.
+DEFAULT_LEASE_TTL_S = 15.0
+#: Where the worker serves /metrics (the dashboards and compose file use this port).
+DEFAULT_METRICS_PORT = 9108
+DEFAULT_METRICS_HOST = "0.0.0.0"
+#: Touched by every successful lease tick; ``zerda-cache worker --check`` reads its age.
+DEFAULT_HEALTH_FILE = "/tmp/zerda-cache-worker.health"
 
 # --- CacheConfig ---------------------------------------------------------------------------
 DEFAULT_KEY_PREFIX = "zc"
@@ -215,7 +226,10 @@ class EvictionConfig:
         max_bytes: per-tenant byte capacity of stored content, ``None`` for no limit.
         low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
         scan_batch: entries read, decayed or evicted per round trip.
-        eviction_interval_s / decay_interval_s / metrics_interval_s: worker job periods.
+        eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
+            worker runs each job. (``RLConfig.decay_interval_s`` is another thing: the
+            time unit of ``usage_decay``. The job period changes how often decay is
+            persisted, never how fast arms decay.)
     """
 
     reward_weight: float = DEFAULT_REWARD_WEIGHT
@@ -226,7 +240,7 @@ class EvictionConfig:
     low_watermark: float = DEFAULT_LOW_WATERMARK
     scan_batch: int = DEFAULT_SCAN_BATCH
     eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S
-    decay_interval_s: float = DEFAULT_DECAY_JOB_INTERVAL_S
+    decay_job_interval_s: float = DEFAULT_DECAY_JOB_INTERVAL_S
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
 
     def __post_init__(self) -> None:
@@ -244,7 +258,7 @@ class EvictionConfig:
             raise ValueError(f"low_watermark must be in [0, 1), got {self.low_watermark!r}")
         _check_count("scan_batch", self.scan_batch)
         _check_positive("eviction_interval_s", self.eviction_interval_s)
-        _check_positive("decay_interval_s", self.decay_interval_s)
+        _check_positive("decay_job_interval_s", self.decay_job_interval_s)
         _check_positive("metrics_interval_s", self.metrics_interval_s)
 
 
@@ -300,8 +314,6 @@ class CacheConfig:
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
     def __post_init__(self) -> None:
-        from zerda_cache.keys import validate_prefix  # local: keys imports nothing of ours
-
         validate_prefix(self.key_prefix)
         _check_unit("similarity_threshold", self.similarity_threshold)
         _check_count("top_k", self.top_k)

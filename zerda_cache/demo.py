@@ -88,7 +88,7 @@ def demo_config(embedder: str = "hashing") -> CacheConfig:
         similarity_threshold=THRESHOLDS[embedder],
         rl=RLConfig(decay_interval_s=30.0),
         eviction=EvictionConfig(
-            decay_interval_s=2.0, eviction_interval_s=2.0, metrics_interval_s=1.0
+            decay_job_interval_s=2.0, eviction_interval_s=2.0, metrics_interval_s=1.0
         ),
     )
 
@@ -305,10 +305,10 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     worker_log = open(out / "worker.log", "wb")  # noqa: SIM115 - closed in finally
     worker = subprocess.Popen(
         [
-            sys.executable, "-m", "zerda_cache.worker",
+            sys.executable, "-m", "zerda_cache.cli", "worker",
             "--redis-url", url,
             "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
-            "--decay-interval", "2", "--eviction-interval", "2", "--metrics-interval", "1",
+            "--decay-job-interval", "2", "--eviction-interval", "2", "--metrics-interval", "1",
             "--lease-ttl", "3", "--health-file", str(out / "worker.health"),
             "--worker-id", "demo-worker", "--log-level", "INFO",
         ],
@@ -385,17 +385,15 @@ def _report(
     metrics_port: int,
     out: Path,
 ) -> int:
-    import redis
-
     from zerda_cache.maintenance import Maintenance
-    from zerda_cache.storage import RedisStorage
+    from zerda_cache.storage import RedisStorage, connect
 
     windows = _windows(rows, opts.duration_s, opts.windows)
-    client = redis.Redis.from_url(url)
-    st = RedisStorage(client, demo_config(opts.embedder))
+    cfg = demo_config(opts.embedder)
+    st = RedisStorage(connect(url, cfg), cfg)
     stats = st.stats(TENANT)
     cycles = [c for c in Maintenance(st).recent_cycles(500) if c.get("phase") == "end"]
-    client.close()
+    st.close()
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
             metrics_text = r.read().decode()

@@ -29,20 +29,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from zerda_cache.config import EvictionConfig
-from zerda_cache.keys import cycles_key
+from zerda_cache.metrics import Distribution
 from zerda_cache.policy_learner import CachePolicyLearner
-from zerda_cache.storage import RedisStorage, StateArrays, wrap_errors
+from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
 
 log = logging.getLogger(__name__)
 
-#: Bucket upper bounds of the expected-reward and confidence distributions.
-DISTRIBUTION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
-#: The worker's cycle log keeps about this many records.
-CYCLE_LOG_MAXLEN = 1_000
+#: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
+CycleOutcome = Literal["ok", "stopped", "error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,24 +61,6 @@ class TenantLimits:
         if self.max_bytes is None:
             return None
         return math.floor(self.max_bytes * (1 - self.low_watermark))
-
-
-@dataclass(slots=True)
-class Distribution:
-    """Cumulative bucket counts (Prometheus histogram style) and the sum."""
-
-    buckets: tuple[float, ...] = DISTRIBUTION_BUCKETS
-    counts: list[int] = field(default_factory=lambda: [0] * len(DISTRIBUTION_BUCKETS))
-    total: int = 0
-    sum: float = 0.0
-
-    def add(self, values: np.ndarray) -> None:
-        if values.size == 0:
-            return
-        for i, bound in enumerate(self.buckets):
-            self.counts[i] += int(np.count_nonzero(values <= bound))
-        self.total += int(values.size)
-        self.sum += float(values.sum())
 
 
 @dataclass(slots=True)
@@ -309,7 +290,7 @@ class Maintenance:
         report = EvictionReport(plan.tenant)
         started = time.perf_counter()
         batch = self.eviction.scan_batch
-        groups: list[tuple[str, list[tuple[str, int | None]]]] = [
+        groups: list[tuple[EvictReason, list[tuple[str, int | None]]]] = [
             ("expired", [(eid, None) for eid in plan.expired]),
             ("corrupt", [(eid, None) for eid in plan.corrupt]),
             ("low_reward", [(eid, ver) for eid, ver in plan.low_reward]),
@@ -372,21 +353,11 @@ class Maintenance:
         return _Cycle(self, job)
 
     def record(self, job: str, phase: str, **extra: str) -> None:
-        st = self.storage
-        fields = {"job": job, "phase": phase, "worker": self.worker_id, **extra}
-        with wrap_errors("cycle log"):
-            st.client.xadd(
-                cycles_key(st.config.key_prefix),
-                fields,
-                maxlen=CYCLE_LOG_MAXLEN,
-                approximate=True,
-            )
+        """Append a start or end record of a cycle to the worker's cycle log."""
+        self.storage.record_cycle({"job": job, "phase": phase, "worker": self.worker_id, **extra})
 
     def recent_cycles(self, count: int = 50) -> list[dict[str, str]]:
-        st = self.storage
-        with wrap_errors("cycle log"):
-            rows = st.client.xrevrange(cycles_key(st.config.key_prefix), count=count)
-        return [{"id": _s(i), **{_s(k): _s(v) for k, v in fields.items()}} for i, fields in rows]
+        return self.storage.recent_cycles(count)
 
 
 class _Cycle:
@@ -402,7 +373,9 @@ class _Cycle:
         return self
 
     def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:
-        outcome = "error" if exc is not None else ("stopped" if self.m.stop.is_set() else "ok")
+        outcome: CycleOutcome = (
+            "error" if exc is not None else ("stopped" if self.m.stop.is_set() else "ok")
+        )
         try:
             self.m.record(
                 self.job,
@@ -412,7 +385,3 @@ class _Cycle:
             )
         except Exception:  # the cycle's own error matters more than its record
             log.exception("could not record the end of a %s cycle", self.job)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value

@@ -1,9 +1,10 @@
 """Prometheus metrics. Names are part of the API: the dashboards in deploy/ query them.
 
-Every name starts with ``zerda_cache_``. The tenant label is bounded: a replica names the
-first ``max_tenant_labels`` tenants it sees and reports the rest as ``other``, so a
-runaway number of tenants cannot explode the series count. ``docs/metrics.md`` lists
-every metric with its type and labels.
+``ReplicaMetrics`` is what each app replica exports, ``WorkerMetrics`` what the worker
+serves on ``/metrics``. Every name starts with ``zerda_cache_``. The tenant label is
+bounded: a replica names the first ``max_tenant_labels`` tenants it sees and reports the
+rest as ``other``, so a runaway number of tenants cannot explode the series count.
+``docs/metrics.md`` lists every metric with its type and labels.
 """
 
 from __future__ import annotations
@@ -11,13 +12,21 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+import numpy as np
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from zerda_cache.config import DEFAULT_MAX_TENANT_LABELS
+from zerda_cache.storage.plans import REASONS
 
 OTHER = "other"
 
@@ -185,3 +194,209 @@ def default_replica_metrics() -> ReplicaMetrics:
         if _default is None:
             _default = ReplicaMetrics()
         return _default
+
+
+#: Bucket upper bounds of the expected-reward and confidence distributions.
+DISTRIBUTION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
+
+
+@dataclass(slots=True)
+class Distribution:
+    """Cumulative bucket counts (Prometheus histogram style) and the sum."""
+
+    buckets: tuple[float, ...] = DISTRIBUTION_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * len(DISTRIBUTION_BUCKETS))
+    total: int = 0
+    sum: float = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        for i, bound in enumerate(self.buckets):
+            self.counts[i] += int(np.count_nonzero(values <= bound))
+        self.total += int(values.size)
+        self.sum += float(values.sum())
+
+
+# -- the worker's metrics ------------------------------------------------------------------
+CYCLE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass(slots=True)
+class TenantSnapshot:
+    stats: dict[str, int] = field(default_factory=dict)
+    max_entries: int = 0
+    max_bytes: int | None = None
+    rewards: Distribution | None = None
+    confidences: Distribution | None = None
+
+
+class TenantCollector(Collector):
+    """Exports the per-tenant snapshot the metrics job refreshes (bounded labels: the
+    largest ``max_named`` tenants by entries, the rest summed as ``other``)."""
+
+    def __init__(self, max_named: int = DEFAULT_MAX_TENANT_LABELS) -> None:
+        self.max_named = max_named
+        self.snapshot: dict[str, TenantSnapshot] = {}
+        self._lock = threading.Lock()
+
+    def update(self, snapshot: dict[str, TenantSnapshot]) -> None:
+        with self._lock:
+            self.snapshot = snapshot
+
+    def _grouped(self) -> dict[str, list[TenantSnapshot]]:
+        with self._lock:
+            items = sorted(
+                self.snapshot.items(), key=lambda kv: kv[1].stats.get("entries", 0), reverse=True
+            )
+        groups: dict[str, list[TenantSnapshot]] = {}
+        for i, (tenant, snap) in enumerate(items):
+            groups.setdefault(tenant if i < self.max_named else OTHER, []).append(snap)
+        return groups
+
+    def collect(self) -> Iterator[Metric]:
+        groups = self._grouped()
+        gauges = {
+            "entries": GaugeMetricFamily(
+                "zerda_cache_tenant_entries", "Live entries per tenant.", labels=["tenant"]
+            ),
+            "bytes": GaugeMetricFamily(
+                "zerda_cache_tenant_bytes",
+                "Bytes of stored content (query, answer, metadata, vector) per tenant.",
+                labels=["tenant"],
+            ),
+            "max_entries": GaugeMetricFamily(
+                "zerda_cache_tenant_max_entries",
+                "Entry capacity per tenant (the worker evicts above it).",
+                labels=["tenant"],
+            ),
+            "max_bytes": GaugeMetricFamily(
+                "zerda_cache_tenant_max_bytes",
+                "Byte capacity per tenant (0: none).",
+                labels=["tenant"],
+            ),
+        }
+        counters = {
+            "hits": CounterMetricFamily(
+                "zerda_cache_tenant_hits", "Cached answers served, all replicas.", labels=["tenant"]
+            ),
+            "misses": CounterMetricFamily(
+                "zerda_cache_tenant_misses", "Lookups that found no answer.", labels=["tenant"]
+            ),
+            "puts": CounterMetricFamily(
+                "zerda_cache_tenant_puts", "Answers stored.", labels=["tenant"]
+            ),
+        }
+        feedback = CounterMetricFamily(
+            "zerda_cache_tenant_feedback",
+            "Feedback signals applied, by polarity.",
+            labels=["tenant", "polarity"],
+        )
+        evictions = CounterMetricFamily(
+            "zerda_cache_tenant_evictions",
+            "Entries removed, by reason.",
+            labels=["tenant", "reason"],
+        )
+        rewards = HistogramMetricFamily(
+            "zerda_cache_tenant_expected_reward",
+            "Distribution of the arms' expected reward (at the last eviction scan).",
+            labels=["tenant"],
+        )
+        confidences = HistogramMetricFamily(
+            "zerda_cache_tenant_confidence",
+            "Distribution of the entries' confidence (at the last eviction scan).",
+            labels=["tenant"],
+        )
+        for label, snaps in groups.items():
+            total: dict[str, int] = {}
+            for snap in snaps:
+                for k, v in snap.stats.items():
+                    total[k] = total.get(k, 0) + v
+            gauges["entries"].add_metric([label], total.get("entries", 0))
+            gauges["bytes"].add_metric([label], max(0, total.get("bytes", 0)))
+            gauges["max_entries"].add_metric([label], sum(s.max_entries for s in snaps))
+            gauges["max_bytes"].add_metric([label], sum(s.max_bytes or 0 for s in snaps))
+            for name, fam in counters.items():
+                fam.add_metric([label], total.get(name, 0))
+            feedback.add_metric([label, "positive"], total.get("positive", 0))
+            feedback.add_metric([label, "negative"], total.get("negative", 0))
+            for reason in REASONS:
+                evictions.add_metric([label, reason], total.get(f"evicted:{reason}", 0))
+            for hist, attr in ((rewards, "rewards"), (confidences, "confidences")):
+                dists = [getattr(s, attr) for s in snaps if getattr(s, attr) is not None]
+                if not dists:
+                    continue
+                merged = Distribution()
+                for d in dists:
+                    merged.counts = [a + b for a, b in zip(merged.counts, d.counts, strict=True)]
+                    merged.total += d.total
+                    merged.sum += d.sum
+                buckets = [(repr(b), c) for b, c in zip(merged.buckets, merged.counts, strict=True)]
+                buckets.append(("+Inf", merged.total))
+                hist.add_metric([label], buckets, merged.sum)
+        yield from gauges.values()
+        yield from counters.values()
+        yield feedback
+        yield evictions
+        yield rewards
+        yield confidences
+
+
+class WorkerMetrics:
+    """The worker's own metrics, on its own registry (served on ``/metrics``)."""
+
+    def __init__(self, registry: CollectorRegistry, max_tenant_labels: int) -> None:
+        self.registry = registry
+        self.tenants = TenantCollector(max_tenant_labels)
+        registry.register(self.tenants)
+        self.cycle_seconds = Histogram(
+            "zerda_cache_worker_cycle_duration_seconds",
+            "Duration of decay and eviction cycles.",
+            ["job"],
+            buckets=CYCLE_BUCKETS,
+            registry=registry,
+        )
+        self.cycles = Counter(
+            "zerda_cache_worker_cycles",
+            "Cycles run, by job and outcome (ok, stopped, error).",
+            ["job", "outcome"],
+            registry=registry,
+        )
+        self.last_success = Gauge(
+            "zerda_cache_worker_last_success_timestamp_seconds",
+            "Unix time of the last cycle that completed, by job.",
+            ["job"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "zerda_cache_worker_leader",
+            "1 while this worker holds the lease and runs the cycles, else 0.",
+            registry=registry,
+        )
+        self.errors = Counter(
+            "zerda_cache_worker_errors",
+            "Jobs that failed, by job.",
+            ["job"],
+            registry=registry,
+        )
+        self.evicted = Counter(
+            "zerda_cache_worker_evicted",
+            "Entries this worker evicted, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.decayed = Counter(
+            "zerda_cache_worker_decayed",
+            "Arms this worker decayed and persisted.",
+            registry=registry,
+        )
+        for job in ("decay", "evict"):  # every series exists from the start
+            self.cycle_seconds.labels(job)
+            self.last_success.labels(job)
+            self.errors.labels(job)
+            for outcome in ("ok", "stopped", "error"):
+                self.cycles.labels(job, outcome)
+        self.errors.labels("metrics")
+        self.errors.labels("lease")
+        for reason in ("expired", "low_reward", "capacity", "corrupt"):
+            self.evicted.labels(reason)

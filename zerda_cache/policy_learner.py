@@ -29,7 +29,7 @@ import numpy as np
 from zerda_cache.config import EvictionConfig, RLConfig
 from zerda_cache.entry import USAGE_SATURATION, IntelligentCacheEntry, compute_confidence
 from zerda_cache.errors import InvalidFeedbackError
-from zerda_cache.keys import validate_tenant
+from zerda_cache.validation import validate_tenant
 
 log = logging.getLogger(__name__)
 

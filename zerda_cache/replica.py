@@ -15,105 +15,48 @@ counts the events it has consumed; ``XINFO STREAM`` says how many were ever adde
 does not update it.) XINFO is asked only when the oldest event left is newer than the
 position, which is rare.
 
-This module does no I/O of its own: it queues commands on the caller's pipeline and
-interprets the replies, so the sync and asyncio managers share it.
+This module does no I/O and knows no Redis command: storage reads the log
+(``StoragePlans.read_log``, ``Storage._log_info``) and the manager's flows feed what it read
+to a ``TenantIndex``. Mutation is serialised by the caller: the manager holds the tenant's
+flow lock (a ``threading.Lock`` or an ``asyncio.Lock``) around every build and catch-up.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from zerda_cache.index import IndexPolicy, ScopedIndex, Vector
-from zerda_cache.keys import TenantKeys
+from zerda_cache.storage.keys import TenantKeys
+from zerda_cache.storage.plans import LogDelta, LogInfo
 
 log = logging.getLogger(__name__)
 
-#: Events read per XREAD call while catching up.
-CATCHUP_BATCH = 1_000
-
-
-def _sid(raw: bytes | str) -> tuple[int, int]:
-    """A stream id as a comparable (ms, seq) tuple."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
-
-
-def _xinfo(reply: Any) -> dict[str, Any]:
-    """``last`` generated id, events ever ``added`` and current ``length`` of a stream."""
-    if not reply:
-        return {"last": "0-0", "added": 0, "length": 0}
-    info = {_s(k): v for k, v in reply.items()}
-    return {
-        "last": _s(info.get("last-generated-id") or b"0-0"),
-        "added": int(info.get("entries-added") or 0),
-        "length": int(info.get("length") or 0),
-    }
-
-
-@dataclass(slots=True)
-class LogDelta:
-    """What a catch-up read found: events to apply, and whether the index must be rebuilt."""
-
-    adds: dict[str, str] = field(default_factory=dict)  # id -> scope, in log order
-    dels: set[str] = field(default_factory=set)
-    last_id: str | None = None
-    count: int = 0  # events read, applied or not
-    more: bool = False  # the batch was full: read again
-    maybe_trimmed: bool = False  # the oldest event is newer than our position: check XINFO
-
 
 class TenantIndex:
-    """One tenant's index on one replica, and its position in the tenant's log."""
+    """One tenant's index on one replica, and its position in the tenant's log.
 
-    def __init__(self, keys: TenantKeys, policy: IndexPolicy | None = None) -> None:
+    Args:
+        keys: the tenant's keys.
+        policy: when a scope's index becomes HNSW, and its parameters.
+        lock: the flow lock that serialises builds and catch-ups of this tenant.
+    """
+
+    def __init__(
+        self, keys: TenantKeys, policy: IndexPolicy | None = None, lock: Any = None
+    ) -> None:
         self.keys = keys
         self.policy = policy if policy is not None else IndexPolicy()
+        self.lock = lock
         self.index: ScopedIndex | None = None
         self.last_id = "0-0"
         self.consumed = 0  # log events consumed since the log began
         self.built = False
-        self.lock = threading.RLock()  # one catch-up at a time per tenant (sync manager)
 
     # -- catch-up ------------------------------------------------------------------------
-    def queue_catchup(self, pipe: Any) -> None:
-        """Queue the reads of one catch-up step: the oldest event and the new events."""
-        pipe.xrange(self.keys.log, min="-", max="+", count=1)
-        pipe.xread({self.keys.log: self.last_id}, count=CATCHUP_BATCH)
-
-    def parse_catchup(self, first: Any, new: Any) -> LogDelta:
-        delta = LogDelta()
-        if first:
-            delta.maybe_trimmed = _sid(_s(first[0][0])) > _sid(self.last_id)
-        events: list[Any] = []
-        if new:
-            # RESP2 shape: [[stream, [(id, {field: value}), ...]]]
-            events = new[0][1] if isinstance(new, list) else next(iter(new.values()))[0]
-        for event_id, fields in events:
-            op, eid = fields.get(b"op"), _s(fields.get(b"id", b""))
-            if op == b"add":
-                delta.adds[eid] = _s(fields.get(b"sc", b""))
-                delta.dels.discard(eid)
-            elif op == b"del":
-                delta.adds.pop(eid, None)
-                delta.dels.add(eid)
-            delta.last_id = _s(event_id)
-        delta.count = len(events)
-        delta.more = len(events) >= CATCHUP_BATCH
-        return delta
-
-    def trimmed_past(self, xinfo: Any) -> bool:
-        """From an ``XINFO STREAM`` reply: were events this replica has not consumed
-        trimmed away?"""
-        info = _xinfo(xinfo)
-        return bool(info["added"] - info["length"] > self.consumed)
+    def trimmed_past(self, info: LogInfo) -> bool:
+        """Were events this replica has not consumed trimmed away from the log?"""
+        return info.added - info.length > self.consumed
 
     def apply(self, delta: LogDelta, vectors: dict[str, tuple[Vector, str]]) -> bool:
         """Apply a delta (``vectors`` holds the added entries that still exist).
@@ -121,57 +64,56 @@ class TenantIndex:
         Returns False if a vector does not fit the index (the tenant was cleared and
         re-created with another dimension): the caller must rebuild.
         """
-        with self.lock:
-            for eid in delta.dels:
-                if self.index is not None:
-                    self.index.remove(eid)
-            for eid in delta.adds:
-                found = vectors.get(eid)
-                if found is None:
-                    continue  # removed again since: its 'del' may be in a later batch
-                vec, scope = found
-                if self.index is None:
-                    self.index = ScopedIndex(len(vec), self.policy)
-                elif len(vec) != self.index.dim:
-                    return False
-                self.index.add(eid, vec, scope)
-            if delta.last_id is not None:
-                self.last_id = delta.last_id
-            self.consumed += delta.count
-            return True
+        for eid in delta.dels:
+            if self.index is not None:
+                self.index.remove(eid)
+        for eid in delta.adds:
+            found = vectors.get(eid)
+            if found is None:
+                continue  # removed again since: its 'del' may be in a later batch
+            vec, scope = found
+            if self.index is None:
+                self.index = ScopedIndex(len(vec), self.policy)
+            elif len(vec) != self.index.dim:
+                return False
+            self.index.add(eid, vec, scope)
+        if delta.last_id is not None:
+            self.last_id = delta.last_id
+        self.consumed += delta.count
+        return True
 
     # -- build ---------------------------------------------------------------------------
-    def start_build(self, xinfo: Any) -> None:
-        """Reset to an empty index positioned at the log's newest event, from an
-        ``XINFO STREAM`` reply (``None`` when the log does not exist yet)."""
-        info = _xinfo(xinfo)
-        with self.lock:
-            self.index = None
-            self.last_id = info["last"]
-            self.consumed = info["added"]
-            self.built = False
+    def start_build(self, info: LogInfo) -> None:
+        """Reset to an empty index positioned at the log's newest event."""
+        self.index = None
+        self.last_id = info.last_id
+        self.consumed = info.added
+        self.built = False
 
     def add_scanned(self, vectors: dict[str, tuple[Vector, str]]) -> None:
-        with self.lock:
-            for eid, (vec, scope) in vectors.items():
-                if self.index is None:
-                    self.index = ScopedIndex(len(vec), self.policy)
-                elif len(vec) != self.index.dim:
-                    log.warning(
-                        "tenant %s: entry %s has dimension %d, index has %d; skipped",
-                        self.keys.tenant,
-                        eid,
-                        len(vec),
-                        self.index.dim,
-                    )
-                    continue
-                self.index.add(eid, vec, scope)
+        for eid, (vec, scope) in vectors.items():
+            if self.index is None:
+                self.index = ScopedIndex(len(vec), self.policy)
+            elif len(vec) != self.index.dim:
+                log.warning(
+                    "tenant %s: entry %s has dimension %d, index has %d; skipped",
+                    self.keys.tenant,
+                    eid,
+                    len(vec),
+                    self.index.dim,
+                )
+                continue
+            self.index.add(eid, vec, scope)
 
     def finish_build(self) -> None:
-        with self.lock:
-            self.built = True
+        self.built = True
 
     # -- queries -------------------------------------------------------------------------
+    @property
+    def dim(self) -> int | None:
+        index = self.index
+        return None if index is None else index.dim
+
     def search(self, vec: Vector, scope: str, k: int, threshold: float) -> list[tuple[str, float]]:
         index = self.index
         if index is None or index.dim != len(vec):

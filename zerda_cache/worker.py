@@ -1,14 +1,16 @@
 """The eviction worker: APScheduler jobs over ``Maintenance``, led by a Redis lease.
 
-Run it with ``zerda-cache worker`` (or ``python workers/eviction_worker.py``). Any number
-of worker processes may run: the one holding the lease (``zc:worker:leader``) runs the
-decay and eviction cycles, the others stand by and take over within the lease's time to
-live when the leader dies. Every worker serves ``/metrics``.
+Run it with ``zerda-cache worker`` (``python workers/eviction_worker.py`` runs the same
+command). Any number of worker processes may run: the one holding the lease
+(``zc:worker:leader``) runs the decay and eviction cycles, the others stand by and take
+over within the lease's time to live when the leader dies. Every worker serves
+``/metrics`` (``WorkerMetrics`` in ``metrics.py``).
 
 Jobs (APScheduler 3.x ``BlockingScheduler``; coalesce, max_instances=1, misfire grace):
 
-* ``lease`` every ``lease_ttl_s / 3``: take or renew the lease; touch the health file.
-* ``decay`` every ``decay_interval_s`` (leader only): persist every arm's decay.
+* ``lease`` every ``lease_ttl_s / 3``: take or renew the lease; touch the health file
+  when Redis answered.
+* ``decay`` every ``decay_job_interval_s`` (leader only): persist every arm's decay.
 * ``evict`` every ``eviction_interval_s`` (leader only): expired, below the minimum
   reward, then over capacity.
 * ``metrics`` every ``metrics_interval_s``: read each tenant's counters and sizes.
@@ -22,232 +24,38 @@ terminationGracePeriodSeconds); a second stops at once. The lease is released on
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.blocking import BlockingScheduler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, start_http_server
 
-from zerda_cache.config import DEFAULT_MAX_TENANT_LABELS, CacheConfig, EvictionConfig
+from zerda_cache.config import (
+    DEFAULT_HEALTH_FILE,
+    DEFAULT_LEASE_TTL_S,
+    DEFAULT_METRICS_HOST,
+    CacheConfig,
+    EvictionConfig,
+)
 from zerda_cache.errors import ZerdaError
-from zerda_cache.keys import leader_key
-from zerda_cache.lease import Lease
-from zerda_cache.maintenance import Distribution, Maintenance
-from zerda_cache.metrics import OTHER
+from zerda_cache.maintenance import Maintenance
+from zerda_cache.metrics import TenantSnapshot, WorkerMetrics
 from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import leader_key
+from zerda_cache.storage.lease import Lease
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LEASE_TTL_S = 15.0
-DEFAULT_METRICS_PORT = 9108
-DEFAULT_HEALTH_FILE = "/tmp/zerda-cache-worker.health"
-CYCLE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-
-
-@dataclass(slots=True)
-class TenantSnapshot:
-    stats: dict[str, int] = field(default_factory=dict)
-    max_entries: int = 0
-    max_bytes: int | None = None
-    rewards: Distribution | None = None
-    confidences: Distribution | None = None
-
-
-class TenantCollector(Collector):
-    """Exports the per-tenant snapshot the metrics job refreshes (bounded labels: the
-    largest ``max_named`` tenants by entries, the rest summed as ``other``)."""
-
-    def __init__(self, max_named: int = DEFAULT_MAX_TENANT_LABELS) -> None:
-        self.max_named = max_named
-        self.snapshot: dict[str, TenantSnapshot] = {}
-        self._lock = threading.Lock()
-
-    def update(self, snapshot: dict[str, TenantSnapshot]) -> None:
-        with self._lock:
-            self.snapshot = snapshot
-
-    def _grouped(self) -> dict[str, list[TenantSnapshot]]:
-        with self._lock:
-            items = sorted(
-                self.snapshot.items(), key=lambda kv: kv[1].stats.get("entries", 0), reverse=True
-            )
-        groups: dict[str, list[TenantSnapshot]] = {}
-        for i, (tenant, snap) in enumerate(items):
-            groups.setdefault(tenant if i < self.max_named else OTHER, []).append(snap)
-        return groups
-
-    def collect(self) -> Iterator[Metric]:
-        groups = self._grouped()
-        gauges = {
-            "entries": GaugeMetricFamily(
-                "zerda_cache_tenant_entries", "Live entries per tenant.", labels=["tenant"]
-            ),
-            "bytes": GaugeMetricFamily(
-                "zerda_cache_tenant_bytes",
-                "Bytes of stored content (query, answer, metadata, vector) per tenant.",
-                labels=["tenant"],
-            ),
-            "max_entries": GaugeMetricFamily(
-                "zerda_cache_tenant_max_entries",
-                "Entry capacity per tenant (the worker evicts above it).",
-                labels=["tenant"],
-            ),
-            "max_bytes": GaugeMetricFamily(
-                "zerda_cache_tenant_max_bytes",
-                "Byte capacity per tenant (0: none).",
-                labels=["tenant"],
-            ),
-        }
-        counters = {
-            "hits": CounterMetricFamily(
-                "zerda_cache_tenant_hits", "Cached answers served, all replicas.", labels=["tenant"]
-            ),
-            "misses": CounterMetricFamily(
-                "zerda_cache_tenant_misses", "Lookups that found no answer.", labels=["tenant"]
-            ),
-            "puts": CounterMetricFamily(
-                "zerda_cache_tenant_puts", "Answers stored.", labels=["tenant"]
-            ),
-        }
-        feedback = CounterMetricFamily(
-            "zerda_cache_tenant_feedback",
-            "Feedback signals applied, by polarity.",
-            labels=["tenant", "polarity"],
-        )
-        evictions = CounterMetricFamily(
-            "zerda_cache_tenant_evictions",
-            "Entries removed, by reason.",
-            labels=["tenant", "reason"],
-        )
-        rewards = HistogramMetricFamily(
-            "zerda_cache_tenant_expected_reward",
-            "Distribution of the arms' expected reward (at the last eviction scan).",
-            labels=["tenant"],
-        )
-        confidences = HistogramMetricFamily(
-            "zerda_cache_tenant_confidence",
-            "Distribution of the entries' confidence (at the last eviction scan).",
-            labels=["tenant"],
-        )
-        for label, snaps in groups.items():
-            total: dict[str, int] = {}
-            for snap in snaps:
-                for k, v in snap.stats.items():
-                    total[k] = total.get(k, 0) + v
-            gauges["entries"].add_metric([label], total.get("entries", 0))
-            gauges["bytes"].add_metric([label], max(0, total.get("bytes", 0)))
-            gauges["max_entries"].add_metric([label], sum(s.max_entries for s in snaps))
-            gauges["max_bytes"].add_metric([label], sum(s.max_bytes or 0 for s in snaps))
-            for name, fam in counters.items():
-                fam.add_metric([label], total.get(name, 0))
-            feedback.add_metric([label, "positive"], total.get("positive", 0))
-            feedback.add_metric([label, "negative"], total.get("negative", 0))
-            for reason in (
-                "expired",
-                "low_reward",
-                "capacity",
-                "invalidated",
-                "replaced",
-                "corrupt",
-            ):
-                evictions.add_metric([label, reason], total.get(f"evicted:{reason}", 0))
-            for hist, attr in ((rewards, "rewards"), (confidences, "confidences")):
-                dists = [getattr(s, attr) for s in snaps if getattr(s, attr) is not None]
-                if not dists:
-                    continue
-                merged = Distribution()
-                for d in dists:
-                    merged.counts = [a + b for a, b in zip(merged.counts, d.counts, strict=True)]
-                    merged.total += d.total
-                    merged.sum += d.sum
-                buckets = [(repr(b), c) for b, c in zip(merged.buckets, merged.counts, strict=True)]
-                buckets.append(("+Inf", merged.total))
-                hist.add_metric([label], buckets, merged.sum)
-        yield from gauges.values()
-        yield from counters.values()
-        yield feedback
-        yield evictions
-        yield rewards
-        yield confidences
-
-
-class WorkerMetrics:
-    """The worker's own metrics, on its own registry (served on ``/metrics``)."""
-
-    def __init__(self, registry: CollectorRegistry, max_tenant_labels: int) -> None:
-        self.registry = registry
-        self.tenants = TenantCollector(max_tenant_labels)
-        registry.register(self.tenants)
-        self.cycle_seconds = Histogram(
-            "zerda_cache_worker_cycle_duration_seconds",
-            "Duration of decay and eviction cycles.",
-            ["job"],
-            buckets=CYCLE_BUCKETS,
-            registry=registry,
-        )
-        self.cycles = Counter(
-            "zerda_cache_worker_cycles",
-            "Cycles run, by job and outcome (ok, stopped, error).",
-            ["job", "outcome"],
-            registry=registry,
-        )
-        self.last_success = Gauge(
-            "zerda_cache_worker_last_success_timestamp_seconds",
-            "Unix time of the last cycle that completed, by job.",
-            ["job"],
-            registry=registry,
-        )
-        self.leader = Gauge(
-            "zerda_cache_worker_leader",
-            "1 while this worker holds the lease and runs the cycles, else 0.",
-            registry=registry,
-        )
-        self.errors = Counter(
-            "zerda_cache_worker_errors",
-            "Jobs that failed, by job.",
-            ["job"],
-            registry=registry,
-        )
-        self.evicted = Counter(
-            "zerda_cache_worker_evicted",
-            "Entries this worker evicted, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.decayed = Counter(
-            "zerda_cache_worker_decayed",
-            "Arms this worker decayed and persisted.",
-            registry=registry,
-        )
-        for job in ("decay", "evict"):  # every series exists from the start
-            self.cycle_seconds.labels(job)
-            self.last_success.labels(job)
-            self.errors.labels(job)
-            for outcome in ("ok", "stopped", "error"):
-                self.cycles.labels(job, outcome)
-        self.errors.labels("metrics")
-        self.errors.labels("lease")
-        for reason in ("expired", "low_reward", "capacity", "corrupt"):
-            self.evicted.labels(reason)
+#: The worker's scheduled cycles.
+Job = Literal["decay", "evict"]
 
 
 class Worker:
@@ -258,7 +66,8 @@ class Worker:
         config: the cache configuration (intervals and capacity in ``config.eviction``).
         lease_ttl_s: the leader lease's time to live; takeover happens within it.
         metrics_port: serve ``/metrics`` here (``None``: do not serve; 0: any free port).
-        health_file: touched by every lease tick, for ``--check``.
+        health_file: touched by every lease tick that reached Redis, for ``--check``
+            (a worker that cannot reach Redis goes unhealthy within the lease's TTL).
         registry: where the metrics go (default: a registry of its own).
     """
 
@@ -269,7 +78,7 @@ class Worker:
         *,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         metrics_port: int | None = None,
-        metrics_host: str = "0.0.0.0",
+        metrics_host: str = DEFAULT_METRICS_HOST,
         health_file: str | None = DEFAULT_HEALTH_FILE,
         registry: CollectorRegistry | None = None,
         worker_id: str | None = None,
@@ -320,7 +129,7 @@ class Worker:
             executor="aux",
             next_run_time=_now_dt(),
         )
-        scheduler.add_job(self.decay_job, "interval", seconds=ev.decay_interval_s, id="decay")
+        scheduler.add_job(self.decay_job, "interval", seconds=ev.decay_job_interval_s, id="decay")
         scheduler.add_job(self.evict_job, "interval", seconds=ev.eviction_interval_s, id="evict")
         scheduler.add_job(
             self.metrics_job,
@@ -339,7 +148,8 @@ class Worker:
         except ZerdaError as exc:
             self.metrics.errors.labels("lease").inc()
             log.warning("lease tick failed: %s", exc)
-            held = False
+            self.metrics.leader.set(0)
+            return  # no touch: the health file says Redis answered recently
         self.metrics.leader.set(1 if held else 0)
         if self.health_file:
             try:
@@ -347,7 +157,7 @@ class Worker:
             except OSError as exc:
                 log.warning("cannot touch health file %s: %s", self.health_file, exc)
 
-    def _cycle(self, job: str) -> None:
+    def _cycle(self, job: Job) -> None:
         if self.stop_event.is_set() or not self.lease.acquire_or_renew():
             return
         started = time.perf_counter()
@@ -450,7 +260,7 @@ class Worker:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-        self.client.close()
+        self.storage.close()
 
     def _release(self) -> None:
         try:
@@ -467,82 +277,21 @@ def _now_dt() -> Any:
     return datetime.now()
 
 
-def check_health(health_file: str, max_age_s: float) -> bool:
-    """Liveness: the health file was touched within ``max_age_s``."""
+def health_problem(health_file: str, max_age_s: float) -> str | None:
+    """Why the worker is not live (``None``: it is): its health file was not touched
+    within ``max_age_s`` (a lease tick touches it whenever Redis answered)."""
     try:
         age = time.time() - Path(health_file).stat().st_mtime
-    except OSError:
-        return False
-    return age <= max_age_s
+    except OSError as exc:
+        return f"no health file {health_file} ({exc.strerror}): is the worker running?"
+    if age > max_age_s:
+        return (
+            f"{health_file} was last touched {age:.0f} s ago, over {max_age_s:g} s: the "
+            "worker is stuck or cannot reach Redis"
+        )
+    return None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zerda-cache-worker", description=__doc__.split("\n")[0])
-    p.add_argument("--redis-url", default=os.environ.get("ZERDA_REDIS_URL"))
-    p.add_argument("--cluster", action="store_true", help="the URL is a Redis Cluster node")
-    p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
-    p.add_argument("--metrics-host", default="0.0.0.0")
-    p.add_argument("--lease-ttl", type=float, default=DEFAULT_LEASE_TTL_S)
-    p.add_argument("--decay-interval", type=float, default=None)
-    p.add_argument("--eviction-interval", type=float, default=None)
-    p.add_argument("--metrics-interval", type=float, default=None)
-    p.add_argument("--max-entries", type=int, default=None)
-    p.add_argument("--key-prefix", default=None)
-    p.add_argument("--health-file", default=DEFAULT_HEALTH_FILE)
-    p.add_argument("--worker-id", default=None)
-    p.add_argument("--check", action="store_true", help="liveness probe: exit 0 if healthy")
-    p.add_argument("--log-level", default=os.environ.get("ZERDA_LOG_LEVEL", "INFO"))
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> CacheConfig:
-    from dataclasses import replace
-
-    cfg = CacheConfig() if args.key_prefix is None else CacheConfig(key_prefix=args.key_prefix)
-    ev = cfg.eviction
-    changes: dict[str, Any] = {}
-    for arg, name in (
-        ("decay_interval", "decay_interval_s"),
-        ("eviction_interval", "eviction_interval_s"),
-        ("metrics_interval", "metrics_interval_s"),
-        ("max_entries", "max_entries"),
-    ):
-        value = getattr(args, arg)
-        if value is not None:
-            changes[name] = value
-    return replace(cfg, eviction=replace(ev, **changes)) if changes else cfg
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.check:
-        healthy = check_health(args.health_file, max_age_s=args.lease_ttl)
-        print("healthy" if healthy else "unhealthy")
-        return 0 if healthy else 1
-    if not args.redis_url:
-        print("zerda-cache worker: --redis-url or ZERDA_REDIS_URL is required", file=sys.stderr)
-        return 2
-    from zerda_cache.manager import connect
-
-    cfg = config_from_args(args)
-    client = connect(args.redis_url, cfg, cluster=args.cluster or None)
-    worker = Worker(
-        client,
-        cfg,
-        lease_ttl_s=args.lease_ttl,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        health_file=args.health_file,
-        worker_id=args.worker_id,
-    )
-    worker.install_signal_handlers()
-    worker.run()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def check_health(health_file: str, max_age_s: float) -> bool:
+    """Liveness: the health file was touched within ``max_age_s``."""
+    return health_problem(health_file, max_age_s) is None

@@ -4,7 +4,7 @@ Only msgpack and raw float32 bytes are ever decoded from Redis (no pickle, no ev
 every decoder checks the shape it gets: a value that does not decode is reported as
 ``CorruptEntryError`` naming its key, never a crash deeper down.
 
-Entry hash fields (see ``keys.py`` for the keys):
+Entry hash fields (see ``storage/keys.py`` for the keys):
 
 ========  ==========================================================================
 ``doc``   msgpack ``{v, q: query, r: response, m: metadata}`` (written by Python)
@@ -41,6 +41,11 @@ SCHEMA_VERSION = 1
 _VEC_DTYPE = np.dtype("<f4")
 
 Vector = npt.NDArray[np.float32]
+
+
+def text(value: bytes | str) -> str:
+    """A reply value as ``str`` (clients are created with ``decode_responses=False``)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
 # --- vectors -------------------------------------------------------------------------------

@@ -1,26 +1,24 @@
-"""Redis storage: keys, codecs and scripts, and nothing of ranking.
+"""Storage plans: everything about Redis that does no I/O.
 
-``RedisStorage`` wraps a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client. Every
-change to shared state is one Lua script (put, hit, feedback, decay, evict); reads are
-plain commands, batched in pipelines so that a batch costs one round trip. Arm arithmetic
-uses one clock, the Redis server's ``TIME``, unless a ``clock`` is injected (tests).
+Keys, argument validation, the arguments of every script, the commands of every read,
+and the parsing of every reply live here, as plans: a ``ScriptCall`` (one Lua script
+invocation) or a ``ReadPlan`` (plain commands queued on one pipeline, one round trip).
+``batch`` joins several plans into one pipeline. The flows of ``store.py`` execute plans
+through a driver (``driver.py``), so the sync and asyncio flavours share every line here.
 """
 
 from __future__ import annotations
 
-import contextlib
+import enum
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 import msgpack
 import numpy as np
-import redis
-import redis.exceptions
 
-from zerda_cache import codec
 from zerda_cache.config import CacheConfig
 from zerda_cache.entry import (
     DEFAULT_QUALITY,
@@ -33,31 +31,30 @@ from zerda_cache.errors import (
     DimensionMismatchError,
     EntryNotFoundError,
     InvalidEntryError,
-    StorageError,
     ZerdaError,
 )
-from zerda_cache.keys import TenantKeys, new_entry_id, tenant_keys, tenants_key, validate_entry_id
 from zerda_cache.policy_learner import FeedbackSignal
-from zerda_cache.scripts import Scripts
+from zerda_cache.storage import codec
+from zerda_cache.storage.codec import text
+from zerda_cache.storage.keys import TenantKeys, tenant_keys, tenants_key
+from zerda_cache.validation import (
+    check_query,
+    check_response,
+    check_scope,
+    new_entry_id,
+    validate_entry_id,
+)
 
 log = logging.getLogger(__name__)
 
 #: Signals per feedback script call in ``feedback_many`` (bounds the time one call blocks
 #: the server: a few milliseconds).
 FEEDBACK_BATCH = 200
-#: Eviction reasons, as counted in the stats hash (``evicted:<reason>``).
-REASONS = ("expired", "low_reward", "capacity", "invalidated", "replaced", "corrupt")
-
-
-@contextlib.contextmanager
-def wrap_errors(what: str) -> Iterator[None]:
-    """Turn client errors into ``StorageError`` (the cause stays chained)."""
-    try:
-        yield
-    except ZerdaError:
-        raise
-    except redis.exceptions.RedisError as exc:
-        raise StorageError(f"{what} failed: {exc}") from exc
+#: Why an entry was removed, as counted in the stats hash (``evicted:<reason>``).
+EvictReason = Literal["expired", "low_reward", "capacity", "invalidated", "replaced", "corrupt"]
+REASONS: tuple[EvictReason, ...] = get_args(EvictReason)
+#: Events read per XREAD call while catching up.
+CATCHUP_BATCH = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +66,28 @@ class PutOutcome:
     displaced_id: str | None
 
 
+class HitStatus(enum.StrEnum):
+    """What the hit script did with an entry."""
+
+    SERVED = "served"
+    GONE = "gone"  #: evicted or invalidated since the index saw it
+    EXPIRED = "expired"
+    CORRUPT = "corrupt"  #: its stored state does not decode: never served
+    UNSERVABLE = "unservable"  #: expected reward (at now) under the serving bar
+    BELOW_BAR = "below_bar"  #: the match is under the entry's own similarity bar
+
+
 @dataclass(frozen=True, slots=True)
 class HitOutcome:
     """Result of the hit script: ``entry`` (full content, arm at now) when served."""
 
-    status: str  # "served" | "gone" | "expired" | "corrupt" | "unservable" | "below_bar"
+    status: HitStatus
     entry: IntelligentCacheEntry | None = None
+
+    @property
+    def served(self) -> IntelligentCacheEntry | None:
+        """The entry, if it was served."""
+        return self.entry if self.status is HitStatus.SERVED else None
 
 
 @dataclass(slots=True)
@@ -175,38 +188,123 @@ class ScriptCall(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class ReadPlan(Generic[T]):
-    """Plain read commands queued on one pipeline (one round trip), then parsed."""
+    """Plain commands queued on one pipeline (one round trip), then parsed.
+
+    Reads, and the counter increments that need no script (misses). ``size`` is the
+    number of commands ``queue`` adds. ``scripts`` lists the positions of scripts sent
+    by EVALSHA inside the pipeline (see ``batch``): on NOSCRIPT, the executor runs that
+    script once through its ``Script`` object, which loads it.
+    """
 
     name: str
     queue: Callable[[Any], None]
     parse: Callable[[list[Any]], T]
+    size: int
+    scripts: tuple[tuple[int, ScriptCall[Any]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LogInfo:
+    """From ``XINFO STREAM`` of a tenant's log: the newest id, the events ever added and
+    the events left (all zero when the log does not exist yet)."""
+
+    last_id: str = "0-0"
+    added: int = 0
+    length: int = 0
+
+    @classmethod
+    def parse(cls, reply: Any) -> LogInfo:
+        if not reply:
+            return cls()
+        info = {text(k): v for k, v in reply.items()}
+        return cls(
+            last_id=text(info.get("last-generated-id") or b"0-0"),
+            added=int(info.get("entries-added") or 0),
+            length=int(info.get("length") or 0),
+        )
+
+
+@dataclass(slots=True)
+class LogDelta:
+    """What a catch-up read of a tenant's log found: events to apply, and whether they
+    may not follow on from the reader's position."""
+
+    adds: dict[str, str] = field(default_factory=dict)  # id -> scope, in log order
+    dels: set[str] = field(default_factory=set)
+    last_id: str | None = None
+    count: int = 0  # events read, applied or not
+    more: bool = False  # the batch was full: read again
+    maybe_trimmed: bool = False  # the oldest event is newer than the position: ask XINFO
+
+    @property
+    def empty(self) -> bool:
+        return not self.adds and not self.dels and self.last_id is None
+
+
+def _stream_id(raw: bytes | str) -> tuple[int, int]:
+    """A stream id as a comparable (ms, seq) tuple."""
+    ms, _, seq = text(raw).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def batch(
+    name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]], sha: Callable[[str], str]
+) -> ReadPlan[list[Any]]:
+    """Several plans in one pipeline (one round trip); parses to their results, in order.
+
+    A ``ScriptCall`` part is sent as a raw EVALSHA (``sha`` gives a script's SHA1): a
+    pipeline of redis-py ``Script`` objects would first send SCRIPT EXISTS, a round trip
+    of its own. Scripts cannot run inside Redis Cluster pipelines: on Cluster, run them
+    on their own.
+    """
+    plans: list[ReadPlan[Any]] = []
+    scripts: list[tuple[int, ScriptCall[Any]]] = []
+    at = 0
+    for part in parts:
+        if isinstance(part, ScriptCall):
+            scripts.append((at, part))
+            plans.append(_evalsha(part, sha(part.script)))
+        else:
+            plans.append(part)
+        at += plans[-1].size
+
+    def queue(pipe: Any) -> None:
+        for plan in plans:
+            plan.queue(pipe)
+
+    def parse(replies: list[Any]) -> list[Any]:
+        out, at = [], 0
+        for plan in plans:
+            out.append(plan.parse(replies[at : at + plan.size]))
+            at += plan.size
+        return out
+
+    return ReadPlan(name, queue, parse, at, tuple(scripts))
+
+
+def _evalsha(call: ScriptCall[T], sha: str) -> ReadPlan[T]:
+    def queue(pipe: Any) -> None:
+        pipe.evalsha(sha, len(call.keys), *call.keys, *call.args)
+
+    return ReadPlan(call.script, queue, lambda replies: call.parse(replies[0]), 1)
 
 
 _STATE_FIELDS = ("arm", "use", "meta", "sz")
 
 
-class StorageOps:
-    """Everything about storage that does no I/O: keys, validation, script arguments and
-    the parsing of replies. ``RedisStorage`` (sync) and ``AsyncRedisStorage`` (asyncio)
-    execute the same plans, so the two flavours cannot drift apart.
+class StoragePlans:
+    """The plans of one keyspace: keys, validation, script arguments and the parsing of
+    replies. ``Storage`` (store.py) executes them.
 
     Args:
-        client: the redis-py client (sync or asyncio) the subclass executes with.
         config: key prefix, size limits and the bandit parameters the scripts apply.
         clock: returns "now" in unix seconds; default: the Redis server's clock, read
             inside each script (one clock for every replica).
     """
 
     def __init__(
-        self,
-        client: Any,
-        config: CacheConfig | None = None,
-        *,
-        clock: Callable[[], float] | None = None,
+        self, config: CacheConfig | None = None, *, clock: Callable[[], float] | None = None
     ) -> None:
-        self.client = client
-        # register_script returns the flavour of the client: sync or asyncio scripts.
-        self.scripts = Scripts.register(client)
         self.config = config if config is not None else CacheConfig()
         self.clock = clock
         self._keys: dict[str, TenantKeys] = {}
@@ -265,21 +363,9 @@ class StorageOps:
     ) -> ScriptCall[PutOutcome]:
         k = self.keys(tenant)
         cfg = self.config
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidEntryError("query must be a non-empty str")
-        if len(query) > cfg.max_query_chars:
-            raise InvalidEntryError(
-                f"query has {len(query)} characters, over max_query_chars={cfg.max_query_chars}"
-            )
-        if not isinstance(response, str):
-            raise InvalidEntryError(f"response must be a str, got {type(response).__name__}")
-        size = len(response.encode("utf-8"))
-        if size > cfg.max_response_bytes:
-            raise InvalidEntryError(
-                f"response has {size} bytes, over max_response_bytes={cfg.max_response_bytes}"
-            )
-        if not isinstance(scope, str) or len(scope) > 256:
-            raise InvalidEntryError("scope must be a str of at most 256 characters")
+        check_query(query, cfg.max_query_chars)
+        check_response(response, cfg.max_response_bytes)
+        check_scope(scope)
         ttl = ttl_s
         if ttl is not None and (
             isinstance(ttl, bool)
@@ -317,7 +403,7 @@ class StorageOps:
                 raise DimensionMismatchError(tenant, int(res[1]), dim)
             if code == -2:
                 raise InvalidEntryError(f"entry id {eid} already exists in tenant {tenant!r}")
-            displaced = _s(res[1]) or None
+            displaced = text(res[1]) or None
             return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
 
         return ScriptCall("put", [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg], args, parse)
@@ -356,22 +442,22 @@ class StorageOps:
         def parse(res: Any) -> HitOutcome:
             code = int(res[0])
             if code == 0:
-                return HitOutcome("gone")
+                return HitOutcome(HitStatus.GONE)
             if code == -1:
-                return HitOutcome("expired")
+                return HitOutcome(HitStatus.EXPIRED)
             if code == -3:
                 log.warning("corrupt entry %s not served", key)
-                return HitOutcome("corrupt")
+                return HitOutcome(HitStatus.CORRUPT)
             if code == -4:
-                return HitOutcome("unservable")
+                return HitOutcome(HitStatus.UNSERVABLE)
             if code == -5:
-                return HitOutcome("below_bar")
+                return HitOutcome(HitStatus.BELOW_BAR)
             try:
                 query, response, metadata = codec.unpack_doc(res[3], key=key)
                 meta = codec.unpack_meta(res[4], key=key)
             except CorruptEntryError as exc:
                 log.warning("corrupt entry not served: %s", exc)
-                return HitOutcome("corrupt")
+                return HitOutcome(HitStatus.CORRUPT)
             use = codec.trusted_use(res[2])
             entry = IntelligentCacheEntry(
                 entry_id=entry_id,
@@ -393,7 +479,7 @@ class StorageOps:
                 min_positive_similarity=use.min_positive_similarity,
                 negative_streak=use.negative_streak,
             )
-            return HitOutcome("served", entry)
+            return HitOutcome(HitStatus.SERVED, entry)
 
         return ScriptCall("hit", [key, k.ids, k.stats], args, parse)
 
@@ -498,7 +584,7 @@ class StorageOps:
                 entry.embedding = codec.decode_vector(values["vec"], key=key)
             return entry
 
-        return ReadPlan("get_entry", queue, parse)
+        return ReadPlan("get_entry", queue, parse, 2)
 
     def read_states(self, tenant: str, entry_ids: Sequence[str]) -> ReadPlan[StateBatch]:
         k = self.keys(tenant)
@@ -525,7 +611,7 @@ class StorageOps:
                     out.corrupt.append(eid)
             return out
 
-        return ReadPlan("load_states", queue, parse)
+        return ReadPlan("load_states", queue, parse, len(ids) + 1)
 
     def plan_state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[StateArrays]:
         """Plan reading ``arm``, ``use`` and ``sz`` of many entries into columns, in one
@@ -577,7 +663,7 @@ class StorageOps:
                     log.warning("skipping corrupt entry: %s", exc)
             return out
 
-        return ReadPlan("vectors", queue, parse)
+        return ReadPlan("vectors", queue, parse, len(ids))
 
     def read_stats(self, tenant: str) -> ReadPlan[dict[str, int]]:
         k = self.keys(tenant)
@@ -588,282 +674,66 @@ class StorageOps:
 
         def parse(res: list[Any]) -> dict[str, int]:
             raw, n = res
-            out = {_s(f): int(v) for f, v in raw.items()}
+            out = {text(f): int(v) for f, v in raw.items()}
             out["entries"] = int(n)
             return out
 
-        return ReadPlan("stats", queue, parse)
+        return ReadPlan("stats", queue, parse, 2)
 
+    def read_log(self, tenant: str, after: str) -> ReadPlan[LogDelta]:
+        """The tenant's log events after stream id ``after`` (at most ``CATCHUP_BATCH``),
+        and whether the log's oldest event is newer than ``after`` (then events may have
+        been trimmed away before this reader saw them: the caller asks ``XINFO``)."""
+        log_key = self.keys(tenant).log
 
-class RedisStorage(StorageOps):
-    """Typed, synchronous access to one zerda-cache keyspace.
+        def queue(pipe: Any) -> None:
+            pipe.xrange(log_key, min="-", max="+", count=1)
+            pipe.xread({log_key: after}, count=CATCHUP_BATCH)
 
-    Args:
-        client: a ``redis.Redis`` or ``RedisCluster`` with ``decode_responses=False``.
-        config: key prefix, size limits and the bandit parameters the scripts apply.
-        clock: returns "now" in unix seconds; default: the Redis server's clock.
-    """
+        def parse(res: list[Any]) -> LogDelta:
+            first, new = res
+            delta = LogDelta()
+            if first:
+                delta.maybe_trimmed = _stream_id(first[0][0]) > _stream_id(after)
+            events: list[Any] = []
+            if new:
+                # RESP2: [[stream, [(id, {field: value}), ...]]]; RESP3: {stream: [[...]]}
+                events = new[0][1] if isinstance(new, list) else next(iter(new.values()))[0]
+            for event_id, fields in events:
+                op, eid = fields.get(b"op"), text(fields.get(b"id", b""))
+                if op == b"add":
+                    delta.adds[eid] = text(fields.get(b"sc", b""))
+                    delta.dels.discard(eid)
+                elif op == b"del":
+                    delta.adds.pop(eid, None)
+                    delta.dels.add(eid)
+                delta.last_id = text(event_id)
+            delta.count = len(events)
+            delta.more = len(events) >= CATCHUP_BATCH
+            return delta
 
-    def __init__(
-        self,
-        client: Any,
-        config: CacheConfig | None = None,
-        *,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        super().__init__(client, config, clock=clock)
+        return ReadPlan("catch-up", queue, parse, 2)
 
-    def run(self, call: ScriptCall[T]) -> T:
-        """Execute one planned script call."""
-        with wrap_errors(call.script):
-            res = getattr(self.scripts, call.script)(keys=call.keys, args=call.args)
-        return call.parse(res)
-
-    def read(self, plan: ReadPlan[T]) -> T:
-        """Execute one read plan in a single pipeline round trip."""
-        with wrap_errors(plan.name):
-            pipe = self.client.pipeline(transaction=False)
-            plan.queue(pipe)
-            res = pipe.execute()
-        return plan.parse(res)
-
-    def now(self) -> float:
-        """Current time on the storage clock (the server's, unless one was injected)."""
-        if self.clock is not None:
-            return float(self.clock())
-        with wrap_errors("TIME"):
-            sec, usec = self.client.time()
-        return float(sec) + float(usec) / 1_000_000
-
-    # -- scripts ----------------------------------------------------------------------------
-    def put(
-        self, tenant: str, query: str, response: str, embedding: object, **kw: Any
-    ) -> PutOutcome:
-        """Store a new entry atomically (hash, ids, exact-match map, log, counters).
-
-        Keyword arguments: ``scope``, ``ttl_s``, ``quality``, ``similarity``, ``metadata``,
-        ``entry_id`` (see ``StorageOps.plan_put``).
-
-        Raises:
-            InvalidTenantError, InvalidEmbeddingError, DimensionMismatchError,
-            InvalidEntryError: bad input; nothing is written.
-            StorageError: Redis failed.
-        """
-        out = self.run(self.plan_put(tenant, query, response, embedding, **kw))
-        if self.needs_registration(tenant):
-            with wrap_errors("register tenant"):
-                self.client.sadd(self.tenants_key, tenant)
-            self._registered_tenants.add(tenant)
-        return out
-
-    def hit(
-        self,
-        tenant: str,
-        entry_id: str,
-        *,
-        refresh_ttl: bool = False,
-        min_reward: float | None = None,
-        similarity: float | None = None,
-    ) -> HitOutcome:
-        """Serve ``entry_id``: count the use and return the entry (arm at now)."""
-        return self.run(
-            self.plan_hit(
-                tenant,
-                entry_id,
-                refresh_ttl=refresh_ttl,
-                min_reward=min_reward,
-                similarity=similarity,
-            )
-        )
-
-    def feedback(self, signal: FeedbackSignal) -> FeedbackOutcome:
-        """Apply one signal atomically; return the entry's new learning state.
-
-        Raises:
-            EntryNotFoundError: no such entry in ``signal.tenant_id``.
-            CorruptEntryError: the entry's state does not decode (nothing written).
-        """
-        (result,) = self.run(self.plan_feedback([signal]))
-        if isinstance(result, ZerdaError):
-            raise result
-        return result
-
-    def feedback_many(
-        self, signals: Sequence[FeedbackSignal], *, batch: int = FEEDBACK_BATCH
-    ) -> list[FeedbackOutcome | ZerdaError]:
-        """Apply many signals; one script call per tenant and ``batch`` signals.
-
-        Returns, per signal and in order, the new state or the error for it (unknown
-        entry, corrupt state): one bad signal does not stop the others. Each call is
-        atomic; signals of different calls are not applied together. Works unchanged on
-        Redis Cluster (a call touches one tenant, so one slot).
-        """
-        out: list[FeedbackOutcome | ZerdaError | None] = [None] * len(signals)
-        for tenant_positions in _group_by_tenant(signals).values():
-            for i in range(0, len(tenant_positions), batch):
-                chunk = tenant_positions[i : i + batch]
-                results = self.run(self.plan_feedback([signals[j] for j in chunk]))
-                for j, res in zip(chunk, results, strict=True):
-                    out[j] = res
-        return [r for r in out if r is not None]
-
-    def decay(self, tenant: str, entry_ids: Sequence[str]) -> DecayOutcome:
-        """Bring the arms of ``entry_ids`` to now and persist them (one script call)."""
-        if not entry_ids:
-            return DecayOutcome(0, 0, [])
-        return self.run(self.plan_decay(tenant, entry_ids))
-
-    def evict(
-        self, tenant: str, candidates: Sequence[tuple[str, int | None]], reason: str
-    ) -> EvictOutcome:
-        """Remove ``(entry_id, version)`` pairs from every structure, atomically per batch.
-
-        An entry whose version is no longer ``version`` (it was served or got feedback
-        since it was scored) is kept; ``None`` removes it whatever its version.
-        """
-        call = self.plan_evict(tenant, candidates, reason)
-        if not candidates:
-            return EvictOutcome([], [], [])
-        return self.run(call)
-
-    def invalidate(self, tenant: str, entry_id: str) -> bool:
-        """Remove one entry now; False if it did not exist."""
-        return bool(self.evict(tenant, [(entry_id, None)], "invalidated").removed)
-
-    # -- reads ------------------------------------------------------------------------------
-    def get_entry(
-        self, tenant: str, entry_id: str, *, with_vector: bool = True
-    ) -> IntelligentCacheEntry:
-        """Load one whole entry.
-
-        Raises:
-            EntryNotFoundError: no such entry in ``tenant``.
-            CorruptEntryError: a stored value does not decode.
-        """
-        return self.read(self.read_entry(tenant, entry_id, with_vector=with_vector))
-
-    def load_states(self, tenant: str, entry_ids: Sequence[str]) -> StateBatch:
-        """Arms, usage and meta of many entries in one round trip.
-
-        Missing entries (evicted meanwhile) and corrupt ones are listed, not raised.
-        """
-        if not entry_ids:
-            return StateBatch()
-        return self.read(self.read_states(tenant, entry_ids))
-
-    def state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> StateArrays:
-        """Learning state of many entries as columns, in one command."""
-        if not entry_ids:
-            return self.plan_state_arrays(tenant, []).parse(None)
-        return self.run(self.plan_state_arrays(tenant, entry_ids))
-
-    def vectors(self, tenant: str, entry_ids: Sequence[str]) -> dict[str, tuple[codec.Vector, str]]:
-        """``{id: (vector, scope)}`` of the entries that exist and decode."""
-        if not entry_ids:
-            return {}
-        return self.read(self.read_vectors(tenant, entry_ids))
-
-    def stats(self, tenant: str) -> dict[str, int]:
-        """The tenant's counters plus ``entries`` (live ids)."""
-        return self.read(self.read_stats(tenant))
-
-    def exact_match(self, tenant: str, query: str, scope: str = "") -> str | None:
+    def read_exact(self, tenant: str, query: str, scope: str = "") -> ReadPlan[str | None]:
         """The id the (normalised query, scope) digest points to, if any."""
-        k = self.keys(tenant)
-        with wrap_errors("exact_match"):
-            found = self.client.hget(k.q, codec.query_digest(query, scope))
-        return _s(found) if found is not None else None
+        q_key, digest = self.keys(tenant).q, codec.query_digest(query, scope)
 
-    def iter_ids(self, tenant: str, batch: int | None = None) -> Iterator[list[tuple[str, float]]]:
-        """Batches of ``(entry_id, expires_at)`` of every live id, by ZSCAN (never KEYS).
+        def queue(pipe: Any) -> None:
+            pipe.hget(q_key, digest)
 
-        An id present for the whole scan is returned at least once.
-        """
-        k = self.keys(tenant)
-        count = batch or self.config.eviction.scan_batch
-        cursor = 0
-        while True:
-            with wrap_errors("iter_ids"):
-                cursor, items = self.client.zscan(k.ids, cursor=cursor, count=count)
-            if items:
-                yield [(_s(member), float(score)) for member, score in items]
-            if int(cursor) == 0:
-                return
+        def parse(res: list[Any]) -> str | None:
+            return text(res[0]) if res[0] is not None else None
 
-    def count(self, tenant: str) -> int:
-        with wrap_errors("count"):
-            return int(self.client.zcard(self.keys(tenant).ids))
+        return ReadPlan("exact_match", queue, parse, 1)
 
-    def tenant_dim(self, tenant: str) -> int | None:
-        with wrap_errors("tenant_dim"):
-            raw = self.client.hget(self.keys(tenant).cfg, "dim")
-        return int(raw) if raw is not None else None
+    def count_misses(self, tenant: str, n: int) -> ReadPlan[None]:
+        """Add ``n`` to the tenant's miss counter (an atomic HINCRBY: no script needed)."""
+        stats_key = self.keys(tenant).stats
 
-    def tenants(self) -> list[str]:
-        with wrap_errors("tenants"):
-            return sorted(_s(t) for t in self.client.smembers(self.tenants_key))
+        def queue(pipe: Any) -> None:
+            pipe.hincrby(stats_key, "misses", n)
 
-    def tenant_settings(self, tenant: str) -> dict[str, float]:
-        """Per-tenant overrides stored in Redis: ``max_entries``, ``max_bytes``, ``ttl``
-        (and ``dim``, fixed by the first put)."""
-        with wrap_errors("tenant_settings"):
-            raw = self.client.hgetall(self.keys(tenant).cfg)
-        out: dict[str, float] = {}
-        for field_, value in raw.items():
-            try:
-                out[_s(field_)] = float(value)
-            except ValueError:
-                log.warning("tenant %s: ignoring bad setting %r=%r", tenant, field_, value)
-        return out
-
-    def set_tenant_settings(self, tenant: str, **settings: float | None) -> None:
-        """Set (a number) or clear (``None``) overrides: max_entries, max_bytes, ttl."""
-        allowed = {"max_entries", "max_bytes", "ttl"}
-        unknown = set(settings) - allowed
-        if unknown:
-            raise ValueError(f"unknown tenant settings {sorted(unknown)}; use {sorted(allowed)}")
-        k = self.keys(tenant)
-        for name, value in settings.items():
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
-        with wrap_errors("set_tenant_settings"):
-            pipe = self.client.pipeline(transaction=False)
-            for name, value in settings.items():
-                if value is None:
-                    pipe.hdel(k.cfg, name)
-                else:
-                    pipe.hset(k.cfg, name, repr(value))
-            pipe.sadd(self.tenants_key, tenant)
-            pipe.execute()
-
-    def reset_tenant(self, tenant: str) -> None:
-        """Drop a tenant's counters, feedback log and dimension (``clear`` calls this once
-        its entries are gone). The index log stays: replicas still need its events."""
-        k = self.keys(tenant)
-        with wrap_errors("reset_tenant"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.unlink(k.stats, k.fb)
-            pipe.hdel(k.cfg, "dim")
-            pipe.execute()
-
-    def feedback_log(self, tenant: str, count: int = 100) -> list[dict[str, str]]:
-        """The most recent feedback signals of ``tenant``, newest first."""
-        with wrap_errors("feedback_log"):
-            rows = self.client.xrevrange(self.keys(tenant).fb, count=count)
-        return [{_s(f): _s(v) for f, v in fields.items()} for _, fields in rows]
-
-
-def is_cluster(client: Any) -> bool:
-    """True for a Redis Cluster client (sync or asyncio)."""
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-    from redis.cluster import RedisCluster
-
-    return isinstance(client, RedisCluster | AsyncRedisCluster)
+        return ReadPlan("count misses", queue, lambda res: None, 1)
 
 
 def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:
@@ -872,10 +742,6 @@ def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:
     for i, sig in enumerate(signals):
         groups.setdefault(sig.tenant_id, []).append(i)
     return groups
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
 def _unit_score(name: str, value: object) -> float:

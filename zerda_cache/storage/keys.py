@@ -1,8 +1,8 @@
 """The only place Redis key strings are built.
 
 Every key of one tenant carries the hash tag ``{<tenant>}``, so every Lua script touches a
-single Redis Cluster slot. Tenant ids are validated before they come near a key: a brace,
-colon, space or newline would change which slot (or which tenant) a key belongs to.
+single Redis Cluster slot. Tenant ids are validated (``zerda_cache.validation``) before they
+come near a key.
 
 Layout (``p`` is the configured prefix, ``zc`` by default):
 
@@ -24,47 +24,9 @@ key                    type     holds
 
 from __future__ import annotations
 
-import re
-import secrets
 from dataclasses import dataclass
 
-from zerda_cache.errors import InvalidTenantError
-
-TENANT_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-ENTRY_ID_RE = re.compile(r"[0-9a-f]{32}")
-_PREFIX_RE = re.compile(r"[A-Za-z0-9._-]{1,32}")
-
-
-def validate_tenant(tenant: object) -> str:
-    """Return ``tenant`` if it is a valid tenant id, else raise ``InvalidTenantError``."""
-    if not isinstance(tenant, str):
-        raise InvalidTenantError(f"tenant id must be a str, got {type(tenant).__name__}")
-    if not TENANT_RE.fullmatch(tenant):
-        shown = tenant if len(tenant) <= 80 else tenant[:77] + "..."
-        raise InvalidTenantError(
-            f"invalid tenant id {shown!r}: use 1 to 64 characters from [A-Za-z0-9._-]"
-        )
-    return tenant
-
-
-def validate_entry_id(entry_id: object) -> str:
-    """Return ``entry_id`` if it looks like an id this library made (32 hex chars)."""
-    if not isinstance(entry_id, str) or not ENTRY_ID_RE.fullmatch(entry_id):
-        from zerda_cache.errors import InvalidFeedbackError
-
-        raise InvalidFeedbackError(f"invalid entry id {entry_id!r}: expected 32 hex characters")
-    return entry_id
-
-
-def validate_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
-        raise ValueError(f"key_prefix must match [A-Za-z0-9._-]{{1,32}}, got {prefix!r}")
-    return prefix
-
-
-def new_entry_id() -> str:
-    """A 128-bit random id, as 32 lowercase hex characters."""
-    return secrets.token_hex(16)
+from zerda_cache.validation import validate_tenant
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ import socket
 import threading
 from typing import Any
 
-from zerda_cache.scripts import Scripts
-from zerda_cache.storage import wrap_errors
+from zerda_cache.storage.driver import wrap_errors
+from zerda_cache.storage.scripts import Scripts
 
 log = logging.getLogger(__name__)
 

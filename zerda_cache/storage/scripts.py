@@ -32,7 +32,7 @@ def script_source(name: str) -> str:
     """The full Lua source of script ``name`` (library included where it needs it)."""
     if name not in SCRIPT_NAMES:
         raise ValueError(f"unknown script {name!r}")
-    pkg = resources.files("zerda_cache") / "lua"
+    pkg = resources.files("zerda_cache.storage") / "lua"
     body = (pkg / f"{name}.lua").read_text(encoding="utf-8")
     if name in _WITH_LIB:
         return (pkg / "_lib.lua").read_text(encoding="utf-8") + "\n" + body

@@ -1,0 +1,800 @@
+"""The cache's flows, written once: lookup, put, feedback, invalidate, clear, stats.
+
+``CacheEngine`` composes the pieces and owns none of their logic: storage (keys, codecs,
+scripts), the learner (bandit math), the replica index (log sync) and the metrics. Its
+flows are generators that do no I/O (see ``zerda_cache/storage/driver.py``): they yield
+storage's steps and the ``embed_fn`` call, and two thin drivers run them:
+``CacheManager`` (``manager.py``) over ``redis.Redis`` and ``AsyncCacheManager``
+(``aio.py``) over ``redis.asyncio``. So the two flavours run the same lines.
+
+A lookup with a single candidate costs one round trip: one pipeline reads the log's new
+events and the exact-match digest and runs the hit script on the candidate. With several
+candidates it reads their learning state instead, ranks them, then runs the hit script
+(two round trips; always two on Redis Cluster, whose pipelines cannot carry scripts).
+Only when the log had news (a put or a removal by another replica) does it read the new
+vectors and the new candidates' state. On that single-candidate path an exact-match entry
+that the replica's index has not caught up with yet is not considered: the candidate the
+index found is served (the next lookup sees both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Self
+
+from zerda_cache.config import CacheConfig
+from zerda_cache.context import (
+    AdaptiveLearningSystem,
+    ContextCache,
+    ContextEngineConfig,
+    ContextGuard,
+    GuardConfig,
+    QueryAnalysis,
+    QueryComplexity,
+)
+from zerda_cache.entry import IntelligentCacheEntry
+from zerda_cache.errors import DimensionMismatchError, InvalidEmbeddingError, StorageError
+from zerda_cache.index import IndexPolicy
+from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
+from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
+from zerda_cache.replica import TenantIndex
+from zerda_cache.storage import codec
+from zerda_cache.storage.codec import Vector
+from zerda_cache.storage.connect import connect
+from zerda_cache.storage.driver import Flow, call, locked, op
+from zerda_cache.storage.keys import TenantKeys
+from zerda_cache.storage.plans import (
+    HitOutcome,
+    LogDelta,
+    PutOutcome,
+    ReadPlan,
+    ScriptCall,
+    StateBatch,
+)
+from zerda_cache.storage.store import Storage
+from zerda_cache.validation import check_query, check_response, check_scope, validate_tenant
+
+log = logging.getLogger(__name__)
+
+#: ``query -> embedding``: a plain function (both flavours) or a coroutine function
+#: (``AsyncCacheManager`` awaits its result).
+EmbedFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
+
+#: How often the manager re-reads the server's clock for its local estimate.
+_CLOCK_RESYNC_S = 60.0
+#: Rebuilds one catch-up may do (a trimmed log, a changed dimension) before it leaves the
+#: index unbuilt for the next call to build again.
+_MAX_REBUILDS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """A served answer.
+
+    Attributes:
+        entry_id: the entry to send feedback about.
+        response: the cached answer.
+        query: the cached question that matched.
+        similarity: cosine similarity of the two questions (1.0 for an exact match).
+        score: the composite ranking score (similarity, Thompson draw, confidence).
+        expected_reward: the arm's posterior mean when it was served.
+        confidence: the entry's composite confidence.
+        exact: matched by the normalised-question digest rather than by vector search.
+    """
+
+    entry_id: str
+    tenant: str
+    response: str
+    query: str
+    similarity: float
+    score: float
+    expected_reward: float
+    confidence: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+    exact: bool = False
+
+    def feedback(
+        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
+    ) -> FeedbackSignal:
+        """A ``FeedbackSignal`` about this hit, ready for ``CacheManager.feedback``."""
+        return FeedbackSignal(
+            entry_id=self.entry_id,
+            tenant_id=self.tenant,
+            positive=positive,
+            magnitude=magnitude,
+            source=source,
+            similarity=min(1.0, max(-1.0, self.similarity)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """What ``put`` did. ``bool(result)`` is ``stored``.
+
+    Attributes:
+        stored: the answer is now cached.
+        entry_id: its id when stored.
+        reason: why it was not stored (the admission check's verdict).
+        warnings: the admission check's warnings, stored or not.
+        replaced_id: an entry this one replaced (same question, or a near-duplicate when
+            ``dedup_threshold`` is set).
+        tenant: the tenant it was put for.
+    """
+
+    stored: bool
+    entry_id: str | None = None
+    reason: str | None = None
+    warnings: tuple[str, ...] = ()
+    replaced_id: str | None = None
+    tenant: str = ""
+
+    def __bool__(self) -> bool:
+        return self.stored
+
+    def feedback(
+        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
+    ) -> FeedbackSignal:
+        """A ``FeedbackSignal`` about the answer just cached, ready for
+        ``CacheManager.feedback``: the user's reaction to the fresh answer judges it
+        before it is ever served from the cache. It is about the entry's own question,
+        so it carries similarity 1.0 (it never moves the entry's similarity bar).
+
+        Raises:
+            ValueError: nothing was stored.
+        """
+        if not self.stored or self.entry_id is None:
+            raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
+        return FeedbackSignal(
+            entry_id=self.entry_id,
+            tenant_id=self.tenant,
+            positive=positive,
+            magnitude=magnitude,
+            source=source,
+            similarity=1.0,
+        )
+
+
+class AdmissionCheck(Protocol):
+    """Decides whether an answer may enter the cache: ``(passed, warnings)``.
+
+    A failed check means the answer is not cached; the first warning is the reason.
+    """
+
+    def __call__(
+        self, query: str, response: str, metadata: Mapping[str, Any]
+    ) -> tuple[bool, list[str]]: ...
+
+
+def basic_admission(
+    query: str, response: str, metadata: Mapping[str, Any]
+) -> tuple[bool, list[str]]:
+    """The simplest check: refuse an empty (or whitespace-only) answer."""
+    if not response.strip():
+        return False, ["empty response"]
+    return True, []
+
+
+def default_admission(config: CacheConfig) -> AdmissionCheck:
+    """The seed's ``ContextGuard`` as the admission check of ``put``: the answer about to
+    be cached is the context it validates (empty, too short, too long). A failed guard
+    means the answer is not cached.
+
+    For a cache, the guard's RAG-oriented defaults are loosened: any non-empty answer
+    is long enough, source markers are not required, and relevance checking is off
+    (turn it on with your own ``ContextGuard(..., embed_fn=...)``: question-answer
+    similarity depends on the embedding model).
+    """
+    guard_config = GuardConfig(
+        min_context_length=1,
+        max_context_length=config.max_response_bytes,
+        check_source_coverage=False,
+        check_relevance=False,
+    )
+    return ContextGuard(ContextEngineConfig(guard=guard_config)).as_admission()
+
+
+class CacheEngine:
+    """The semantic cache of one app replica, for either driver (use ``CacheManager`` or
+    ``AsyncCacheManager``).
+
+    Args:
+        client: a redis-py client (``decode_responses=False``) of the driver's flavour:
+            ``redis.Redis`` / ``RedisCluster`` for ``CacheManager``, their
+            ``redis.asyncio`` counterparts for ``AsyncCacheManager``.
+        config: the cache configuration.
+        embed_fn: query -> embedding; optional when every call passes ``embedding=``.
+            ``AsyncCacheManager`` also takes a coroutine function (an HTTP embedding API).
+        admission: the put admission check (default: the seed's ``ContextGuard``, see
+            ``default_admission``).
+        learner: the bandit learner (default: one built from ``config.rl``).
+        metrics: replica metrics (default: the process-wide ones).
+        clock: inject "now" (tests); default: the Redis server's clock.
+    """
+
+    #: The storage flavour of the driver (``RedisStorage`` or ``AsyncRedisStorage``).
+    storage_class: type[Storage]
+    lock_factory: Callable[[], Any]
+    is_async: bool
+
+    def __init__(
+        self,
+        client: Any,
+        config: CacheConfig | None = None,
+        *,
+        embed_fn: EmbedFn | None = None,
+        admission: AdmissionCheck | None = None,
+        learner: CachePolicyLearner | None = None,
+        metrics: ReplicaMetrics | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.storage = self.storage_class(client, config, clock=clock)
+        self.client = client
+        self.config: CacheConfig = self.storage.config
+        self.embed_fn = embed_fn
+        self.admission: AdmissionCheck = (
+            admission if admission is not None else default_admission(self.config)
+        )
+        self.learner = (
+            learner
+            if learner is not None
+            else CachePolicyLearner(self.config.rl, self.config.eviction)
+        )
+        self.metrics = metrics if metrics is not None else default_replica_metrics()
+        #: The replica's rolling windows (seed: AdaptiveLearningSystem): lookup latency,
+        #: answer length, candidates, admission failures; exported as replica metrics.
+        self.adaptive = AdaptiveLearningSystem(ContextEngineConfig())
+        self.metrics.watch(self.adaptive)
+        self.embeddings = ContextCache(
+            max_size=self.config.embedding_cache_size,
+            ttl_seconds=self.config.embedding_cache_ttl_s,
+        )
+        self._indexes: dict[str, TenantIndex] = {}
+        self._outage_since: float | None = None
+        self._clock_sync: tuple[float, float] | None = None
+        # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
+        # of their own); at most one count is pending per tenant, and stats() flushes it.
+        self._pending_misses: dict[str, int] = {}
+        # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
+        self._speculate = not self.storage.cluster
+        cfg = self.config
+        self._index_policy = IndexPolicy(
+            ann_threshold=cfg.ann_threshold,
+            backend=cfg.ann_backend,
+            m=cfg.ann_m,
+            ef_construction=cfg.ann_ef_construction,
+            ef_search=cfg.ann_ef_search,
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        config: CacheConfig | None = None,
+        *,
+        embed_fn: EmbedFn | None = None,
+        cluster: bool | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Connect with a URL: ``redis://``, ``rediss://`` (TLS), ``unix://``, with an ACL
+        user and password in the URL as usual. ``cluster=True`` (or a ``redis+cluster://``
+        / ``rediss+cluster://`` scheme) connects to a Redis Cluster. The client has socket
+        timeouts of ``config.redis_timeout_s``. Remaining keyword arguments go to the
+        manager."""
+        cfg = config if config is not None else CacheConfig()
+        client = connect(url, cfg, cluster=cluster, asyncio=cls.is_async)
+        return cls(client, cfg, embed_fn=embed_fn, **kwargs)
+
+    # -- lookup ----------------------------------------------------------------------------
+    def _lookup(
+        self,
+        query: str,
+        *,
+        tenant: str,
+        embedding: object | None = None,
+        scope: str | None = None,
+    ) -> Flow[CacheHit | None]:
+        """The best servable cached answer for ``query``, or ``None`` (a miss).
+
+        Fails open: if Redis is unreachable or slower than ``redis_timeout_s``, this
+        returns ``None``, logs once per outage and counts it. Bad input still raises.
+
+        Raises:
+            InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
+            DimensionMismatchError: bad input.
+        """
+        keys = self.storage.keys(tenant)
+        query = check_query(query, self.config.max_query_chars)
+        scope = check_scope(scope)
+        vec = yield from self._embedding(query, embedding)
+        started = time.perf_counter()  # the latency metric excludes the embedding
+        try:
+            hit, candidates = yield from self._find(keys, query, vec, scope)
+        except StorageError as exc:
+            self._fail_open(tenant, exc)
+            return None
+        self._recovered()
+        self._record_lookup(tenant, query, hit, started, candidates)
+        return hit
+
+    def _find(
+        self, keys: TenantKeys, query: str, vec: Vector | None, scope: str
+    ) -> Flow[tuple[CacheHit | None, int]]:
+        """The hit (or None) and how many candidates the index found."""
+        tenant, st = keys.tenant, self.storage
+        ti = self._tenant_index(keys)
+        if not ti.built:  # one thread or task builds; the others wait and use its index
+            yield from locked(ti.lock, self._ensure_built_locked(ti))
+        found = self._search(ti, vec, scope)
+        n_found = len(found)
+        position = ti.last_id
+        parts: list[ReadPlan[Any] | ScriptCall[Any]] = [
+            st.read_log(tenant, position),
+            st.read_exact(tenant, query, scope),
+        ]
+        pending = self._pending_misses.pop(tenant, 0)
+        if pending:
+            parts.append(st.count_misses(tenant, pending))
+        spec: tuple[str, float] | None = None
+        if self._speculate and len(found) == 1:
+            # The common lookup: serve the only candidate in the same round trip.
+            spec = found[0]
+            parts.append(self._plan_hit(tenant, *spec))
+        elif found:
+            parts.append(st.read_states(tenant, [eid for eid, _ in found]))
+        replies = yield from st._read(st.batch("lookup", parts))
+        delta: LogDelta = replies[0]
+        exact_id: str | None = replies[1]
+        changed = yield from self._catch_up(ti, delta, position)
+        states = StateBatch()
+        if spec is not None:
+            outcome: HitOutcome = replies[-1]
+            if outcome.served is not None:
+                return self._spec_hit(tenant, spec, outcome.served), n_found
+        elif found:
+            states = replies[-1]
+        self._check_dim(tenant, ti, vec)
+        if changed:
+            found = self._search(ti, vec, scope)
+        spec_id = spec[0] if spec is not None else None
+        found = [(eid, sim) for eid, sim in found if eid != spec_id]
+        if exact_id == spec_id:
+            exact_id = None
+        now = yield from self._now()
+        missing = [eid for eid, _ in found if eid not in states.entries]
+        if exact_id is not None and exact_id not in states.entries:
+            missing.append(exact_id)
+        if missing:
+            states.entries.update((yield from st._load_states(tenant, missing)).entries)
+        for cand, score, exact in self._candidates(found, exact_id, states, now):
+            outcome = yield from st._run(self._plan_hit(tenant, cand[0], cand[1]))
+            if outcome.served is not None:
+                return self._hit(tenant, cand, score, exact, outcome.served), n_found
+        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
+        return None, n_found
+
+    def _plan_hit(self, tenant: str, entry_id: str, similarity: float) -> ScriptCall[HitOutcome]:
+        return self.storage.plan_hit(
+            tenant,
+            entry_id,
+            refresh_ttl=self.config.refresh_ttl_on_hit,
+            min_reward=self.config.rl.serve_bar,
+            similarity=similarity,
+        )
+
+    def _search(self, ti: TenantIndex, vec: Vector | None, scope: str) -> list[tuple[str, float]]:
+        if vec is None:
+            return []
+        return ti.search(vec, scope, self.config.top_k, self.config.similarity_threshold)
+
+    # -- keeping the index current ---------------------------------------------------------
+    def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
+        """Apply ``delta`` (read at ``position``) and what follows; True if the index
+        changed. The common case (no news) takes no lock."""
+        if delta.empty and not delta.maybe_trimmed and ti.last_id == position:
+            return False
+        return (yield from locked(ti.lock, self._catch_up_locked(ti, delta, position)))
+
+    def _catch_up_locked(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
+        changed = False
+        if ti.last_id != position:
+            # Another thread or task applied events meanwhile: read on from where it is.
+            delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
+            changed = True
+        if not ti.built:
+            return (yield from self._ensure_built_locked(ti)) or changed
+        return (yield from self._apply_locked(ti, delta)) or changed
+
+    def _apply_locked(self, ti: TenantIndex, delta: LogDelta) -> Flow[bool]:
+        """Apply ``delta`` and every later event; True if the index changed.
+
+        Rebuilds when the log was trimmed past this replica's position (events were lost)
+        or when a new vector does not fit the index (the tenant was cleared and re-created
+        with another dimension).
+        """
+        st, tenant = self.storage, ti.keys.tenant
+        changed = False
+        rebuilds = 0
+        while True:
+            if delta.maybe_trimmed and ti.trimmed_past((yield from st._log_info(tenant))):
+                reason = "its log was trimmed past this replica's position"
+            elif delta.empty:
+                return changed
+            else:
+                vectors = (yield from st._vectors(tenant, list(delta.adds))) if delta.adds else {}
+                if ti.apply(delta, vectors):
+                    changed = True
+                    if not delta.more:
+                        return True
+                    delta = yield from st._read_log(tenant, ti.last_id)
+                    continue
+                reason = "its embedding dimension changed"
+            if rebuilds == _MAX_REBUILDS:
+                log.warning("tenant %s: still changing after %d rebuilds", tenant, rebuilds)
+                ti.built = False  # the next call builds again
+                return True
+            rebuilds += 1
+            log.info("tenant %s: %s; rebuilding this replica's index", tenant, reason)
+            delta = yield from self._build_locked(ti)
+            changed = True
+
+    def _ensure_built_locked(self, ti: TenantIndex) -> Flow[bool]:
+        """Build the index unless another thread or task did meanwhile; True if built."""
+        if ti.built:
+            return False
+        delta = yield from self._build_locked(ti)
+        yield from self._apply_locked(ti, delta)
+        return True
+
+    def _build_locked(self, ti: TenantIndex) -> Flow[LogDelta]:
+        """(Re)build a tenant's index from Redis; returns the log's events since the scan
+        started, for the caller to replay (events that raced the scan are applied twice at
+        worst, and both operations are idempotent)."""
+        st, tenant = self.storage, ti.keys.tenant
+        ti.start_build((yield from st._log_info(tenant)))
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = yield from st._scan_ids(tenant, cursor or 0)
+            if items:
+                ti.add_scanned((yield from st._vectors(tenant, [eid for eid, _ in items])))
+        ti.finish_build()
+        self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
+        delta = yield from st._read_log(tenant, ti.last_id)
+        delta.maybe_trimmed = False  # a trim during the scan shows up at the next catch-up
+        return delta
+
+    def _sync_index(self, tenant: str) -> Flow[int]:
+        """Bring ``tenant``'s local index up to date now; returns its size."""
+        ti = self._tenant_index(self.storage.keys(tenant))
+        yield from locked(ti.lock, self._sync_locked(ti))
+        return len(ti)
+
+    def _sync_locked(self, ti: TenantIndex) -> Flow[None]:
+        if not (yield from self._ensure_built_locked(ti)):
+            delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
+            yield from self._apply_locked(ti, delta)
+
+    def index_ids(self, tenant: str) -> set[str]:
+        """The entry ids in this replica's index for ``tenant`` (as of its last sync)."""
+        ti = self._indexes.get(validate_tenant(tenant))
+        return set() if ti is None else ti.ids()
+
+    # -- put -------------------------------------------------------------------------------
+    def _put(
+        self,
+        query: str,
+        response: str,
+        *,
+        tenant: str,
+        embedding: object | None = None,
+        ttl_s: float | None = None,
+        quality: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+    ) -> Flow[PutResult]:
+        """Cache ``response`` as the answer to ``query``.
+
+        The admission check runs first; a refused answer is not cached and the result
+        says why. An earlier entry for the same normalised question and scope is replaced,
+        and so is a near-duplicate when ``config.dedup_threshold`` is set.
+
+        Raises:
+            InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
+            DimensionMismatchError: bad input; nothing is written.
+            StorageError: Redis failed.
+        """
+        with self._counting("put"):
+            keys = self.storage.keys(tenant)
+            query = check_query(query, self.config.max_query_chars)
+            scope = check_scope(scope)
+            vec = yield from self._embedding(query, embedding)
+            if vec is None:
+                raise InvalidEmbeddingError(
+                    "no embedding: pass embedding=... or create the manager with an embed_fn"
+                )
+            passed, warnings = self._admit(tenant, query, response, metadata)
+            if not passed:
+                return PutResult(
+                    False,
+                    reason=warnings[0] if warnings else "admission check failed",
+                    warnings=tuple(warnings),
+                    tenant=tenant,
+                )
+            near: str | None = None
+            if self.config.dedup_threshold is not None:
+                ti = self._tenant_index(keys)
+                yield from locked(ti.lock, self._sync_locked(ti))
+                self._check_dim(tenant, ti, vec)
+                best = ti.search(vec, scope, 1, self.config.dedup_threshold)
+                near = best[0][0] if best else None
+            out = yield from self.storage._put(
+                tenant,
+                query,
+                response,
+                vec,
+                scope=scope,
+                ttl_s=ttl_s,
+                quality=quality,
+                metadata=metadata,
+            )
+            replaced, result = self._put_done(tenant, warnings, out, near)
+            if replaced:
+                yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
+            return result
+
+    def _put_done(
+        self, tenant: str, warnings: list[str], out: PutOutcome, near: str | None
+    ) -> tuple[list[str], PutResult]:
+        """The entries the new one replaces (to evict), and the result."""
+        replaced = list(
+            dict.fromkeys(e for e in (out.displaced_id, near) if e and e != out.entry_id)
+        )
+        self.metrics.puts.labels(self.metrics.tenant(tenant), "stored").inc()
+        result = PutResult(
+            True,
+            out.entry_id,
+            warnings=tuple(warnings),
+            replaced_id=replaced[0] if replaced else None,
+            tenant=tenant,
+        )
+        return replaced, result
+
+    # -- feedback and management -----------------------------------------------------------
+    def _feedback(self, signal: FeedbackSignal) -> Flow[None]:
+        """Apply one feedback signal to the entry's arm, atomically in Redis.
+
+        Raises:
+            EntryNotFoundError: the entry does not exist in ``signal.tenant_id``.
+            StorageError: Redis failed.
+        """
+        if not isinstance(signal, FeedbackSignal):
+            raise TypeError(f"feedback expects a FeedbackSignal, got {type(signal).__name__}")
+        with self._counting("feedback"):
+            yield from self.storage._feedback(signal)
+        self.learner.note_feedback(signal)
+        polarity = "positive" if signal.positive else "negative"
+        self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
+
+    def _invalidate(self, entry_id: str, *, tenant: str) -> Flow[bool]:
+        """Remove one entry from every replica; False if it did not exist."""
+        return (yield from self.storage._invalidate(tenant, entry_id))
+
+    def _stats(self, tenant: str) -> Flow[dict[str, Any]]:
+        """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
+        entries, bytes), its hit rate, and this replica's index size."""
+        yield from self._flush_misses(tenant)
+        out: dict[str, Any] = dict((yield from self.storage._stats(tenant)))
+        lookups = out.get("hits", 0) + out.get("misses", 0)
+        out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
+        ti = self._indexes.get(tenant)
+        out["replica_index_entries"] = len(ti) if ti is not None else 0
+        return out
+
+    def _clear(self, tenant: str) -> Flow[int]:
+        """Remove every entry of ``tenant`` (from every replica) and reset its counters,
+        feedback log and dimension. Returns the number of entries removed.
+
+        Not atomic with puts made to the same tenant while it runs.
+        """
+        st, removed = self.storage, 0
+        while (yield from st._count(tenant)) > 0:
+            cursor: int | None = None
+            while cursor != 0:
+                cursor, items = yield from st._scan_ids(tenant, cursor or 0)
+                if items:
+                    out = yield from st._evict(tenant, [(e, None) for e, _ in items], "invalidated")
+                    removed += len(out.removed)
+        yield from st._reset_tenant(tenant)
+        return removed
+
+    def _close(self) -> Flow[None]:
+        """Flush the pending miss counts, then close the client."""
+        for tenant in list(self._pending_misses):
+            with contextlib.suppress(StorageError):  # closing while Redis is down
+                yield from self._flush_misses(tenant)
+        yield from self.storage._close()
+
+    lookup = op(_lookup)
+    put = op(_put)
+    feedback = op(_feedback)
+    invalidate = op(_invalidate)
+    stats = op(_stats)
+    clear = op(_clear)
+    sync_index = op(_sync_index)
+
+    # -- helpers of the flows --------------------------------------------------------------
+    def _embedding(self, query: str, embedding: object | None) -> Flow[Vector | None]:
+        """The caller's embedding, else the memoised ``embed_fn(query)``, else None."""
+        if embedding is not None:
+            return codec.normalize_vector(embedding)
+        if self.embed_fn is None:
+            return None
+        key = hashlib.blake2b(query.encode("utf-8"), digest_size=16).hexdigest()
+        cached = self.embeddings.get(key)
+        if cached is not None:
+            vec: Vector = cached
+            return vec
+        vec = codec.normalize_vector((yield call(self.embed_fn, query)))
+        self.embeddings.put(key, vec)
+        return vec
+
+    def _flush_misses(self, tenant: str) -> Flow[None]:
+        pending = self._pending_misses.pop(tenant, 0)
+        if pending:
+            yield from self.storage._count_misses(tenant, pending)
+
+    def _now(self) -> Flow[float]:
+        """The storage clock, estimated locally: the server's time, measured once a
+        minute, plus the local time elapsed since (ranking needs no more precision; the
+        scripts read the server's clock themselves)."""
+        if self.storage.clock is not None:
+            return float(self.storage.clock())
+        mono = time.monotonic()
+        if self._clock_sync is None or mono - self._clock_sync[0] > _CLOCK_RESYNC_S:
+            self._clock_sync = (mono, (yield from self.storage._now()))
+        return self._clock_sync[1] + (mono - self._clock_sync[0])
+
+    def _tenant_index(self, keys: TenantKeys) -> TenantIndex:
+        ti = self._indexes.get(keys.tenant)
+        if ti is None:
+            new = TenantIndex(keys, self._index_policy, lock=self.lock_factory())
+            ti = self._indexes.setdefault(keys.tenant, new)
+        return ti
+
+    @staticmethod
+    def _check_dim(tenant: str, ti: TenantIndex, vec: Vector | None) -> None:
+        if vec is not None and ti.dim is not None and ti.dim != len(vec):
+            raise DimensionMismatchError(tenant, ti.dim, len(vec))
+
+    # -- ranking ---------------------------------------------------------------------------
+    def _candidates(
+        self,
+        found: Sequence[tuple[str, float]],
+        exact_id: str | None,
+        states: StateBatch,
+        now: float,
+    ) -> list[tuple[tuple[str, float, IntelligentCacheEntry], float, bool]]:
+        """Rank the servable candidates: ``((id, similarity, entry), score, exact)``."""
+        sims = dict(found)
+        if exact_id is not None:
+            sims[exact_id] = 1.0
+        cands = []
+        for eid, sim in sims.items():
+            entry = states.entries.get(eid)
+            if entry is None or entry.is_expired(now):
+                continue
+            entry.bandit_arm = entry.bandit_arm.at(now, self.config.rl)
+            if not self.learner.is_servable(entry) or sim < entry.similarity_bar:
+                continue
+            cands.append((eid, sim, entry))
+        # A canonical order before the draws, so that a seeded learner reproduces its
+        # choices whatever order the index or Redis returned the candidates in.
+        cands.sort(key=lambda c: (-c[1], c[2].created_at, c[0]))
+        scored = self.learner.score_candidates(cands)
+        return [(cand, score, cand[0] == exact_id) for cand, score in scored]
+
+    @staticmethod
+    def _hit(
+        tenant: str,
+        cand: tuple[str, float, IntelligentCacheEntry],
+        score: float,
+        exact: bool,
+        served: IntelligentCacheEntry,
+    ) -> CacheHit:
+        return CacheHit(
+            entry_id=cand[0],
+            tenant=tenant,
+            response=served.response,
+            query=served.query,
+            similarity=cand[1],
+            score=score,
+            expected_reward=served.expected_reward,
+            confidence=served.confidence_score,
+            metadata=served.metadata,
+            scope=served.scope,
+            exact=exact,
+        )
+
+    def _spec_hit(
+        self, tenant: str, cand: tuple[str, float], served: IntelligentCacheEntry
+    ) -> CacheHit:
+        """The hit of a speculatively served single candidate (its score for the record)."""
+        ((scored, score),) = self.learner.score_candidates([(cand[0], cand[1], served)])
+        return self._hit(tenant, scored, score, False, served)
+
+    # -- metrics and fail-open -------------------------------------------------------------
+    @contextlib.contextmanager
+    def _counting(self, operation: str) -> Iterator[None]:
+        """Count a ``StorageError`` of ``operation`` in the replica metrics, re-raised."""
+        try:
+            yield
+        except StorageError:
+            self.metrics.storage_errors.labels(operation).inc()
+            raise
+
+    def _fail_open(self, tenant: str, exc: BaseException) -> None:
+        self.metrics.storage_errors.labels("lookup").inc()
+        self.metrics.fail_open.labels(self.metrics.tenant(tenant)).inc()
+        self.metrics.lookups.labels(self.metrics.tenant(tenant), "fail_open").inc()
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning("zerda-cache: Redis failed, lookups fail open (miss): %s", exc)
+
+    def _recovered(self) -> None:
+        if self._outage_since is not None:
+            log.warning(
+                "zerda-cache: Redis is back after %.1f s; lookups served again",
+                time.monotonic() - self._outage_since,
+            )
+            self._outage_since = None
+
+    def _record_lookup(
+        self, tenant: str, query: str, hit: CacheHit | None, started: float, candidates: int
+    ) -> None:
+        result = "hit" if hit is not None else "miss"
+        elapsed = time.perf_counter() - started
+        self.metrics.lookups.labels(self.metrics.tenant(tenant), result).inc()
+        self.metrics.lookup_latency.labels(result).observe(elapsed)
+        self._adapt(query, len(hit.response) if hit else 0, candidates, elapsed, True)
+
+    def _adapt(
+        self, query: str, length: int, candidates: int, seconds: float, passed: bool
+    ) -> None:
+        analysis = QueryAnalysis(query=query, complexity=QueryComplexity.LOW, context_budget=0)
+        self.adaptive.record(query, analysis, length, candidates, seconds * 1000.0, passed)
+
+    def _admit(
+        self, tenant: str, query: str, response: object, metadata: Mapping[str, Any] | None
+    ) -> tuple[bool, list[str]]:
+        response = check_response(response, self.config.max_response_bytes)
+        started = time.perf_counter()
+        passed, warnings = self.admission(query, response, metadata or {})
+        self._adapt(query, len(response), 0, time.perf_counter() - started, passed)
+        label = self.metrics.tenant(tenant)
+        if not passed:
+            reason = warnings[0] if warnings else "admission check failed"
+            self.metrics.puts.labels(label, "rejected").inc()
+            self.metrics.puts_rejected.labels(_reason_label(reason)).inc()
+        return passed, list(warnings)
+
+
+def _reason_label(reason: str) -> str:
+    """A bounded metric label from a free-form reason: its first few words."""
+    words = "".join(c if c.isalnum() else " " for c in reason.lower()).split()
+    return "_".join(words[:4]) or "unknown"
+
+
+__all__ = [
+    "AdmissionCheck",
+    "CacheEngine",
+    "CacheHit",
+    "EmbedFn",
+    "PutResult",
+    "basic_admission",
+    "default_admission",
+]

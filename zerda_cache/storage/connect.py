@@ -1,0 +1,57 @@
+"""Clients for a URL, with zerda-cache's timeouts: the same options for every flavour."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.backoff import NoBackoff
+
+from zerda_cache.config import CacheConfig
+
+#: Seconds between the health checks (PING) of an idle pooled connection.
+HEALTH_CHECK_INTERVAL_S = 30
+
+
+def client_options(
+    url: str, config: CacheConfig, cluster: bool | None = None
+) -> tuple[str, bool, dict[str, Any]]:
+    """The URL (a ``+cluster`` scheme suffix removed), whether it is a Redis Cluster, and
+    zerda-cache's client options: socket timeouts of ``redis_timeout_s``, one quick retry
+    without backoff (so that a lookup fails open near the timeout), and health checks of
+    idle connections."""
+    scheme, sep, rest = url.partition("://")
+    if scheme.endswith("+cluster"):
+        cluster = True
+        url = scheme.removesuffix("+cluster") + sep + rest
+    timeout = config.redis_timeout_s
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+    }
+    return url, bool(cluster), options
+
+
+def connect(
+    url: str, config: CacheConfig, *, cluster: bool | None = None, asyncio: bool = False
+) -> Any:
+    """A redis-py client for ``url``: ``redis://``, ``rediss://`` (TLS), ``unix://``, with
+    an ACL user and password in the URL as usual; ``cluster=True`` or a ``+cluster``
+    scheme (``redis+cluster://``) gives a Redis Cluster client. ``asyncio=True`` gives the
+    ``redis.asyncio`` flavour, with the same options."""
+    url, is_cluster_url, options = client_options(url, config, cluster)
+    if asyncio:
+        import redis.asyncio
+        import redis.asyncio.cluster
+        import redis.asyncio.retry
+
+        options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1)
+        cls: Any = redis.asyncio.cluster.RedisCluster if is_cluster_url else redis.asyncio.Redis
+    else:
+        import redis
+        import redis.cluster
+        import redis.retry
+
+        options["retry"] = redis.retry.Retry(NoBackoff(), 1)
+        cls = redis.cluster.RedisCluster if is_cluster_url else redis.Redis
+    return cls.from_url(url, **options)

@@ -1,0 +1,186 @@
+"""One flow, two drivers: how a flow written once runs over sync and asyncio clients.
+
+A *flow* is a generator that does no I/O itself. Whenever it needs the outside world (a
+pipeline to execute, a script to run, an ``embed_fn`` to call, a lock to take) it yields
+a *step*: a call with no arguments. The driver makes the call and sends the result back
+into the flow (or throws the call's exception into it, at the ``yield``). The asyncio
+driver awaits a step's result when it is awaitable; the sync driver refuses one, with an
+error that names the async flavour. Everything else (validation, plans, parsing, ranking,
+index upkeep, error wrapping) is the flow's, and so is written once. The shape is that of
+h11 and httpcore: the protocol is a state machine, the I/O is at its edge.
+
+``op`` turns a flow method into the public method of both flavours: on a ``SyncDriven``
+object it returns the flow's result, on an ``AsyncDriven`` one an awaitable of it, and
+mypy sees both signatures.
+
+Only this package's modules build steps that touch a Redis client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+
+import redis.exceptions
+
+from zerda_cache.errors import StorageError, ZerdaError
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+#: A call the driver makes for a flow: its result (awaited, if the driver is async and
+#: the result is awaitable) is sent back into the flow.
+Step = Callable[[], Any]
+#: A flow: yields steps, returns its result.
+Flow = Generator[Step, Any, T]
+
+
+@contextlib.contextmanager
+def wrap_errors(what: str) -> Iterator[None]:
+    """Turn client errors (and socket timeouts) into ``StorageError``; the cause stays
+    chained. Used around the steps of a flow: the driver throws a step's exception into
+    the flow at its ``yield``, inside this block."""
+    try:
+        yield
+    except ZerdaError:
+        raise
+    except (TimeoutError, redis.exceptions.RedisError) as exc:
+        raise StorageError(f"{what} failed: {exc}") from exc
+
+
+def run_sync(flow: Flow[T]) -> T:
+    """Drive ``flow`` to its result, making each step's call in this thread."""
+    send: Callable[[Any], Step] = flow.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            value = step()
+            send = flow.send
+            if inspect.isawaitable(value):
+                value = _refuse_awaitable(value)
+                send = flow.throw
+        except BaseException as exc:  # into the flow: its finally/except blocks run
+            value, send = exc, flow.throw
+
+
+async def run_async(flow: Flow[T]) -> T:
+    """Drive ``flow`` to its result, awaiting each step's result when it is awaitable."""
+    send: Callable[[Any], Step] = flow.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            value = step()
+            if inspect.isawaitable(value):
+                value = await value
+            send = flow.send
+        except BaseException as exc:  # CancelledError too: the flow's finally blocks run
+            value, send = exc, flow.throw
+
+
+def _refuse_awaitable(value: Awaitable[Any]) -> TypeError:
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited: close it rather than leave a warning behind
+    return TypeError(
+        f"a synchronous cache got an awaitable ({type(value).__name__}) from its client or "
+        "embed_fn: use AsyncCacheManager / AsyncRedisStorage with redis.asyncio clients "
+        "and async embed functions"
+    )
+
+
+class SyncDriven:
+    """Mixin of the sync flavours: flows run to completion in the calling thread."""
+
+    #: Serialises a tenant's index builds and catch-ups between threads.
+    lock_factory: Callable[[], Any] = threading.Lock
+    #: Awaitable results are refused (see ``run_sync``).
+    is_async = False
+
+    @staticmethod
+    def _drive(flow: Flow[T]) -> T:
+        return run_sync(flow)
+
+
+class AsyncDriven:
+    """Mixin of the asyncio flavours: flows run as coroutines."""
+
+    lock_factory: Callable[[], Any] = asyncio.Lock
+    is_async = True
+
+    @staticmethod
+    async def _drive(flow: Flow[T]) -> T:
+        return await run_async(flow)
+
+
+class op(Generic[P, T]):
+    """The public method of a flow, for both flavours.
+
+    ``lookup = op(_lookup)`` in a class body: ``manager.lookup(...)`` drives
+    ``manager._lookup(...)`` with the object's driver and returns its result (sync) or an
+    awaitable of it (asyncio).
+    """
+
+    def __init__(self, flow: Callable[Concatenate[Any, P], Flow[T]]) -> None:
+        self.flow = flow
+        self.__doc__ = flow.__doc__
+        self.__name__ = flow.__name__.lstrip("_")
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, obj: SyncDriven, owner: type | None = None) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, obj: AsyncDriven, owner: type | None = None) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        flow, drive = self.flow, obj._drive
+
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return drive(flow(obj, *args, **kwargs))
+
+        bound.__doc__ = self.__doc__
+        bound.__name__ = self.__name__
+        return bound
+
+
+def locked(lock: Any, flow: Flow[T]) -> Flow[T]:
+    """Run ``flow`` holding ``lock`` (a ``threading.Lock`` or an ``asyncio.Lock``: the
+    step ``lock.acquire`` blocks the thread or is awaited)."""
+    yield lock.acquire
+    try:
+        return (yield from flow)
+    finally:
+        lock.release()
+
+
+def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Step:
+    """A step that calls ``fn(*args, **kwargs)``."""
+    if not args and not kwargs:
+        return fn
+    return lambda: fn(*args, **kwargs)
+
+
+__all__ = [
+    "AsyncDriven",
+    "Flow",
+    "Step",
+    "SyncDriven",
+    "call",
+    "locked",
+    "op",
+    "run_async",
+    "run_sync",
+    "wrap_errors",
+]

@@ -1,0 +1,487 @@
+"""Redis storage: every command the library sends, written once for both client flavours.
+
+``Storage`` executes the plans of ``plans.py`` as flows (``driver.py``): every method
+``_x`` is a generator that yields the client calls it needs, and ``x = op(_x)`` is its
+public form. ``RedisStorage`` runs them over ``redis.Redis`` / ``RedisCluster``;
+``AsyncRedisStorage`` over ``redis.asyncio`` clients. Every change to shared state is one
+Lua script (put, hit, feedback, decay, evict); reads are plain commands, batched in
+pipelines so that a batch costs one round trip. Arm arithmetic uses one clock, the Redis
+server's ``TIME``, unless a ``clock`` is injected (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+import redis.exceptions
+
+from zerda_cache.config import CacheConfig
+from zerda_cache.entry import IntelligentCacheEntry
+from zerda_cache.errors import StorageError, ZerdaError
+from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.storage import codec
+from zerda_cache.storage.codec import text
+from zerda_cache.storage.driver import AsyncDriven, Flow, SyncDriven, call, op, wrap_errors
+from zerda_cache.storage.keys import cycles_key, leader_key
+from zerda_cache.storage.plans import (
+    FEEDBACK_BATCH,
+    DecayOutcome,
+    EvictOutcome,
+    EvictReason,
+    FeedbackOutcome,
+    HitOutcome,
+    LogDelta,
+    LogInfo,
+    PutOutcome,
+    ReadPlan,
+    ScriptCall,
+    StateArrays,
+    StateBatch,
+    StoragePlans,
+    T,
+    _group_by_tenant,
+)
+from zerda_cache.storage.plans import batch as join_plans
+from zerda_cache.storage.scripts import Scripts
+
+log = logging.getLogger(__name__)
+
+#: The worker's cycle log keeps about this many records.
+CYCLE_LOG_MAXLEN = 1_000
+#: Tenant settings that ``set_tenant_settings`` accepts (``dim`` is fixed by the first put).
+TENANT_SETTINGS = ("max_entries", "max_bytes", "ttl")
+
+IdBatch = list[tuple[str, float]]
+
+
+class Storage(StoragePlans):
+    """Access to one zerda-cache keyspace; use ``RedisStorage`` or ``AsyncRedisStorage``.
+
+    Args:
+        client: a redis-py client with ``decode_responses=False``: ``redis.Redis`` or
+            ``RedisCluster`` for ``RedisStorage``, their ``redis.asyncio`` counterparts
+            for ``AsyncRedisStorage``.
+        config: key prefix, size limits and the bandit parameters the scripts apply.
+        clock: returns "now" in unix seconds; default: the Redis server's clock.
+    """
+
+    is_async: bool
+
+    def __init__(
+        self,
+        client: Any,
+        config: CacheConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__(config, clock=clock)
+        self.client = client
+        # register_script returns the flavour of the client: sync or asyncio scripts.
+        self.scripts = Scripts.register(client)
+        self.cluster = is_cluster(client)
+
+    # -- executing plans ---------------------------------------------------------------------
+    def _run(self, plan: ScriptCall[T]) -> Flow[T]:
+        """Execute one planned script call (``Script`` objects handle NOSCRIPT)."""
+        script = getattr(self.scripts, plan.script)
+        with wrap_errors(plan.script):
+            res = yield call(script, keys=plan.keys, args=plan.args)
+        return plan.parse(res)
+
+    def _read(self, plan: ReadPlan[T]) -> Flow[T]:
+        """Execute one read plan in a single pipeline round trip."""
+        with wrap_errors(plan.name):
+            pipe = self.client.pipeline(transaction=False)
+            plan.queue(pipe)
+            replies = yield call(pipe.execute, False)
+            for pos, script_call in plan.scripts:
+                if isinstance(replies[pos], redis.exceptions.NoScriptError):
+                    # First use on this server: the Script object loads it and runs it.
+                    script = getattr(self.scripts, script_call.script)
+                    replies[pos] = yield call(script, keys=script_call.keys, args=script_call.args)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise StorageError(f"{plan.name} failed: {reply}") from reply
+        return plan.parse(replies)
+
+    def batch(
+        self, name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]]
+    ) -> ReadPlan[list[Any]]:
+        """Several plans in one pipeline round trip (see ``plans.batch``)."""
+        return join_plans(name, parts, lambda script: getattr(self.scripts, script).sha)
+
+    def _command(self, what: str, method: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+        """One plain client command."""
+        with wrap_errors(what):
+            return (yield call(getattr(self.client, method), *args, **kwargs))
+
+    run = op(_run)
+    read = op(_read)
+
+    def _now(self) -> Flow[float]:
+        """Current time on the storage clock (the server's, unless one was injected)."""
+        if self.clock is not None:
+            return float(self.clock())
+        sec, usec = yield from self._command("TIME", "time")
+        return float(sec) + float(usec) / 1_000_000
+
+    now = op(_now)
+
+    # -- scripts -----------------------------------------------------------------------------
+    def _put(
+        self,
+        tenant: str,
+        query: str,
+        response: str,
+        embedding: object,
+        *,
+        scope: str = "",
+        ttl_s: float | None = None,
+        quality: float | None = None,
+        similarity: float | None = None,
+        metadata: Any = None,
+        entry_id: str | None = None,
+    ) -> Flow[PutOutcome]:
+        """Store a new entry atomically (hash, ids, exact-match map, log, counters).
+
+        Raises:
+            InvalidTenantError, InvalidEmbeddingError, DimensionMismatchError,
+            InvalidEntryError: bad input; nothing is written.
+            StorageError: Redis failed.
+        """
+        plan = self.plan_put(
+            tenant,
+            query,
+            response,
+            embedding,
+            scope=scope,
+            ttl_s=ttl_s,
+            quality=quality,
+            similarity=similarity,
+            metadata=metadata,
+            entry_id=entry_id,
+        )
+        out = yield from self._run(plan)
+        if self.needs_registration(tenant):
+            yield from self._command("register tenant", "sadd", self.tenants_key, tenant)
+            self._registered_tenants.add(tenant)
+        return out
+
+    def _hit(
+        self,
+        tenant: str,
+        entry_id: str,
+        *,
+        refresh_ttl: bool = False,
+        min_reward: float | None = None,
+        similarity: float | None = None,
+    ) -> Flow[HitOutcome]:
+        """Serve ``entry_id``: count the use and return the entry (arm at now)."""
+        plan = self.plan_hit(
+            tenant,
+            entry_id,
+            refresh_ttl=refresh_ttl,
+            min_reward=min_reward,
+            similarity=similarity,
+        )
+        return (yield from self._run(plan))
+
+    def _feedback(self, signal: FeedbackSignal) -> Flow[FeedbackOutcome]:
+        """Apply one signal atomically; return the entry's new learning state.
+
+        Raises:
+            EntryNotFoundError: no such entry in ``signal.tenant_id``.
+            CorruptEntryError: the entry's state does not decode (nothing written).
+        """
+        (result,) = yield from self._run(self.plan_feedback([signal]))
+        if isinstance(result, ZerdaError):
+            raise result
+        return result
+
+    def _feedback_many(
+        self, signals: Sequence[FeedbackSignal], *, batch: int = FEEDBACK_BATCH
+    ) -> Flow[list[FeedbackOutcome | ZerdaError]]:
+        """Apply many signals; one script call per tenant and ``batch`` signals.
+
+        Returns, per signal and in order, the new state or the error for it (unknown
+        entry, corrupt state): one bad signal does not stop the others. Each call is
+        atomic; signals of different calls are not applied together. Works unchanged on
+        Redis Cluster (a call touches one tenant, so one slot).
+        """
+        out: list[FeedbackOutcome | ZerdaError | None] = [None] * len(signals)
+        for positions in _group_by_tenant(signals).values():
+            for i in range(0, len(positions), batch):
+                chunk = positions[i : i + batch]
+                results = yield from self._run(self.plan_feedback([signals[j] for j in chunk]))
+                for j, res in zip(chunk, results, strict=True):
+                    out[j] = res
+        return [r for r in out if r is not None]
+
+    def _decay(self, tenant: str, entry_ids: Sequence[str]) -> Flow[DecayOutcome]:
+        """Bring the arms of ``entry_ids`` to now and persist them (one script call)."""
+        if not entry_ids:
+            return DecayOutcome(0, 0, [])
+        return (yield from self._run(self.plan_decay(tenant, entry_ids)))
+
+    def _evict(
+        self, tenant: str, candidates: Sequence[tuple[str, int | None]], reason: EvictReason
+    ) -> Flow[EvictOutcome]:
+        """Remove ``(entry_id, version)`` pairs from every structure, atomically per batch.
+
+        An entry whose version is no longer ``version`` (it was served or got feedback
+        since it was scored) is kept; ``None`` removes it whatever its version.
+        """
+        plan = self.plan_evict(tenant, candidates, reason)
+        if not candidates:
+            return EvictOutcome([], [], [])
+        return (yield from self._run(plan))
+
+    def _invalidate(self, tenant: str, entry_id: str) -> Flow[bool]:
+        """Remove one entry now; False if it did not exist."""
+        out = yield from self._evict(tenant, [(entry_id, None)], "invalidated")
+        return bool(out.removed)
+
+    put = op(_put)
+    hit = op(_hit)
+    feedback = op(_feedback)
+    feedback_many = op(_feedback_many)
+    decay = op(_decay)
+    evict = op(_evict)
+    invalidate = op(_invalidate)
+
+    # -- reads -------------------------------------------------------------------------------
+    def _get_entry(
+        self, tenant: str, entry_id: str, *, with_vector: bool = True
+    ) -> Flow[IntelligentCacheEntry]:
+        """Load one whole entry.
+
+        Raises:
+            EntryNotFoundError: no such entry in ``tenant``.
+            CorruptEntryError: a stored value does not decode.
+        """
+        return (yield from self._read(self.read_entry(tenant, entry_id, with_vector=with_vector)))
+
+    def _load_states(self, tenant: str, entry_ids: Sequence[str]) -> Flow[StateBatch]:
+        """Arms, usage and meta of many entries in one round trip.
+
+        Missing entries (evicted meanwhile) and corrupt ones are listed, not raised.
+        """
+        if not entry_ids:
+            return StateBatch()
+        return (yield from self._read(self.read_states(tenant, entry_ids)))
+
+    def _state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> Flow[StateArrays]:
+        """Learning state of many entries as columns, in one command."""
+        plan = self.plan_state_arrays(tenant, entry_ids)
+        if not entry_ids:
+            return plan.parse(None)
+        return (yield from self._run(plan))
+
+    def _vectors(
+        self, tenant: str, entry_ids: Sequence[str]
+    ) -> Flow[dict[str, tuple[codec.Vector, str]]]:
+        """``{id: (vector, scope)}`` of the entries that exist and decode."""
+        if not entry_ids:
+            return {}
+        return (yield from self._read(self.read_vectors(tenant, entry_ids)))
+
+    def _stats(self, tenant: str) -> Flow[dict[str, int]]:
+        """The tenant's counters plus ``entries`` (live ids)."""
+        return (yield from self._read(self.read_stats(tenant)))
+
+    def _exact_match(self, tenant: str, query: str, scope: str = "") -> Flow[str | None]:
+        """The id the (normalised query, scope) digest points to, if any."""
+        return (yield from self._read(self.read_exact(tenant, query, scope)))
+
+    def _scan_ids(
+        self, tenant: str, cursor: int = 0, batch: int | None = None
+    ) -> Flow[tuple[int, IdBatch]]:
+        """One ZSCAN step over the live ids: the next cursor (0: done) and a batch of
+        ``(entry_id, expires_at)``. An id present for a whole scan is returned at least
+        once (never KEYS)."""
+        count = batch or self.config.eviction.scan_batch
+        nxt, items = yield from self._command(
+            "iter_ids", "zscan", self.keys(tenant).ids, cursor=cursor, count=count
+        )
+        return int(nxt), [(text(member), float(score)) for member, score in items]
+
+    def _count(self, tenant: str) -> Flow[int]:
+        """Live entries of ``tenant``."""
+        return int((yield from self._command("count", "zcard", self.keys(tenant).ids)))
+
+    def _tenant_dim(self, tenant: str) -> Flow[int | None]:
+        """The embedding dimension fixed by the tenant's first put, if any."""
+        raw = yield from self._command("tenant_dim", "hget", self.keys(tenant).cfg, "dim")
+        return int(raw) if raw is not None else None
+
+    def _tenants(self) -> Flow[list[str]]:
+        """Every tenant that was ever put to or configured (sorted)."""
+        members = yield from self._command("tenants", "smembers", self.tenants_key)
+        return sorted(text(t) for t in members)
+
+    def _tenant_settings(self, tenant: str) -> Flow[dict[str, float]]:
+        """Per-tenant overrides stored in Redis: ``max_entries``, ``max_bytes``, ``ttl``
+        (and ``dim``, fixed by the first put)."""
+        raw = yield from self._command("tenant_settings", "hgetall", self.keys(tenant).cfg)
+        out: dict[str, float] = {}
+        for name, value in raw.items():
+            try:
+                out[text(name)] = float(value)
+            except ValueError:
+                log.warning("tenant %s: ignoring bad setting %r=%r", tenant, name, value)
+        return out
+
+    def _set_tenant_settings(self, /, tenant: str, **settings: float | None) -> Flow[None]:
+        """Set (a number) or clear (``None``) overrides: max_entries, max_bytes, ttl."""
+        unknown = set(settings) - set(TENANT_SETTINGS)
+        if unknown:
+            raise ValueError(f"unknown tenant settings {sorted(unknown)}; use {TENANT_SETTINGS}")
+        k = self.keys(tenant)
+        for name, value in settings.items():
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
+
+        def queue(pipe: Any) -> None:
+            for name, value in settings.items():
+                if value is None:
+                    pipe.hdel(k.cfg, name)
+                else:
+                    pipe.hset(k.cfg, name, repr(value))
+            pipe.sadd(self.tenants_key, tenant)
+
+        yield from self._read(ReadPlan("set_tenant_settings", queue, _ignore, len(settings) + 1))
+
+    def _reset_tenant(self, tenant: str) -> Flow[None]:
+        """Drop a tenant's counters, feedback log and dimension (``clear`` calls this once
+        its entries are gone). The index log stays: replicas still need its events."""
+        k = self.keys(tenant)
+
+        def queue(pipe: Any) -> None:
+            pipe.unlink(k.stats, k.fb)
+            pipe.hdel(k.cfg, "dim")
+
+        yield from self._read(ReadPlan("reset_tenant", queue, _ignore, 2))
+
+    def _feedback_log(self, tenant: str, count: int = 100) -> Flow[list[dict[str, str]]]:
+        """The most recent feedback signals of ``tenant``, newest first."""
+        rows = yield from self._command(
+            "feedback_log", "xrevrange", self.keys(tenant).fb, count=count
+        )
+        return [{text(f): text(v) for f, v in fields.items()} for _, fields in rows]
+
+    def _log_info(self, tenant: str) -> Flow[LogInfo]:
+        """``XINFO STREAM`` of the tenant's index log (zeros before its first event)."""
+        try:
+            reply = yield from self._command("xinfo", "xinfo_stream", self.keys(tenant).log)
+        except StorageError as exc:
+            if "no such key" in str(exc).lower():
+                return LogInfo()
+            raise
+        return LogInfo.parse(reply)
+
+    def _read_log(self, tenant: str, after: str) -> Flow[LogDelta]:
+        """The tenant's log events after ``after`` (see ``read_log``)."""
+        return (yield from self._read(self.read_log(tenant, after)))
+
+    def _count_misses(self, tenant: str, n: int) -> Flow[None]:
+        """Add ``n`` to the tenant's miss counter."""
+        yield from self._read(self.count_misses(tenant, n))
+
+    get_entry = op(_get_entry)
+    load_states = op(_load_states)
+    state_arrays = op(_state_arrays)
+    vectors = op(_vectors)
+    stats = op(_stats)
+    exact_match = op(_exact_match)
+    scan_ids = op(_scan_ids)
+    count = op(_count)
+    tenant_dim = op(_tenant_dim)
+    tenants = op(_tenants)
+    tenant_settings = op(_tenant_settings)
+    set_tenant_settings = op(_set_tenant_settings)
+    reset_tenant = op(_reset_tenant)
+    feedback_log = op(_feedback_log)
+    log_info = op(_log_info)
+
+    # -- the worker's keys -------------------------------------------------------------------
+    def _record_cycle(self, fields: dict[str, str]) -> Flow[None]:
+        """Append a record to the worker's cycle log (capped at ~``CYCLE_LOG_MAXLEN``)."""
+        yield from self._command(
+            "cycle log",
+            "xadd",
+            cycles_key(self.config.key_prefix),
+            fields,
+            maxlen=CYCLE_LOG_MAXLEN,
+            approximate=True,
+        )
+
+    def _recent_cycles(self, count: int = 50) -> Flow[list[dict[str, str]]]:
+        """The newest records of the worker's cycle log, newest first."""
+        rows = yield from self._command(
+            "cycle log", "xrevrange", cycles_key(self.config.key_prefix), count=count
+        )
+        return [{"id": text(i), **{text(k): text(v) for k, v in f.items()}} for i, f in rows]
+
+    def _leader(self) -> Flow[str | None]:
+        """Who holds the worker lease now, if anyone."""
+        raw = yield from self._command("leader", "get", leader_key(self.config.key_prefix))
+        return text(raw) if raw is not None else None
+
+    def _close(self) -> Flow[None]:
+        """Close the client (its connection pool)."""
+        yield self.client.aclose if self.is_async else self.client.close
+
+    record_cycle = op(_record_cycle)
+    recent_cycles = op(_recent_cycles)
+    leader = op(_leader)
+
+
+class RedisStorage(SyncDriven, Storage):
+    """Typed, synchronous access to one zerda-cache keyspace (see ``Storage``)."""
+
+    def iter_ids(self, tenant: str, batch: int | None = None) -> Iterator[IdBatch]:
+        """Batches of ``(entry_id, expires_at)`` of every live id, by ZSCAN."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = self._drive(self._scan_ids(tenant, cursor or 0, batch))
+            if items:
+                yield items
+
+    def close(self) -> None:
+        self._drive(self._close())
+
+
+class AsyncRedisStorage(AsyncDriven, Storage):
+    """``RedisStorage`` for ``redis.asyncio`` clients (plain or cluster): the same
+    methods, awaited."""
+
+    async def iter_ids(self, tenant: str, batch: int | None = None) -> AsyncIterator[IdBatch]:
+        """``RedisStorage.iter_ids``, as an async iterator."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = await self._drive(self._scan_ids(tenant, cursor or 0, batch))
+            if items:
+                yield items
+
+    async def aclose(self) -> None:
+        await self._drive(self._close())
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client (sync or asyncio)."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+def _ignore(replies: list[Any]) -> None:
+    return None

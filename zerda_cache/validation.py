@@ -1,0 +1,82 @@
+"""Validation of what callers pass in: tenant ids, entry ids, key prefixes, and the
+query, answer and scope of an entry.
+
+Core-level: the learner, the config, the manager and storage all use it, and it imports
+nothing of ours but the errors. Tenant ids are checked before they come near a Redis key: a brace,
+colon, space or newline would change which Cluster slot (or which tenant) a key belongs
+to, so such an id is a clear ``InvalidTenantError``, never a key.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from zerda_cache.errors import InvalidEntryError, InvalidFeedbackError, InvalidTenantError
+
+TENANT_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+ENTRY_ID_RE = re.compile(r"[0-9a-f]{32}")
+PREFIX_RE = re.compile(r"[A-Za-z0-9._-]{1,32}")
+#: A scope is a digest or a short label (``prompt_scope`` makes 32 hex characters).
+MAX_SCOPE_CHARS = 256
+
+
+def validate_tenant(tenant: object) -> str:
+    """Return ``tenant`` if it is a valid tenant id, else raise ``InvalidTenantError``."""
+    if not isinstance(tenant, str):
+        raise InvalidTenantError(f"tenant id must be a str, got {type(tenant).__name__}")
+    if not TENANT_RE.fullmatch(tenant):
+        shown = tenant if len(tenant) <= 80 else tenant[:77] + "..."
+        raise InvalidTenantError(
+            f"invalid tenant id {shown!r}: use 1 to 64 characters from [A-Za-z0-9._-]"
+        )
+    return tenant
+
+
+def validate_entry_id(entry_id: object) -> str:
+    """Return ``entry_id`` if it looks like an id this library made (32 hex chars)."""
+    if not isinstance(entry_id, str) or not ENTRY_ID_RE.fullmatch(entry_id):
+        raise InvalidFeedbackError(f"invalid entry id {entry_id!r}: expected 32 hex characters")
+    return entry_id
+
+
+def validate_prefix(prefix: object) -> str:
+    """Return ``prefix`` if it is a valid key prefix, else raise ``ValueError``."""
+    if not isinstance(prefix, str) or not PREFIX_RE.fullmatch(prefix):
+        raise ValueError(f"key_prefix must match [A-Za-z0-9._-]{{1,32}}, got {prefix!r}")
+    return prefix
+
+
+def new_entry_id() -> str:
+    """A 128-bit random id, as 32 lowercase hex characters."""
+    return secrets.token_hex(16)
+
+
+def check_query(query: object, max_chars: int) -> str:
+    """A non-empty question of at most ``max_chars`` characters, else ``InvalidEntryError``."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidEntryError("query must be a non-empty str")
+    if len(query) > max_chars:
+        raise InvalidEntryError(
+            f"query has {len(query)} characters, over max_query_chars={max_chars}"
+        )
+    return query
+
+
+def check_response(response: object, max_bytes: int) -> str:
+    """An answer of at most ``max_bytes`` UTF-8 bytes, else ``InvalidEntryError``."""
+    if not isinstance(response, str):
+        raise InvalidEntryError(f"response must be a str, got {type(response).__name__}")
+    size = len(response.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidEntryError(f"response has {size} bytes, over max_response_bytes={max_bytes}")
+    return response
+
+
+def check_scope(scope: object) -> str:
+    """A scope label (``None`` is the default scope, ``""``), else ``InvalidEntryError``."""
+    if scope is None:
+        return ""
+    if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS:
+        raise InvalidEntryError(f"scope must be a str of at most {MAX_SCOPE_CHARS} characters")
+    return scope
