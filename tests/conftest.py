@@ -169,7 +169,11 @@ class Blocking:
         self.loop = loop
 
     def run(self, value: Any) -> Any:
-        return self.loop.run_until_complete(value) if inspect.isawaitable(value) else value
+        if inspect.isawaitable(value):
+            return self.loop.run_until_complete(value)
+        if inspect.isasyncgen(value):  # iter_ids: drained into a list of batches
+            return self.loop.run_until_complete(_drain(value))
+        return value
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.target, name)
@@ -181,6 +185,10 @@ class Blocking:
 
     def close(self) -> None:
         self.run(self.target.aclose())
+
+
+async def _drain(agen: Any) -> list[Any]:
+    return [item async for item in agen]
 
 
 @pytest.fixture(params=["sync", "async"])

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
-from conftest import Clock
+from conftest import Blocking, Clock
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import (
@@ -26,7 +25,9 @@ from zerda_cache import (
     InvalidTenantError,
     RLConfig,
 )
+from zerda_cache.errors import StorageError
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage.connect import HEALTH_CHECK_INTERVAL_S, connect
 from zerda_cache.storage.keys import tenant_keys
 
 DIM = 16
@@ -60,13 +61,14 @@ def registry() -> CollectorRegistry:
 
 
 @pytest.fixture
-def manager(redis_client: redis.Redis, registry: CollectorRegistry) -> Iterator[CacheManager]:
+def manager(make_manager: Any, registry: CollectorRegistry) -> Any:
+    """A manager of each flavour (``flavour``: sync, async), on a flushed server."""
     cfg = CacheConfig(similarity_threshold=0.8, max_response_bytes=2_000)
-    yield CacheManager(redis_client, cfg, metrics=ReplicaMetrics(registry))
+    return make_manager(cfg, metrics=ReplicaMetrics(registry))
 
 
 # --- the basic path ---------------------------------------------------------------------------
-def test_put_then_lookup_hit_and_miss(manager: CacheManager, registry: CollectorRegistry) -> None:
+def test_put_then_lookup_hit_and_miss(manager: Any, registry: CollectorRegistry) -> None:
     v = unit(1)
     assert manager.lookup("How do I reset my password?", tenant="acme", embedding=v) is None
     res = manager.put(
@@ -91,12 +93,12 @@ def test_put_then_lookup_hit_and_miss(manager: CacheManager, registry: Collector
 
 
 def test_feedback_on_a_fresh_answer_judges_it_before_it_is_served(
-    redis_client: redis.Redis, registry: CollectorRegistry
+    make_manager: Any, registry: CollectorRegistry
 ) -> None:
     """The user's reaction to the LLM's answer (a miss) goes to the entry just cached: a
     wrong one is never served from the cache, and its similarity bar is not touched."""
     cfg = CacheConfig(similarity_threshold=0.8, rl=RLConfig(min_reward_to_serve=0.4))
-    m = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(registry))
+    m = make_manager(cfg, metrics=ReplicaMetrics(registry))
     v = unit(7)
     res = m.put("What is the capital of Australia?", "Sydney.", tenant="geo", embedding=v)
     signal = res.feedback(False)
@@ -111,37 +113,31 @@ def test_feedback_on_a_fresh_answer_judges_it_before_it_is_served(
 
 
 def test_threshold_is_cosine_higher_is_stricter(
-    redis_client: redis.Redis, registry: CollectorRegistry
+    make_manager: Any, registry: CollectorRegistry
 ) -> None:
     v = unit(2)
-    loose = CacheManager(
-        redis_client, CacheConfig(similarity_threshold=0.7), metrics=ReplicaMetrics(registry)
-    )
-    strict = CacheManager(
-        redis_client,
-        CacheConfig(similarity_threshold=0.95),
-        metrics=ReplicaMetrics(CollectorRegistry()),
-    )
+    loose = make_manager(CacheConfig(similarity_threshold=0.7), metrics=ReplicaMetrics(registry))
+    strict = make_manager(CacheConfig(similarity_threshold=0.95))
     loose.put("q", "a", tenant="t", embedding=v)
     assert loose.lookup("q2", tenant="t", embedding=near(v, 0.9)) is not None
     assert strict.lookup("q2", tenant="t", embedding=near(v, 0.9)) is None
     assert strict.lookup("q3", tenant="t", embedding=near(v, 0.96)) is not None
 
 
-def test_exact_fast_path_needs_no_embedding(manager: CacheManager) -> None:
+def test_exact_fast_path_needs_no_embedding(manager: Any) -> None:
     manager.put("What is Redis?", "A server.", tenant="acme", embedding=unit(3))
     hit = manager.lookup("  what IS redis? ", tenant="acme")
     assert hit is not None and hit.exact and hit.similarity == 1.0
 
 
-def test_embed_fn_is_memoised(redis_client: redis.Redis) -> None:
+def test_embed_fn_is_memoised(make_manager: Any) -> None:
     calls: list[str] = []
 
     def embed(text: str) -> np.ndarray:
         calls.append(text)
         return unit(len(text))
 
-    m = CacheManager(redis_client, embed_fn=embed, metrics=ReplicaMetrics(CollectorRegistry()))
+    m = make_manager(embed_fn=embed)
     m.put("hello", "world", tenant="t")
     assert m.lookup("hello", tenant="t") is not None
     assert m.lookup("hello", tenant="t") is not None
@@ -149,7 +145,7 @@ def test_embed_fn_is_memoised(redis_client: redis.Redis) -> None:
     assert m.embeddings.stats["hits"] == 2
 
 
-def test_scopes_keep_answers_apart(manager: CacheManager) -> None:
+def test_scopes_keep_answers_apart(manager: Any) -> None:
     v = unit(4)
     en = manager.put("Summarise X", "English summary", tenant="t", embedding=v, scope="en")
     tr = manager.put("Summarise X", "Türkçe özet", tenant="t", embedding=v, scope="tr")
@@ -163,8 +159,8 @@ def test_scopes_keep_answers_apart(manager: CacheManager) -> None:
     assert manager.lookup("Summarise X", tenant="t", embedding=v) is None  # default scope ""
 
 
-def test_same_question_replaces_and_dedup_option(redis_client: redis.Redis) -> None:
-    plain = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
+def test_same_question_replaces_and_dedup_option(make_manager: Any) -> None:
+    plain = make_manager()
     first = plain.put("Q?", "old", tenant="t", embedding=unit(5))
     second = plain.put("q?", "new", tenant="t", embedding=unit(5))
     assert second.replaced_id == first.entry_id and plain.stats("t")["entries"] == 1
@@ -172,22 +168,22 @@ def test_same_question_replaces_and_dedup_option(redis_client: redis.Redis) -> N
     plain.put("other words", "near copy", tenant="t", embedding=near(unit(5), 0.99))
     assert plain.stats("t")["entries"] == 2  # no dedup by default
 
-    dedup = CacheManager(
-        redis_client, CacheConfig(dedup_threshold=0.98), metrics=ReplicaMetrics(CollectorRegistry())
+    dedup = make_manager(
+        CacheConfig(dedup_threshold=0.98), metrics=ReplicaMetrics(CollectorRegistry())
     )
     res = dedup.put("yet other words", "newest", tenant="t", embedding=near(unit(5), 0.995, 7))
     assert res.replaced_id is not None and dedup.stats("t")["entries"] == 2
 
 
 def test_admission_check_refuses_and_says_why(
-    redis_client: redis.Redis, registry: CollectorRegistry
+    redis_client: redis.Redis, registry: CollectorRegistry, make_manager: Any
 ) -> None:
     def no_secrets(query: str, response: str, metadata: Any) -> tuple[bool, list[str]]:
         if "password=" in response:
             return False, ["answer contains a credential"]
         return True, ["long answer"] if len(response) > 10 else []
 
-    m = CacheManager(redis_client, admission=no_secrets, metrics=ReplicaMetrics(registry))
+    m = make_manager(admission=no_secrets, metrics=ReplicaMetrics(registry))
     before = snapshot(redis_client)
     res = m.put("q", "password=hunter2", tenant="t", embedding=unit(6))
     assert not res and res.reason == "answer contains a credential" and res.entry_id is None
@@ -198,14 +194,14 @@ def test_admission_check_refuses_and_says_why(
         metric(registry, "zerda_cache_puts_rejected_total", reason="answer_contains_a_credential")
         == 1
     )
-    default = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
+    default = make_manager()
     refused = default.put("q", "   ", tenant="t", embedding=unit(6))  # the ContextGuard
     assert not refused and refused.reason is not None and "empty" in refused.reason
 
 
-def test_expired_entries_are_not_served(redis_client: redis.Redis) -> None:
+def test_expired_entries_are_not_served(make_manager: Any) -> None:
     clock = Clock()
-    m = CacheManager(redis_client, clock=clock, metrics=ReplicaMetrics(CollectorRegistry()))
+    m = make_manager(clock=clock)
     m.put("q", "a", tenant="t", embedding=unit(8), ttl_s=60)
     clock.t += 59
     assert m.lookup("q", tenant="t", embedding=unit(8)) is not None
@@ -213,21 +209,16 @@ def test_expired_entries_are_not_served(redis_client: redis.Redis) -> None:
     assert m.lookup("q", tenant="t", embedding=unit(8)) is None
 
 
-def test_ttl_refresh_on_hit_is_an_option(redis_client: redis.Redis) -> None:
+def test_ttl_refresh_on_hit_is_an_option(make_manager: Any) -> None:
     clock = Clock()
-    m = CacheManager(
-        redis_client,
-        CacheConfig(refresh_ttl_on_hit=True),
-        clock=clock,
-        metrics=ReplicaMetrics(CollectorRegistry()),
-    )
+    m = make_manager(CacheConfig(refresh_ttl_on_hit=True), clock=clock)
     m.put("q", "a", tenant="t", embedding=unit(8), ttl_s=60)
     for _ in range(3):
         clock.t += 50
         assert m.lookup("q", tenant="t", embedding=unit(8)) is not None
 
 
-def test_invalidate_and_clear(manager: CacheManager) -> None:
+def test_invalidate_and_clear(manager: Any) -> None:
     a = manager.put("a", "A", tenant="t", embedding=unit(10)).entry_id
     manager.put("b", "B", tenant="t", embedding=unit(11))
     assert a is not None and manager.invalidate(a, tenant="t")
@@ -241,12 +232,13 @@ def test_invalidate_and_clear(manager: CacheManager) -> None:
 
 
 # --- learning ------------------------------------------------------------------------------
-def test_liked_candidate_wins_and_seeded_lookups_reproduce(redis_client: redis.Redis) -> None:
+def test_liked_candidate_wins_and_seeded_lookups_reproduce(
+    redis_client: redis.Redis, make_manager: Any
+) -> None:
     def run() -> list[str]:
         redis_client.flushall()
         clock = Clock()
-        m = CacheManager(
-            redis_client,
+        m = make_manager(
             CacheConfig(rl=RLConfig(seed=11)),
             clock=clock,
             metrics=ReplicaMetrics(CollectorRegistry()),
@@ -270,7 +262,7 @@ def test_liked_candidate_wins_and_seeded_lookups_reproduce(redis_client: redis.R
     assert run() == first
 
 
-def test_negative_feedback_stops_serving(manager: CacheManager) -> None:
+def test_negative_feedback_stops_serving(manager: Any) -> None:
     v = unit(30)
     bad = manager.put("q bad", "wrong answer", tenant="t", embedding=v).entry_id
     good = manager.put("q good", "right answer", tenant="t", embedding=near(v, 0.95)).entry_id
@@ -338,7 +330,7 @@ BAD: dict[str, tuple[Any, type[Exception]]] = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input(case: str, manager: CacheManager, redis_client: redis.Redis) -> None:
+def test_bad_input(case: str, manager: Any, redis_client: redis.Redis) -> None:
     res = manager.put("q", "a", tenant="acme", embedding=unit(1))
     manager.lookup("q", tenant="acme", embedding=unit(1))
     manager._eid = res.entry_id  # type: ignore[attr-defined]
@@ -350,10 +342,15 @@ def test_bad_input(case: str, manager: CacheManager, redis_client: redis.Redis) 
 
 
 # --- fail-open -----------------------------------------------------------------------------------
-def test_fail_open_and_recovery(redis_server_factory: Any, registry: CollectorRegistry) -> None:
+def test_fail_open_and_recovery(
+    redis_server_factory: Any, make_manager: Any, registry: CollectorRegistry
+) -> None:
     server = redis_server_factory()
-    m = CacheManager.from_url(
-        server.url, CacheConfig(redis_timeout_s=0.5), metrics=ReplicaMetrics(registry)
+    m = make_manager(
+        CacheConfig(redis_timeout_s=0.5),
+        url=server.url,
+        from_url=True,
+        metrics=ReplicaMetrics(registry),
     )
     v = unit(40)
     m.put("q", "a", tenant="t", embedding=v)
@@ -364,21 +361,24 @@ def test_fail_open_and_recovery(redis_server_factory: Any, registry: CollectorRe
     assert m.lookup("q", tenant="t", embedding=v) is None
     assert time.monotonic() - started < 4 * 0.5  # two lookups, each bounded by the timeout
     assert metric(registry, "zerda_cache_fail_open_total", tenant="t") == 2
-    with pytest.raises(Exception, match="failed"):
+    with pytest.raises(StorageError, match="failed"):
         m.put("q", "a", tenant="t", embedding=v)  # writes raise StorageError
     server.restart()  # same port, empty (no persistence)
     m.put("q", "a again", tenant="t", embedding=v)
     hit = m.lookup("q", tenant="t", embedding=v)
     assert hit is not None and hit.response == "a again"
-    m.close()
+    assert m.clear("t") == 1
 
 
 def test_fail_open_when_redis_is_slow(
-    redis_server_factory: Any, registry: CollectorRegistry
+    redis_server_factory: Any, make_manager: Any, registry: CollectorRegistry
 ) -> None:
     server = redis_server_factory()
-    m = CacheManager.from_url(
-        server.url, CacheConfig(redis_timeout_s=0.3), metrics=ReplicaMetrics(registry)
+    m = make_manager(
+        CacheConfig(redis_timeout_s=0.3),
+        url=server.url,
+        from_url=True,
+        metrics=ReplicaMetrics(registry),
     )
     v = unit(41)
     m.put("q", "a", tenant="t", embedding=v)
@@ -392,7 +392,6 @@ def test_fail_open_when_redis_is_slow(
         admin.close()
     time.sleep(0.1)
     assert m.lookup("q", tenant="t", embedding=v) is not None
-    m.close()
 
 
 # --- sync and async agree ------------------------------------------------------------------------
@@ -409,86 +408,162 @@ def _sequence() -> list[tuple[str, Any]]:
 
 def test_sync_and_async_give_the_same_results(redis_client: redis.Redis, redis_url: str) -> None:
     cfg = CacheConfig(similarity_threshold=0.8, rl=RLConfig(seed=5))
+    loop = asyncio.new_event_loop()
 
-    def run_sync() -> list[Any]:
+    def run(flavour: str) -> list[Any]:
         clock = Clock()
-        m = CacheManager(
-            redis_client, cfg, clock=clock, metrics=ReplicaMetrics(CollectorRegistry())
-        )
+        metrics = ReplicaMetrics(CollectorRegistry())
+        if flavour == "sync":
+            m: Any = CacheManager(
+                redis.Redis.from_url(redis_url), cfg, clock=clock, metrics=metrics
+            )
+        else:
+            client = redis.asyncio.Redis.from_url(redis_url)
+            m = Blocking(AsyncCacheManager(client, cfg, clock=clock, metrics=metrics), loop)
         out: list[Any] = []
         last = None
         for op, args in _sequence():
             clock.t += 1.0
             if op == "put":
                 q, r, v, s = args
-                out.append(bool(m.put(q, r, tenant="sync", embedding=v, scope=s)))
+                out.append(bool(m.put(q, r, tenant=flavour, embedding=v, scope=s)))
             elif op == "lookup":
                 q, v, s = args
-                last = m.lookup(q, tenant="sync", embedding=v, scope=s)
+                last = m.lookup(q, tenant=flavour, embedding=v, scope=s)
                 out.append(None if last is None else (last.response, round(last.score, 12)))
             elif last is not None:
                 m.feedback(last.feedback(args[0], magnitude=args[1]))
+        out.append(m.stats(flavour)["hits"])
+        m.close()
         return out
 
-    async def run_async() -> list[Any]:
-        clock = Clock()
-        client = redis.asyncio.Redis.from_url(redis_url)
-        m = AsyncCacheManager(client, cfg, clock=clock, metrics=ReplicaMetrics(CollectorRegistry()))
-        out: list[Any] = []
-        last = None
-        for op, args in _sequence():
-            clock.t += 1.0
-            if op == "put":
-                q, r, v, s = args
-                out.append(bool(await m.put(q, r, tenant="async", embedding=v, scope=s)))
-            elif op == "lookup":
-                q, v, s = args
-                last = await m.lookup(q, tenant="async", embedding=v, scope=s)
-                out.append(None if last is None else (last.response, round(last.score, 12)))
-            elif last is not None:
-                await m.feedback(last.feedback(args[0], magnitude=args[1]))
-        stats = await m.stats("async")
-        await m.aclose()
-        out.append(stats["hits"])
-        return out
-
-    sync_out = run_sync()
-    async_out = asyncio.run(run_async())
-    sync_out.append(CacheManager(redis_client).stats("sync")["hits"])
+    try:
+        sync_out, async_out = run("sync"), run("async")
+    finally:
+        loop.close()
     assert sync_out == async_out
     assert sum(1 for x in sync_out[:-1] if isinstance(x, tuple)) > 20  # it really served
 
 
-def test_async_fail_open(redis_server_factory: Any) -> None:
-    server = redis_server_factory()
+# --- what each driver takes --------------------------------------------------------------------
+def test_async_embed_fn_is_awaited(redis_url: str, redis_client: redis.Redis) -> None:
+    calls: list[str] = []
+
+    async def embed(text: str) -> np.ndarray:
+        await asyncio.sleep(0)  # an HTTP embedding API, say
+        calls.append(text)
+        return unit(len(text))
 
     async def run() -> None:
-        m = AsyncCacheManager.from_url(
-            server.url,
-            CacheConfig(redis_timeout_s=0.5),
-            metrics=ReplicaMetrics(CollectorRegistry()),
-        )
-        await m.put("q", "a", tenant="t", embedding=unit(1))
-        assert await m.lookup("q", tenant="t", embedding=unit(1)) is not None
-        server.stop()
-        assert await m.lookup("q", tenant="t", embedding=unit(1)) is None
-        server.restart()
-        await m.put("q", "b", tenant="t", embedding=unit(1))
-        hit = await m.lookup("q", tenant="t", embedding=unit(1))
-        assert hit is not None and hit.response == "b"
-        assert await m.clear("t") == 1
+        m = AsyncCacheManager(redis.asyncio.Redis.from_url(redis_url), embed_fn=embed)
+        assert await m.put("hello", "world", tenant="t")
+        hit = await m.lookup("hello", tenant="t")
+        assert hit is not None and hit.response == "world"
         await m.aclose()
 
     asyncio.run(run())
+    assert calls == ["hello"]  # memoised like a sync one
+
+
+def test_sync_manager_refuses_async_parts(redis_url: str, redis_client: redis.Redis) -> None:
+    async def embed(text: str) -> np.ndarray:
+        return unit(1)
+
+    m = CacheManager(redis.Redis.from_url(redis_url), embed_fn=embed)
+    with pytest.raises(TypeError, match="AsyncCacheManager"):
+        m.put("hello", "world", tenant="t")
+    with pytest.raises(TypeError, match="AsyncCacheManager"):
+        m.lookup("hello", tenant="t")
+    m.close()
+    wrong = CacheManager(redis.asyncio.Redis.from_url(redis_url))
+    with pytest.raises(TypeError, match=r"redis\.asyncio"):
+        wrong.put("hello", "world", tenant="t", embedding=unit(1))
+
+
+def _options(client: Any, cluster: bool) -> tuple[Any, dict[str, Any]]:
+    if cluster:
+        return client.retry, client.nodes_manager.connection_kwargs
+    kwargs = client.connection_pool.connection_kwargs
+    return kwargs.get("retry") or client.get_retry(), kwargs
+
+
+def _check_options(url: str, cluster: bool, asyncio_client: bool) -> None:
+    """One quick retry and health checks, for plain and cluster clients of both flavours
+    (the async cluster client used to get neither)."""
+    cfg = CacheConfig(redis_timeout_s=0.25)
+    client = connect(url, cfg, cluster=cluster, asyncio=asyncio_client)
+    retry, kwargs = _options(client, cluster)
+    assert retry is not None and retry._retries == 1
+    if asyncio_client or not cluster:  # redis-py's sync cluster client drops this option
+        assert kwargs["health_check_interval"] == HEALTH_CHECK_INTERVAL_S
+    assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25
+    if not asyncio_client:
+        client.close()
+
+
+@pytest.mark.parametrize("asyncio_client", [False, True], ids=["sync", "async"])
+def test_plain_clients_of_both_flavours_get_the_same_options(asyncio_client: bool) -> None:
+    _check_options("redis://127.0.0.1:1/0", False, asyncio_client)  # no connection made
+
+
+@pytest.mark.parametrize("asyncio_client", [False, True], ids=["sync", "async"])
+def test_cluster_clients_of_both_flavours_get_the_same_options(
+    redis_cluster: Any, asyncio_client: bool
+) -> None:
+    _check_options(redis_cluster.url, True, asyncio_client)
+
+
+# --- the branches where the two copies had drifted ---------------------------------------------
+def test_a_trimmed_log_makes_a_reader_rebuild(
+    make_manager: Any, registry: CollectorRegistry, redis_client: redis.Redis
+) -> None:
+    cfg = CacheConfig(index_log_maxlen=10)
+    writer = make_manager(cfg)
+    reader = make_manager(cfg, metrics=ReplicaMetrics(registry))
+    writer.put("q0", "a0", tenant="t", embedding=unit(500))
+    assert reader.sync_index("t") == 1
+    rebuilds = metric(registry, "zerda_cache_index_rebuilds_total", tenant="t")
+    for i in range(1, 400):  # far past the log's cap: the reader's position is trimmed away
+        writer.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(500 + i))
+    hit = reader.lookup("q7 again", tenant="t", embedding=near(unit(507), 0.97))
+    assert hit is not None and hit.response == "a7"
+    assert metric(registry, "zerda_cache_index_rebuilds_total", tenant="t") == rebuilds + 1
+    live = {m.decode() for m in redis_client.zrange(tenant_keys("t").ids, 0, -1)}
+    assert len(live) == 400 and reader.index_ids("t") == live
+
+
+def test_a_tenant_recreated_with_another_dimension_is_rebuilt(
+    make_manager: Any, registry: CollectorRegistry
+) -> None:
+    old = make_manager(metrics=ReplicaMetrics(registry))
+    admin = make_manager()
+    old.put("q", "a 16-d answer", tenant="t", embedding=unit(1))
+    assert old.lookup("q", tenant="t", embedding=unit(1)) is not None
+    assert admin.clear("t") == 1
+    res = admin.put("q8", "an 8-d answer", tenant="t", embedding=unit(2, dim=8))
+    hit = old.lookup("q8 again", tenant="t", embedding=near(unit(2, dim=8), 0.97))
+    assert hit is not None and hit.entry_id == res.entry_id  # no DimensionMismatchError
+    assert old.sync_index("t") == 1
+    with pytest.raises(DimensionMismatchError):
+        old.lookup("q", tenant="t", embedding=unit(1))  # now 16-d is the wrong size
+
+
+def test_dedup_put_catches_up_first(make_manager: Any) -> None:
+    cfg = CacheConfig(dedup_threshold=0.98)
+    a, b = make_manager(cfg), make_manager(cfg)
+    first = a.put("one phrasing", "x", tenant="t", embedding=unit(9))
+    b.sync_index("t")  # b's index is built before a's second put
+    a.put("unrelated", "y", tenant="t", embedding=unit(10))
+    res = b.put("other phrasing", "x2", tenant="t", embedding=near(unit(9), 0.99))
+    assert res.replaced_id == first.entry_id
+    assert b.stats("t")["entries"] == 2 and b.stats("t")["evicted:replaced"] == 1
 
 
 # --- Redis Cluster -------------------------------------------------------------------------------
-def test_manager_on_cluster(redis_cluster: Any, cluster_client: Any) -> None:
+def test_manager_on_cluster(redis_cluster: Any, cluster_client: Any, make_manager: Any) -> None:
     url = redis_cluster.url
-    a = CacheManager.from_url(url, cluster=True, metrics=ReplicaMetrics(CollectorRegistry()))
-    b = CacheManager.from_url(
-        url.replace("redis://", "redis+cluster://"), metrics=ReplicaMetrics(CollectorRegistry())
-    )
+    a = make_manager(url=url, cluster=True)
+    b = make_manager(url=url.replace("redis://", "redis+cluster://"), from_url=True)
     for tenant in ("t1", "t2", "tenant-three"):
         v = unit(len(tenant))
         res = a.put("q", f"answer for {tenant}", tenant=tenant, embedding=v)
@@ -501,31 +576,15 @@ def test_manager_on_cluster(redis_cluster: Any, cluster_client: Any) -> None:
     assert (
         len({cluster_client.keyslot(tenant_keys(t).ids) for t in ("t1", "t2", "tenant-three")}) >= 2
     )
-    a.close()
-    b.close()
-
-
-def test_async_manager_on_cluster(redis_cluster: Any, cluster_client: Any) -> None:
-    async def run() -> None:
-        m = AsyncCacheManager.from_url(
-            redis_cluster.url, cluster=True, metrics=ReplicaMetrics(CollectorRegistry())
-        )
-        await m.put("q", "a", tenant="t", embedding=unit(3))
-        hit = await m.lookup("q", tenant="t", embedding=unit(3))
-        assert hit is not None
-        await m.feedback(hit.feedback(False))
-        await m.aclose()
-
-    asyncio.run(run())
 
 
 @pytest.mark.parametrize("backend", ["usearch", "hnswlib"])
 def test_large_scope_uses_hnsw_and_stays_consistent(
-    redis_client: redis.Redis, backend: str
+    redis_client: redis.Redis, backend: str, make_manager: Any
 ) -> None:
     cfg = CacheConfig(ann_threshold=200, similarity_threshold=0.9, ann_backend=backend)
-    writer = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
-    reader = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    writer = make_manager(cfg)
+    reader = make_manager(cfg)
     ids = [
         writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(1000 + i)).entry_id
         for i in range(300)
@@ -543,10 +602,10 @@ def test_large_scope_uses_hnsw_and_stays_consistent(
     assert reader.index_ids("big") == live
 
 
-def test_prompt_scope_keeps_guardrail_sets_apart(redis_client: redis.Redis) -> None:
+def test_prompt_scope_keeps_guardrail_sets_apart(make_manager: Any) -> None:
     from zerda_cache.prompt import OutputFormat, PromptRequest, prompt_scope
 
-    m = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
+    m = make_manager()
     plain = PromptRequest(query="What is RAG?")
     cited = PromptRequest(query="What is RAG?", documents=["doc"], enable_citations=True)
     as_json = PromptRequest(query="What is RAG?", output_format=OutputFormat.JSON)
@@ -576,9 +635,9 @@ def test_prompt_scope_keeps_guardrail_sets_apart(redis_client: redis.Redis) -> N
     assert m.lookup("What is RAG?", tenant="t", embedding=v, scope=prompt_scope(as_json)) is None
 
 
-def test_adaptive_windows_are_replica_metrics(redis_client: redis.Redis) -> None:
+def test_adaptive_windows_are_replica_metrics(make_manager: Any) -> None:
     registry = CollectorRegistry()
-    m = CacheManager(redis_client, metrics=ReplicaMetrics(registry))
+    m = make_manager(metrics=ReplicaMetrics(registry))
     m.put("q", "an answer", tenant="t", embedding=unit(5))
     m.put("q2", "  ", tenant="t", embedding=unit(6))  # refused by the guard
     for _ in range(3):
@@ -593,10 +652,10 @@ def test_adaptive_windows_are_replica_metrics(redis_client: redis.Redis) -> None
 
 
 def test_serving_bar_stops_an_unconfirmed_answer_after_one_negative(
-    redis_client: redis.Redis,
+    make_manager: Any,
 ) -> None:
     cfg = CacheConfig(rl=RLConfig(min_reward_to_serve=0.4, seed=3))
-    m = CacheManager(redis_client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    m = make_manager(cfg)
     v, w = unit(90), unit(91)
     shaky = m.put("shaky", "unconfirmed answer", tenant="t", embedding=v).entry_id
     solid = m.put("solid", "confirmed answer", tenant="t", embedding=w).entry_id

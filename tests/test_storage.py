@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
 import redis
-from conftest import Clock
+import redis.asyncio
+from conftest import Blocking, Clock
 
 from zerda_cache import (
     CacheConfig,
@@ -24,7 +26,7 @@ from zerda_cache import (
     RLConfig,
     StorageError,
 )
-from zerda_cache.storage import RedisStorage
+from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 from zerda_cache.storage.keys import tenant_keys
 
 DIM = 16
@@ -45,8 +47,19 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def storage(redis_client: redis.Redis, clock: Clock) -> RedisStorage:
-    return RedisStorage(redis_client, CacheConfig(max_response_bytes=1000), clock=clock)
+def storage(
+    flavour: str, redis_client: redis.Redis, redis_url: str, clock: Clock
+) -> Iterator[RedisStorage]:
+    """Storage of each flavour; the async one behind blocking calls (conftest.Blocking)."""
+    cfg = CacheConfig(max_response_bytes=1000)
+    if flavour == "sync":
+        yield RedisStorage(redis_client, cfg, clock=clock)
+        return
+    loop = asyncio.new_event_loop()
+    st = AsyncRedisStorage(redis.asyncio.Redis.from_url(redis_url), cfg, clock=clock)
+    yield Blocking(st, loop)  # type: ignore[misc]
+    loop.run_until_complete(st.aclose())
+    loop.close()
 
 
 def put(st: RedisStorage, i: int, tenant: str = "acme", **kw: Any) -> str:
@@ -95,7 +108,9 @@ def test_exact_duplicate_put_reports_displaced(storage: RedisStorage) -> None:
     assert storage.exact_match("acme", "same q") == second.entry_id
 
 
-def test_hit_counts_use_and_respects_expiry(storage: RedisStorage, clock: Clock) -> None:
+def test_hit_counts_use_and_respects_expiry(
+    storage: RedisStorage, clock: Clock, redis_client: redis.Redis
+) -> None:
     eid = put(storage, 1, ttl_s=10)
     clock.t = 1005.0
     hit = storage.hit("acme", eid)
@@ -108,9 +123,9 @@ def test_hit_counts_use_and_respects_expiry(storage: RedisStorage, clock: Clock)
     assert hit.entry.version == 2 and hit.entry.created_at == 1000.0
     assert storage.stats("acme")["hits"] == 1
     storage.feedback(FeedbackSignal(eid, "acme", False, magnitude=30.0))
-    before = snapshot(storage.client)
+    before = snapshot(redis_client)
     assert storage.hit("acme", eid, min_reward=0.05).status == "unservable"
-    assert snapshot(storage.client) == before
+    assert snapshot(redis_client) == before
     clock.t = 1010.0
     assert storage.hit("acme", eid).status == "expired"
     assert storage.hit("acme", "0" * 32).status == "gone"
@@ -423,3 +438,29 @@ def test_feedback_many_pipelines_and_reports_errors_per_signal(storage: RedisSto
     assert not isinstance(out[3], Exception) and out[3].bandit_arm.alpha == 3.0
     assert storage.get_entry("acme", b).bandit_arm.beta == 4.0
     assert storage.feedback_many([]) == []
+
+
+def test_both_flavours_have_the_same_methods() -> None:
+    """Every public storage method exists on both flavours (the async one lacked six)."""
+
+    def public(cls: type) -> set[str]:
+        return {n for n in dir(cls) if not n.startswith("_")}
+
+    assert public(RedisStorage) - {"close"} == public(AsyncRedisStorage) - {"aclose"}
+
+
+def test_the_calls_the_async_flavour_lacked(storage: RedisStorage) -> None:
+    a, b = put(storage, 1), put(storage, 2)
+    signals = [FeedbackSignal(a, "acme", True), FeedbackSignal("0" * 32, "acme", False)]
+    out = storage.feedback_many(signals)
+    assert out[0].expected_reward == pytest.approx(2 / 3)  # type: ignore[union-attr]
+    assert isinstance(out[1], EntryNotFoundError)
+    cols = storage.state_arrays("acme", [a, b, "0" * 32])
+    assert cols.ids == [a, b] and cols.alpha.tolist() == [2.0, 1.0]
+    assert storage.tenants() == ["acme"]
+    storage.set_tenant_settings("acme", max_entries=5)
+    assert storage.tenant_settings("acme") == {"dim": DIM, "max_entries": 5.0}
+    assert storage.exact_match("acme", "QUESTION 1?") == a
+    assert storage.feedback_log("acme")[0]["id"] == a
+    assert [eid for batch in storage.iter_ids("acme") for eid, _ in batch] != []
+    assert storage.log_info("acme").added == 2 and storage.leader() is None

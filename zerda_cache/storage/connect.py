@@ -18,7 +18,8 @@ def client_options(
     """The URL (a ``+cluster`` scheme suffix removed), whether it is a Redis Cluster, and
     zerda-cache's client options: socket timeouts of ``redis_timeout_s``, one quick retry
     without backoff (so that a lookup fails open near the timeout), and health checks of
-    idle connections."""
+    idle connections (redis-py's sync ``RedisCluster`` drops that one option: its node
+    connections take no ``health_check_interval``)."""
     scheme, sep, rest = url.partition("://")
     if scheme.endswith("+cluster"):
         cluster = True
