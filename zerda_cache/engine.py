@@ -277,18 +277,16 @@ class CacheEngine:
         url: str,
         config: CacheConfig | None = None,
         *,
-        embed_fn: EmbedFn | None = None,
         cluster: bool | None = None,
         **kwargs: Any,
     ) -> Self:
         """Connect with a URL: ``redis://``, ``rediss://`` (TLS), ``unix://``, with an ACL
         user and password in the URL as usual. ``cluster=True`` (or a ``redis+cluster://``
         / ``rediss+cluster://`` scheme) connects to a Redis Cluster. The client has socket
-        timeouts of ``config.redis_timeout_s``. Remaining keyword arguments go to the
-        manager."""
+        timeouts of ``config.redis_timeout_s``. Keyword arguments (``embed_fn``, ...) go to
+        the manager."""
         cfg = config if config is not None else CacheConfig()
-        client = connect(url, cfg, cluster=cluster, asyncio=cls.is_async)
-        return cls(client, cfg, embed_fn=embed_fn, **kwargs)
+        return cls(connect(url, cfg, cluster=cluster, asyncio=cls.is_async), cfg, **kwargs)
 
     # -- lookup ----------------------------------------------------------------------------
     def _lookup(

@@ -52,41 +52,64 @@ def wrap_errors(what: str) -> Iterator[None]:
         raise StorageError(f"{what} failed: {exc}") from exc
 
 
-def run_sync(flow: Flow[T]) -> T:
-    """Drive ``flow`` to its result, making each step's call in this thread."""
-    send: Callable[[Any], Step] = flow.send
-    value: Any = None
-    while True:
+class _Run:
+    """One flow being driven: the value (or exception) to resume it with, and finally its
+    result. The two drivers differ only in how they make a step's call."""
+
+    __slots__ = ("flow", "resume", "value")
+
+    def __init__(self, flow: Flow[Any]) -> None:
+        self.flow = flow
+        self.resume: Callable[[Any], Step] = flow.send
+        self.value: Any = None
+
+    def next_step(self) -> Step | None:
+        """The flow's next step; ``None`` once it returned (its result is ``value``)."""
         try:
-            step = send(value)
+            return self.resume(self.value)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            self.value = stop.value
+            return None
+
+    def call(self, step: Step, *, awaitable_ok: bool) -> Awaitable[Any] | None:
+        """Make the step's call; an awaitable result is returned for the caller to await
+        (or refused), any other result or exception is kept to resume the flow with."""
         try:
             value = step()
-            send = flow.send
-            if inspect.isawaitable(value):
-                value = _refuse_awaitable(value)
-                send = flow.throw
         except BaseException as exc:  # into the flow: its finally/except blocks run
-            value, send = exc, flow.throw
+            self.failed(exc)
+            return None
+        if inspect.isawaitable(value):
+            if awaitable_ok:
+                return value
+            self.failed(_refuse_awaitable(value))
+            return None
+        self.value, self.resume = value, self.flow.send
+        return None
+
+    def failed(self, exc: BaseException) -> None:
+        self.value, self.resume = exc, self.flow.throw
+
+
+def run_sync(flow: Flow[T]) -> T:
+    """Drive ``flow`` to its result, making each step's call in this thread."""
+    run = _Run(flow)
+    while (step := run.next_step()) is not None:
+        run.call(step, awaitable_ok=False)
+    return run.value  # type: ignore[no-any-return]
 
 
 async def run_async(flow: Flow[T]) -> T:
     """Drive ``flow`` to its result, awaiting each step's result when it is awaitable."""
-    send: Callable[[Any], Step] = flow.send
-    value: Any = None
-    while True:
-        try:
-            step = send(value)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            value = step()
-            if inspect.isawaitable(value):
-                value = await value
-            send = flow.send
-        except BaseException as exc:  # CancelledError too: the flow's finally blocks run
-            value, send = exc, flow.throw
+    run = _Run(flow)
+    while (step := run.next_step()) is not None:
+        pending = run.call(step, awaitable_ok=True)
+        if pending is not None:
+            try:
+                run.value, run.resume = await pending, flow.send
+            except BaseException as exc:  # CancelledError too: the flow's finally blocks run
+                run.failed(exc)
+    return run.value  # type: ignore[no-any-return]
 
 
 def _refuse_awaitable(value: Awaitable[Any]) -> TypeError:

@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar, get_args
+from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack, get_args
 
 import msgpack
 import numpy as np
@@ -174,6 +174,26 @@ class EvictOutcome:
 
 
 T = TypeVar("T")
+
+
+class PutFields(TypedDict, total=False):
+    """The optional fields of a put.
+
+    Attributes:
+        scope: what the answer was produced under (``prompt_scope``); ``""`` by default.
+        ttl_s: seconds to live; default: the tenant's ``ttl`` setting, else
+            ``CacheConfig.default_ttl_s``, else none.
+        quality / similarity: the seed's scores of the entry, in [0, 1].
+        metadata: a msgpack-able mapping with str keys, returned with every hit.
+        entry_id: the id to use (32 hex characters); default: a new random one.
+    """
+
+    scope: str
+    ttl_s: float | None
+    quality: float | None
+    similarity: float | None
+    metadata: Mapping[str, Any] | None
+    entry_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,25 +368,17 @@ class StoragePlans:
 
     # -- script plans ----------------------------------------------------------------------
     def plan_put(
-        self,
-        tenant: str,
-        query: str,
-        response: str,
-        embedding: object,
-        *,
-        scope: str = "",
-        ttl_s: float | None = None,
-        quality: float | None = None,
-        similarity: float | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        entry_id: str | None = None,
+        self, tenant: str, query: str, response: str, embedding: object, **fields: Unpack[PutFields]
     ) -> ScriptCall[PutOutcome]:
+        """Plan storing a new entry (see ``PutFields`` for the optional fields)."""
         k = self.keys(tenant)
         cfg = self.config
         check_query(query, cfg.max_query_chars)
         check_response(response, cfg.max_response_bytes)
-        check_scope(scope)
-        ttl = ttl_s
+        scope = check_scope(fields.get("scope", ""))
+        quality, similarity = fields.get("quality"), fields.get("similarity")
+        metadata, entry_id = fields.get("metadata"), fields.get("entry_id")
+        ttl = fields.get("ttl_s")
         if ttl is not None and (
             isinstance(ttl, bool)
             or not isinstance(ttl, int | float)

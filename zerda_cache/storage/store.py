@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import redis.exceptions
 
@@ -32,9 +32,9 @@ from zerda_cache.storage.plans import (
     EvictOutcome,
     EvictReason,
     FeedbackOutcome,
-    HitOutcome,
     LogDelta,
     LogInfo,
+    PutFields,
     PutOutcome,
     ReadPlan,
     ScriptCall,
@@ -55,6 +55,23 @@ CYCLE_LOG_MAXLEN = 1_000
 TENANT_SETTINGS = ("max_entries", "max_bytes", "ttl")
 
 IdBatch = list[tuple[str, float]]
+
+
+S = TypeVar("S", bound="Storage")
+P = ParamSpec("P")
+
+
+def scripted(
+    plan: Callable[Concatenate[S, P], ScriptCall[T]],
+) -> Callable[Concatenate[S, P], Flow[T]]:
+    """The flow that plans one script call with ``plan`` and runs it."""
+
+    def flow(self: S, /, *args: P.args, **kwargs: P.kwargs) -> Flow[T]:
+        return (yield from self._run(plan(self, *args, **kwargs)))
+
+    flow.__name__ = plan.__name__.removeprefix("plan")
+    flow.__doc__ = plan.__doc__
+    return flow
 
 
 class Storage(StoragePlans):
@@ -132,18 +149,7 @@ class Storage(StoragePlans):
 
     # -- scripts -----------------------------------------------------------------------------
     def _put(
-        self,
-        tenant: str,
-        query: str,
-        response: str,
-        embedding: object,
-        *,
-        scope: str = "",
-        ttl_s: float | None = None,
-        quality: float | None = None,
-        similarity: float | None = None,
-        metadata: Any = None,
-        entry_id: str | None = None,
+        self, tenant: str, query: str, response: str, embedding: object, **fields: Unpack[PutFields]
     ) -> Flow[PutOutcome]:
         """Store a new entry atomically (hash, ids, exact-match map, log, counters).
 
@@ -152,42 +158,12 @@ class Storage(StoragePlans):
             InvalidEntryError: bad input; nothing is written.
             StorageError: Redis failed.
         """
-        plan = self.plan_put(
-            tenant,
-            query,
-            response,
-            embedding,
-            scope=scope,
-            ttl_s=ttl_s,
-            quality=quality,
-            similarity=similarity,
-            metadata=metadata,
-            entry_id=entry_id,
-        )
+        plan = self.plan_put(tenant, query, response, embedding, **fields)
         out = yield from self._run(plan)
         if self.needs_registration(tenant):
             yield from self._command("register tenant", "sadd", self.tenants_key, tenant)
             self._registered_tenants.add(tenant)
         return out
-
-    def _hit(
-        self,
-        tenant: str,
-        entry_id: str,
-        *,
-        refresh_ttl: bool = False,
-        min_reward: float | None = None,
-        similarity: float | None = None,
-    ) -> Flow[HitOutcome]:
-        """Serve ``entry_id``: count the use and return the entry (arm at now)."""
-        plan = self.plan_hit(
-            tenant,
-            entry_id,
-            refresh_ttl=refresh_ttl,
-            min_reward=min_reward,
-            similarity=similarity,
-        )
-        return (yield from self._run(plan))
 
     def _feedback(self, signal: FeedbackSignal) -> Flow[FeedbackOutcome]:
         """Apply one signal atomically; return the entry's new learning state.
@@ -244,8 +220,10 @@ class Storage(StoragePlans):
         out = yield from self._evict(tenant, [(entry_id, None)], "invalidated")
         return bool(out.removed)
 
+    #: Serve ``entry_id``: count the use and return the entry (arm at now); see
+    #: ``StoragePlans.plan_hit`` for the serving bar and the similarity bar.
+    hit = op(scripted(StoragePlans.plan_hit))
     put = op(_put)
-    hit = op(_hit)
     feedback = op(_feedback)
     feedback_many = op(_feedback_many)
     decay = op(_decay)
