@@ -153,7 +153,7 @@ def test_confidence_is_clipped() -> None:
 
 # --- rank_candidates ----------------------------------------------------------------------
 def test_rank_candidates_composite_formula() -> None:
-    cfg = RLConfig(similarity_bonus_scale=0.5, seed=7)
+    cfg = RLConfig(similarity_bonus_scale=0.5, similarity_tie_margin=2.0, seed=7)  # seed order
     learner = CachePolicyLearner(cfg)
     e1 = make_entry("a", confidence_score=0.3, bandit_arm=BanditArm(alpha=5, beta=2))
     e2 = make_entry("b", confidence_score=0.9, bandit_arm=BanditArm(alpha=2, beta=5))
@@ -181,6 +181,33 @@ def test_rank_candidates_reproducible_with_seed_and_isolated_from_global_rng() -
         return out
 
     assert run() == run()
+
+
+def test_similarity_comes_first_and_the_bandit_breaks_ties() -> None:
+    """A liked answer wins among candidates about as similar as the best one; a
+    clearly closer question is ranked first whatever the draws (the seed's composite
+    let a fresh arm's draw outweigh a 0.1 similarity gap)."""
+    learner = CachePolicyLearner(RLConfig(seed=3))  # margin 0.01
+    liked, plain, far = make_entry("liked"), make_entry("plain"), make_entry("far")
+    for _ in range(20):
+        learner.record_feedback(liked, sig("liked"), now=0.0)
+    for _ in range(200):
+        ranked = learner.rank_candidates(
+            [("far", 0.80, far), ("plain", 0.905, plain), ("liked", 0.90, liked)]
+        )
+        assert [c[0] for c in ranked[1:]] != ["far", "plain"]  # far is never before the pair
+        assert ranked[-1][0] == "far"
+    wins = sum(
+        learner.rank_candidates([("plain", 0.905, plain), ("liked", 0.90, liked)])[0][0] == "liked"
+        for _ in range(500)
+    )
+    assert wins >= 475
+    seed_order = CachePolicyLearner(RLConfig(seed=3, similarity_tie_margin=2.0))
+    firsts = {
+        seed_order.rank_candidates([("close", 0.99, make_entry("close")), ("far", 0.89, far)])[0][0]
+        for _ in range(300)
+    }
+    assert firsts == {"close", "far"}  # the seed's order: the draw can outweigh 0.1
 
 
 def test_rank_prefers_liked_answer() -> None:

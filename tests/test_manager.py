@@ -262,6 +262,28 @@ def test_liked_candidate_wins_and_seeded_lookups_reproduce(
     assert run() == first
 
 
+def test_the_exact_question_gets_its_own_answer(make_manager: Any) -> None:
+    """Python and Java questions 0.9 apart: asking either exactly (or a near-copy of it)
+    always serves its own answer, with default settings, until feedback takes that answer
+    out of service."""
+    m = make_manager()
+    py = unit(60, dim=384)  # many dimensions: a near-copy of py stays ~0.87 from java
+    java = near(py, 0.9, seed=61)
+    p = m.put("How do I learn Python?", "Start with the tutorial.", tenant="t", embedding=py)
+    j = m.put("How do I learn Java?", "Start with the JDK docs.", tenant="t", embedding=java)
+    for i in range(200):
+        hit = m.lookup("How do I learn Python?", tenant="t", embedding=py)
+        assert hit is not None and hit.entry_id == p.entry_id and hit.exact
+        copy = m.lookup(f"how to learn python {i}", tenant="t", embedding=near(py, 0.97, 1000 + i))
+        assert copy is not None and copy.entry_id == p.entry_id
+        hit = m.lookup("How do I learn Java?", tenant="t", embedding=java)
+        assert hit is not None and hit.entry_id == j.entry_id
+    for _ in range(25):  # below the serving bar: the other answer is the best one left
+        m.feedback(FeedbackSignal(p.entry_id, "t", False))
+    hit = m.lookup("How do I learn Python?", tenant="t", embedding=py)
+    assert hit is not None and hit.entry_id == j.entry_id and not hit.exact
+
+
 def test_negative_feedback_stops_serving(manager: Any) -> None:
     v = unit(30)
     bad = manager.put("q bad", "wrong answer", tenant="t", embedding=v).entry_id

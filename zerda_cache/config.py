@@ -29,6 +29,11 @@ DEFAULT_POSITIVE_FEEDBACK_REWARD = 1.0
 DEFAULT_NEGATIVE_FEEDBACK_PENALTY = 1.0
 #: Weight of the Thompson draw against similarity in the composite ranking score.
 DEFAULT_SIMILARITY_BONUS_SCALE = 0.5
+#: Candidates rank by similarity first: only those within this much of the best
+#: remaining one are "equally likely to be the same question", and among them the
+#: composite score (the bandit) decides. 2.0 puts every candidate in one group: the
+#: seed's order, where a fresh arm's Thompson draw outweighs a 0.1 similarity gap.
+DEFAULT_SIMILARITY_TIE_MARGIN = 0.01
 #: Seed default: an arm whose expected reward falls below this is never served and is
 #: evicted first.
 DEFAULT_MIN_REWARD_TO_KEEP = 0.05
@@ -144,6 +149,9 @@ class RLConfig:
         positive_feedback_reward: alpha added per unit of positive feedback (> 0).
         negative_feedback_penalty: beta added per unit of negative feedback (> 0).
         similarity_bonus_scale: weight of the Thompson draw in the composite score (>= 0).
+        similarity_tie_margin: candidates within this much cosine similarity of the best
+            remaining candidate are ranked among themselves by the composite score; the
+            others wait for their turn (0..2; 2 is the seed's order: composite only).
         min_reward_to_keep: arms whose expected reward is below this are never served
             and are evicted first (0..1).
         similarity_bar_margin: how far above a rejected match's similarity an entry's
@@ -169,6 +177,7 @@ class RLConfig:
     positive_feedback_reward: float = DEFAULT_POSITIVE_FEEDBACK_REWARD
     negative_feedback_penalty: float = DEFAULT_NEGATIVE_FEEDBACK_PENALTY
     similarity_bonus_scale: float = DEFAULT_SIMILARITY_BONUS_SCALE
+    similarity_tie_margin: float = DEFAULT_SIMILARITY_TIE_MARGIN
     min_reward_to_keep: float = DEFAULT_MIN_REWARD_TO_KEEP
     min_reward_to_serve: float | None = DEFAULT_MIN_REWARD_TO_SERVE
     similarity_bar_margin: float = DEFAULT_SIMILARITY_BAR_MARGIN
@@ -194,6 +203,11 @@ class RLConfig:
         if self.similarity_bonus_scale < 0:
             raise ValueError(
                 f"similarity_bonus_scale must be >= 0, got {self.similarity_bonus_scale!r}"
+            )
+        _check_finite("similarity_tie_margin", self.similarity_tie_margin)
+        if not 0 <= self.similarity_tie_margin <= 2:
+            raise ValueError(
+                f"similarity_tie_margin must be in [0, 2], got {self.similarity_tie_margin!r}"
             )
         _check_unit("min_reward_to_keep", self.min_reward_to_keep)
         _check_unit("similarity_bar_margin", self.similarity_bar_margin)

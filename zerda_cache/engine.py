@@ -694,6 +694,8 @@ class CacheEngine:
         # choices whatever order the index or Redis returned the candidates in.
         cands.sort(key=lambda c: (-c[1], c[2].created_at, c[0]))
         scored = self.learner.score_candidates(cands)
+        # The question asked exactly is served its own answer while that is servable.
+        scored.sort(key=lambda item: item[0][0] != exact_id)
         return [(cand, score, cand[0] == exact_id) for cand, score in scored]
 
     @staticmethod

@@ -198,11 +198,17 @@ class CachePolicyLearner:
 
     # -- ranking -------------------------------------------------------------------------
     def rank_candidates(self, candidates: Sequence[Candidate]) -> list[Candidate]:
-        """Sort ``(entry_id, similarity, entry)`` by the composite score, best first.
+        """Sort ``(entry_id, similarity, entry)`` best first: by similarity, and by the
+        composite score among candidates about as similar as the best remaining one.
 
         ``composite = (similarity + s * thompson_draw + 0.1 * confidence) / (1 + s + 0.1)``
-        with ``s = similarity_bonus_scale``. Arms are used as given: bring them to the
-        current time first (``BanditArm.at``) when they come from storage.
+        with ``s = similarity_bonus_scale``. The candidates within
+        ``similarity_tie_margin`` of the most similar are equally likely to be the
+        question asked, and the bandit chooses among them; the rest follow, grouped the
+        same way. (The seed sorted by the composite alone, so a fresh arm's draw could
+        serve another question's answer to an exact repeat: ``docs/differences.md``.)
+        Arms are used as given: bring them to the current time first (``BanditArm.at``)
+        when they come from storage.
         """
         return [c for c, _ in self.score_candidates(candidates)]
 
@@ -211,15 +217,23 @@ class CachePolicyLearner:
         s = self.config.similarity_bonus_scale
         denom = 1.0 + s + CONFIDENCE_WEIGHT
         scored: list[tuple[Candidate, float]] = []
-        for cand in candidates:
+        for cand in candidates:  # draws in the caller's order: a seeded learner repeats
             _, similarity, entry = cand
             ts_reward = entry.bandit_arm.sample_reward(self._rng)
             composite = (
                 similarity + s * ts_reward + CONFIDENCE_WEIGHT * entry.confidence_score
             ) / denom
             scored.append((cand, composite))
-        scored.sort(key=lambda item: item[1], reverse=True)
-        return scored
+        scored.sort(key=lambda item: item[0][1], reverse=True)
+        margin = self.config.similarity_tie_margin
+        ranked: list[tuple[Candidate, float]] = []
+        while scored:
+            floor = scored[0][0][1] - margin
+            cut = next((i for i, item in enumerate(scored) if item[0][1] < floor), len(scored))
+            group, scored = scored[:cut], scored[cut:]
+            group.sort(key=lambda item: item[1], reverse=True)
+            ranked += group
+        return ranked
 
     def is_servable(self, entry: IntelligentCacheEntry) -> bool:
         """False once the arm's expected reward is below the serving bar
