@@ -22,8 +22,10 @@ from zerda_cache import (
     FeedbackSignal,
     InvalidEmbeddingError,
     InvalidEntryError,
+    InvalidFeedbackError,
     InvalidTenantError,
     RLConfig,
+    ZerdaError,
 )
 from zerda_cache.errors import StorageError
 from zerda_cache.metrics import ReplicaMetrics
@@ -347,7 +349,58 @@ BAD: dict[str, tuple[Any, type[Exception]]] = {
         lambda m: m.put("q", "a", tenant="{x}", embedding=unit(1)),
         InvalidTenantError,
     ),
-    "not a signal": (lambda m: m.feedback(("id", True)), TypeError),
+    "not a signal": (lambda m: m.feedback(("id", True)), InvalidFeedbackError),
+    "None signal": (lambda m: m.feedback(None), InvalidFeedbackError),
+    "huge magnitude": (
+        lambda m: m.feedback(FeedbackSignal(m._eid, "acme", True, magnitude=1e308)),
+        InvalidFeedbackError,
+    ),
+    "surrogate source": (
+        lambda m: m.feedback(FeedbackSignal(m._eid, "acme", True, source="u\udc80")),
+        InvalidFeedbackError,
+    ),
+    "surrogate query": (
+        lambda m: m.put("q\ud800", "a", tenant="acme", embedding=unit(1)),
+        InvalidEntryError,
+    ),
+    "surrogate query lookup": (
+        lambda m: m.lookup("q\ud800", tenant="acme", embedding=unit(1)),
+        InvalidEntryError,
+    ),
+    "surrogate response": (
+        lambda m: m.put("q2", "a\udfff", tenant="acme", embedding=unit(1)),
+        InvalidEntryError,
+    ),
+    "surrogate metadata key": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=unit(1), metadata={"\udc80": 1}),
+        InvalidEntryError,
+    ),
+    "surrogate metadata value": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=unit(1), metadata={"k": ["\udc80"]}),
+        InvalidEntryError,
+    ),
+    "surrogate scope": (
+        lambda m: m.lookup("q", tenant="acme", embedding=unit(1), scope="\udc80"),
+        InvalidEntryError,
+    ),
+    "invalidate None": (lambda m: m.invalidate(None, tenant="acme"), InvalidEntryError),
+    "invalidate int": (lambda m: m.invalidate(123, tenant="acme"), InvalidEntryError),
+    "complex embedding": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=unit(1) + 1j),
+        InvalidEmbeddingError,
+    ),
+    "bool embedding": (
+        lambda m: m.lookup("q2", tenant="acme", embedding=[True] * DIM),
+        InvalidEmbeddingError,
+    ),
+    "string embedding": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=["0.5"] * DIM),
+        InvalidEmbeddingError,
+    ),
+    "ragged embedding": (
+        lambda m: m.put("q2", "a", tenant="acme", embedding=[[1.0], [1.0, 2.0]]),
+        InvalidEmbeddingError,
+    ),
 }
 
 
@@ -358,8 +411,9 @@ def test_bad_input(case: str, manager: Any, redis_client: redis.Redis) -> None:
     manager._eid = res.entry_id  # type: ignore[attr-defined]
     call, exc = BAD[case]
     before = snapshot(redis_client)
-    with pytest.raises(exc):
+    with pytest.raises(exc) as raised:
         call(manager)
+    assert isinstance(raised.value, ZerdaError)  # typed: one except clause catches them all
     assert snapshot(redis_client) == before
 
 

@@ -381,6 +381,37 @@ def test_corrupt_value_is_reported_and_tenant_keeps_working(
     assert storage.count("acme") == 1
 
 
+@pytest.mark.parametrize(
+    ("field", "name", "value"),
+    [
+        ("arm", "a", math.inf),
+        ("arm", "b", -math.inf),
+        ("arm", "a", 0.0),
+        ("arm", "b", -1.0),
+        ("use", "c", math.inf),
+    ],
+)
+def test_an_infinite_or_impossible_arm_is_corrupt_everywhere(
+    field: str, name: str, value: float, storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    """An arm at infinity used to be served with expected_reward=nan (past the serving
+    bar) and NaN was written back: now it is corrupt for every script and the decoder,
+    never served, never rewritten, and removable."""
+    eid = put(storage, 1)
+    key = tenant_keys("acme").entry(eid)
+    state = msgpack.unpackb(redis_client.hget(key, field))
+    redis_client.hset(key, field, msgpack.packb({**state, name: value}))
+    before = redis_client.hgetall(key)
+    assert storage.hit("acme", eid).status == "corrupt"
+    with pytest.raises(CorruptEntryError):
+        storage.feedback(FeedbackSignal(eid, "acme", False))
+    assert storage.decay("acme", [eid]).corrupt == [eid]
+    assert storage.state_arrays("acme", [eid]).corrupt == [eid]
+    assert storage.load_states("acme", [eid]).corrupt == [eid]
+    assert redis_client.hgetall(key) == before
+    assert storage.invalidate("acme", eid) is True
+
+
 @pytest.mark.parametrize("ns", ["x", float("inf"), -1, 1.5])
 def test_corrupt_negative_streak_is_corrupt_everywhere(
     ns: object, storage: RedisStorage, redis_client: redis.Redis

@@ -38,7 +38,12 @@ from zerda_cache.context import (
     QueryComplexity,
 )
 from zerda_cache.entry import IntelligentCacheEntry
-from zerda_cache.errors import DimensionMismatchError, InvalidEmbeddingError, StorageError
+from zerda_cache.errors import (
+    DimensionMismatchError,
+    InvalidEmbeddingError,
+    InvalidFeedbackError,
+    StorageError,
+)
 from zerda_cache.index import IndexPolicy
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
@@ -571,7 +576,9 @@ class CacheEngine:
             StorageError: Redis failed.
         """
         if not isinstance(signal, FeedbackSignal):
-            raise TypeError(f"feedback expects a FeedbackSignal, got {type(signal).__name__}")
+            raise InvalidFeedbackError(
+                f"feedback expects a FeedbackSignal, got {type(signal).__name__}"
+            )
         with self._counting("feedback"):
             yield from self.storage._feedback(signal)
         self.learner.note_feedback(signal)
@@ -579,7 +586,11 @@ class CacheEngine:
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
 
     def _invalidate(self, entry_id: str, *, tenant: str) -> Flow[bool]:
-        """Remove one entry from every replica; False if it did not exist."""
+        """Remove one entry from every replica; False if it did not exist.
+
+        Raises:
+            InvalidEntryError: ``entry_id`` is not an id this library made.
+        """
         return (yield from self.storage._invalidate(tenant, entry_id))
 
     def _stats(self, tenant: str) -> Flow[dict[str, Any]]:

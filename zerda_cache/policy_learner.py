@@ -29,7 +29,7 @@ import numpy as np
 from zerda_cache.config import EvictionConfig, RLConfig
 from zerda_cache.entry import USAGE_SATURATION, IntelligentCacheEntry, compute_confidence
 from zerda_cache.errors import InvalidFeedbackError
-from zerda_cache.validation import validate_tenant
+from zerda_cache.validation import check_text, validate_tenant
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 CONFIDENCE_WEIGHT = 0.1
 #: Seed: the learner's rolling feedback log keeps the most recent 10,000 signals.
 FEEDBACK_LOG_SIZE = 10_000
+#: The weight one signal may carry. Far above any sensible judgement, far below what
+#: would overflow an arm (1e308 twice made alpha infinite and the entry corrupt for good).
+MAX_FEEDBACK_MAGNITUDE = 1_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +48,9 @@ class FeedbackSignal:
 
     ``source`` is free-form ("user", "llm_eval", "auto" by convention). ``timestamp`` is
     the caller's clock and is only recorded; arm arithmetic uses the Redis server's clock.
-    Construction validates: a NaN, infinite or negative ``magnitude``, a bad tenant id or
-    an empty entry id raises at once.
+    Construction validates: a NaN, infinite, negative or over ``MAX_FEEDBACK_MAGNITUDE``
+    ``magnitude``, a bad tenant id, an empty entry id or a ``source`` that is not text
+    raises ``InvalidFeedbackError`` at once.
     """
 
     entry_id: str
@@ -66,12 +70,18 @@ class FeedbackSignal:
         if not isinstance(self.positive, bool | np.bool_):
             raise InvalidFeedbackError(f"positive must be a bool, got {self.positive!r}")
         m = self.magnitude
-        if isinstance(m, bool) or not isinstance(m, int | float) or not math.isfinite(m) or m < 0:
+        if (
+            isinstance(m, bool)
+            or not isinstance(m, int | float)
+            or not math.isfinite(m)
+            or not 0 <= m <= MAX_FEEDBACK_MAGNITUDE
+        ):
             raise InvalidFeedbackError(
-                f"magnitude must be a finite number >= 0, got {self.magnitude!r}"
+                f"magnitude must be a number in [0, {MAX_FEEDBACK_MAGNITUDE:g}], got {m!r}"
             )
         if not isinstance(self.source, str) or not 0 < len(self.source) <= 64:
             raise InvalidFeedbackError(f"source must be a str of 1-64 chars, got {self.source!r}")
+        check_text(self.source, "source", InvalidFeedbackError)
         sim = self.similarity
         if sim is not None and (
             isinstance(sim, bool)

@@ -33,11 +33,24 @@ def validate_tenant(tenant: object) -> str:
     return tenant
 
 
-def validate_entry_id(entry_id: object) -> str:
-    """Return ``entry_id`` if it looks like an id this library made (32 hex chars)."""
+def validate_entry_id(
+    entry_id: object, error: type[InvalidEntryError | InvalidFeedbackError] = InvalidFeedbackError
+) -> str:
+    """Return ``entry_id`` if it looks like an id this library made (32 hex chars), else
+    raise ``error``."""
     if not isinstance(entry_id, str) or not ENTRY_ID_RE.fullmatch(entry_id):
-        raise InvalidFeedbackError(f"invalid entry id {entry_id!r}: expected 32 hex characters")
+        raise error(f"invalid entry id {entry_id!r}: expected 32 hex characters")
     return entry_id
+
+
+def check_text(value: str, what: str, error: type[ValueError] = InvalidEntryError) -> str:
+    """``value`` if it encodes as UTF-8 (a lone surrogate such as ``"\\udc80"`` does not:
+    Redis and msgpack store bytes), else ``error``."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{what} is not valid text: {exc.reason} at position {exc.start}") from None
+    return value
 
 
 def validate_prefix(prefix: object) -> str:
@@ -60,14 +73,14 @@ def check_query(query: object, max_chars: int) -> str:
         raise InvalidEntryError(
             f"query has {len(query)} characters, over max_query_chars={max_chars}"
         )
-    return query
+    return check_text(query, "query")
 
 
 def check_response(response: object, max_bytes: int) -> str:
     """An answer of at most ``max_bytes`` UTF-8 bytes, else ``InvalidEntryError``."""
     if not isinstance(response, str):
         raise InvalidEntryError(f"response must be a str, got {type(response).__name__}")
-    size = len(response.encode("utf-8"))
+    size = len(check_text(response, "response").encode("utf-8"))
     if size > max_bytes:
         raise InvalidEntryError(f"response has {size} bytes, over max_response_bytes={max_bytes}")
     return response
@@ -79,4 +92,4 @@ def check_scope(scope: object) -> str:
         return ""
     if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS:
         raise InvalidEntryError(f"scope must be a str of at most {MAX_SCOPE_CHARS} characters")
-    return scope
+    return check_text(scope, "scope")

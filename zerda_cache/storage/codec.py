@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from zerda_cache.entry import BanditArm
 from zerda_cache.errors import CorruptEntryError, InvalidEmbeddingError, InvalidEntryError
+from zerda_cache.validation import check_text
 
 SCHEMA_VERSION = 1
 _VEC_DTYPE = np.dtype("<f4")
@@ -53,12 +54,20 @@ def normalize_vector(embedding: object) -> Vector:
     """Validate an embedding and return it L2-normalised as a float32 vector.
 
     Raises:
-        InvalidEmbeddingError: not a 1-D numeric vector, empty, NaN/inf, or zero norm.
+        InvalidEmbeddingError: not a 1-D vector of real numbers (bools, strings, complex
+            numbers and other objects are refused, never converted), empty, NaN/inf, or
+            zero norm.
     """
     try:
-        arr = np.asarray(embedding, dtype=np.float64)
+        raw = np.asarray(embedding)
     except (TypeError, ValueError) as exc:
         raise InvalidEmbeddingError(f"embedding is not a numeric vector: {exc}") from exc
+    if raw.dtype.kind not in "fiu":
+        raise InvalidEmbeddingError(
+            f"embedding must hold real numbers, got {raw.dtype} values"
+            + (" (complex: take .real yourself if that is meant)" if raw.dtype.kind == "c" else "")
+        )
+    arr = raw.astype(np.float64, copy=False)
     if arr.ndim != 1 or arr.size == 0:
         raise InvalidEmbeddingError(
             f"embedding must be a non-empty 1-D vector, got shape {arr.shape}"
@@ -113,11 +122,14 @@ def _check_metadata(value: object, path: str, depth: int = 0) -> None:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise InvalidEntryError(f"metadata key {k!r} at {path} is not a str")
+            check_text(k, f"metadata key at {path}")
             _check_metadata(v, f"{path}.{k}", depth + 1)
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
             _check_metadata(v, f"{path}[{i}]", depth + 1)
     elif value is None or isinstance(value, str | bytes | bool | int | float):
+        if isinstance(value, str):
+            check_text(value, f"metadata value at {path}")
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
             raise InvalidEntryError(f"metadata integer at {path} does not fit in 64 bits")
     else:
@@ -170,8 +182,8 @@ def _unpack_map(raw: object, key: str, field: str) -> dict[str, Any]:
 
 def _num(value: dict[str, Any], name: str, key: str, field: str) -> float:
     x = value.get(name)
-    if isinstance(x, bool) or not isinstance(x, int | float) or math.isnan(x):
-        raise CorruptEntryError(key, f"{field}.{name} is not a number: {x!r}")
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        raise CorruptEntryError(key, f"{field}.{name} is not a finite number: {x!r}")
     return float(x)
 
 
@@ -188,6 +200,9 @@ def unpack_doc(raw: object, *, key: str = "?") -> tuple[str, str, dict[str, Any]
 
 def unpack_arm(raw: object, *, key: str = "?") -> BanditArm:
     arm = _unpack_map(raw, key, "arm")
+    for name in ("a", "b"):
+        if _num(arm, name, key, "arm") <= 0:
+            raise CorruptEntryError(key, f"arm.{name} must be > 0, got {arm[name]!r}")
     return BanditArm(
         alpha=_num(arm, "a", key, "arm"),
         beta=_num(arm, "b", key, "arm"),

@@ -20,7 +20,7 @@ import redis.exceptions
 
 from zerda_cache.config import CacheConfig
 from zerda_cache.entry import IntelligentCacheEntry
-from zerda_cache.errors import StorageError, ZerdaError
+from zerda_cache.errors import InvalidEntryError, StorageError, ZerdaError
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
@@ -46,6 +46,7 @@ from zerda_cache.storage.plans import (
 )
 from zerda_cache.storage.plans import batch as join_plans
 from zerda_cache.storage.scripts import Scripts
+from zerda_cache.validation import validate_entry_id
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,7 @@ class Storage(StoragePlans):
 
     def _invalidate(self, tenant: str, entry_id: str) -> Flow[bool]:
         """Remove one entry now; False if it did not exist."""
+        validate_entry_id(entry_id, InvalidEntryError)
         out = yield from self._evict(tenant, [(entry_id, None)], "invalidated")
         return bool(out.removed)
 

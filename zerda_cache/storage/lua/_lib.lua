@@ -24,12 +24,15 @@ local function zc_unpack(raw)
   return val
 end
 
+-- Every field a finite number (NaN ~= NaN; an infinity is as corrupt as a NaN: it turns
+-- into NaN at the next division).
 local function zc_all_numbers(tbl, fields)
   if not tbl then
     return false
   end
   for _, f in ipairs(fields) do
-    if type(tbl[f]) ~= 'number' or tbl[f] ~= tbl[f] then
+    local x = tbl[f]
+    if type(x) ~= 'number' or x ~= x or x == math.huge or x == -math.huge then
       return false
     end
   end
@@ -59,7 +62,7 @@ local function zc_state(raw_arm, raw_use)
   local ok, arm, use = pcall(zc_unpack2, raw_arm, raw_use)
   if ok and type(arm) == 'table' and type(use) == 'table'
       and zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS)
-      and zc_valid_streak(use.ns) then
+      and arm.a > 0 and arm.b > 0 and zc_valid_streak(use.ns) then
     return arm, use
   end
   return nil
