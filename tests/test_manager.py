@@ -570,6 +570,8 @@ def _check_options(url: str, cluster: bool, asyncio_client: bool) -> None:
     client = connect(url, cfg, cluster=cluster, asyncio=asyncio_client)
     retry, kwargs = _options(client, cluster)
     assert retry is not None and retry._retries == 1
+    # A timeout is never retried: the fail-open bound is one redis_timeout_s, not two.
+    assert retry._supported_errors == (redis.exceptions.ConnectionError,)
     if asyncio_client or not cluster:  # redis-py's sync cluster client drops this option
         assert kwargs["health_check_interval"] == HEALTH_CHECK_INTERVAL_S
     assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25

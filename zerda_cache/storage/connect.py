@@ -5,11 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from zerda_cache.config import CacheConfig
 
 #: Seconds between the health checks (PING) of an idle pooled connection.
 HEALTH_CHECK_INTERVAL_S = 30
+#: What the one quick retry is for: a pooled connection the server closed meanwhile (a
+#: restart, an idle timeout). Never a timeout: retrying one doubled the fail-open bound
+#: (a lookup took 2 x redis_timeout_s before it returned its miss).
+RETRY_ON = (RedisConnectionError,)
 
 
 def client_options(
@@ -17,7 +22,8 @@ def client_options(
 ) -> tuple[str, bool, dict[str, Any]]:
     """The URL (a ``+cluster`` scheme suffix removed), whether it is a Redis Cluster, and
     zerda-cache's client options: socket timeouts of ``redis_timeout_s``, one quick retry
-    without backoff (so that a lookup fails open near the timeout), and health checks of
+    without backoff after a dropped connection (never after a timeout, so that a lookup
+    fails open within one ``redis_timeout_s``), and health checks of
     idle connections (redis-py's sync ``RedisCluster`` drops that one option: its node
     connections take no ``health_check_interval``)."""
     scheme, sep, rest = url.partition("://")
@@ -46,13 +52,13 @@ def connect(
         import redis.asyncio.cluster
         import redis.asyncio.retry
 
-        options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1)
+        options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1, RETRY_ON)
         cls: Any = redis.asyncio.cluster.RedisCluster if is_cluster_url else redis.asyncio.Redis
     else:
         import redis
         import redis.cluster
         import redis.retry
 
-        options["retry"] = redis.retry.Retry(NoBackoff(), 1)
+        options["retry"] = redis.retry.Retry(NoBackoff(), 1, RETRY_ON)
         cls = redis.cluster.RedisCluster if is_cluster_url else redis.Redis
     return cls.from_url(url, **options)
