@@ -626,6 +626,32 @@ def test_a_tenant_recreated_with_another_dimension_is_rebuilt(
         old.lookup("q", tenant="t", embedding=unit(1))  # now 16-d is the wrong size
 
 
+@pytest.mark.parametrize("puts_after_flush", [3, 30])
+def test_ghosts_left_by_flushall_do_not_hide_live_entries(
+    make_manager: Any, redis_client: redis.Redis, puts_after_flush: int
+) -> None:
+    """Ten entries close to a question, then FLUSHALL, then a new entry at 0.894: an old
+    replica used to keep the ten ids and miss the new entry behind them for good. With a
+    few puts after the flush, the log is seen to be re-created (fewer events ever added
+    than this replica consumed) and the index rebuilt; with more, the ids the hit script
+    reports gone are forgotten and the search runs again."""
+    q = unit(700, dim=384)
+    old, writer = make_manager(), make_manager()
+    for i in range(10):
+        writer.put(f"close {i}", f"old {i}", tenant="t", embedding=near(q, 0.95 + i / 250, 800 + i))
+    assert old.sync_index("t") == 10
+    redis_client.flushall()
+    for i in range(puts_after_flush - 1):
+        writer.put(f"other {i}", "x", tenant="t", embedding=unit(900 + i, dim=384))
+    new = writer.put("the new one", "new", tenant="t", embedding=near(q, 0.894, 999))
+    hit = old.lookup("a question", tenant="t", embedding=q)
+    assert hit is not None and hit.entry_id == new.entry_id
+    live = {m.decode() for m in redis_client.zrange(tenant_keys("t").ids, 0, -1)}
+    if puts_after_flush == 3:
+        assert old.index_ids("t") == live  # rebuilt
+    assert len(old.index_ids("t") - live) <= 2  # the ghosts that took the top-k are gone
+
+
 def test_dedup_put_catches_up_first(make_manager: Any) -> None:
     cfg = CacheConfig(dedup_threshold=0.98)
     a, b = make_manager(cfg), make_manager(cfg)

@@ -55,6 +55,7 @@ from zerda_cache.storage.driver import Flow, call, locked, op
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import (
     HitOutcome,
+    HitStatus,
     LogDelta,
     PutOutcome,
     ReadPlan,
@@ -355,31 +356,67 @@ class CacheEngine:
         exact_id: str | None = replies[1]
         changed = yield from self._catch_up(ti, delta, position)
         states = StateBatch()
+        ghosts: set[str] = set()  # ids this replica indexes that Redis no longer has
         if spec is not None:
             outcome: HitOutcome = replies[-1]
             if outcome.served is not None:
                 return self._spec_hit(tenant, spec, outcome.served), n_found
+            if outcome.status is HitStatus.GONE:
+                ghosts.add(spec[0])
         elif found:
             states = replies[-1]
+            ghosts.update(states.missing)
         self._check_dim(tenant, ti, vec)
         if changed:
             found = self._search(ti, vec, scope)
-        spec_id = spec[0] if spec is not None else None
-        found = [(eid, sim) for eid, sim in found if eid != spec_id]
-        if exact_id == spec_id:
+        tried = {spec[0]} if spec is not None else set()
+        found = [(eid, sim) for eid, sim in found if eid not in tried]
+        if exact_id in tried:
             exact_id = None
         now = yield from self._now()
+        hit = yield from self._serve_best(tenant, found, exact_id, states, now, ghosts, tried)
+        if hit is None and ghosts:
+            # Ghosts (left by a FLUSHALL, an empty restart, a lost log event) take places
+            # in the top-k that live entries should have: forget them and search again.
+            log.debug("tenant %s: %d ids gone from Redis left the index", tenant, len(ghosts))
+            ti.forget(ghosts)
+            found = [f for f in self._search(ti, vec, scope) if f[0] not in tried]
+            if found:
+                hit = yield from self._serve_best(
+                    tenant, found, None, StateBatch(), now, set(), tried
+                )
+        if hit is not None:
+            return hit, n_found
+        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
+        return None, n_found
+
+    def _serve_best(
+        self,
+        tenant: str,
+        found: list[tuple[str, float]],
+        exact_id: str | None,
+        states: StateBatch,
+        now: float,
+        ghosts: set[str],
+        tried: set[str],
+    ) -> Flow[CacheHit | None]:
+        """Rank the candidates and serve the best one the hit script accepts; ids found
+        gone from Redis are added to ``ghosts``, every id tried to ``tried``."""
         missing = [eid for eid, _ in found if eid not in states.entries]
         if exact_id is not None and exact_id not in states.entries:
             missing.append(exact_id)
         if missing:
-            states.entries.update((yield from st._load_states(tenant, missing)).entries)
+            more = yield from self.storage._load_states(tenant, missing)
+            states.entries.update(more.entries)
+            ghosts.update(more.missing)
         for cand, score, exact in self._candidates(found, exact_id, states, now):
-            outcome = yield from st._run(self._plan_hit(tenant, cand[0], cand[1]))
+            tried.add(cand[0])
+            outcome = yield from self.storage._run(self._plan_hit(tenant, cand[0], cand[1]))
             if outcome.served is not None:
-                return self._hit(tenant, cand, score, exact, outcome.served), n_found
-        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
-        return None, n_found
+                return self._hit(tenant, cand, score, exact, outcome.served)
+            if outcome.status is HitStatus.GONE:
+                ghosts.add(cand[0])
+        return None
 
     def _plan_hit(self, tenant: str, entry_id: str, similarity: float) -> ScriptCall[HitOutcome]:
         return self.storage.plan_hit(
@@ -425,7 +462,7 @@ class CacheEngine:
         rebuilds = 0
         while True:
             if delta.maybe_trimmed and ti.trimmed_past((yield from st._log_info(tenant))):
-                reason = "its log was trimmed past this replica's position"
+                reason = "its log was trimmed past this replica's position, or re-created"
             elif delta.empty:
                 return changed
             else:

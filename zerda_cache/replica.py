@@ -55,8 +55,17 @@ class TenantIndex:
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:
-        """Were events this replica has not consumed trimmed away from the log?"""
-        return info.added - info.length > self.consumed
+        """Were events this replica has not consumed trimmed away from the log, or is the
+        log another one (deleted and re-created: FLUSHALL, an empty restart), whose
+        events ever added are fewer than those this replica consumed?"""
+        return info.added - info.length > self.consumed or info.added < self.consumed
+
+    def forget(self, entry_ids: set[str]) -> None:
+        """Drop ids that Redis no longer has (the index's remove is idempotent)."""
+        index = self.index
+        if index is not None:
+            for eid in entry_ids:
+                index.remove(eid)
 
     def apply(self, delta: LogDelta, vectors: dict[str, tuple[Vector, str]]) -> bool:
         """Apply a delta (``vectors`` holds the added entries that still exist).
