@@ -51,6 +51,13 @@ def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: st
     assert code == 0 and "not set yet" not in out and "dimension" in out
     code, _ = run(redis_url, "tenant", "set", "acme")
     assert code == 2  # nothing to set
+    code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "0.02")
+    assert code == 0 and "2.00%" in out and "exact repeats only" in out, out
+    assert st.policy("acme").max_error_rate == 0.02
+    code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "1.5")
+    assert code == 2 and "max_error_rate" in out
+    code, out = run(redis_url, "tenant", "set", "acme", "--clear", "max_error_rate")
+    assert code == 0 and "none (no bound)" in out
 
     code, out = run(redis_url, "evict", "--dry-run", "--tenant", "acme")
     assert code == 0 and "dry run" in out and st.count("acme") == 30

@@ -419,10 +419,16 @@ def tenant() -> None:
 @click.option("--max-bytes", type=int, default=None)
 @click.option("--ttl", type=float, default=None, help="Default TTL (s) of the tenant's puts.")
 @click.option(
+    "--max-error-rate",
+    type=float,
+    default=None,
+    help="Error bound in (0, 1): serve near matches only where they were wrong at most this often.",
+)
+@click.option(
     "--clear",
     "clear_",
     multiple=True,
-    type=click.Choice(["max_entries", "max_bytes", "ttl"]),
+    type=click.Choice(["max_entries", "max_bytes", "ttl", "max_error_rate"]),
     help="Remove an override (repeatable).",
 )
 @pass_state
@@ -432,17 +438,24 @@ def tenant_set(
     max_entries: int | None,
     max_bytes: int | None,
     ttl: float | None,
+    max_error_rate: float | None,
     clear_: tuple[str, ...],
 ) -> None:
-    """Set or clear a tenant's overrides."""
+    """Set or clear a tenant's overrides (every replica and worker reads them)."""
     with errors():
         settings: dict[str, float | None] = {k: None for k in clear_}
-        for key, value in (("max_entries", max_entries), ("max_bytes", max_bytes), ("ttl", ttl)):
+        for key, value in (
+            ("max_entries", max_entries),
+            ("max_bytes", max_bytes),
+            ("ttl", ttl),
+            ("max_error_rate", max_error_rate),
+        ):
             if value is not None:
                 settings[key] = value
         if not settings:
             raise click.UsageError(
-                "nothing to set: give --max-entries, --max-bytes, --ttl or --clear"
+                "nothing to set: give --max-entries, --max-bytes, --ttl, --max-error-rate "
+                "or --clear"
             )
         state.storage().set_tenant_settings(name, **settings)
         _show_tenant(state, name)
@@ -479,6 +492,23 @@ def _show_tenant(state: CliState, name: str) -> None:
         "default ttl",
         "none" if ttl is None else f"{ttl:,.0f} s" + ("" if "ttl" in settings else " (default)"),
     )
+    bound = settings.get("max_error_rate", st.config.max_error_rate)
+    policy = st.policy(name)
+    threshold = policy.threshold(bound) if bound is not None else None
+    table.add_row(
+        "max error rate",
+        "none (no bound)"
+        if bound is None
+        else f"{bound:.2%}" + ("" if "max_error_rate" in settings else " (default)"),
+    )
+    if bound is not None:
+        table.add_row(
+            "serves near matches from",
+            f"similarity {threshold:.3f}"
+            if threshold is not None
+            else "nothing yet (exact repeats only; near matches are verified)",
+        )
+    table.add_row("labelled outcomes", f"{policy.labels:,.0f}")
     table.add_row("dimension", str(int(settings["dim"])) if "dim" in settings else "not set yet")
     table.add_row("entries", f"{st.count(name):,}")
     console.print(table)

@@ -109,6 +109,15 @@ ANN_BACKENDS = ("usearch", "hnswlib")
 DEFAULT_ANN_M = 16
 DEFAULT_ANN_EF_CONSTRUCTION = 64
 DEFAULT_ANN_EF_SEARCH = 64
+#: With an error bound set, this share of lookups that could be served by similarity is
+#: verified instead (the app calls its LLM and the cache compares answers), so that the
+#: labels keep up with the traffic near and above the serving threshold.
+DEFAULT_VERIFY_RATE = 0.02
+#: Labels a tenant keeps the full weight of; past it, every count is halved (drift).
+DEFAULT_LABEL_WINDOW = 20_000
+#: How often a replica re-reads a tenant's error bound and labels (in a lookup's pipeline,
+#: no round trip of its own).
+DEFAULT_POLICY_REFRESH_S = 2.0
 
 
 def _check_finite(name: str, value: float) -> None:
@@ -301,6 +310,13 @@ class CacheConfig:
             ``ann`` extra); ``None`` keeps every index exact.
         ann_backend: ``usearch`` (default) or ``hnswlib``; see docs/BENCHMARKS.md.
         ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
+        max_error_rate: the error bound δ of every tenant without its own
+            ``max_error_rate`` setting: serve a near match only where labelled outcomes
+            say matches that close were wrong at most this often (95% confidence);
+            ``None`` (default): no bound, the serving rules of the bandit alone.
+        verify_rate: with a bound, the share of servable near matches verified instead.
+        label_window / policy_refresh_s: see ``DEFAULT_LABEL_WINDOW`` and
+            ``DEFAULT_POLICY_REFRESH_S``.
         rl / eviction: the nested configurations.
     """
 
@@ -324,11 +340,26 @@ class CacheConfig:
     ann_m: int = DEFAULT_ANN_M
     ann_ef_construction: int = DEFAULT_ANN_EF_CONSTRUCTION
     ann_ef_search: int = DEFAULT_ANN_EF_SEARCH
+    max_error_rate: float | None = None
+    verify_rate: float = DEFAULT_VERIFY_RATE
+    label_window: int = DEFAULT_LABEL_WINDOW
+    policy_refresh_s: float = DEFAULT_POLICY_REFRESH_S
     rl: RLConfig = field(default_factory=RLConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
     def __post_init__(self) -> None:
         validate_prefix(self.key_prefix)
+        if self.max_error_rate is not None and (
+            isinstance(self.max_error_rate, bool)
+            or not isinstance(self.max_error_rate, int | float)
+            or not 0 < self.max_error_rate < 1
+        ):
+            raise ValueError(
+                f"max_error_rate must be in (0, 1) or None, got {self.max_error_rate!r}"
+            )
+        _check_unit("verify_rate", self.verify_rate)
+        _check_count("label_window", self.label_window)
+        _check_positive("policy_refresh_s", self.policy_refresh_s)
         _check_unit("similarity_threshold", self.similarity_threshold)
         _check_count("top_k", self.top_k)
         if self.default_ttl_s is not None:

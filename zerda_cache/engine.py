@@ -20,13 +20,18 @@ index found is served (the next lookup sees both).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
+import numpy as np
+
+from zerda_cache.calibration import Calibration, check_error_rate
 from zerda_cache.config import CacheConfig
 from zerda_cache.context import (
     AdaptiveLearningSystem,
@@ -40,9 +45,11 @@ from zerda_cache.context import (
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import (
     DimensionMismatchError,
+    EntryNotFoundError,
     InvalidEmbeddingError,
     InvalidFeedbackError,
     StorageError,
+    ZerdaError,
 )
 from zerda_cache.index import IndexPolicy
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
@@ -131,6 +138,9 @@ class PutResult:
         replaced_id: an entry this one replaced (same question, or a near-duplicate when
             ``dedup_threshold`` is set).
         tenant: the tenant it was put for.
+        verified: when the lookup before this put asked for a verification, whether the
+            cached answer it held back was the same as this fresh one (``None``: no
+            verification).
     """
 
     stored: bool
@@ -139,6 +149,7 @@ class PutResult:
     warnings: tuple[str, ...] = ()
     replaced_id: str | None = None
     tenant: str = ""
+    verified: bool | None = None
 
     def __bool__(self) -> bool:
         return self.stored
@@ -164,6 +175,25 @@ class PutResult:
             source=source,
             similarity=1.0,
         )
+
+
+#: ``same_answer(cached, fresh)``: is the cached answer as right as the fresh one? It
+#: labels a verification (see ``same_text``).
+SameAnswer = Callable[[str, str], bool]
+
+
+def same_text(cached: str, fresh: str) -> bool:
+    """The default answer equivalence: equal after Unicode normalisation, case folding
+    and collapsing whitespace and punctuation. Strict: an LLM that words the same answer
+    differently counts as a different answer, which errs on the side of not serving.
+    Pass your own ``same_answer`` (an embedding similarity of the two answers, an LLM
+    judge) when answers vary in wording."""
+    return _canonical(cached) == _canonical(fresh)
+
+
+def _canonical(text: str) -> str:
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join("".join(c if c.isalnum() else " " for c in folded).split())
 
 
 class AdmissionCheck(Protocol):
@@ -221,6 +251,8 @@ class CacheEngine:
         learner: the bandit learner (default: one built from ``config.rl``).
         metrics: replica metrics (default: the process-wide ones).
         clock: inject "now" (tests); default: the Redis server's clock.
+        same_answer: labels a verification: is the cached answer the same as the fresh
+            one? (default ``same_text``).
     """
 
     #: The storage flavour of the driver (``RedisStorage`` or ``AsyncRedisStorage``).
@@ -238,6 +270,7 @@ class CacheEngine:
         learner: CachePolicyLearner | None = None,
         metrics: ReplicaMetrics | None = None,
         clock: Callable[[], float] | None = None,
+        same_answer: SameAnswer | None = None,
     ) -> None:
         self.storage = self.storage_class(client, config, clock=clock)
         self.client = client
@@ -268,6 +301,12 @@ class CacheEngine:
         self._pending_misses: dict[str, int] = {}
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
+        self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
+        #: Each tenant's labels and stored error bound, with the monotonic time read.
+        self._policies: dict[str, tuple[float, Calibration]] = {}
+        #: Verifications asked for, by (tenant, query digest): (entry id, similarity).
+        self._tickets = ContextCache(max_size=10_000, ttl_seconds=900.0)
+        self._explore = np.random.default_rng(self.config.rl.seed)
         cfg = self.config
         self._index_policy = IndexPolicy(
             ann_threshold=cfg.ann_threshold,
@@ -302,35 +341,51 @@ class CacheEngine:
         tenant: str,
         embedding: object | None = None,
         scope: str | None = None,
+        max_error_rate: float | None = None,
     ) -> Flow[CacheHit | None]:
         """The best servable cached answer for ``query``, or ``None`` (a miss).
+
+        With an error bound (``max_error_rate`` here, else the tenant's setting, else
+        ``CacheConfig.max_error_rate``), a near match is served only where labelled
+        outcomes say matches that close were wrong at most that often; the question
+        asked exactly is served its own answer. A candidate that is not served is to be
+        *verified*: this returns ``None`` as for a miss, and the next ``put`` of this
+        question (the fresh answer of the app's LLM) is compared with the candidate's
+        answer (``same_answer``), which teaches the cache (``PutResult.verified``).
 
         Fails open: if Redis is unreachable or slower than ``redis_timeout_s``, this
         returns ``None``, logs once per outage and counts it. Bad input still raises.
 
         Raises:
             InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
-            DimensionMismatchError: bad input.
+            DimensionMismatchError: bad input; ``ValueError``: a bound not in (0, 1).
         """
         keys = self.storage.keys(tenant)
         query = check_query(query, self.config.max_query_chars)
         scope = check_scope(scope)
+        override = check_error_rate(max_error_rate)
         vec = yield from self._embedding(query, embedding)
         started = time.perf_counter()  # the latency metric excludes the embedding
         try:
-            hit, candidates = yield from self._find(keys, query, vec, scope)
+            hit, candidates, verify = yield from self._find(keys, query, vec, scope, override)
         except StorageError as exc:
             self._fail_open(tenant, exc)
             return None
         self._recovered()
-        self._record_lookup(tenant, query, hit, started, candidates)
+        self._record_lookup(tenant, query, hit, started, candidates, verify)
         return hit
 
     def _find(
-        self, keys: TenantKeys, query: str, vec: Vector | None, scope: str
-    ) -> Flow[tuple[CacheHit | None, int]]:
-        """The hit (or None) and how many candidates the index found."""
-        tenant, st = keys.tenant, self.storage
+        self,
+        keys: TenantKeys,
+        query: str,
+        vec: Vector | None,
+        scope: str,
+        override: float | None,
+    ) -> Flow[tuple[CacheHit | None, int, bool]]:
+        """The hit (or None), how many candidates the index found, and whether a
+        verification was asked for."""
+        tenant, st, cfg = keys.tenant, self.storage, self.config
         ti = self._tenant_index(keys)
         if not ti.built:  # one thread or task builds; the others wait and use its index
             yield from locked(ti.lock, self._ensure_built_locked(ti))
@@ -344,23 +399,38 @@ class CacheEngine:
         pending = self._pending_misses.pop(tenant, 0)
         if pending:
             parts.append(st.count_misses(tenant, pending))
+        mono = time.monotonic()
+        cached = self._policies.get(tenant)
+        refresh = cached is None or mono - cached[0] > cfg.policy_refresh_s
+        if refresh:  # the tenant's bound and labels, in the same round trip
+            parts.append(st.read_policy(tenant))
+        explore = self._explore.random() < cfg.verify_rate
         spec: tuple[str, float] | None = None
-        if self._speculate and len(found) == 1:
-            # The common lookup: serve the only candidate in the same round trip.
-            spec = found[0]
-            parts.append(self._plan_hit(tenant, *spec))
-        elif found:
+        if self._speculate and len(found) == 1 and cached is not None:
+            known = self._bound(override, cached[1])
+            safe = cached[1].threshold(known) if known is not None else None
+            if known is None or (safe is not None and not explore and found[0][1] >= safe):
+                # The common lookup: serve the only candidate in the same round trip.
+                spec = found[0]
+                parts.append(self._plan_hit(tenant, *spec))
+        if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
         delta: LogDelta = replies[0]
         exact_id: str | None = replies[1]
+        policy = cached[1] if cached is not None else Calibration()
+        if refresh:
+            policy = replies[3 if pending else 2]
+            self._policies[tenant] = (mono, policy)
+        bound = self._bound(override, policy)
+        threshold = self._threshold(override, policy)
         changed = yield from self._catch_up(ti, delta, position)
         states = StateBatch()
         ghosts: set[str] = set()  # ids this replica indexes that Redis no longer has
         if spec is not None:
             outcome: HitOutcome = replies[-1]
             if outcome.served is not None:
-                return self._spec_hit(tenant, spec, outcome.served), n_found
+                return self._spec_hit(tenant, spec, outcome.served), n_found, False
             if outcome.status is HitStatus.GONE:
                 ghosts.add(spec[0])
         elif found:
@@ -374,7 +444,18 @@ class CacheEngine:
         if exact_id in tried:
             exact_id = None
         now = yield from self._now()
-        hit = yield from self._serve_best(tenant, found, exact_id, states, now, ghosts, tried)
+
+        def servable(cands: list[tuple[str, float]]) -> list[tuple[str, float]]:
+            """Near matches the bound lets this lookup serve (all of them without one)."""
+            if bound is None:
+                return cands
+            if threshold is None or explore:
+                return []
+            return [c for c in cands if c[1] >= threshold]
+
+        hit = yield from self._serve_best(
+            tenant, servable(found), exact_id, states, now, ghosts, tried
+        )
         if hit is None and ghosts:
             # Ghosts (left by a FLUSHALL, an empty restart, a lost log event) take places
             # in the top-k that live entries should have: forget them and search again.
@@ -383,12 +464,42 @@ class CacheEngine:
             found = [f for f in self._search(ti, vec, scope) if f[0] not in tried]
             if found:
                 hit = yield from self._serve_best(
-                    tenant, found, None, StateBatch(), now, set(), tried
+                    tenant, servable(found), None, states, now, ghosts, tried
                 )
         if hit is not None:
-            return hit, n_found
+            return hit, n_found, False
         self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
-        return None, n_found
+        if bound is None or not found:
+            return None, n_found, False
+        # Not served: ask the app's next put of this question to verify the best candidate.
+        rest = [f for f in found if f[0] not in ghosts]
+        missing = [eid for eid, _ in rest if eid not in states.entries]
+        if missing:
+            states.entries.update((yield from st._load_states(tenant, missing)).entries)
+        ranked = self._candidates(rest, None, states, now)
+        if not ranked:
+            return None, n_found, False
+        (eid, sim, _), _, _ = ranked[0]
+        self._tickets.put(self._ticket_key(tenant, query, scope), (eid, sim))
+        return None, n_found, True
+
+    def _bound(self, override: float | None, policy: Calibration) -> float | None:
+        """The error bound of a lookup: the call's, else the tenant's, else the config's."""
+        if override is not None:
+            return override
+        if policy.max_error_rate is not None:
+            return policy.max_error_rate
+        return self.config.max_error_rate
+
+    def _threshold(self, override: float | None, policy: Calibration) -> float | None:
+        """The similarity a near match needs under the bound (``None``: no bound, or no
+        similarity is safe yet: tell them apart with ``_bound``)."""
+        bound = self._bound(override, policy)
+        return None if bound is None else policy.threshold(bound)
+
+    @staticmethod
+    def _ticket_key(tenant: str, query: str, scope: str) -> str:
+        return tenant + "\n" + codec.query_digest(query, scope)
 
     def _serve_best(
         self,
@@ -585,7 +696,25 @@ class CacheEngine:
             replaced, result = self._put_done(tenant, warnings, out, near)
             if replaced:
                 yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
+            ticket = self._tickets.pop(self._ticket_key(tenant, query, scope))
+            if ticket is not None:
+                verified = yield from self._verify(tenant, ticket, response)
+                result = dataclasses.replace(result, verified=verified)
             return result
+
+    def _verify(self, tenant: str, ticket: tuple[str, float], fresh: str) -> Flow[bool | None]:
+        """Compare the fresh answer with the candidate a lookup held back, and learn from
+        it: one label of the tenant's calibration, one signal on the entry's arm (at the
+        similarity it was matched at). ``None`` when the candidate is gone meanwhile."""
+        entry_id, similarity = ticket
+        try:
+            cached = yield from self.storage._get_entry(tenant, entry_id, with_vector=False)
+        except EntryNotFoundError:
+            return None
+        right = bool(self.same_answer(cached.response, fresh))
+        signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=similarity)
+        yield from self._learn(signal)
+        return right
 
     def _put_done(
         self, tenant: str, warnings: list[str], out: PutOutcome, near: str | None
@@ -617,10 +746,29 @@ class CacheEngine:
                 f"feedback expects a FeedbackSignal, got {type(signal).__name__}"
             )
         with self._counting("feedback"):
-            yield from self.storage._feedback(signal)
-        self.learner.note_feedback(signal)
+            yield from self._learn(signal)
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
+
+    def _learn(self, signal: FeedbackSignal) -> Flow[None]:
+        """Apply a signal to the entry's arm and, under an error bound, count it as a
+        labelled outcome of a near match (at the similarity it carries)."""
+        tenant, sim = signal.tenant_id, signal.similarity
+        cached = self._policies.get(tenant)
+        bounded = self._bound(None, cached[1] if cached else Calibration()) is not None
+        if not bounded or sim is None or sim >= 1.0:
+            yield from self.storage._feedback(signal)
+        else:
+            label = self.storage.plan_label(tenant, sim, signal.positive)
+            plans: list[ScriptCall[Any]] = [self.storage.plan_feedback([signal]), label]
+            if self._speculate:  # both scripts in one round trip
+                (result,), _ = yield from self.storage._read(self.storage.batch("learn", plans))
+                if isinstance(result, ZerdaError):
+                    raise result
+            else:
+                yield from self.storage._feedback(signal)
+                yield from self.storage._run(label)
+        self.learner.note_feedback(signal)
 
     def _invalidate(self, entry_id: str, *, tenant: str) -> Flow[bool]:
         """Remove one entry from every replica; False if it did not exist.
@@ -802,9 +950,15 @@ class CacheEngine:
             self._outage_since = None
 
     def _record_lookup(
-        self, tenant: str, query: str, hit: CacheHit | None, started: float, candidates: int
+        self,
+        tenant: str,
+        query: str,
+        hit: CacheHit | None,
+        started: float,
+        candidates: int,
+        verify: bool = False,
     ) -> None:
-        result = "hit" if hit is not None else "miss"
+        result = "hit" if hit is not None else ("verify" if verify else "miss")
         elapsed = time.perf_counter() - started
         self.metrics.lookups.labels(self.metrics.tenant(tenant), result).inc()
         self.metrics.lookup_latency.labels(result).observe(elapsed)

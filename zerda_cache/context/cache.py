@@ -70,6 +70,14 @@ class ContextCache:
                 self._store.popitem(last=False)
             self._store[key] = (context, self._timer())
 
+    def pop(self, key: str) -> Any | None:
+        """Remove ``key`` and return its value (``None`` if absent or expired)."""
+        with self._lock:
+            item = self._store.pop(key, None)
+        if item is None or self._timer() - item[1] > self.ttl_seconds:
+            return None
+        return item[0]
+
     @staticmethod
     def make_key(query: str, filters: Mapping[str, Any] | None = None) -> str:
         """MD5 (a cache key digest, not security) of the lower-cased, stripped query,

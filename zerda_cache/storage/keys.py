@@ -15,7 +15,9 @@ key                    type     holds
 ``p:{t}:log``          stream   add/del events that keep replicas' vector indexes current
 ``p:{t}:stats``        hash     counters (hits, misses, puts, bytes, evicted:<reason>, ...)
 ``p:{t}:fb``           stream   the rolling feedback log (exact cap)
-``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl overrides
+``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl,
+                                max_error_rate overrides
+``p:{t}:cal``          hash     labelled outcomes of near matches per similarity bin
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
@@ -41,6 +43,7 @@ class TenantKeys:
     stats: str
     fb: str
     cfg: str
+    cal: str
 
     def entry(self, entry_id: str) -> str:
         return self.base + "e:" + entry_id
@@ -63,6 +66,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         stats=base + "stats",
         fb=base + "fb",
         cfg=base + "cfg",
+        cal=base + "cal",
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack, get_args
 import msgpack
 import numpy as np
 
+from zerda_cache.calibration import Calibration, bin_of
 from zerda_cache.config import CacheConfig
 from zerda_cache.entry import (
     DEFAULT_QUALITY,
@@ -737,6 +738,24 @@ class StoragePlans:
             return text(res[0]) if res[0] is not None else None
 
         return ReadPlan("exact_match", queue, parse, 1)
+
+    def plan_label(self, tenant: str, similarity: float, right: bool) -> ScriptCall[float]:
+        """Plan counting one labelled outcome of a near match (``calibration.py``)."""
+        args = [bin_of(similarity), "1" if right else "0", self.config.label_window]
+        return ScriptCall("label", [self.keys(tenant).cal], args, lambda res: float(res))
+
+    def read_policy(self, tenant: str) -> ReadPlan[Calibration]:
+        """The tenant's labelled outcomes and its stored ``max_error_rate``."""
+        k = self.keys(tenant)
+
+        def queue(pipe: Any) -> None:
+            pipe.hgetall(k.cal)
+            pipe.hget(k.cfg, "max_error_rate")
+
+        def parse(res: list[Any]) -> Calibration:
+            return Calibration.parse(res[0], res[1])
+
+        return ReadPlan("policy", queue, parse, 2)
 
     def count_misses(self, tenant: str, n: int) -> ReadPlan[None]:
         """Add ``n`` to the tenant's miss counter (an atomic HINCRBY: no script needed)."""

@@ -24,6 +24,7 @@ SCRIPT_NAMES = (
     "state",
     "lease_renew",
     "lease_release",
+    "label",
 )
 
 
@@ -52,6 +53,7 @@ class Scripts:
     state: Any
     lease_renew: Any
     lease_release: Any
+    label: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

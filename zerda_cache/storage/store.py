@@ -18,6 +18,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import redis.exceptions
 
+from zerda_cache.calibration import Calibration, check_error_rate
 from zerda_cache.config import CacheConfig
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import InvalidEntryError, StorageError, ZerdaError
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 #: The worker's cycle log keeps about this many records.
 CYCLE_LOG_MAXLEN = 1_000
 #: Tenant settings that ``set_tenant_settings`` accepts (``dim`` is fixed by the first put).
-TENANT_SETTINGS = ("max_entries", "max_bytes", "ttl")
+TENANT_SETTINGS = ("max_entries", "max_bytes", "ttl", "max_error_rate")
 
 IdBatch = list[tuple[str, float]]
 
@@ -315,11 +316,13 @@ class Storage(StoragePlans):
         return out
 
     def _set_tenant_settings(self, /, tenant: str, **settings: float | None) -> Flow[None]:
-        """Set (a number) or clear (``None``) overrides: max_entries, max_bytes, ttl."""
+        """Set (a number) or clear (``None``) overrides: max_entries, max_bytes, ttl, and
+        max_error_rate (in (0, 1): the tenant's error bound, read by every replica)."""
         unknown = set(settings) - set(TENANT_SETTINGS)
         if unknown:
             raise ValueError(f"unknown tenant settings {sorted(unknown)}; use {TENANT_SETTINGS}")
         k = self.keys(tenant)
+        check_error_rate(settings.get("max_error_rate"))
         for name, value in settings.items():
             if value is not None and (
                 isinstance(value, bool)
@@ -371,6 +374,14 @@ class Storage(StoragePlans):
         """The tenant's log events after ``after`` (see ``read_log``)."""
         return (yield from self._read(self.read_log(tenant, after)))
 
+    def _label(self, tenant: str, similarity: float, right: bool) -> Flow[float]:
+        """Count one labelled outcome of a near match; returns the tenant's label count."""
+        return (yield from self._run(self.plan_label(tenant, similarity, right)))
+
+    def _policy(self, tenant: str) -> Flow[Calibration]:
+        """The tenant's labelled outcomes and stored error bound."""
+        return (yield from self._read(self.read_policy(tenant)))
+
     def _count_misses(self, tenant: str, n: int) -> Flow[None]:
         """Add ``n`` to the tenant's miss counter."""
         yield from self._read(self.count_misses(tenant, n))
@@ -390,6 +401,8 @@ class Storage(StoragePlans):
     reset_tenant = op(_reset_tenant)
     feedback_log = op(_feedback_log)
     log_info = op(_log_info)
+    label = op(_label)
+    policy = op(_policy)
 
     # -- the worker's keys -------------------------------------------------------------------
     def _record_cycle(self, fields: dict[str, str]) -> Flow[None]:

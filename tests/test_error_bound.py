@@ -1,0 +1,216 @@
+"""The error bound: calibration from labelled outcomes, serve / miss / verify, on both
+drivers against real servers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from zerda_cache import CacheConfig, FeedbackSignal
+from zerda_cache.calibration import (
+    BIN_WIDTH,
+    MIN_LABELS,
+    N_BINS,
+    Calibration,
+    bin_of,
+    check_error_rate,
+    wilson_upper,
+)
+from zerda_cache.engine import same_text
+from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import tenant_keys
+
+DIM = 384
+
+
+def unit(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=DIM)
+    return v / np.linalg.norm(v)
+
+
+def near(v: np.ndarray, cos: float, seed: int) -> np.ndarray:
+    r = np.random.default_rng(seed).normal(size=len(v))
+    r -= (r @ v) * v
+    r /= np.linalg.norm(r)
+    return cos * v + math.sqrt(1 - cos * cos) * r
+
+
+def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    return reg.get_sample_value(name, labels) or 0.0
+
+
+# --- the calibration, without a server -------------------------------------------------------
+def test_wilson_upper_bound() -> None:
+    assert wilson_upper(0, 0) == 1.0
+    assert wilson_upper(0, 100) == pytest.approx(0.0263, abs=1e-3)  # the "rule of three"-ish
+    assert wilson_upper(5, 100) == pytest.approx(0.0992, abs=1e-3)
+    assert wilson_upper(5, 1000) == pytest.approx(0.0102, abs=1e-3)
+    assert wilson_upper(100, 100) == 1.0
+
+
+def test_bins_cover_the_unit_interval() -> None:
+    assert bin_of(1.0) == N_BINS - 1 and bin_of(0.0) == 0 and bin_of(0.9) == bin_of(0.9 + 1e-12)
+    assert bin_of(0.9 + BIN_WIDTH) == bin_of(0.9) + 1
+
+
+def counts(**by_sim: tuple[int, int]) -> Calibration:
+    """``{"0.95": (right, wrong)}`` as a Calibration."""
+    right, wrong = [0.0] * N_BINS, [0.0] * N_BINS
+    for sim, (r, w) in by_sim.items():
+        right[bin_of(float(sim))] += r
+        wrong[bin_of(float(sim))] += w
+    return Calibration(tuple(right), tuple(wrong))
+
+
+def test_threshold_is_the_lowest_safe_similarity() -> None:
+    cal = counts(**{"0.97": (200, 0), "0.93": (200, 2), "0.90": (100, 30)})
+    assert cal.threshold(0.02) == pytest.approx(0.93)  # 2 in 400 from 0.93 up: ub 1.50%
+    assert cal.threshold(0.014) == pytest.approx(0.97)  # 0 in 200: ub 1.33%
+    assert cal.threshold(0.005) is None  # 200 clean labels do not prove 0.5%
+    assert cal.threshold(0.2) == pytest.approx(0.90)
+    assert Calibration().threshold(0.5) is None  # no labels, nothing by similarity
+    few = counts(**{"0.99": (MIN_LABELS - 1, 0)})
+    assert few.threshold(0.5) is None
+
+
+def test_parse_ignores_what_is_not_a_count() -> None:
+    cal = Calibration.parse(
+        {b"r:10": b"3", b"w:10": b"1", b"n": b"4", b"r:x": b"1", b"w:5": b"nan"}, b"0.05"
+    )
+    assert (cal.right[10], cal.wrong[10], cal.wrong[5], cal.max_error_rate) == (3.0, 1.0, 0.0, 0.05)
+    assert Calibration.parse({}, b"2").max_error_rate is None  # out of range: not a bound
+    with pytest.raises(ValueError, match="max_error_rate"):
+        check_error_rate(0)
+    with pytest.raises(ValueError, match="max_error_rate"):
+        CacheConfig(max_error_rate=1.5)
+
+
+def test_same_text_ignores_case_space_and_punctuation() -> None:
+    assert same_text("Paris.", "  paris ")
+    assert same_text("It's 42!", "its 42") is False  # the apostrophe splits a word
+    assert not same_text("Paris", "Lyon")
+
+
+# --- the label script -------------------------------------------------------------------------
+def test_labels_are_counted_and_halved_past_the_window(redis_client: redis.Redis) -> None:
+    st = RedisStorage(redis_client, CacheConfig(label_window=10))
+    for i in range(10):
+        assert st.label("t", 0.95, i % 5 != 0) == i + 1
+    cal = st.policy("t")
+    assert (cal.right[bin_of(0.95)], cal.wrong[bin_of(0.95)]) == (8.0, 2.0)
+    assert st.label("t", 0.95, True) == pytest.approx(5.5)  # 11 labels: all halved
+    cal = st.policy("t")
+    assert (cal.right[bin_of(0.95)], cal.wrong[bin_of(0.95)]) == (4.5, 1.0)
+    st.set_tenant_settings("t", max_error_rate=0.02)
+    assert st.policy("t").max_error_rate == 0.02
+    with pytest.raises(ValueError, match="max_error_rate"):
+        st.set_tenant_settings("t", max_error_rate=2)
+
+
+# --- serve, miss or verify --------------------------------------------------------------------
+def teach(redis_client: redis.Redis, tenant: str, sims: dict[float, tuple[int, int]]) -> None:
+    """Labelled outcomes as if earlier verifications had produced them."""
+    st = RedisStorage(redis_client)
+    for sim, (right, wrong) in sims.items():
+        for _ in range(right):
+            st.label(tenant, sim, True)
+        for _ in range(wrong):
+            st.label(tenant, sim, False)
+
+
+def test_cold_start_verifies_and_the_put_teaches(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    registry = CollectorRegistry()
+    m = make_manager(CacheConfig(max_error_rate=0.05), metrics=ReplicaMetrics(registry))
+    v = unit(1)
+    m.put("What is the capital of France?", "Paris.", tenant="t", embedding=v)
+    # the exact question is served at once, labels or not
+    exact = m.lookup("What is the capital of France?", tenant="t", embedding=v)
+    assert exact is not None and exact.exact
+    # a near match is not: no label says matches that close are right yet
+    assert m.lookup("capital of france?", tenant="t", embedding=near(v, 0.95, 2)) is None
+    assert metric(registry, "zerda_cache_lookups_total", tenant="t", result="verify") == 1
+    res = m.put("capital of france?", "paris", tenant="t", embedding=near(v, 0.95, 2))
+    assert res.stored and res.verified is True
+    cal = m.storage.policy("t")
+    assert sum(cal.right) == 1 and cal.labels == 1
+    # a put with no verification pending says so
+    assert m.put("unrelated", "x", tenant="t", embedding=unit(3)).verified is None
+
+
+def test_a_wrong_verification_is_a_negative_at_that_similarity(make_manager: Any) -> None:
+    m = make_manager(CacheConfig(max_error_rate=0.05))
+    v = unit(4)
+    cached = m.put("How many legs has a spider?", "Eight.", tenant="t", embedding=v)
+    assert m.lookup("How many legs has an ant?", tenant="t", embedding=near(v, 0.93, 5)) is None
+    res = m.put("How many legs has an ant?", "Six.", tenant="t", embedding=near(v, 0.93, 5))
+    assert res.verified is False
+    entry = m.storage.get_entry("t", cached.entry_id, with_vector=False)
+    assert entry.bandit_arm.beta > 1.0  # the entry learnt it was wrong for that question
+    cal = m.storage.policy("t")
+    assert sum(cal.wrong) == 1 and sum(cal.right) == 0
+
+
+def test_serves_where_the_labels_say_matches_are_right(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    teach(redis_client, "t", {0.96: (300, 1), 0.91: (100, 40)})
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(6)
+    cached = m.put("q", "a", tenant="t", embedding=v)
+    for i in range(20):
+        hit = m.lookup(f"close {i}", tenant="t", embedding=near(v, 0.97, 100 + i))
+        assert hit is not None and hit.entry_id == cached.entry_id
+        assert m.lookup(f"far {i}", tenant="t", embedding=near(v, 0.915, 200 + i)) is None
+    assert m.storage.policy("t").threshold(0.02) == pytest.approx(0.96)
+
+
+def test_the_bound_per_call_and_per_tenant(make_manager: Any, redis_client: redis.Redis) -> None:
+    plain = make_manager()  # no bound anywhere
+    v = unit(7)
+    for tenant in ("a", "b"):
+        plain.put("q", "x", tenant=tenant, embedding=v)
+    copy = near(v, 0.95, 8)
+    assert plain.lookup("q2", tenant="a", embedding=copy) is not None
+    assert plain.lookup("q2", tenant="a", embedding=copy, max_error_rate=0.01) is None
+    with pytest.raises(ValueError, match="max_error_rate"):
+        plain.lookup("q2", tenant="a", embedding=copy, max_error_rate=0.0)
+    plain.storage.set_tenant_settings("b", max_error_rate=0.01)
+    fresh = make_manager()  # reads tenant b's bound with its first lookup
+    assert fresh.lookup("q2", tenant="b", embedding=copy) is None
+    assert fresh.lookup("q2", tenant="a", embedding=copy) is not None
+    assert fresh.lookup("q", tenant="b", embedding=v) is not None  # exact: served
+
+
+def test_exploration_verifies_some_servable_matches(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    teach(redis_client, "t", {0.96: (300, 0)})
+    always = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=1.0))
+    v = unit(9)
+    always.put("q", "a", tenant="t", embedding=v)
+    assert always.lookup("q2", tenant="t", embedding=near(v, 0.98, 10)) is None  # verified
+    assert always.lookup("q", tenant="t", embedding=v) is not None  # exact: never explored
+
+
+def test_feedback_under_a_bound_labels_the_match(make_manager: Any) -> None:
+    m = make_manager(CacheConfig(max_error_rate=0.5, verify_rate=0.0))
+    v = unit(11)
+    m.put("q", "a", tenant="t", embedding=v)
+    hit = m.lookup("q", tenant="t", embedding=v)
+    m.feedback(hit.feedback(False))  # similarity 1: the question itself, not a near match
+    assert m.storage.policy("t").labels == 0
+    m.feedback(FeedbackSignal(hit.entry_id, "t", False, similarity=0.9))
+    m.feedback(FeedbackSignal(hit.entry_id, "t", True, similarity=0.9))
+    cal = m.storage.policy("t")
+    assert (cal.right[bin_of(0.9)], cal.wrong[bin_of(0.9)]) == (1.0, 1.0)
+    assert m.stats("t")["negative"] == 2
+    keys = tenant_keys("t")
+    assert keys.cal.endswith(":cal")
