@@ -73,6 +73,7 @@ class Zerda(Policy):
         serve_bar: float | None = 0.4,
         similarity_feedback: bool = True,
         streak_forget: float | None = None,
+        max_error_rate: float | None = None,
     ) -> None:
         import redis
 
@@ -93,13 +94,28 @@ class Zerda(Policy):
 
         self.m = CacheManager(
             self.client,
-            CacheConfig(similarity_threshold=threshold, rl=rl, top_k=8),
+            CacheConfig(
+                similarity_threshold=threshold, rl=rl, top_k=8, max_error_rate=max_error_rate
+            ),
             clock=lambda: self.clock[0],
             metrics=ReplicaMetrics(CollectorRegistry()),
+            same_answer=self._same_answer,
         )
         self.m.storage.set_tenant_settings(TENANT, max_entries=capacity)
         self.maint = Maintenance(self.m.storage)
         self.answers: dict[str, Answer] = {}
+        self.by_response: dict[str, Answer] = {}
+        self._request: tuple[int, int] = (0, 0)  # (query text, request index)
+        self._fresh_right = True
+        self.verifications = 0
+
+    def _same_answer(self, cached: str, fresh: str) -> bool:
+        """A verification's verdict, as an answer comparison would give it: the cached
+        answer is the same as the LLM's fresh one when both are right for the question
+        asked (a wrong fresh answer makes a right cached one look different)."""
+        ans = self.by_response.get(cached)
+        text, t = self._request
+        return ans is not None and self._fresh_right and is_right(ans, text, self.w, t)
 
     def seed(self, items: list[tuple[int, Answer]]) -> None:
         super().seed(items)
@@ -107,14 +123,19 @@ class Zerda(Policy):
 
     def lookup(self, text: int, pair: int, t: int) -> tuple[Answer, Any] | None:
         self.clock[0] += 1.0
+        self._request = (text, t)
         hit = self.m.lookup(self.w.texts[text], tenant=TENANT, embedding=self.w.vecs[text])
         return None if hit is None else (self.answers[hit.entry_id], hit)
 
     def store(self, text: int, ans: Answer) -> Any:
+        self._fresh_right = ans.right
         res = self.m.put(self.w.texts[text], f"a{text}", tenant=TENANT, embedding=self.w.vecs[text])
+        if res.verified is not None:
+            self.verifications += 1
         if res.entry_id is None:
             return None
         self.answers[res.entry_id] = ans
+        self.by_response[f"a{text}"] = ans
         return res.entry_id
 
     def feedback(self, handle: Any, positive: bool) -> None:
