@@ -34,6 +34,7 @@ from typing import Literal
 import numpy as np
 
 from zerda_cache.config import EvictionConfig
+from zerda_cache.errors import StorageError
 from zerda_cache.metrics import Distribution
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
@@ -369,7 +370,10 @@ class _Cycle:
 
     def __enter__(self) -> _Cycle:
         self.started = time.perf_counter()
-        self.m.record(self.job, "start")
+        try:
+            self.m.record(self.job, "start")
+        except StorageError as exc:  # a full server refuses the XADD: evict all the same
+            log.warning("could not record the start of a %s cycle: %s", self.job, exc)
         return self
 
     def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:

@@ -222,6 +222,9 @@ class ReadPlan(Generic[T]):
     parse: Callable[[list[Any]], T]
     size: int
     scripts: tuple[tuple[int, ScriptCall[Any]], ...] = ()
+    #: Positions whose error reply goes to ``parse`` instead of failing the plan (the
+    #: miss count, which a full server refuses: the lookup is served all the same).
+    tolerant: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +283,7 @@ def batch(
     """
     plans: list[ReadPlan[Any]] = []
     scripts: list[tuple[int, ScriptCall[Any]]] = []
+    tolerant: list[int] = []
     at = 0
     for part in parts:
         if isinstance(part, ScriptCall):
@@ -287,6 +291,7 @@ def batch(
             plans.append(_evalsha(part, sha(part.script)))
         else:
             plans.append(part)
+            tolerant += [at + i for i in part.tolerant]
         at += plans[-1].size
 
     def queue(pipe: Any) -> None:
@@ -300,7 +305,7 @@ def batch(
             at += plan.size
         return out
 
-    return ReadPlan(name, queue, parse, at, tuple(scripts))
+    return ReadPlan(name, queue, parse, at, tuple(scripts), tuple(tolerant))
 
 
 def _evalsha(call: ScriptCall[T], sha: str) -> ReadPlan[T]:
@@ -764,7 +769,11 @@ class StoragePlans:
         def queue(pipe: Any) -> None:
             pipe.hincrby(stats_key, "misses", n)
 
-        return ReadPlan("count misses", queue, lambda res: None, 1)
+        def parse(res: list[Any]) -> None:
+            if isinstance(res[0], Exception):  # e.g. OOM on a full server: a count lost
+                log.warning("tenant %s: %d misses not counted: %s", tenant, n, res[0])
+
+        return ReadPlan("count misses", queue, parse, 1, tolerant=(0,))
 
 
 def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:

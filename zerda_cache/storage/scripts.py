@@ -15,6 +15,25 @@ from typing import Any
 
 #: Scripts that need the shared library of arm formulas.
 _WITH_LIB = frozenset({"put", "hit", "feedback", "decay", "state"})
+#: Each script's shebang flags (Redis 7 / Valkey 7.2 and later). Under ``maxmemory``
+#: with ``noeviction`` a server refuses scripts that write unless they say
+#: ``allow-oom``: serving, feedback, decay, eviction and the lease must keep working on
+#: a full server (they rewrite values of the same size, or free memory), so that the
+#: cache serves what it holds and the worker can free memory. ``put`` has a shebang and
+#: no flag: a full server refuses it before it runs, so a refused put writes nothing (a
+#: script without a shebang would fail at its first write, after the ones before it).
+#: ``state`` only reads.
+FLAGS = {
+    "put": "",
+    "hit": "allow-oom",
+    "feedback": "allow-oom",
+    "decay": "allow-oom",
+    "evict": "allow-oom",
+    "state": "no-writes",
+    "lease_renew": "allow-oom",
+    "lease_release": "allow-oom",
+    "label": "allow-oom",
+}
 SCRIPT_NAMES = (
     "put",
     "hit",
@@ -36,8 +55,11 @@ def script_source(name: str) -> str:
     pkg = resources.files("zerda_cache.storage") / "lua"
     body = (pkg / f"{name}.lua").read_text(encoding="utf-8")
     if name in _WITH_LIB:
-        return (pkg / "_lib.lua").read_text(encoding="utf-8") + "\n" + body
-    return body
+        body = (pkg / "_lib.lua").read_text(encoding="utf-8") + "\n" + body
+    flags = FLAGS.get(name)
+    if flags is None:
+        return body
+    return f"#!lua flags={flags}\n{body}" if flags else f"#!lua\n{body}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,8 +121,8 @@ class Storage(StoragePlans):
                     # First use on this server: the Script object loads it and runs it.
                     script = getattr(self.scripts, script_call.script)
                     replies[pos] = yield call(script, keys=script_call.keys, args=script_call.args)
-            for reply in replies:
-                if isinstance(reply, Exception):
+            for pos, reply in enumerate(replies):
+                if isinstance(reply, Exception) and pos not in plan.tolerant:
                     raise StorageError(f"{plan.name} failed: {reply}") from reply
         return plan.parse(replies)
 

@@ -1,0 +1,62 @@
+"""Faults production does to Redis, on real servers the test starts: what the cache does.
+
+Each test names the defect it guards (issue "Survive what production does to Redis").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, StorageError
+from zerda_cache.maintenance import Maintenance
+from zerda_cache.storage import RedisStorage, connect
+from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
+
+DIM = 64
+
+
+def unit(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=DIM)
+    return v / np.linalg.norm(v)
+
+
+def test_a_full_server_still_serves_and_the_worker_frees_memory(
+    redis_server_factory: Any, make_manager: Any
+) -> None:
+    """maxmemory with noeviction: lookups of cached entries used to give 0 hits in 200
+    (the hit script and the miss count are writes, refused), and the worker's cycle
+    aborted on its cycle-log write before it evicted anything. Now serving, feedback and
+    eviction run on a full server (their scripts are flagged allow-oom), a lost miss
+    count does not fail the lookup, and the cycle evicts without its log record."""
+    server = redis_server_factory(["--maxmemory-policy", "noeviction"])
+    m = make_manager(url=server.url)
+    answer = "x" * 8_000
+    cfg = CacheConfig(eviction=EvictionConfig(max_entries=10, low_watermark=0.0))
+    storage = RedisStorage(connect(server.url, cfg), cfg)
+    for name in SCRIPT_NAMES:  # loaded now: the connections and scripts cost memory too
+        storage.client.script_load(script_source(name))
+    ids = [
+        m.put(f"question {i}", answer, tenant="t", embedding=unit(i)).entry_id for i in range(60)
+    ]
+    admin = server.client()
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", used - 32 * 1024)  # full: every deny-oom command refused
+    before = admin.dbsize()
+    with pytest.raises(StorageError, match=r"maxmemory|OOM"):
+        m.put("one more", answer, tenant="t", embedding=unit(999))
+    assert admin.dbsize() == before  # refused whole: nothing half-written
+    for round_ in range(3):
+        for i in range(0, 60, 6):
+            # a miss first (its count is refused), then hits of what is cached
+            assert m.lookup(f"nothing {round_} {i}", tenant="t", embedding=-unit(i)) is None
+            hit = m.lookup(f"question {i}", tenant="t", embedding=unit(i))
+            assert hit is not None and hit.entry_id == ids[i]
+    m.feedback(FeedbackSignal(ids[0], "t", True))
+    report = Maintenance(storage).run_eviction()
+    assert report and report[0].removed.get("capacity") == 50
+    assert m.put("one more", answer, tenant="t", embedding=unit(999))  # room again
+    storage.close()
+    admin.close()
