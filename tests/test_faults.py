@@ -5,14 +5,16 @@ Each test names the defect it guards (issue "Survive what production does to Red
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 
-from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, StorageError
+from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, FencedError, StorageError
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import RedisStorage, connect
+from zerda_cache.storage.lease import Lease
 from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
 
 DIM = 64
@@ -60,3 +62,38 @@ def test_a_full_server_still_serves_and_the_worker_frees_memory(
     assert m.put("one more", answer, tenant="t", embedding=unit(999))  # room again
     storage.close()
     admin.close()
+
+
+def test_a_stalled_leader_cannot_finish_its_cycle(redis_client: Any) -> None:
+    """SIGSTOP of the leader past its lease: it used to wake up, finish its cycle and log
+    it "ok", overlapping the new leader's. Now every decay and evict write carries the
+    lease's fencing token, and one older than the tenant has seen is refused."""
+    cfg = CacheConfig(eviction=EvictionConfig(max_entries=10, low_watermark=0.0, scan_batch=5))
+    st = RedisStorage(redis_client, cfg)
+    ids = [st.put("t", f"q{i}", "a", unit(i)).entry_id for i in range(30)]
+    for eid in ids:
+        st.feedback(FeedbackSignal(eid, "t", True))
+    new = Maintenance(st, fence=lambda: 6, worker_id="new")
+    old = Maintenance(st, fence=lambda: 5, worker_id="old")
+    assert new.evict_tenant("t").removed == {"capacity": 20}
+    for i in range(20):  # over capacity again, for the stalled one to find
+        st.put("t", f"again {i}", "a", unit(100 + i))
+    reports = old.run_eviction()
+    assert reports[0].removed == {} and old.fenced and st.count("t") == 30
+    with pytest.raises(FencedError):
+        st.decay("t", list(ids[-10:]), fence=5)
+    assert st.decay("t", list(ids[-10:]), fence=7).decayed == 10  # a newer leader may
+    ends = [c for c in old.recent_cycles(10) if c["worker"] == "old" and c["phase"] == "end"]
+    assert ends and ends[0]["outcome"] == "stopped"
+    # not part of a cycle (invalidate, clear, the CLI): never fenced
+    assert st.invalidate("t", ids[-1]) is True
+
+
+def test_a_lease_is_not_held_past_its_ttl_by_the_holders_own_clock(redis_client: Any) -> None:
+    a = Lease(redis_client, "zc:worker:leader", 0.3, holder_id="a")
+    b = Lease(redis_client, "zc:worker:leader", 0.3, holder_id="b")
+    assert a.acquire_or_renew() and a.held and a.epoch == 1
+    assert not b.acquire_or_renew()
+    time.sleep(0.35)  # a stalls past its TTL: it no longer believes it leads
+    assert not a.held
+    assert b.acquire_or_renew() and b.epoch == 2  # the next leader's token is newer

@@ -65,3 +65,8 @@ class CorruptEntryError(ZerdaError):
 
 class StorageError(ZerdaError):
     """Redis failed (connection, timeout, script error); the cause is chained."""
+
+
+class FencedError(StorageError):
+    """A worker cycle's write refused: a worker with a newer lease has written to the
+    tenant since (this one stalled past its lease). Nothing was written."""

@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 
 from zerda_cache.config import EvictionConfig
-from zerda_cache.errors import StorageError
+from zerda_cache.errors import FencedError, StorageError
 from zerda_cache.metrics import Distribution
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
@@ -121,6 +121,9 @@ class Maintenance:
         stop: set it to finish the current batch and stop (a warm stop).
         active: checked between batches too; a worker passes "I still hold the lease",
             so a leader that lost its lease mid-cycle stops before another one starts.
+        fence: the fencing token (lease epoch) every decay and evict write carries; a
+            write refused because a newer leader wrote to the tenant (``FencedError``)
+            stops the cycle. ``None``: writes are not fenced (the CLI's one-off passes).
         worker_id: written into the cycle log.
     """
 
@@ -131,6 +134,7 @@ class Maintenance:
         *,
         stop: threading.Event | None = None,
         active: Callable[[], bool] | None = None,
+        fence: Callable[[], int | None] | None = None,
         worker_id: str = "",
     ) -> None:
         self.storage = storage
@@ -139,12 +143,18 @@ class Maintenance:
         self.learner = learner if learner is not None else CachePolicyLearner(cfg.rl, cfg.eviction)
         self.stop = stop if stop is not None else threading.Event()
         self.active = active if active is not None else (lambda: True)
+        self.fence = fence if fence is not None else (lambda: None)
+        self.fenced = False  # a write was refused: this cycle is over
         self.worker_id = worker_id
         #: The last eviction plan of each tenant (the worker's metrics read it).
         self.last_plans: dict[str, EvictionPlan] = {}
 
     def _halted(self) -> bool:
-        return self.stop.is_set() or not self.active()
+        return self.stop.is_set() or self.fenced or not self.active()
+
+    def _refused(self, tenant: str, exc: FencedError) -> None:
+        self.fenced = True
+        log.warning("tenant %s: %s; this worker lost the lease, its cycle stops", tenant, exc)
 
     # -- tenants -------------------------------------------------------------------------------
     def tenants(self) -> list[str]:
@@ -183,8 +193,12 @@ class Maintenance:
         excess = np.abs(cols.alpha - rl.prior_alpha) + np.abs(cols.beta - rl.prior_beta)
         todo = [cols.ids[i] for i in np.flatnonzero(excess > 1e-12).tolist()]
         report.corrupt += len(cols.corrupt)
-        if todo:
-            out = self.storage.decay(tenant, todo)
+        if todo and not self.fenced:
+            try:
+                out = self.storage.decay(tenant, todo, fence=self.fence())
+            except FencedError as exc:
+                self._refused(tenant, exc)
+                return
             report.decayed += out.decayed
             report.missing += out.missing
 
@@ -299,7 +313,14 @@ class Maintenance:
         ]
         for reason, items in groups:
             for i in range(0, len(items), batch):
-                out = self.storage.evict(plan.tenant, items[i : i + batch], reason)
+                try:
+                    out = self.storage.evict(
+                        plan.tenant, items[i : i + batch], reason, fence=self.fence()
+                    )
+                except FencedError as exc:
+                    self._refused(plan.tenant, exc)
+                    report.seconds = time.perf_counter() - started
+                    return report
                 report.removed[reason] = report.removed.get(reason, 0) + len(out.removed)
                 report.kept_changed += len(out.changed)
                 report.already_gone += len(out.gone)
@@ -332,6 +353,7 @@ class Maintenance:
 
     # -- cycles over every tenant ---------------------------------------------------------------
     def run_decay(self) -> list[DecayReport]:
+        self.fenced = False
         with self.cycle("decay"):
             reports = []
             for tenant in self.tenants():
@@ -341,6 +363,7 @@ class Maintenance:
             return reports
 
     def run_eviction(self) -> list[EvictionReport]:
+        self.fenced = False
         with self.cycle("evict"):
             reports = []
             for tenant in self.tenants():
@@ -378,7 +401,7 @@ class _Cycle:
 
     def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:
         outcome: CycleOutcome = (
-            "error" if exc is not None else ("stopped" if self.m.stop.is_set() else "ok")
+            "error" if exc is not None else ("stopped" if self.m._halted() else "ok")
         )
         try:
             self.m.record(

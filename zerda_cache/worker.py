@@ -99,6 +99,7 @@ class Worker:
             self.storage,
             stop=self.stop_event,
             active=lambda: self.lease.held,
+            fence=lambda: self.lease.epoch,
             worker_id=self.worker_id,
         )
         self.registry = registry if registry is not None else CollectorRegistry()

@@ -172,8 +172,10 @@ def best_hit_at(rows: list[dict[str, Any]], max_error: float) -> dict[str, Any] 
 
 
 def targets(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    # zerda-cache's trade-off curve: its thresholds, with both serving bars.
-    zerda = [r for r in rows if r["policy"] in (ZERDA, f"{ZERDA} (confirm first)")]
+    # zerda-cache's trade-off curve: its thresholds, with both serving bars, and its
+    # error bounds.
+    settings = (ZERDA, f"{ZERDA} (confirm first)", *(bound_name(d) for d in BOUNDS.values()))
+    zerda = [r for r in rows if r["policy"] in settings]
     at = next((r for r in zerda if r["policy"] == ZERDA
                and abs(r["threshold"] - DEFAULT_THRESHOLD) < 1e-9), None)  # fmt: skip
     static = [r for r in rows if family(r) in STATIC]
@@ -493,7 +495,11 @@ def render(summary: dict[str, Any], label: str, *, replot: bool = False) -> None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{label}.json").write_text(json.dumps(summary, indent=1))
     plot(rows, out_dir / f"{label}.png", summary["requests"])
-    title = "every QQP pair" if label == "quality-full" else f"{summary['pairs']:,} sampled pairs"
+    title = (
+        "every QQP pair" if summary["args"].get("full") else f"{summary['pairs']:,} sampled pairs"
+    )
+    if label not in ("quality", "quality-full"):
+        title += f" ({label})"
     write_section(label, f"Learning quality on QQP, {title} (benchmarks/quality/run.py)", body,
                   summary.get("origin"))  # fmt: skip
 

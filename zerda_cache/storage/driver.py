@@ -27,7 +27,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import redis.exceptions
 
-from zerda_cache.errors import StorageError, ZerdaError
+from zerda_cache.errors import FencedError, StorageError, ZerdaError
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -48,6 +48,10 @@ def wrap_errors(what: str) -> Iterator[None]:
         yield
     except ZerdaError:
         raise
+    except redis.exceptions.ResponseError as exc:
+        if str(exc).startswith("FENCED"):
+            raise FencedError(f"{what} refused: {exc}") from exc
+        raise StorageError(f"{what} failed: {exc}") from exc
     except (TimeoutError, redis.exceptions.RedisError) as exc:
         raise StorageError(f"{what} failed: {exc}") from exc
 

@@ -4,6 +4,17 @@
 compare the token first, so a worker that stalled past its lease can neither extend nor
 delete the lease another worker has taken meanwhile (redis-py's ``Lock`` pattern). A dead
 leader's lease simply expires, and a standby takes it on its next attempt.
+
+Two guards keep a stalled leader (SIGSTOP, a long GC pause, a frozen VM) from finishing
+its cycle after it lost the lease:
+
+* ``held`` is also false once the lease's time to live has passed on this process's own
+  monotonic clock since the last successful renewal (measured from before the renewal
+  was sent), so a leader that wakes up after its lease lapsed stops at its next batch;
+* every lease taken gets a fencing token, ``epoch`` (``INCR`` of ``<key>:epoch``): the
+  decay and evict scripts refuse a write whose epoch is older than one that already
+  wrote to the tenant (``FencedError``), which closes the gap between the check and the
+  write.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 from typing import Any
 
 from zerda_cache.storage.driver import wrap_errors
@@ -47,17 +59,23 @@ class Lease:
         self.ttl_ms = int(ttl_s * 1000)
         self.token = f"{holder_id or socket.gethostname()}:{secrets.token_hex(8)}"
         self.scripts = scripts if scripts is not None else Scripts.register(client)
+        self.epoch_key = key + ":epoch"
+        #: The fencing token of the lease this holder took last (``None``: never took one).
+        self.epoch: int | None = None
         self._held = False
+        self._valid_until = 0.0  # time.monotonic() after which the lease may be another's
         self._lock = threading.Lock()
 
     @property
     def held(self) -> bool:
-        """Whether this holder believed it held the lease at its last acquire/renew."""
-        return self._held
+        """Whether this holder holds the lease: it did at its last acquire or renewal,
+        and the lease's time to live has not run out since, by this process's clock."""
+        return self._held and time.monotonic() < self._valid_until
 
     def acquire_or_renew(self) -> bool:
         """Renew the lease if we hold it, else try to take it. True if we hold it now."""
         with self._lock, wrap_errors("lease"):
+            sent = time.monotonic()
             if self._held:
                 self._held = bool(
                     self.scripts.lease_renew(keys=[self.key], args=[self.token, self.ttl_ms])
@@ -67,7 +85,15 @@ class Lease:
             if not self._held:
                 self._held = bool(self.client.set(self.key, self.token, nx=True, px=self.ttl_ms))
                 if self._held:
-                    log.info("took the worker lease %s as %s", self.key, self.token)
+                    self.epoch = int(self.client.incr(self.epoch_key))
+                    log.info(
+                        "took the worker lease %s as %s (epoch %d)",
+                        self.key,
+                        self.token,
+                        self.epoch,
+                    )
+            if self._held:
+                self._valid_until = sent + self.ttl_ms / 1000.0
             return self._held
 
     def release(self) -> bool:

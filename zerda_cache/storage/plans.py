@@ -545,7 +545,11 @@ class StoragePlans:
 
         return ScriptCall("feedback", keys, args, parse)
 
-    def plan_decay(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[DecayOutcome]:
+    def plan_decay(
+        self, tenant: str, entry_ids: Sequence[str], *, fence: int | None = None
+    ) -> ScriptCall[DecayOutcome]:
+        """Plan persisting the decay of ``entry_ids``; ``fence``: the worker's lease epoch
+        (a write of an older epoch than the tenant saw is refused: ``FencedError``)."""
         k = self.keys(tenant)
         ids = list(entry_ids)
 
@@ -556,18 +560,28 @@ class StoragePlans:
                 log.warning("decay skipped corrupt entry %s", k.entry(eid))
             return DecayOutcome(int(decayed), int(missing), bad)
 
-        keys = [k.entry(eid) for eid in ids]
-        return ScriptCall("decay", keys, [self._now_arg(), *self._rl_args()], parse)
+        keys = [k.cfg, *(k.entry(eid) for eid in ids)]
+        args = [self._now_arg(), *self._rl_args(), "" if fence is None else str(int(fence))]
+        return ScriptCall("decay", keys, args, parse)
 
     def plan_evict(
-        self, tenant: str, candidates: Sequence[tuple[str, int | None]], reason: str
+        self,
+        tenant: str,
+        candidates: Sequence[tuple[str, int | None]],
+        reason: EvictReason,
+        *,
+        fence: int | None = None,
     ) -> ScriptCall[EvictOutcome]:
         if reason not in REASONS:
             raise ValueError(f"unknown eviction reason {reason!r}; use one of {REASONS}")
         k = self.keys(tenant)
         cands = list(candidates)
-        keys = [k.ids, k.q, k.log, k.stats, *(k.entry(eid) for eid, _ in cands)]
-        args: list[Any] = [reason, self.config.index_log_maxlen]
+        keys = [k.ids, k.q, k.log, k.stats, k.cfg, *(k.entry(eid) for eid, _ in cands)]
+        args: list[Any] = [
+            reason,
+            self.config.index_log_maxlen,
+            "" if fence is None else str(int(fence)),
+        ]
         for eid, ver in cands:
             args += [eid, "" if ver is None else str(int(ver))]
 

@@ -198,21 +198,36 @@ class Storage(StoragePlans):
                     out[j] = res
         return [r for r in out if r is not None]
 
-    def _decay(self, tenant: str, entry_ids: Sequence[str]) -> Flow[DecayOutcome]:
-        """Bring the arms of ``entry_ids`` to now and persist them (one script call)."""
+    def _decay(
+        self, tenant: str, entry_ids: Sequence[str], *, fence: int | None = None
+    ) -> Flow[DecayOutcome]:
+        """Bring the arms of ``entry_ids`` to now and persist them (one script call).
+
+        Raises:
+            FencedError: ``fence`` (the worker's lease epoch) is older than one that
+                already wrote to this tenant; nothing is written.
+        """
         if not entry_ids:
             return DecayOutcome(0, 0, [])
-        return (yield from self._run(self.plan_decay(tenant, entry_ids)))
+        return (yield from self._run(self.plan_decay(tenant, entry_ids, fence=fence)))
 
     def _evict(
-        self, tenant: str, candidates: Sequence[tuple[str, int | None]], reason: EvictReason
+        self,
+        tenant: str,
+        candidates: Sequence[tuple[str, int | None]],
+        reason: EvictReason,
+        *,
+        fence: int | None = None,
     ) -> Flow[EvictOutcome]:
         """Remove ``(entry_id, version)`` pairs from every structure, atomically per batch.
 
         An entry whose version is no longer ``version`` (it was served or got feedback
         since it was scored) is kept; ``None`` removes it whatever its version.
+
+        Raises:
+            FencedError: as for ``decay``.
         """
-        plan = self.plan_evict(tenant, candidates, reason)
+        plan = self.plan_evict(tenant, candidates, reason, fence=fence)
         if not candidates:
             return EvictOutcome([], [], [])
         return (yield from self._run(plan))

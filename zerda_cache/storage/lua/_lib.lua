@@ -11,6 +11,25 @@ local function zc_now(argv_now)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
+-- Fencing tokens: a worker cycle passes its lease epoch (a number that grows with every
+-- new leader); the tenant remembers the newest it saw, and a write with an older one is
+-- refused, so a leader that stalled past its lease cannot finish its cycle after a new
+-- leader took over. '' = a write that is not part of a cycle (never fenced).
+local function zc_fenced(cfg_key, epoch)
+  if epoch == nil or epoch == '' then
+    return false
+  end
+  local mine = tonumber(epoch)
+  local seen = tonumber(redis.call('HGET', cfg_key, 'fence') or '0') or 0
+  if mine < seen then
+    return true
+  end
+  if mine > seen then
+    redis.call('HSET', cfg_key, 'fence', epoch)
+  end
+  return false
+end
+
 -- msgpack-decode a stored value; nil (never an error) when it is missing or corrupt, so
 -- that one bad entry cannot abort a batch halfway through its writes.
 local function zc_unpack(raw)

@@ -1,16 +1,21 @@
--- KEYS[1] ids zset  KEYS[2] q hash  KEYS[3] log stream  KEYS[4] stats hash
--- KEYS[5..] entry hashes, one per (id, version) pair in ARGV
--- ARGV[1] reason  ARGV[2] log maxlen  ARGV[3], ARGV[4], ...: entry id, expected version
--- ('' = any).  returns one status per entry: 1 removed; 0 already gone (stray index
--- entries cleaned); -1 changed since it was scored (kept).
+-- KEYS[1] ids zset  KEYS[2] q hash  KEYS[3] log stream  KEYS[4] stats hash  KEYS[5] cfg hash
+-- KEYS[6..] entry hashes, one per (id, version) pair in ARGV
+-- ARGV[1] reason  ARGV[2] log maxlen  ARGV[3] the worker's lease epoch ('' = not fenced)
+-- ARGV[4], ARGV[5], ...: entry id, expected version ('' = any).
+-- returns one status per entry: 1 removed; 0 already gone (stray index entries cleaned);
+-- -1 changed since it was scored (kept); an error FENCED (nothing written) when a worker
+-- with a newer lease epoch has written to this tenant.
 -- Removes an entry from every structure at once: hash, ids, exact-match map, replicas'
 -- indexes (a 'del' event in the log) and the byte count. An unconditional removal never
 -- decodes msgpack, so a corrupt entry can always be removed.
+if zc_fenced(KEYS[5], ARGV[3]) then
+  return redis.error_reply('FENCED a worker with a newer lease wrote to this tenant')
+end
 local reason, maxlen = ARGV[1], ARGV[2]
 local out = {}
 local removed, freed = 0, 0
-for i = 5, #KEYS do
-  local id, want = ARGV[(i - 5) * 2 + 3], ARGV[(i - 5) * 2 + 4]
+for i = 6, #KEYS do
+  local id, want = ARGV[(i - 6) * 2 + 4], ARGV[(i - 6) * 2 + 5]
   local key = KEYS[i]
   local state = redis.call('HMGET', key, 'sz', 'dg', 'use')
   local changed = false
