@@ -11,9 +11,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, FencedError, StorageError
+from zerda_cache import (
+    CacheConfig,
+    CorruptEntryError,
+    EvictionConfig,
+    FeedbackSignal,
+    FencedError,
+    StorageError,
+)
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import RedisStorage, connect
+from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.lease import Lease
 from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
 
@@ -97,3 +105,33 @@ def test_a_lease_is_not_held_past_its_ttl_by_the_holders_own_clock(redis_client:
     time.sleep(0.35)  # a stalls past its TTL: it no longer believes it leads
     assert not a.held
     assert b.acquire_or_renew() and b.epoch == 2  # the next leader's token is newer
+
+
+def test_entries_with_a_corrupt_doc_meta_or_vec_are_evicted(
+    make_manager: Any, redis_client: Any
+) -> None:
+    """A corrupt doc, meta or vec (fields the learning-state scan does not read) used to
+    stay forever, never served and never evicted, and feedback on them was accepted; a
+    missing arm read as "no such entry". Now replicas report what they find undecodable
+    and the worker evicts it as corrupt; feedback says corrupt."""
+    m = make_manager()
+    st = RedisStorage(redis_client)
+    ids = {name: m.put(f"q {name}", "a", tenant="t", embedding=unit(i)).entry_id
+           for i, name in enumerate(["doc", "vec", "meta", "arm", "fine"])}  # fmt: skip
+    key = tenant_keys("t").entry
+    redis_client.hset(key(ids["doc"]), "doc", b"\xc1")
+    redis_client.hset(key(ids["vec"]), "vec", b"\x01\x02\x03")
+    redis_client.hset(key(ids["meta"]), "meta", b"\xc1")
+    redis_client.hdel(key(ids["arm"]), "arm")
+    with pytest.raises(CorruptEntryError):
+        st.feedback(FeedbackSignal(ids["meta"], "t", True))
+    with pytest.raises(CorruptEntryError):  # not EntryNotFoundError
+        st.feedback(FeedbackSignal(ids["arm"], "t", True))
+    assert m.lookup("q doc", tenant="t", embedding=unit(0)) is None  # corrupt: not served
+    fresh = make_manager()  # builds its index: the bad vec and meta are skipped
+    assert fresh.sync_index("t") == 3
+    for replica in (m, fresh):  # each reports what it found, with its next lookup
+        assert replica.lookup("q fine", tenant="t", embedding=unit(4)) is not None
+    report = Maintenance(st).evict_tenant("t")
+    assert report.removed == {"corrupt": 4}
+    assert st.count("t") == 1 and redis_client.scard(tenant_keys("t").bad) == 0

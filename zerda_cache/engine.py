@@ -399,6 +399,9 @@ class CacheEngine:
         pending = self._pending_misses.pop(tenant, 0)
         if pending:
             parts.append(st.count_misses(tenant, pending))
+        report = st.report_suspects(tenant)  # corrupt ids found here: for the worker
+        if report is not None:
+            parts.append(report)
         mono = time.monotonic()
         cached = self._policies.get(tenant)
         refresh = cached is None or mono - cached[0] > cfg.policy_refresh_s
@@ -420,7 +423,7 @@ class CacheEngine:
         exact_id: str | None = replies[1]
         policy = cached[1] if cached is not None else Calibration()
         if refresh:
-            policy = replies[3 if pending else 2]
+            policy = replies[2 + bool(pending) + (report is not None)]
             self._policies[tenant] = (mono, policy)
         bound = self._bound(override, policy)
         threshold = self._threshold(override, policy)

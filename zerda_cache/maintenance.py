@@ -80,6 +80,7 @@ class EvictionPlan:
     rewards: Distribution = field(default_factory=Distribution)
     confidences: Distribution = field(default_factory=Distribution)
     complete: bool = True  # False when a stop request cut the scan short
+    reported: list[str] = field(default_factory=list)  # corrupt ids replicas reported
 
     @property
     def total(self) -> int:
@@ -222,7 +223,11 @@ class Maintenance:
         st = self.storage
         now = st.now() if now is None else now
         plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant))
-        seen: set[str] = set()
+        # Entries replicas found undecodable (a doc, meta or vec; the scan reads only
+        # the learning state): evicted as corrupt, whatever their score.
+        plan.reported = st.suspects(tenant)
+        plan.corrupt += plan.reported
+        seen: set[str] = set(plan.corrupt)
         keep_ids: list[str] = []
         keep_scores: list[np.ndarray] = []
         keep_sizes: list[np.ndarray] = []
@@ -322,6 +327,10 @@ class Maintenance:
                     report.seconds = time.perf_counter() - started
                     return report
                 report.removed[reason] = report.removed.get(reason, 0) + len(out.removed)
+                if reason == "corrupt" and plan.reported:
+                    handled = {*out.removed, *out.gone}
+                    done = [e for e in plan.reported if e in handled]
+                    self.storage.forget_suspects(plan.tenant, done)
                 report.kept_changed += len(out.changed)
                 report.already_gone += len(out.gone)
                 if self._halted():

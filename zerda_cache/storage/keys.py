@@ -18,6 +18,7 @@ key                    type     holds
 ``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl,
                                 max_error_rate overrides
 ``p:{t}:cal``          hash     labelled outcomes of near matches per similarity bin
+``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
@@ -44,6 +45,7 @@ class TenantKeys:
     fb: str
     cfg: str
     cal: str
+    bad: str
 
     def entry(self, entry_id: str) -> str:
         return self.base + "e:" + entry_id
@@ -67,6 +69,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         fb=base + "fb",
         cfg=base + "cfg",
         cal=base + "cal",
+        bad=base + "bad",
     )
 
 

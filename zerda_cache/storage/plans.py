@@ -335,6 +335,9 @@ class StoragePlans:
         self.clock = clock
         self._keys: dict[str, TenantKeys] = {}
         self._registered_tenants: set[str] = set()
+        #: Ids this process found undecodable (a doc, meta or vec the put script does not
+        #: check), by tenant, until a lookup reports them for the worker to evict.
+        self._suspected: dict[str, set[str]] = {}
         rl = self.config.rl
         # Script arguments that never change, formatted once (repr round-trips floats).
         self._rl_static = [
@@ -475,6 +478,7 @@ class StoragePlans:
                 meta = codec.unpack_meta(res[4], key=key)
             except CorruptEntryError as exc:
                 log.warning("corrupt entry not served: %s", exc)
+                self._suspect(tenant, entry_id)
                 return HitOutcome(HitStatus.CORRUPT)
             use = codec.trusted_use(res[2])
             entry = IntelligentCacheEntry(
@@ -631,7 +635,7 @@ class StoragePlans:
             out = StateBatch()
             *rows, scores = res
             for eid, raw, score in zip(ids, rows, scores, strict=True):
-                if raw[0] is None:
+                if all(value is None for value in raw):
                     out.missing.append(eid)
                     continue
                 key = k.entry(eid)
@@ -641,6 +645,7 @@ class StoragePlans:
                 except CorruptEntryError as exc:
                     log.warning("skipping corrupt entry: %s", exc)
                     out.corrupt.append(eid)
+                    self._suspect(tenant, eid)
             return out
 
         return ReadPlan("load_states", queue, parse, len(ids) + 1)
@@ -685,14 +690,15 @@ class StoragePlans:
         def parse(rows: list[Any]) -> dict[str, tuple[codec.Vector, str]]:
             out: dict[str, tuple[codec.Vector, str]] = {}
             for eid, (vec, meta) in zip(ids, rows, strict=True):
-                if vec is None:
-                    continue
+                if vec is None and meta is None:
+                    continue  # gone
                 key = k.entry(eid)
                 try:
                     scope = codec.unpack_meta(meta, key=key)["sc"]
                     out[eid] = (codec.decode_vector(vec, key=key), scope)
                 except CorruptEntryError as exc:
                     log.warning("skipping corrupt entry: %s", exc)
+                    self._suspect(tenant, eid)
             return out
 
         return ReadPlan("vectors", queue, parse, len(ids))
@@ -775,6 +781,29 @@ class StoragePlans:
             return Calibration.parse(res[0], res[1])
 
         return ReadPlan("policy", queue, parse, 2)
+
+    def _suspect(self, tenant: str, entry_id: str) -> None:
+        found = self._suspected.setdefault(tenant, set())
+        if len(found) < 10_000:
+            found.add(entry_id)
+
+    def report_suspects(self, tenant: str) -> ReadPlan[None] | None:
+        """The ids this process found corrupt in ``tenant`` (taken: reported once), added
+        to the tenant's ``bad`` set, where the worker finds and evicts them; ``None``
+        when there are none. A full server may refuse it: then they wait for the scan."""
+        ids = sorted(self._suspected.pop(tenant, ()))
+        if not ids:
+            return None
+        bad = self.keys(tenant).bad
+
+        def queue(pipe: Any) -> None:
+            pipe.sadd(bad, *ids)
+
+        def parse(res: list[Any]) -> None:
+            if isinstance(res[0], Exception):
+                log.warning("tenant %s: %d corrupt ids not reported: %s", tenant, len(ids), res[0])
+
+        return ReadPlan("report corrupt", queue, parse, 1, tolerant=(0,))
 
     def count_misses(self, tenant: str, n: int) -> ReadPlan[None]:
         """Add ``n`` to the tenant's miss counter (an atomic HINCRBY: no script needed)."""

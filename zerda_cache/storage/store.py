@@ -397,6 +397,16 @@ class Storage(StoragePlans):
         """The tenant's labelled outcomes and stored error bound."""
         return (yield from self._read(self.read_policy(tenant)))
 
+    def _suspects(self, tenant: str, count: int = 10_000) -> Flow[list[str]]:
+        """Up to ``count`` ids replicas reported undecodable in ``tenant`` (read only)."""
+        ids = yield from self._command("corrupt ids", "srandmember", self.keys(tenant).bad, count)
+        return sorted(text(i) for i in ids or ())
+
+    def _forget_suspects(self, tenant: str, entry_ids: Sequence[str]) -> Flow[None]:
+        """Drop reported ids once they are evicted."""
+        if entry_ids:
+            yield from self._command("corrupt ids", "srem", self.keys(tenant).bad, *entry_ids)
+
     def _count_misses(self, tenant: str, n: int) -> Flow[None]:
         """Add ``n`` to the tenant's miss counter."""
         yield from self._read(self.count_misses(tenant, n))
@@ -418,6 +428,8 @@ class Storage(StoragePlans):
     log_info = op(_log_info)
     label = op(_label)
     policy = op(_policy)
+    suspects = op(_suspects)
+    forget_suspects = op(_forget_suspects)
 
     # -- the worker's keys -------------------------------------------------------------------
     def _record_cycle(self, fields: dict[str, str]) -> Flow[None]:

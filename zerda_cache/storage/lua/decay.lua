@@ -15,8 +15,8 @@ local decay, interval = tonumber(ARGV[4]), tonumber(ARGV[5])
 local decayed, missing, corrupt = 0, 0, {}
 for i = 2, #KEYS do
   local key = KEYS[i]
-  local raw = redis.call('HMGET', key, 'arm', 'use')
-  if not raw[1] then
+  local raw = redis.call('HMGET', key, 'arm', 'use', 'sz')
+  if not raw[1] and not raw[2] and not raw[3] then
     missing = missing + 1
   else
     local arm, use = zc_state(raw[1], raw[2])

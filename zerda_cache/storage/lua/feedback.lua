@@ -8,7 +8,7 @@
 -- then six per signal: entry id, positive (1/0), magnitude, source, caller's timestamp,
 -- the similarity the entry was served at ('' = unknown)
 -- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
--- {-3} corrupt state (nothing written for that signal).
+-- {-3} corrupt (its arm, use or meta missing or undecodable: nothing written for it).
 -- CachePolicyLearner.record_feedback, applied where the arm lives, for a batch of signals
 -- of one tenant: one call amortises the script overhead over the batch.
 local now = zc_now(ARGV[1])
@@ -21,12 +21,12 @@ local out = {}
 local n_pos, n_neg = 0, 0
 for i = 3, #KEYS do
   local base = 11 + (i - 3) * 6
-  local raw = redis.call('HMGET', KEYS[i], 'arm', 'use')
-  if not raw[1] then
+  local raw = redis.call('HMGET', KEYS[i], 'arm', 'use', 'sz', 'meta')
+  if not raw[1] and not raw[2] and not raw[3] then
     out[#out + 1] = {0}
   else
     local arm, use = zc_state(raw[1], raw[2])
-    if not arm then
+    if not arm or not zc_unpack(raw[4]) then
       out[#out + 1] = {-3}
     else
       local positive = ARGV[base + 2] == '1'

@@ -12,7 +12,7 @@ local now = zc_now(ARGV[1])
 local id = ARGV[2]
 local score = redis.call('ZSCORE', KEYS[2], id)
 local raw = redis.call('HMGET', KEYS[1], 'arm', 'use', 'meta', 'doc')
-if not score or not raw[1] then
+if not score or not (raw[1] or raw[2] or raw[3] or raw[4]) then
   return {0}
 end
 if tonumber(score) <= now then

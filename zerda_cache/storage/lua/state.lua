@@ -8,7 +8,7 @@ for i, key in ipairs(KEYS) do
   local v = redis.call('HMGET', key, 'arm', 'use', 'sz')
   local base = 9 * (i - 1)
   local status, arm, use, size = 0, nil, nil, nil
-  if v[1] then
+  if v[1] or v[2] or v[3] then  -- the entry exists (a missing arm makes it corrupt)
     arm, use = zc_state(v[1], v[2])
     size = tonumber(v[3])
     status = (arm and size) and 1 or -1
