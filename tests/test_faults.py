@@ -5,6 +5,7 @@ Each test names the defect it guards (issue "Survive what production does to Red
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from zerda_cache import (
     CacheConfig,
     CorruptEntryError,
+    DimensionMismatchError,
     EvictionConfig,
     FeedbackSignal,
     FencedError,
@@ -24,6 +26,7 @@ from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.lease import Lease
 from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
+from zerda_cache.worker import Worker
 
 DIM = 64
 
@@ -135,3 +138,29 @@ def test_entries_with_a_corrupt_doc_meta_or_vec_are_evicted(
     report = Maintenance(st).evict_tenant("t")
     assert report.removed == {"corrupt": 4}
     assert st.count("t") == 1 and redis_client.scard(tenant_keys("t").bad) == 0
+
+
+def test_lost_registry_and_settings_keys_are_survived(
+    make_manager: Any, redis_client: Any, redis_server_factory: Any, caplog: Any
+) -> None:
+    """Under allkeys-lru, losing zc:tenants hid the tenant from the worker for good
+    (replicas registered once per process), and losing cfg let an 8-d put into a 16-d
+    tenant. Now lookups re-register the tenant with every policy refresh, a put also
+    checks the dimension against the replica's own index, and the worker warns about a
+    policy that may evict zerda-cache's keys."""
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1)[:16])
+    assert m.sync_index("t") == 1
+    redis_client.delete("zc:tenants", tenant_keys("t").cfg)
+    make_manager().lookup("q", tenant="t", embedding=unit(1)[:16])  # a replica's refresh
+    assert redis_client.smembers("zc:tenants") == {b"t"}
+    with pytest.raises(DimensionMismatchError):
+        m.put("q8", "a", tenant="t", embedding=unit(2)[:8])
+    assert m.clear("t") == 1
+    assert m.put("q8", "a", tenant="t", embedding=unit(2)[:8])  # a cleared tenant may change
+    server = redis_server_factory(["--maxmemory-policy", "allkeys-lru"])
+    worker = Worker(connect(server.url, CacheConfig()), health_file=None)
+    with caplog.at_level(logging.WARNING, logger="zerda_cache.worker"):
+        worker.check_server()
+    assert "allkeys-lru" in caplog.text
+    worker.close()

@@ -407,6 +407,7 @@ class CacheEngine:
         refresh = cached is None or mono - cached[0] > cfg.policy_refresh_s
         if refresh:  # the tenant's bound and labels, in the same round trip
             parts.append(st.read_policy(tenant))
+            parts.append(st.register(tenant))
         explore = self._explore.random() < cfg.verify_rate
         spec: tuple[str, float] | None = None
         if self._speculate and len(found) == 1 and cached is not None:
@@ -686,6 +687,7 @@ class CacheEngine:
                 self._check_dim(tenant, ti, vec)
                 best = ti.search(vec, scope, 1, self.config.dedup_threshold)
                 near = best[0][0] if best else None
+            indexed = self._indexes.get(tenant)
             out = yield from self.storage._put(
                 tenant,
                 query,
@@ -695,6 +697,7 @@ class CacheEngine:
                 ttl_s=ttl_s,
                 quality=quality,
                 metadata=metadata,
+                index_dim=indexed.dim if indexed is not None and indexed.built else None,
             )
             replaced, result = self._put_done(tenant, warnings, out, near)
             if replaced:

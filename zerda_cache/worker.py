@@ -237,8 +237,21 @@ class Worker:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
+    def check_server(self) -> None:
+        """Warn about a server that may evict zerda-cache's own keys."""
+        policy = self.storage.eviction_policy()
+        if policy is not None and policy.startswith("allkeys"):
+            log.warning(
+                "the server's maxmemory-policy is %s: Redis may evict any key, the tenant "
+                "registry, settings and indexes included (replicas re-create the registry "
+                "and guard the dimension, but entries can be orphaned). Use noeviction or "
+                "a volatile-* policy: the worker evicts by capacity itself.",
+                policy,
+            )
+
     def run(self) -> None:
         """Run until stopped by a signal (or ``stop()``)."""
+        self.check_server()
         self.serve_metrics()
         log.info("worker %s starting (lease %s)", self.worker_id, self.lease.key)
         try:

@@ -187,6 +187,8 @@ class PutFields(TypedDict, total=False):
         quality / similarity: the seed's scores of the entry, in [0, 1].
         metadata: a msgpack-able mapping with str keys, returned with every hit.
         entry_id: the id to use (32 hex characters); default: a new random one.
+        index_dim: the dimension the caller's index holds for the tenant, if any: a
+            second witness of the tenant's dimension should its cfg hash be lost.
     """
 
     scope: str
@@ -195,6 +197,7 @@ class PutFields(TypedDict, total=False):
     similarity: float | None
     metadata: Mapping[str, Any] | None
     entry_id: str | None
+    index_dim: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +419,7 @@ class StoragePlans:
             repr(cfg.rl.prior_beta),
             cfg.index_log_maxlen,
             repr(float(cfg.default_ttl_s or 0)),
+            "" if fields.get("index_dim") is None else str(int(fields["index_dim"] or 0)),
         ]
 
         def parse(res: Any) -> PutOutcome:
@@ -781,6 +785,17 @@ class StoragePlans:
             return Calibration.parse(res[0], res[1])
 
         return ReadPlan("policy", queue, parse, 2)
+
+    def register(self, tenant: str) -> ReadPlan[None]:
+        """Add ``tenant`` to the global registry (idempotent; best effort). Lookups send
+        it with every policy refresh: a FLUSHALL or an allkeys-* eviction of the set
+        would otherwise hide the tenant from the worker for good."""
+        key = self.tenants_key
+
+        def queue(pipe: Any) -> None:
+            pipe.sadd(key, tenant)
+
+        return ReadPlan("register tenant", queue, lambda res: None, 1, tolerant=(0,))
 
     def _suspect(self, tenant: str, entry_id: str) -> None:
         found = self._suspected.setdefault(tenant, set())

@@ -455,10 +455,20 @@ class Storage(StoragePlans):
         raw = yield from self._command("leader", "get", leader_key(self.config.key_prefix))
         return text(raw) if raw is not None else None
 
+    def _eviction_policy(self) -> Flow[str | None]:
+        """The server's ``maxmemory-policy`` (``None`` when CONFIG is not allowed)."""
+        try:
+            reply = yield from self._command("config", "config_get", "maxmemory-policy")
+        except StorageError:
+            return None
+        value = reply.get("maxmemory-policy") or reply.get(b"maxmemory-policy")
+        return text(value) if value is not None else None
+
     def _close(self) -> Flow[None]:
         """Close the client (its connection pool)."""
         yield self.client.aclose if self.is_async else self.client.close
 
+    eviction_policy = op(_eviction_policy)
     record_cycle = op(_record_cycle)
     recent_cycles = op(_recent_cycles)
     leader = op(_leader)

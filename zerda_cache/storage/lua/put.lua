@@ -6,6 +6,9 @@
 -- ARGV[7] scope  ARGV[8] ttl_s from the caller ('' = none given)  ARGV[9] similarity
 -- ARGV[10] quality  ARGV[11] prior_alpha  ARGV[12] prior_beta
 -- ARGV[13] log maxlen (approximate)  ARGV[14] the configured default ttl_s (0 = none)
+-- ARGV[15] the dimension the caller's index holds for the tenant ('' = none): when the
+-- cfg hash was lost (evicted by an allkeys-* policy) while entries remain, it still
+-- refuses another dimension.
 -- The TTL is the caller's, else the tenant's override (cfg 'ttl'), else the default.
 local now = zc_now(ARGV[1])
 local id, dim, digest, scope = ARGV[2], tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -16,6 +19,10 @@ local tenant_dim = cfg[1]
 local ttl = tonumber(ARGV[8]) or tonumber(cfg[2]) or tonumber(ARGV[14]) or 0
 if tenant_dim and tonumber(tenant_dim) ~= dim then
   return {-1, tonumber(tenant_dim)}
+end
+if not tenant_dim and ARGV[15] ~= '' and tonumber(ARGV[15]) ~= dim
+    and redis.call('ZCARD', KEYS[2]) > 0 then
+  return {-1, tonumber(ARGV[15])}
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-2}
