@@ -26,6 +26,7 @@ from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.lease import Lease
 from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
+from zerda_cache.testing import RedisSentinelGroup
 from zerda_cache.worker import Worker
 
 DIM = 64
@@ -164,3 +165,47 @@ def test_lost_registry_and_settings_keys_are_survived(
         worker.check_server()
     assert "allkeys-lru" in caplog.text
     worker.close()
+
+
+def test_a_sentinel_failover_under_traffic(server_kind: str, make_manager: Any) -> None:
+    """A primary, a replica and three sentinels (local processes). The primary dies under
+    lookups: they fail open (no error, no wrong answer) until the sentinels promote the
+    replica, then every acknowledged entry is served again from the new primary, and
+    puts work, through the same redis+sentinel:// manager."""
+    with RedisSentinelGroup(kind=server_kind) as group:
+        assert group.primary is not None
+        m = make_manager(CacheConfig(redis_timeout_s=0.5), url=group.url, from_url=True)
+        ids = [m.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(i)).entry_id for i in range(20)]
+        with group.primary.client() as primary:  # replication is asynchronous: WAIT for it
+            assert primary.wait(1, 5_000) == 1
+        assert m.lookup("q3", tenant="t", embedding=unit(3)) is not None
+        group.primary.stop()
+        served = failed_open = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            i = served + failed_open
+            hit = m.lookup(f"q{i % 20}", tenant="t", embedding=unit(i % 20))
+            if hit is None:
+                failed_open += 1
+            else:
+                assert hit.entry_id == ids[i % 20]  # never a wrong answer
+                served += 1
+                if failed_open:
+                    break  # served again after the outage
+            time.sleep(0.05)
+        group.wait_for_failover()
+        assert failed_open > 0  # the outage was seen, and survived
+        for i in range(20):
+            hit = m.lookup(f"q{i}", tenant="t", embedding=unit(i))
+            assert hit is not None and hit.entry_id == ids[i]
+        assert m.put("after the failover", "yes", tenant="t", embedding=unit(99))
+
+
+def test_a_sentinel_url_needs_hosts_and_a_service() -> None:
+    with pytest.raises(ValueError, match="service"):
+        connect("redis+sentinel://127.0.0.1:26380", CacheConfig())
+    client = connect("redis+sentinel://u:p%40w@127.0.0.1:1,127.0.0.1:2/mymaster/3", CacheConfig())
+    kwargs = client.connection_pool.connection_kwargs  # nothing connects until a command
+    assert (kwargs["db"], kwargs["username"], kwargs["password"]) == (3, "u", "p@w")
+    assert client.connection_pool.service_name == "mymaster"
+    client.close()

@@ -39,6 +39,7 @@ from redis.cluster import RedisCluster
 __all__ = [
     "SERVER_KINDS",
     "RedisClusterServer",
+    "RedisSentinelGroup",
     "RedisServer",
     "find_server_binary",
 ]
@@ -794,3 +795,161 @@ class RedisClusterServer:
             if sorted(ports) != expected_ports:
                 return f"node {node.port} sees ports {sorted(ports)}"
         return None
+
+
+# --------------------------------------------------------------------------- sentinel
+
+
+class RedisSentinelGroup:
+    """A primary, one replica and ``sentinels`` Sentinel processes, all local throwaway
+    processes on free ports, monitoring the service ``service``.
+
+    Example::
+
+        with RedisSentinelGroup() as group:
+            manager = CacheManager.from_url(group.url)  # redis+sentinel://...
+            group.primary.stop()                        # a failover follows
+            group.wait_for_failover()
+
+    Attributes:
+        primary: The :class:`RedisServer` that is the primary at start.
+        replica: Its replica (promoted by a failover).
+        sentinel_ports: The Sentinel processes' ports.
+    """
+
+    host: str = _HOST
+
+    def __init__(
+        self,
+        kind: str | None = None,
+        *,
+        service: str = "zerda",
+        sentinels: int = 3,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+    ) -> None:
+        self.kind, self.binary = find_server_binary(kind)
+        self.service = service
+        self.n_sentinels = sentinels
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.primary: RedisServer | None = None
+        self.replica: RedisServer | None = None
+        self.sentinel_ports: list[int] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._tmpdir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis+sentinel://h:p,h:p,.../<service>/0``: what ``connect`` takes."""
+        hosts = ",".join(f"{self.host}:{p}" for p in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    def start(self) -> Self:
+        """Start the primary, the replica and the sentinels; wait until every sentinel
+        knows the replica and the other sentinels."""
+        _register(self)
+        try:
+            self.primary = RedisServer(self.kind).start()
+            self.replica = RedisServer(
+                self.kind, ["--replicaof", self.host, str(self.primary.port)]
+            ).start()
+            self._tmpdir = Path(tempfile.mkdtemp(prefix=f"zerda-{self.kind}-sentinel-"))
+            for i in range(self.n_sentinels):
+                self._start_sentinel(i)
+            self._wait(self._converged, 30.0, "the sentinels did not see the whole group")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_sentinel(self, i: int) -> None:
+        assert self._tmpdir is not None and self.primary is not None
+        port = _free_port()
+        conf = self._tmpdir / f"sentinel-{i}.conf"
+        conf.write_text(
+            f"port {port}\nbind {self.host}\nprotected-mode no\n"
+            f"dir {self._tmpdir}\n"
+            f"sentinel monitor {self.service} {self.host} {self.primary.port} 2\n"
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {self.service} 1\n"
+        )
+        log = open(self._tmpdir / f"sentinel-{i}.log", "ab")  # noqa: SIM115 - child keeps it
+        self._procs.append(
+            subprocess.Popen(
+                [self.binary, str(conf), "--sentinel"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._tmpdir,
+            )
+        )
+        log.close()
+        self.sentinel_ports.append(port)
+        self._wait(lambda: _ping(self.host, port), 10.0, f"sentinel {i} did not start")
+
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(host=self.host, port=port, socket_timeout=2, decode_responses=True)
+
+    def _converged(self) -> bool:
+        for port in self.sentinel_ports:
+            with self._sentinel(port) as s:
+                state = s.sentinel_master(self.service)
+                if int(state.get("num-slaves", 0)) < 1:
+                    return False
+                if int(state.get("num-other-sentinels", 0)) < self.n_sentinels - 1:
+                    return False
+        return True
+
+    def primary_port(self) -> int:
+        """The primary's port as the first sentinel sees it now."""
+        with self._sentinel(self.sentinel_ports[0]) as s:
+            _host, port = s.sentinel_get_master_addr_by_name(self.service)
+        return int(port)
+
+    def wait_for_failover(self, timeout: float = 30.0) -> int:
+        """Wait until the sentinels promoted the replica; returns the new primary's port."""
+        assert self.replica is not None
+        replica = self.replica
+
+        def promoted() -> bool:
+            if self.primary_port() != replica.port:
+                return False
+            with replica.client(socket_timeout=2) as c:
+                return str(c.info("replication").get("role")) == "master"
+
+        self._wait(promoted, timeout, "no failover")
+        return replica.port
+
+    def _wait(self, done: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(redis.RedisError, OSError):
+                if done():
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop every process and remove the directories. Safe to call repeatedly."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        self._procs, self.sentinel_ports = [], []
+        for server in (self.replica, self.primary):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.stop()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+        _unregister(self)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -44,8 +44,12 @@ def connect(
 ) -> Any:
     """A redis-py client for ``url``: ``redis://``, ``rediss://`` (TLS), ``unix://``, with
     an ACL user and password in the URL as usual; ``cluster=True`` or a ``+cluster``
-    scheme (``redis+cluster://``) gives a Redis Cluster client. ``asyncio=True`` gives the
+    scheme (``redis+cluster://``) gives a Redis Cluster client; a ``+sentinel`` scheme
+    (``redis+sentinel://[user:password@]host:port,host:port/service[/db]``) the primary of
+    a Sentinel group, found again after a failover. ``asyncio=True`` gives the
     ``redis.asyncio`` flavour, with the same options."""
+    if url.partition("://")[0].endswith("+sentinel"):
+        return _sentinel_primary(url, config, asyncio=asyncio)
     url, is_cluster_url, options = client_options(url, config, cluster)
     if asyncio:
         import redis.asyncio
@@ -62,3 +66,44 @@ def connect(
         options["retry"] = redis.retry.Retry(NoBackoff(), 1, RETRY_ON)
         cls = redis.cluster.RedisCluster if is_cluster_url else redis.Redis
     return cls.from_url(url, **options)
+
+
+def _sentinel_primary(url: str, config: CacheConfig, *, asyncio: bool) -> Any:
+    """The primary of the Sentinel group a ``redis+sentinel://`` URL names."""
+    from urllib.parse import unquote, urlsplit
+
+    scheme, _, rest = url.partition("://")
+    parts = urlsplit("redis://" + rest)
+    creds, _, hostlist = parts.netloc.rpartition("@")
+    path = [p for p in parts.path.split("/") if p]
+    if not hostlist or not path:
+        raise ValueError(
+            f"a sentinel URL needs hosts and a service: "
+            f"{scheme}://[user:password@]host:port[,host:port]/service[/db], got {url!r}"
+        )
+    sentinels = []
+    for item in hostlist.split(","):
+        host, _, port = item.rpartition(":")
+        sentinels.append((host or item, int(port) if host else 26379))
+    service, db = path[0], int(path[1]) if len(path) > 1 else 0
+    user, _, password = creds.partition(":")
+    _, _, options = client_options("redis://x", config)
+    options.update(db=db, username=unquote(user) or None, password=unquote(password) or None)
+    if scheme.startswith("rediss"):
+        options["ssl"] = True
+    timeouts = {k: options[k] for k in ("socket_timeout", "socket_connect_timeout")}
+    if asyncio:
+        import redis.asyncio.retry
+        import redis.asyncio.sentinel
+
+        options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1, RETRY_ON)
+        group: Any = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            sentinels, sentinel_kwargs=timeouts
+        )
+    else:
+        import redis.retry
+        import redis.sentinel
+
+        options["retry"] = redis.retry.Retry(NoBackoff(), 1, RETRY_ON)
+        group = redis.sentinel.Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+    return group.master_for(service, **options)

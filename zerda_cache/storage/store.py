@@ -465,8 +465,11 @@ class Storage(StoragePlans):
         return text(value) if value is not None else None
 
     def _close(self) -> Flow[None]:
-        """Close the client (its connection pool)."""
-        yield self.client.aclose if self.is_async else self.client.close
+        """Close the client (its connection pool), and a Sentinel group's own clients."""
+        pool = getattr(self.client, "connection_pool", None)
+        sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
+        for client in (self.client, *sentinels):
+            yield client.aclose if self.is_async else client.close
 
     eviction_policy = op(_eviction_policy)
     record_cycle = op(_record_cycle)
