@@ -11,7 +11,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from zerda_cache import CacheConfig, FeedbackSignal
+from zerda_cache import CacheConfig, EntryNotFoundError, FeedbackSignal
 from zerda_cache.calibration import (
     BIN_WIDTH,
     MIN_LABELS,
@@ -214,3 +214,40 @@ def test_feedback_under_a_bound_labels_the_match(make_manager: Any) -> None:
     assert m.stats("t")["negative"] == 2
     keys = tenant_keys("t")
     assert keys.cal.endswith(":cal")
+
+
+def test_an_exact_repeat_is_never_a_near_match_label(make_manager: Any) -> None:
+    m = make_manager(CacheConfig(max_error_rate=0.05))
+    v = unit(12)
+    m.put("What is 2 + 2?", "4", tenant="t", embedding=v)
+    for _ in range(5):  # the fast path (one candidate) too
+        hit = m.lookup("What is 2 + 2?", tenant="t", embedding=v)
+        assert hit is not None and hit.exact and hit.similarity == 1.0
+        m.feedback(hit.feedback(True))
+    assert m.storage.policy("t").labels == 0
+
+
+def test_a_per_call_bound_learns_and_failed_feedback_labels_nothing(make_manager: Any) -> None:
+    m = make_manager()  # no bound but the call's
+    v = unit(13)
+    cached = m.put("q", "a", tenant="t", embedding=v)
+    assert m.lookup("q2", tenant="t", embedding=near(v, 0.95, 14), max_error_rate=0.05) is None
+    assert m.put("q2", "a", tenant="t", embedding=near(v, 0.95, 14)).verified is True
+    assert m.storage.policy("t").labels == 1
+    bounded = make_manager(CacheConfig(max_error_rate=0.05))
+    assert bounded.invalidate(cached.entry_id, tenant="t")
+    with pytest.raises(EntryNotFoundError):
+        bounded.feedback(FeedbackSignal(cached.entry_id, "t", False, similarity=0.9))
+    assert m.storage.policy("t").labels == 1  # not counted: the signal was not applied
+
+
+def test_verification_survives_the_candidate_being_replaced(make_manager: Any) -> None:
+    m = make_manager(CacheConfig(max_error_rate=0.05, dedup_threshold=0.95))
+    v = unit(15)
+    cached = m.put("q", "a", tenant="t", embedding=v)
+    assert m.lookup("q again", tenant="t", embedding=near(v, 0.97, 16)) is None
+    res = m.put("q again", "a", tenant="t", embedding=near(v, 0.97, 16))
+    assert res.replaced_id == cached.entry_id and res.verified is True
+    assert m.storage.policy("t").labels == 1
+    m.clear("t")  # a cleared tenant starts its calibration again
+    assert m.storage.policy("t").labels == 0

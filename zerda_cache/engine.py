@@ -44,12 +44,12 @@ from zerda_cache.context import (
 )
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import (
+    CorruptEntryError,
     DimensionMismatchError,
     EntryNotFoundError,
     InvalidEmbeddingError,
     InvalidFeedbackError,
     StorageError,
-    ZerdaError,
 )
 from zerda_cache.index import IndexPolicy
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
@@ -434,7 +434,10 @@ class CacheEngine:
         if spec is not None:
             outcome: HitOutcome = replies[-1]
             if outcome.served is not None:
-                return self._spec_hit(tenant, spec, outcome.served), n_found, False
+                if spec[0] == exact_id:  # the question itself: an exact hit, similarity 1
+                    spec = (spec[0], 1.0)
+                served = self._spec_hit(tenant, spec, outcome.served, spec[0] == exact_id)
+                return served, n_found, False
             if outcome.status is HitStatus.GONE:
                 ghosts.add(spec[0])
         elif found:
@@ -700,12 +703,13 @@ class CacheEngine:
                 index_dim=indexed.dim if indexed is not None and indexed.built else None,
             )
             replaced, result = self._put_done(tenant, warnings, out, near)
-            if replaced:
-                yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
+            # Verify before the replaced entries go: the candidate may be one of them.
             ticket = self._tickets.pop(self._ticket_key(tenant, query, scope))
             if ticket is not None:
                 verified = yield from self._verify(tenant, ticket, response)
                 result = dataclasses.replace(result, verified=verified)
+            if replaced:
+                yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
             return result
 
     def _verify(self, tenant: str, ticket: tuple[str, float], fresh: str) -> Flow[bool | None]:
@@ -715,11 +719,16 @@ class CacheEngine:
         entry_id, similarity = ticket
         try:
             cached = yield from self.storage._get_entry(tenant, entry_id, with_vector=False)
-        except EntryNotFoundError:
+        except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
+            log.debug("tenant %s: verification of %s dropped: %s", tenant, entry_id, exc)
             return None
-        right = bool(self.same_answer(cached.response, fresh))
+        try:  # a step: an async judge (an LLM call) is awaited by the async driver
+            right = bool((yield call(self.same_answer, cached.response, fresh)))
+        except Exception as exc:  # the answer is stored: a failing judge labels nothing
+            log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
+            return None
         signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=similarity)
-        yield from self._learn(signal)
+        yield from self._learn(signal, label=True)
         return right
 
     def _put_done(
@@ -756,24 +765,18 @@ class CacheEngine:
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
 
-    def _learn(self, signal: FeedbackSignal) -> Flow[None]:
-        """Apply a signal to the entry's arm and, under an error bound, count it as a
-        labelled outcome of a near match (at the similarity it carries)."""
+    def _learn(self, signal: FeedbackSignal, *, label: bool = False) -> Flow[None]:
+        """Apply a signal to the entry's arm and count it as a labelled outcome of a near
+        match (at the similarity it carries, below 1) when ``label`` (a verification) or
+        when an error bound is known for the tenant (this replica's cached policy or the
+        config). The label is counted only once the signal was applied."""
         tenant, sim = signal.tenant_id, signal.similarity
-        cached = self._policies.get(tenant)
-        bounded = self._bound(None, cached[1] if cached else Calibration()) is not None
-        if not bounded or sim is None or sim >= 1.0:
-            yield from self.storage._feedback(signal)
-        else:
-            label = self.storage.plan_label(tenant, sim, signal.positive)
-            plans: list[ScriptCall[Any]] = [self.storage.plan_feedback([signal]), label]
-            if self._speculate:  # both scripts in one round trip
-                (result,), _ = yield from self.storage._read(self.storage.batch("learn", plans))
-                if isinstance(result, ZerdaError):
-                    raise result
-            else:
-                yield from self.storage._feedback(signal)
-                yield from self.storage._run(label)
+        if not label:
+            cached = self._policies.get(tenant)
+            label = self._bound(None, cached[1] if cached else Calibration()) is not None
+        yield from self.storage._feedback(signal)
+        if label and sim is not None and sim < 1.0:
+            yield from self.storage._label(tenant, sim, signal.positive)
         self.learner.note_feedback(signal)
 
     def _invalidate(self, entry_id: str, *, tenant: str) -> Flow[bool]:
@@ -923,11 +926,11 @@ class CacheEngine:
         )
 
     def _spec_hit(
-        self, tenant: str, cand: tuple[str, float], served: IntelligentCacheEntry
+        self, tenant: str, cand: tuple[str, float], served: IntelligentCacheEntry, exact: bool
     ) -> CacheHit:
         """The hit of a speculatively served single candidate (its score for the record)."""
         ((scored, score),) = self.learner.score_candidates([(cand[0], cand[1], served)])
-        return self._hit(tenant, scored, score, False, served)
+        return self._hit(tenant, scored, score, exact, served)
 
     # -- metrics and fail-open -------------------------------------------------------------
     @contextlib.contextmanager

@@ -63,6 +63,12 @@ class CorruptEntryError(ZerdaError):
         self.detail = detail
 
 
+class SchemaVersionError(CorruptEntryError):
+    """A stored value written by another version of zerda-cache (its schema version is
+    unknown here): not corrupt, only unreadable by this one, so never reported for
+    eviction (a rolling upgrade must not delete the new version's entries)."""
+
+
 class StorageError(ZerdaError):
     """Redis failed (connection, timeout, script error); the cause is chained."""
 

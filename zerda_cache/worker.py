@@ -175,6 +175,9 @@ class Worker:
             self.metrics.cycles.labels(job, "error").inc()
             log.exception("%s cycle failed", job)
             return
+        if self.maintenance.fenced:  # a newer leader wrote: this one's lease is stale
+            log.warning("%s cycle fenced off: giving the lease up", job)
+            self._release()
         outcome = "stopped" if self.maintenance._halted() else "ok"
         self.metrics.cycles.labels(job, outcome).inc()
         self.metrics.cycle_seconds.labels(job).observe(time.perf_counter() - started)

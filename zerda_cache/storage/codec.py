@@ -35,7 +35,12 @@ import numpy as np
 import numpy.typing as npt
 
 from zerda_cache.entry import BanditArm
-from zerda_cache.errors import CorruptEntryError, InvalidEmbeddingError, InvalidEntryError
+from zerda_cache.errors import (
+    CorruptEntryError,
+    InvalidEmbeddingError,
+    InvalidEntryError,
+    SchemaVersionError,
+)
 from zerda_cache.validation import check_text
 
 SCHEMA_VERSION = 1
@@ -191,7 +196,7 @@ def unpack_doc(raw: object, *, key: str = "?") -> tuple[str, str, dict[str, Any]
     """Return (query, response, metadata)."""
     doc = _unpack_map(raw, key, "doc")
     if doc.get("v") != SCHEMA_VERSION:
-        raise CorruptEntryError(key, f"doc has unknown schema version {doc.get('v')!r}")
+        raise SchemaVersionError(key, f"doc has unknown schema version {doc.get('v')!r}")
     q, r, m = doc.get("q"), doc.get("r"), doc.get("m")
     if not isinstance(q, str) or not isinstance(r, str) or not isinstance(m, dict):
         raise CorruptEntryError(key, "doc lacks query, response or metadata")
@@ -279,7 +284,7 @@ def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
     """Return the meta map with numbers as floats, checked."""
     meta = _unpack_map(raw, key, "meta")
     if meta.get("v") != SCHEMA_VERSION:
-        raise CorruptEntryError(key, f"meta has unknown schema version {meta.get('v')!r}")
+        raise SchemaVersionError(key, f"meta has unknown schema version {meta.get('v')!r}")
     out: dict[str, Any] = {name: _num(meta, name, key, "meta") for name in ("ct", "ttl")}
     out["dim"] = int(_num(meta, "dim", key, "meta"))
     scope = meta.get("sc", "")

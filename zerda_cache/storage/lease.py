@@ -11,10 +11,11 @@ its cycle after it lost the lease:
 * ``held`` is also false once the lease's time to live has passed on this process's own
   monotonic clock since the last successful renewal (measured from before the renewal
   was sent), so a leader that wakes up after its lease lapsed stops at its next batch;
-* every lease taken gets a fencing token, ``epoch`` (``INCR`` of ``<key>:epoch``): the
-  decay and evict scripts refuse a write whose epoch is older than one that already
-  wrote to the tenant (``FencedError``), which closes the gap between the check and the
-  write.
+* every lease taken gets a fencing token, ``epoch``: the server's time in microseconds
+  when it was taken, in the same script as the ``SET NX`` (so it is taken on a full
+  server too, and grows with every new leader); the decay and evict scripts refuse a
+  write whose epoch is older than one that already wrote to the tenant
+  (``FencedError``), which closes the gap between the check and the write.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ class Lease:
         self.ttl_ms = int(ttl_s * 1000)
         self.token = f"{holder_id or socket.gethostname()}:{secrets.token_hex(8)}"
         self.scripts = scripts if scripts is not None else Scripts.register(client)
-        self.epoch_key = key + ":epoch"
         #: The fencing token of the lease this holder took last (``None``: never took one).
         self.epoch: int | None = None
         self._held = False
@@ -83,9 +83,12 @@ class Lease:
                 if not self._held:
                     log.warning("lost the worker lease %s", self.key)
             if not self._held:
-                self._held = bool(self.client.set(self.key, self.token, nx=True, px=self.ttl_ms))
+                epoch = int(
+                    self.scripts.lease_acquire(keys=[self.key], args=[self.token, self.ttl_ms])
+                )
+                self._held = epoch > 0
                 if self._held:
-                    self.epoch = int(self.client.incr(self.epoch_key))
+                    self.epoch = epoch
                     log.info(
                         "took the worker lease %s as %s (epoch %d)",
                         self.key,

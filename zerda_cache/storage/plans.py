@@ -32,6 +32,7 @@ from zerda_cache.errors import (
     DimensionMismatchError,
     EntryNotFoundError,
     InvalidEntryError,
+    SchemaVersionError,
     ZerdaError,
 )
 from zerda_cache.policy_learner import FeedbackSignal
@@ -482,7 +483,7 @@ class StoragePlans:
                 meta = codec.unpack_meta(res[4], key=key)
             except CorruptEntryError as exc:
                 log.warning("corrupt entry not served: %s", exc)
-                self._suspect(tenant, entry_id)
+                self._suspect(tenant, entry_id, exc)
                 return HitOutcome(HitStatus.CORRUPT)
             use = codec.trusted_use(res[2])
             entry = IntelligentCacheEntry(
@@ -649,7 +650,7 @@ class StoragePlans:
                 except CorruptEntryError as exc:
                     log.warning("skipping corrupt entry: %s", exc)
                     out.corrupt.append(eid)
-                    self._suspect(tenant, eid)
+                    self._suspect(tenant, eid, exc)
             return out
 
         return ReadPlan("load_states", queue, parse, len(ids) + 1)
@@ -702,7 +703,7 @@ class StoragePlans:
                     out[eid] = (codec.decode_vector(vec, key=key), scope)
                 except CorruptEntryError as exc:
                     log.warning("skipping corrupt entry: %s", exc)
-                    self._suspect(tenant, eid)
+                    self._suspect(tenant, eid, exc)
             return out
 
         return ReadPlan("vectors", queue, parse, len(ids))
@@ -797,7 +798,9 @@ class StoragePlans:
 
         return ReadPlan("register tenant", queue, lambda res: None, 1, tolerant=(0,))
 
-    def _suspect(self, tenant: str, entry_id: str) -> None:
+    def _suspect(self, tenant: str, entry_id: str, exc: CorruptEntryError) -> None:
+        if isinstance(exc, SchemaVersionError):
+            return  # another version's entry: readable by it, not to be evicted
         found = self._suspected.setdefault(tenant, set())
         if len(found) < 10_000:
             found.add(entry_id)

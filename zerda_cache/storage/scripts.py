@@ -32,6 +32,7 @@ FLAGS = {
     "state": "no-writes",
     "lease_renew": "allow-oom",
     "lease_release": "allow-oom",
+    "lease_acquire": "allow-oom",
     "label": "allow-oom",
 }
 SCRIPT_NAMES = (
@@ -43,6 +44,7 @@ SCRIPT_NAMES = (
     "state",
     "lease_renew",
     "lease_release",
+    "lease_acquire",
     "label",
 )
 
@@ -75,6 +77,7 @@ class Scripts:
     state: Any
     lease_renew: Any
     lease_release: Any
+    lease_acquire: Any
     label: Any
 
     @classmethod

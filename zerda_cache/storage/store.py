@@ -358,12 +358,14 @@ class Storage(StoragePlans):
         yield from self._read(ReadPlan("set_tenant_settings", queue, _ignore, len(settings) + 1))
 
     def _reset_tenant(self, tenant: str) -> Flow[None]:
-        """Drop a tenant's counters, feedback log and dimension (``clear`` calls this once
-        its entries are gone). The index log stays: replicas still need its events."""
+        """Drop a tenant's counters, feedback log, dimension, labelled outcomes and corrupt
+        reports (``clear`` calls this once its entries are gone): a tenant re-created with
+        another embedding model must not inherit similarity thresholds learned on the old
+        one. The index log stays: replicas still need its events."""
         k = self.keys(tenant)
 
         def queue(pipe: Any) -> None:
-            pipe.unlink(k.stats, k.fb)
+            pipe.unlink(k.stats, k.fb, k.cal, k.bad)
             pipe.hdel(k.cfg, "dim")
 
         yield from self._read(ReadPlan("reset_tenant", queue, _ignore, 2))

@@ -18,12 +18,13 @@ for i = 6, #KEYS do
   local id, want = ARGV[(i - 6) * 2 + 4], ARGV[(i - 6) * 2 + 5]
   local key = KEYS[i]
   local state = redis.call('HMGET', key, 'sz', 'dg', 'use')
+  local exists = redis.call('EXISTS', key) == 1  -- whatever fields a corrupt entry lost
   local changed = false
-  if state[1] and want ~= '' then
+  if exists and want ~= '' then
     local ok, use = pcall(cmsgpack.unpack, state[3] or '')
     changed = not ok or type(use) ~= 'table' or use.v ~= tonumber(want)
   end
-  if not state[1] then
+  if not exists then
     if redis.call('ZREM', KEYS[1], id) == 1 then
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
     end
