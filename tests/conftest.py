@@ -18,8 +18,8 @@ Fixtures:
     flavour                function: ``"sync"`` or ``"async"`` (the driver under test)
     make_manager           function: managers of that flavour, called the same way
 
-``Clock`` (an injectable "now") and ``Blocking`` (an async manager behind blocking calls)
-are importable from here: ``from conftest import Clock``.
+``Clock`` (an injectable "now"), ``Blocking`` (an async manager behind blocking calls),
+``unit`` and ``near`` (test vectors) are importable from here: ``from conftest import Clock``.
 
 Tests using ``redis_cluster`` (directly or through ``cluster_client``) are marked
 ``cluster`` automatically, so ``-m "not cluster"`` deselects them.
@@ -30,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 import redis.asyncio
@@ -146,6 +148,21 @@ def cluster_client(redis_cluster: RedisClusterServer) -> Iterator[RedisCluster]:
         yield client
     finally:
         client.close()
+
+
+# --- vectors and clocks for the tests ---------------------------------------------------------
+def unit(seed: int, dim: int = 16) -> np.ndarray:
+    """A random unit vector, the same for the same seed."""
+    v = np.random.default_rng(seed).normal(size=dim)
+    return v / np.linalg.norm(v)
+
+
+def near(v: np.ndarray, cos: float, seed: int = 99) -> np.ndarray:
+    """A unit vector with cosine ``cos`` to unit vector ``v``."""
+    r = np.random.default_rng(seed).normal(size=len(v))
+    r -= (r @ v) * v
+    r /= np.linalg.norm(r)
+    return cos * v + math.sqrt(1 - cos * cos) * r
 
 
 # --- both drivers, one test body -------------------------------------------------------------

@@ -3,12 +3,13 @@ drivers against real servers."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
+from conftest import near
+from conftest import unit as _unit
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import CacheConfig, EntryNotFoundError, FeedbackSignal
@@ -30,15 +31,7 @@ DIM = 384
 
 
 def unit(seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).normal(size=DIM)
-    return v / np.linalg.norm(v)
-
-
-def near(v: np.ndarray, cos: float, seed: int) -> np.ndarray:
-    r = np.random.default_rng(seed).normal(size=len(v))
-    r -= (r @ v) * v
-    r /= np.linalg.norm(r)
-    return cos * v + math.sqrt(1 - cos * cos) * r
+    return _unit(seed, DIM)
 
 
 def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:

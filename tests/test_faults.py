@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import unit as _unit
 
 from zerda_cache import (
     CacheConfig,
@@ -33,8 +34,7 @@ DIM = 64
 
 
 def unit(seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).normal(size=DIM)
-    return v / np.linalg.norm(v)
+    return _unit(seed, DIM)
 
 
 def test_a_full_server_still_serves_and_the_worker_frees_memory(

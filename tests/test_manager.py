@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from conftest import Blocking, Clock
+from conftest import Blocking, Clock, near, unit
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import (
@@ -33,19 +33,6 @@ from zerda_cache.storage.connect import HEALTH_CHECK_INTERVAL_S, connect
 from zerda_cache.storage.keys import tenant_keys
 
 DIM = 16
-
-
-def unit(seed: int, dim: int = DIM) -> np.ndarray:
-    v = np.random.default_rng(seed).normal(size=dim)
-    return v / np.linalg.norm(v)
-
-
-def near(v: np.ndarray, cos: float, seed: int = 99) -> np.ndarray:
-    """A unit vector with cosine ``cos`` to unit vector ``v``."""
-    r = np.random.default_rng(seed).normal(size=len(v))
-    r -= (r @ v) * v
-    r /= np.linalg.norm(r)
-    return cos * v + math.sqrt(1 - cos * cos) * r
 
 
 def snapshot(client: redis.Redis) -> dict[bytes, bytes]:
