@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.metrics import ReplicaMetrics
-from zerda_cache.storage import RedisStorage
+from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.storage.keys import leader_key, tenant_keys
-from zerda_cache.worker import Worker, check_health
+from zerda_cache.worker import Worker, check_health, health_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM = 8
@@ -367,3 +367,26 @@ def test_worker_and_replica_expose_every_contract_metric(
     assert not undocumented, f"exposed but not in docs/metrics.md: {undocumented}"
     assert 'zerda_cache_tenant_entries{tenant="acme"} 50.0' in text
     assert "zerda_cache_worker_leader 1.0" in text
+
+
+def test_health_file_is_not_touched_while_redis_is_unreachable(
+    redis_server_factory: Any, tmp_path: Path
+) -> None:
+    """worker --check said healthy through a 21 s outage: the lease tick touched the file
+    whatever happened. Now only a tick that reached Redis touches it, and --check says
+    why it is unhealthy."""
+    server = redis_server_factory()
+    health = tmp_path / "health"
+    cfg = CacheConfig(redis_timeout_s=0.2)
+    w = Worker(connect(server.url, cfg), cfg, health_file=str(health))
+    w.lease_tick()
+    assert health.exists() and w.lease.held
+    old = time.time() - 60
+    os.utime(health, (old, old))
+    server.stop()
+    w.lease_tick()  # Redis is down: logged and counted, the file left as it was
+    assert health.stat().st_mtime == pytest.approx(old, abs=1)
+    assert not check_health(str(health), 5)
+    problem = health_problem(str(health), 5)
+    assert problem is not None and "cannot reach Redis" in problem
+    w.close()
