@@ -166,9 +166,9 @@ def test_every_dashboard_and_alert_expression_against_real_prometheus(
     logs = [open(tmp_path / f"{n}.log", "wb") for n in ("worker", "app", "prometheus")]  # noqa: SIM115
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "zerda_cache.worker", "--redis-url", redis_url,
+            [sys.executable, "-m", "zerda_cache.cli", "worker", "--redis-url", redis_url,
              "--metrics-port", str(worker_port), "--metrics-host", "127.0.0.1",
-             "--eviction-interval", "1", "--decay-interval", "1", "--metrics-interval", "1",
+             "--eviction-interval", "1", "--decay-job-interval", "1", "--metrics-interval", "1",
              "--lease-ttl", "3", "--health-file", str(tmp_path / "health")],
             stdout=logs[0], stderr=subprocess.STDOUT,
         ),
