@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -760,3 +761,41 @@ def test_serving_bar_stops_an_unconfirmed_answer_after_one_negative(
     assert hit is not None and hit.entry_id == solid
     # still cached (not evicted: min_reward_to_keep is 0.05), just not served
     assert m.stats("t")["entries"] == 2
+
+
+def test_concurrent_lookups_build_once_and_agree(redis_client: redis.Redis, redis_url: str) -> None:
+    """Many threads (sync) or tasks (asyncio) look up on a cold replica at once, while a
+    writer puts: the tenant's index is built once under its flow lock, every lookup of a
+    cached question gets its own answer, and the locks are free afterwards."""
+    writer = CacheManager(redis_client, metrics=ReplicaMetrics(CollectorRegistry()))
+    ids = [writer.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(3000 + i)).entry_id
+           for i in range(50)]  # fmt: skip
+
+    def check(hits: list[Any]) -> None:
+        assert all(h is not None and h.entry_id == ids[i % 50] for i, h in enumerate(hits))
+
+    registry = CollectorRegistry()
+    sync = CacheManager(redis.Redis.from_url(redis_url), metrics=ReplicaMetrics(registry))
+
+    def ask(i: int) -> Any:
+        return sync.lookup(f"q{i % 50}", tenant="t", embedding=unit(3000 + i % 50))
+
+    with ThreadPoolExecutor(8) as pool:
+        hits = list(pool.map(ask, range(200)))
+    check(hits)
+    assert metric(registry, "zerda_cache_index_rebuilds_total", tenant="t") == 1
+    assert not sync._indexes["t"].lock.locked()
+    sync.close()
+
+    async def run() -> list[Any]:
+        areg = CollectorRegistry()
+        m = AsyncCacheManager(redis.asyncio.Redis.from_url(redis_url), metrics=ReplicaMetrics(areg))
+        out = await asyncio.gather(*(
+            m.lookup(f"q{i % 50}", tenant="t", embedding=unit(3000 + i % 50)) for i in range(200)
+        ))  # fmt: skip
+        assert metric(areg, "zerda_cache_index_rebuilds_total", tenant="t") == 1
+        assert not m._indexes["t"].lock.locked()
+        await m.aclose()
+        return list(out)
+
+    check(asyncio.run(run()))
