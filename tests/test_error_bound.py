@@ -193,7 +193,9 @@ def test_exploration_verifies_some_servable_matches(
     assert always.lookup("q", tenant="t", embedding=v) is not None  # exact: never explored
 
 
-def test_feedback_under_a_bound_labels_the_match(make_manager: Any) -> None:
+def test_feedback_under_a_bound_labels_the_match(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
     m = make_manager(CacheConfig(max_error_rate=0.5, verify_rate=0.0))
     v = unit(11)
     m.put("q", "a", tenant="t", embedding=v)
@@ -205,8 +207,7 @@ def test_feedback_under_a_bound_labels_the_match(make_manager: Any) -> None:
     cal = m.storage.policy("t")
     assert (cal.right[bin_of(0.9)], cal.wrong[bin_of(0.9)]) == (1.0, 1.0)
     assert m.stats("t")["negative"] == 2
-    keys = tenant_keys("t")
-    assert keys.cal.endswith(":cal")
+    assert redis_client.hget(tenant_keys("t").cal, "n") == b"2"  # the tenant's cal hash
 
 
 def test_an_exact_repeat_is_never_a_near_match_label(make_manager: Any) -> None:

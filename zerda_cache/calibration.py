@@ -112,13 +112,6 @@ class Calibration:
                 best = bin_floor(i)
         return best
 
-    def error_at(self, similarity: float) -> float | None:
-        """The observed error rate of matches in the bin of ``similarity`` (no labels:
-        ``None``); for reports and ``inspect``."""
-        i = bin_of(similarity)
-        n = self.right[i] + self.wrong[i]
-        return self.wrong[i] / n if n else None
-
 
 def _rate(value: object) -> float | None:
     if value is None:

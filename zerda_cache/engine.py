@@ -406,13 +406,14 @@ class CacheEngine:
         cached = self._policies.get(tenant)
         refresh = cached is None or mono - cached[0] > cfg.policy_refresh_s
         if refresh:  # the tenant's bound and labels, in the same round trip
+            policy_at = len(parts)
             parts.append(st.read_policy(tenant))
             parts.append(st.register(tenant))
         explore = self._explore.random() < cfg.verify_rate
         spec: tuple[str, float] | None = None
         if self._speculate and len(found) == 1 and cached is not None:
             known = self._bound(override, cached[1])
-            safe = cached[1].threshold(known) if known is not None else None
+            safe = self._threshold(override, cached[1])
             if known is None or (safe is not None and not explore and found[0][1] >= safe):
                 # The common lookup: serve the only candidate in the same round trip.
                 spec = found[0]
@@ -424,7 +425,7 @@ class CacheEngine:
         exact_id: str | None = replies[1]
         policy = cached[1] if cached is not None else Calibration()
         if refresh:
-            policy = replies[2 + bool(pending) + (report is not None)]
+            policy = replies[policy_at]
             self._policies[tenant] = (mono, policy)
         bound = self._bound(override, policy)
         threshold = self._threshold(override, policy)

@@ -419,7 +419,6 @@ class Storage(StoragePlans):
     vectors = op(_vectors)
     stats = op(_stats)
     exact_match = op(_exact_match)
-    scan_ids = op(_scan_ids)
     count = op(_count)
     tenant_dim = op(_tenant_dim)
     tenants = op(_tenants)
