@@ -47,8 +47,7 @@ def hold_build(manager: Any, flavour: str) -> Callable[[], None]:
 def fill(make_manager: Any, n: int) -> list[str]:
     writer = make_manager()
     return [
-        writer.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(100 + i)).entry_id
-        for i in range(n)
+        writer.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(100 + i)).entry_id for i in range(n)
     ]
 
 
@@ -78,9 +77,7 @@ def test_a_cold_replica_serves_exact_matches_while_its_index_builds(
     assert hit is not None and hit.entry_id == ids[7] and not hit.exact
 
 
-def test_puts_during_a_build_are_in_the_index_it_installs(
-    make_manager: Any, flavour: str
-) -> None:
+def test_puts_during_a_build_are_in_the_index_it_installs(make_manager: Any, flavour: str) -> None:
     """Events that race the scan (puts and removals by other replicas) are replayed from
     the log position read before the scan began."""
     ids = fill(make_manager, 30)

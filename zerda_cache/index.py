@@ -410,7 +410,8 @@ class HnswIndex(_SlottedAnn):
 
 
 def ann_available(backend: str = "usearch") -> bool:
-    """True when the library of ``backend`` (the ``ann`` extra) is installed."""
+    """True when the library of ``backend`` is installed (usearch is a dependency;
+    hnswlib is the ``ann-hnswlib`` extra)."""
     try:
         if backend == "usearch":
             _import_usearch()
@@ -519,7 +520,8 @@ class ScopedIndex:
             if not self._ann_missing_warned:
                 log.warning(
                     "an index reached %d entries but %s is not installed "
-                    "(pip install 'zerda-cache[ann]'): search stays exact and slow",
+                    "(usearch is a dependency; hnswlib is the ann-hnswlib extra): "
+                    "search stays exact and slow",
                     len(exact),
                     p.backend,
                 )

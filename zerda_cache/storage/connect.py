@@ -63,7 +63,10 @@ def connect(
         options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1, RETRY_ON)
         if not is_cluster_url:
             pool = redis.asyncio.BlockingConnectionPool.from_url(
-                url, max_connections=ASYNC_MAX_CONNECTIONS, timeout=config.redis_timeout_s, **options
+                url,
+                max_connections=ASYNC_MAX_CONNECTIONS,
+                timeout=config.redis_timeout_s,
+                **options,
             )
             return redis.asyncio.Redis.from_pool(pool)
         cls: Any = redis.asyncio.cluster.RedisCluster
