@@ -108,7 +108,8 @@ class CacheBinding:
             )
         engine: CacheEngine = manager
         self.config = engine.config
-        self._failing = False
+        #: Operations failing now (their first failure was logged as a warning).
+        self._failing: set[str] = set()
 
     # -- what may be cached -------------------------------------------------------------
     def fits(self, key: CacheKey) -> bool:
@@ -134,7 +135,7 @@ class CacheBinding:
         except Exception as exc:  # the LLM call goes on as a miss
             self._failed("lookup", exc)
             return None
-        self._ok()
+        self._ok("lookup")
         return hit
 
     async def alookup(self, key: CacheKey) -> CacheHit | None:
@@ -145,7 +146,7 @@ class CacheBinding:
         except Exception as exc:
             self._failed("lookup", exc)
             return None
-        self._ok()
+        self._ok("lookup")
         return hit
 
     def put(self, key: CacheKey, response: str, metadata: Mapping[str, Any]) -> PutResult | None:
@@ -161,7 +162,7 @@ class CacheBinding:
         except Exception as exc:
             self._failed("put", exc)
             return None
-        self._ok()
+        self._ok("put")
         return result
 
     async def aput(
@@ -178,7 +179,7 @@ class CacheBinding:
         except Exception as exc:
             self._failed("put", exc)
             return None
-        self._ok()
+        self._ok("put")
         return result
 
     def feedback(self, signal: FeedbackSignal) -> None:
@@ -215,17 +216,19 @@ class CacheBinding:
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """Log the first failure of a run of them as a warning, the rest at debug (a Redis
-        outage would otherwise log once per LLM call)."""
-        if not self._failing:
-            self._failing = True
+        outage would otherwise log once per LLM call). Lookups and puts are tracked apart:
+        the manager's lookup fails open by itself (it returns ``None`` during an outage
+        and logs that), so a lookup returning is no sign that Redis is back."""
+        if what not in self._failing:
+            self._failing.add(what)
             log.warning("zerda-cache: %s failed, the LLM call goes on uncached: %r", what, exc)
         else:
             log.debug("zerda-cache: %s failed: %r", what, exc)
 
-    def _ok(self) -> None:
-        if self._failing:
-            self._failing = False
-            log.warning("zerda-cache: cache calls succeed again")
+    def _ok(self, what: str) -> None:
+        if what in self._failing:
+            self._failing.discard(what)
+            log.warning("zerda-cache: %s succeeds again", what)
 
 
 def signal_from_info(
