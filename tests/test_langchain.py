@@ -144,6 +144,18 @@ def test_a_strict_threshold_keeps_the_near_duplicate_a_miss(make_cache: Any) -> 
     assert chat.invoke(QUESTION).content == "Settings > Security."  # exact: always a hit
 
 
+def test_an_error_bound_verifies_near_duplicates_before_serving_them(make_cache: Any) -> None:
+    """The cache's policy decides: with ``max_error_rate`` and no labels yet, a near
+    duplicate is verified (the model is asked) rather than served; the exact repeat is."""
+    make_cache(CacheConfig(similarity_threshold=0.8, max_error_rate=0.02))
+    chat = FakeListChatModel(responses=["Settings > Security.", "Settings > Security.", "x"])
+    chat.invoke(QUESTION)
+    assert chat.invoke(REPHRASED).content == "Settings > Security."
+    assert chat.i == 2  # the model answered the near duplicate
+    served = chat.invoke(QUESTION)
+    assert served.response_metadata["zerda_cache"]["hit"] is True and chat.i == 2
+
+
 def test_the_system_prompt_is_part_of_the_query(make_cache: Any) -> None:
     make_cache(CacheConfig(similarity_threshold=0.95))
     chat = FakeListChatModel(responses=["in English", "auf Deutsch"])

@@ -111,6 +111,18 @@ def test_a_repeated_completion_does_not_reach_the_llm(make_manager: Any) -> None
     assert llm.metadata == base.metadata
 
 
+class ToolCallingLLM(CountingLLM):
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="tools", is_function_calling_model=True, is_chat_model=True)
+
+
+def test_the_wrapper_never_claims_tool_calling(make_manager: Any) -> None:
+    llm = ZerdaCachedLLM(ToolCallingLLM(), make_manager(), tenant="li")
+    assert llm.metadata.is_function_calling_model is False  # it has no chat_with_tools
+    assert llm.metadata.is_chat_model is True and llm.metadata.model_name == "tools"
+
+
 def test_chat_near_duplicates_hit_and_unrelated_questions_do_not(make_manager: Any) -> None:
     base = CountingLLM()
     llm = ZerdaCachedLLM(base, make_manager(), tenant="li")

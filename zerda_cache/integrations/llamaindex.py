@@ -12,7 +12,8 @@ the wrapped LLM.
   wrapped LLM's class and parameters (``to_dict()``, without fields that look like
   credentials), of the endpoint (chat or completion, and ``formatted``) and of the call's
   keyword arguments, so answers made by another model, other parameters or the other
-  endpoint never meet.
+  endpoint never meet. Only the digest is stored. Parameters are read at every call:
+  keep call state (counters, clients) out of the LLM's dumped fields.
 - The query is the prompt, or for chat the messages as ``role: text`` lines. Calls the
   cache cannot key faithfully go to the wrapped LLM uncached: messages with non-text
   blocks (images, tool calls) or ``additional_kwargs``, and keyword arguments that are
@@ -22,6 +23,8 @@ the wrapped LLM.
   as a one-chunk stream would hide that it came from the cache.
 - Fail-open: a lookup or put that fails is logged (once per run of failures) and the
   wrapped LLM answers.
+- Not for tool calling: the wrapper is a plain ``LLM`` (no ``chat_with_tools``), and its
+  metadata says so; give tool-calling agents the wrapped LLM itself.
 - Feedback: an answer that came from the cache or was just cached carries
   ``{"entry_id", "tenant", "similarity", "hit"}`` under ``"zerda_cache"`` in its
   ``additional_kwargs``; ``ZerdaCachedLLM.feedback(response, positive)`` sends it.
@@ -131,7 +134,10 @@ class ZerdaCachedLLM(LLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        return self._llm.metadata
+        """The wrapped LLM's metadata, except that the wrapper is never a function-calling
+        model: it has no ``chat_with_tools``, so LlamaIndex's tool-calling agents refuse it
+        with a clear error instead of failing on a missing method."""
+        return self._llm.metadata.model_copy(update={"is_function_calling_model": False})
 
     # -- cached endpoints -----------------------------------------------------------------
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
