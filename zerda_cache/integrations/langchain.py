@@ -1,7 +1,7 @@
 """zerda-cache as LangChain's LLM cache: ``set_llm_cache(ZerdaLLMCache(manager, tenant=...))``.
 
 Every LLM and chat model call that LangChain routes through its cache (``invoke``,
-``generate``, ``ainvoke``, ...; not streaming, which LangChain never caches) is looked up
+``generate``, ``ainvoke``, ...; ``stream`` bypasses LangChain's cache) is looked up
 in the semantic cache first, and the model's answer is put there after a miss.
 
 - The scope is a digest of LangChain's ``llm_string`` (the model class and every
