@@ -345,7 +345,7 @@ class UsearchIndex(_SlottedAnn):
         self._graph.remove(slot)
 
     def _graph_search(self, query: Vector, k: int) -> npt.NDArray[np.int64]:
-        found = self._graph.search(query, k)
+        found = self._graph.search(query, k, threads=1)  # one query: no thread pool
         return np.asarray(found.keys, dtype=np.int64)
 
     def _graph_vectors(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
