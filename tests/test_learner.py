@@ -155,8 +155,8 @@ def test_confidence_is_clipped() -> None:
 def test_rank_candidates_composite_formula() -> None:
     cfg = RLConfig(similarity_bonus_scale=0.5, similarity_tie_margin=2.0, seed=7)  # seed order
     learner = CachePolicyLearner(cfg)
-    e1 = make_entry("a", confidence_score=0.3, bandit_arm=BanditArm(alpha=5, beta=2))
-    e2 = make_entry("b", confidence_score=0.9, bandit_arm=BanditArm(alpha=2, beta=5))
+    e1 = make_entry("a", confidence_score=0.3, bandit_arm=BanditArm(alpha=5, beta=2, pulls=5))
+    e2 = make_entry("b", confidence_score=0.9, bandit_arm=BanditArm(alpha=2, beta=5, pulls=5))
     scored = learner.score_candidates([("a", 0.91, e1), ("b", 0.88, e2)])
     # Replay the draws with an identically seeded generator.
     rng = np.random.default_rng(7)
@@ -168,6 +168,24 @@ def test_rank_candidates_composite_formula() -> None:
     ranked = learner.rank_candidates([("a", 0.91, e1), ("b", 0.88, e2)])
     assert {c[0] for c in ranked} == {"a", "b"}
     assert all(len(c) == 3 for c in ranked)
+
+
+def test_fresh_arms_are_not_drawn_the_closer_question_wins() -> None:
+    """Two answers without a signal are equally likely to be right: their prior mean
+    stands in for the draw, so within the tie margin the closer question wins every
+    time (a QQP near-copy got its source's twin 1.8% of the time by a draw)."""
+    learner = CachePolicyLearner(RLConfig(seed=3))
+    a = make_entry("a", confidence_score=0.5, bandit_arm=BanditArm())
+    b = make_entry("b", confidence_score=0.5, bandit_arm=BanditArm())
+    for _ in range(200):
+        ranked = learner.rank_candidates([("b", 0.964, b), ("a", 0.970, a)])
+        assert ranked[0][0] == "a"
+    liked = make_entry("b", confidence_score=0.5, bandit_arm=BanditArm(8, 1, pulls=7))
+    wins = sum(
+        learner.rank_candidates([("b", 0.964, liked), ("a", 0.970, a)])[0][0] == "b"
+        for _ in range(200)
+    )
+    assert wins > 150  # evidence still moves the choice within the margin
 
 
 def test_rank_candidates_reproducible_with_seed_and_isolated_from_global_rng() -> None:

@@ -161,6 +161,8 @@ class RLConfig:
         similarity_tie_margin: candidates within this much cosine similarity of the best
             remaining candidate are ranked among themselves by the composite score; the
             others wait for their turn (0..2; 2 is the seed's order: composite only).
+            Below 2, an arm without any signal is not drawn: its prior mean stands in, so
+            among fresh answers the closer question wins.
         min_reward_to_keep: arms whose expected reward is below this are never served
             and are evicted first (0..1).
         similarity_bar_margin: how far above a rejected match's similarity an entry's

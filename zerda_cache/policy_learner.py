@@ -259,9 +259,16 @@ class CachePolicyLearner:
         s = self.config.similarity_bonus_scale
         denom = 1.0 + s + CONFIDENCE_WEIGHT
         scored: list[tuple[Candidate, float]] = []
+        # An arm without a signal is its prior: a draw would only be noise against a
+        # competitor's similarity (two fresh answers are equally likely to be right, and
+        # the closer question is the better guess), so its mean stands in. The seed's
+        # order (similarity_tie_margin 2) draws every arm.
+        seed_order = self.config.similarity_tie_margin >= 2
         for cand in candidates:  # draws in the caller's order: a seeded learner repeats
             _, similarity, entry = cand
-            ts_reward = entry.bandit_arm.sample_reward(self._rng)
+            arm = entry.bandit_arm
+            drawn = arm.pulls or seed_order
+            ts_reward = arm.sample_reward(self._rng) if drawn else arm.expected_reward
             composite = (
                 similarity + s * ts_reward + CONFIDENCE_WEIGHT * entry.confidence_score
             ) / denom
