@@ -554,6 +554,90 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     sys.exit(serve_app(state.url, metrics_port=metrics_port, rate=rate, seed=seed))
 
 
+# -- API keys of the HTTP service -----------------------------------------------------------------
+@cli.group()
+def keys() -> None:
+    """Per-tenant API keys of the HTTP service (only their SHA-256 digests are stored)."""
+
+
+def _keys_storage(state: CliState) -> RedisStorage:
+    # A key made in a throwaway embedded server would be lost on exit: refuse instead.
+    if state.url is None:
+        raise click.UsageError("keys commands need --redis-url or ZERDA_REDIS_URL")
+    return state.storage()
+
+
+@keys.command("create")
+@shared_options
+@click.option("--tenant", required=True, help="The tenant the key is bound to.")
+@click.option("--name", default="", help="A label for listings (who or what uses it).")
+@pass_state
+def keys_create(state: CliState, tenant: str, name: str) -> None:
+    """Create a key for TENANT and print its token once (it cannot be shown again)."""
+    from zerda_cache.apikeys import new_record
+
+    with errors():
+        st = _keys_storage(state)
+        token, digest, record = new_record(tenant, name, st.now())
+        if not st.add_api_key(digest, record):  # 2**-256: a broken random source
+            raise ZerdaError("a key with this digest exists already; nothing stored")
+        err.print(f"key {record.id} for tenant {tenant}; the token is shown only this once:")
+        click.echo(token)
+
+
+@keys.command("list")
+@shared_options
+@click.option("--tenant", default=None, help="One tenant (default: all).")
+@pass_state
+def keys_list(state: CliState, tenant: str | None) -> None:
+    """List keys (id, tenant, name, created, revoked); never the tokens."""
+    with errors():
+        table = Table(title="zerda-cache API keys")
+        for col in ("id", "tenant", "name", "created", "status"):
+            table.add_column(col)
+        for k in _keys_storage(state).api_keys():
+            if tenant is not None and k.tenant != tenant:
+                continue
+            status = "active" if k.revoked is None else "revoked " + _utc(k.revoked)
+            table.add_row(k.id, k.tenant, k.name, _utc(k.created), status)
+        console.print(table)
+
+
+@keys.command("revoke")
+@shared_options
+@click.argument("key", required=False)
+@click.option("--tenant", default=None, help="Revoke every key of this tenant.")
+@pass_state
+def keys_revoke(state: CliState, key: str | None, tenant: str | None) -> None:
+    """Revoke KEY (its id, or the token itself), or every key of --tenant. Immediate: the
+    service reads the key's record on every request. Exit 1 if nothing was revoked."""
+    from zerda_cache.apikeys import KEY_ID_RE, key_id, looks_like_token, token_digest
+
+    with errors():
+        if (key is None) == (tenant is None):
+            raise click.UsageError("give a KEY id (or token), or --tenant, not both")
+        st = _keys_storage(state)
+        if key is not None:
+            kid = key_id(token_digest(key)) if looks_like_token(key) else key
+            if not KEY_ID_RE.fullmatch(kid):
+                raise click.UsageError(f"{key!r} is neither a key id (12 hex digits) nor a token")
+            revoked = st.revoke_api_keys(key_id=kid)
+        else:
+            assert tenant is not None
+            from zerda_cache.validation import validate_tenant
+
+            revoked = st.revoke_api_keys(tenant=validate_tenant(tenant))
+        for kid in revoked:
+            click.echo(f"revoked {kid}")
+        if not revoked:
+            err.print("[yellow]no active key matched: nothing revoked[/yellow]")
+            sys.exit(1)
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+
+
 def main() -> None:
     cli(prog_name="zerda-cache")
 
