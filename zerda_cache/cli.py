@@ -161,7 +161,7 @@ def cli(
 ) -> None:
     """zerda-cache: a shared semantic cache that learns which answers to serve."""
     state = CliState(url=redis_url, cluster=cluster, key_prefix=key_prefix, log_level=log_level)
-    state.configure_logging("INFO" if ctx.invoked_subcommand == "worker" else "WARNING")
+    state.configure_logging("INFO" if ctx.invoked_subcommand in ("worker", "serve") else "WARNING")
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -552,6 +552,104 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     if state.url is None:
         raise click.UsageError("demo-app needs --redis-url or ZERDA_REDIS_URL")
     sys.exit(serve_app(state.url, metrics_port=metrics_port, rate=rate, seed=seed))
+
+
+# -- the HTTP service -----------------------------------------------------------------------------
+@cli.command()
+@shared_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 in a container.")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option(
+    "--embedder",
+    default="none",
+    show_default=True,
+    help="none (callers send vectors; the proxy passes through), hashing[:DIM], minilm, "
+    "or the base URL of an OpenAI-compatible embeddings API.",
+)
+@click.option(
+    "--embedding-model",
+    default="text-embedding-3-small",
+    show_default=True,
+    help="The model an embeddings URL is asked for (key: env ZERDA_EMBEDDINGS_API_KEY).",
+)
+@click.option(
+    "--upstream-url",
+    envvar="ZERDA_UPSTREAM_URL",
+    default=None,
+    help="The OpenAI-compatible API behind the proxy, e.g. https://api.openai.com/v1 "
+    "(env ZERDA_UPSTREAM_URL; its key: env ZERDA_UPSTREAM_API_KEY).",
+)
+@click.option("--upstream-timeout", type=float, default=120.0, show_default=True)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=1024 * 1024,
+    show_default=True,
+    help="Larger request bodies are refused (413).",
+)
+@click.option(
+    "--warm-tenant",
+    multiple=True,
+    help="Build this tenant's index at start-up; /readyz waits for it (repeatable).",
+)
+@click.option("--similarity-threshold", type=float, default=None, help="Default 0.85.")
+@pass_state
+def serve(
+    state: CliState,
+    host: str,
+    port: int,
+    embedder: str,
+    embedding_model: str,
+    upstream_url: str | None,
+    upstream_timeout: float,
+    max_body_bytes: int,
+    warm_tenant: tuple[str, ...],
+    similarity_threshold: float | None,
+) -> None:
+    """Run the HTTP service and the OpenAI-compatible caching proxy (needs the service
+    extra: pip install 'zerda-cache[service]')."""
+    import os
+
+    try:
+        import uvicorn
+
+        from zerda_cache.aio import AsyncCacheManager
+        from zerda_cache.service import ServiceSettings, Upstream, create_app
+        from zerda_cache.service.embedding import make_embedder
+        from zerda_cache.validation import validate_tenant
+    except ImportError as exc:
+        raise click.UsageError(
+            f"serve needs the service extra ({exc.name} is missing): "
+            "pip install 'zerda-cache[service]'"
+        ) from exc
+    if state.url is None:  # keys live in Redis: a throwaway server would have none
+        raise click.UsageError("serve needs --redis-url or ZERDA_REDIS_URL")
+    with errors():
+        cfg = state.config
+        if similarity_threshold is not None:
+            cfg = replace(cfg, similarity_threshold=similarity_threshold)
+        embed_fn = make_embedder(
+            embedder, model=embedding_model, api_key=os.environ.get("ZERDA_EMBEDDINGS_API_KEY")
+        )
+        upstream = None
+        if upstream_url:
+            upstream = Upstream(
+                upstream_url,
+                api_key=os.environ.get("ZERDA_UPSTREAM_API_KEY") or None,
+                timeout_s=upstream_timeout,
+            )
+        for t in warm_tenant:
+            validate_tenant(t)
+        client = connect(state.url, cfg, cluster=state.cluster or None, asyncio=True)
+        manager = AsyncCacheManager(client, cfg, embed_fn=embed_fn)
+        app = create_app(
+            manager,
+            upstream=upstream,
+            settings=ServiceSettings(max_body_bytes=max_body_bytes, warm_tenants=warm_tenant),
+            close_on_shutdown=True,
+        )
+    level = (state.log_level or "INFO").lower()
+    uvicorn.run(app, host=host, port=port, log_level=level, server_header=False)
 
 
 # -- API keys of the HTTP service -----------------------------------------------------------------
