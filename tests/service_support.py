@@ -9,6 +9,7 @@ the real service app on a real Redis with keys for two tenants.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -171,10 +172,13 @@ def running_service(
 ) -> Iterator[Service]:
     """The real service on ``redis_url`` with keys for tenants ``acme`` and ``globex``."""
     registry = CollectorRegistry()
+    # A loaded test machine can pass the 0.5 s default: lookups would fail open (a miss)
+    # and key reads fail closed (503), which is right in production and flaky here.
+    config = dataclasses.replace(config or CacheConfig(), redis_timeout_s=10.0)
     manager = AsyncCacheManager.from_url(
         redis_url,
         config,
-        embed_fn=HashingEmbedder(64) if embedder else None,
+        embed_fn=HashingEmbedder(256) if embedder else None,
         metrics=ReplicaMetrics(registry),
     )
     upstream = Upstream(upstream_url, api_key=UPSTREAM_KEY) if upstream_url else None

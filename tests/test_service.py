@@ -362,6 +362,8 @@ def test_health_readiness_metrics_and_openapi(service: Service, http: httpx.Clie
         "/v1/feedback",
         "/v1/invalidate",
         "/v1/stats",
+        "/v1/chat/completions",
+        "/v1/embeddings",
         "/healthz",
         "/readyz",
     ):
@@ -415,6 +417,7 @@ def test_serve_command_runs_the_service(redis_client: redis.Redis, redis_url: st
         port = s.getsockname()[1]
     exe = Path(sys.executable).with_name("zerda-cache")
     args = ["--redis-url", redis_url, "serve", "--port", str(port), "--embedder", "hashing:32"]
+    args += ["--redis-timeout", "10"]
     with subprocess.Popen([str(exe), *args], stderr=subprocess.PIPE, text=True) as proc:
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:

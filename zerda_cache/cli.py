@@ -593,6 +593,12 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     help="Build this tenant's index at start-up; /readyz waits for it (repeatable).",
 )
 @click.option("--similarity-threshold", type=float, default=None, help="Default 0.85.")
+@click.option(
+    "--redis-timeout",
+    type=float,
+    default=None,
+    help="Socket timeout (s) of Redis calls; default 0.5 (lookups fail open past it).",
+)
 @pass_state
 def serve(
     state: CliState,
@@ -605,6 +611,7 @@ def serve(
     max_body_bytes: int,
     warm_tenant: tuple[str, ...],
     similarity_threshold: float | None,
+    redis_timeout: float | None,
 ) -> None:
     """Run the HTTP service and the OpenAI-compatible caching proxy (needs the service
     extra: pip install 'zerda-cache[service]')."""
@@ -628,6 +635,8 @@ def serve(
         cfg = state.config
         if similarity_threshold is not None:
             cfg = replace(cfg, similarity_threshold=similarity_threshold)
+        if redis_timeout is not None:
+            cfg = replace(cfg, redis_timeout_s=redis_timeout)
         embed_fn = make_embedder(
             embedder, model=embedding_model, api_key=os.environ.get("ZERDA_EMBEDDINGS_API_KEY")
         )

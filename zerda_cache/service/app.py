@@ -247,6 +247,8 @@ def create_app(
         close_on_shutdown: close the manager (and an embedder with ``aclose``) when the
             app shuts down (``zerda-cache serve`` owns them; tests may not).
     """
+    from zerda_cache.service.proxy import add_proxy_routes
+
     cfg = settings if settings is not None else ServiceSettings()
     reg = registry if registry is not None else REGISTRY
     ctx = ServiceContext(
@@ -414,6 +416,8 @@ def create_app(
     @app.get("/metrics", tags=["operations"], include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
+
+    add_proxy_routes(app, ctx, Tenant)
 
     routes = {getattr(r, "path", "") for r in app.routes}
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
