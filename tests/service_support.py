@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CollectorRegistry
@@ -27,37 +26,14 @@ from zerda_cache.apikeys import new_record
 from zerda_cache.embedders import HashingEmbedder
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.service import ServiceSettings, Upstream, create_app
+from zerda_cache.service.testing import ServerThread
 from zerda_cache.storage import RedisStorage
 
 UPSTREAM_KEY = "upstream-secret"
 
 
-class ThreadedServer:
-    """uvicorn serving ``app`` on 127.0.0.1 (a free port) in a daemon thread."""
-
-    def __init__(self, app: Any) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> ThreadedServer:
-        self.thread.start()
-        ready = threading.Event()
-        while not ready.wait(0.01):  # until uvicorn has bound its socket (or died)
-            if self.server.started:
-                ready.set()
-            elif not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-        return self
-
-    @property
-    def url(self) -> str:
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join()
+#: uvicorn in a thread on a free port (the library's helper, shared with the README).
+ThreadedServer = ServerThread
 
 
 @dataclass

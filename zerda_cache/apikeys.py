@@ -18,8 +18,13 @@ import json
 import re
 import secrets
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
+from zerda_cache.errors import ZerdaError
 from zerda_cache.validation import validate_tenant
+
+if TYPE_CHECKING:
+    from zerda_cache.storage.store import RedisStorage
 
 TOKEN_PREFIX = "zk_"
 #: What a token looks like; anything else is refused without a Redis round trip.
@@ -95,9 +100,24 @@ def new_record(tenant: str, name: str, now: float) -> tuple[str, str, ApiKey]:
     return token, digest, ApiKey(id=key_id(digest), tenant=tenant, name=name, created=now)
 
 
+def create_key(storage: RedisStorage, tenant: str, name: str = "") -> tuple[str, ApiKey]:
+    """Make a key for ``tenant`` and store its record: ``(token, record)``. What
+    ``zerda-cache keys create`` does; the token is not stored anywhere, so show it once.
+
+    Raises:
+        InvalidTenantError, ValueError: a bad tenant id or name; nothing is stored.
+        StorageError: Redis failed.
+    """
+    token, digest, record = new_record(tenant, name, storage.now())
+    if not storage.add_api_key(digest, record):  # 2**-256: a broken random source
+        raise ZerdaError("a key with this digest exists already; nothing stored")
+    return token, record
+
+
 __all__ = [
     "TOKEN_PREFIX",
     "ApiKey",
+    "create_key",
     "key_id",
     "looks_like_token",
     "new_record",

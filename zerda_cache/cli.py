@@ -681,13 +681,10 @@ def _keys_storage(state: CliState) -> RedisStorage:
 @pass_state
 def keys_create(state: CliState, tenant: str, name: str) -> None:
     """Create a key for TENANT and print its token once (it cannot be shown again)."""
-    from zerda_cache.apikeys import new_record
+    from zerda_cache.apikeys import create_key
 
     with errors():
-        st = _keys_storage(state)
-        token, digest, record = new_record(tenant, name, st.now())
-        if not st.add_api_key(digest, record):  # 2**-256: a broken random source
-            raise ZerdaError("a key with this digest exists already; nothing stored")
+        token, record = create_key(_keys_storage(state), tenant, name)
         err.print(f"key {record.id} for tenant {tenant}; the token is shown only this once:")
         click.echo(token)
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -95,6 +96,21 @@ class ServiceMetrics:
             buckets=HTTP_BUCKETS,
             registry=registry,
         )
+
+
+_metrics: dict[int, tuple[CollectorRegistry, ServiceMetrics]] = {}
+_metrics_lock = threading.Lock()
+
+
+def service_metrics(registry: CollectorRegistry) -> ServiceMetrics:
+    """The ``ServiceMetrics`` of ``registry``, made on first use: apps created again in
+    one process (tests, examples) share them instead of registering them twice."""
+    with _metrics_lock:
+        known = _metrics.get(id(registry))
+        if known is None or known[0] is not registry:
+            known = (registry, ServiceMetrics(registry))
+            _metrics[id(registry)] = known
+        return known[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +270,7 @@ def create_app(
     ctx = ServiceContext(
         manager=manager,
         keys=keys if keys is not None else manager.storage,
-        metrics=ServiceMetrics(reg),
+        metrics=service_metrics(reg),
         upstream=upstream,
         settings=cfg,
     )
