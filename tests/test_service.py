@@ -456,3 +456,42 @@ def test_serve_refuses_bad_usage(redis_url: str) -> None:
     assert no_url.exit_code == 2 and "redis-url" in no_url.output
     bad = CliRunner().invoke(cli, ["--redis-url", redis_url, "serve", "--embedder", "word2vec"])
     assert bad.exit_code == 2 and "unknown embedder" in bad.output
+
+
+def test_compose_runs_the_service_unprivileged() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from zerda_cache.cli import cli
+
+    root = Path(__file__).resolve().parents[1]
+    svc = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]["service"]
+    assert svc["command"][0] == "serve" and "serve" in cli.commands  # type: ignore[attr-defined]
+    uid, _, gid = str(svc["user"]).partition(":")
+    assert int(uid) != 0 and int(gid) != 0
+    assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
+    assert all(p.startswith("127.0.0.1:") for p in svc["ports"])  # loopback only
+    assert "/readyz" in " ".join(svc["healthcheck"]["test"])
+    assert "service" in (root / "deploy" / "Dockerfile").read_text()
+
+
+def test_documented_service_metrics_are_exposed(service: Service, http: httpx.Client) -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    rows = re.findall(r"^\| `(zerda_cache_(?:http|proxy)_\w+)` \| (\w+) \| ([\w, ]*) \|", doc, re.M)
+    assert len(rows) == 5
+    post(http, service, "acme", "/v1/lookup", {"query": "q", "embedding": vec(1)})
+    http.get("/v1/stats")
+    exposed = {}
+    for fam in text_string_to_metric_families(http.get("/metrics").text):
+        labels = (
+            set().union(*(set(s.labels) - {"le"} for s in fam.samples)) if fam.samples else set()
+        )
+        exposed[fam.name + ("_total" if fam.type == "counter" else "")] = (fam.type, labels)
+    for name, kind, labels in rows:
+        assert name in exposed, name
+        assert exposed[name][0] == kind, name
+        if exposed[name][1]:  # (a labelled metric without samples yet shows no labels)
+            assert exposed[name][1] == {x.strip() for x in labels.split(",")}, name
