@@ -7,22 +7,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 from service_support import (
     UPSTREAM_KEY,
     Service,
     ThreadedServer,
     UpstreamState,
+    add_key,
     running_service,
     snapshot,
     upstream_app,
 )
 
-from zerda_cache import CacheConfig
+from zerda_cache import AsyncCacheManager, CacheConfig
+from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.service import Upstream, create_app
+from zerda_cache.service.embedding import OpenAIEmbedder, make_embedder
 from zerda_cache.service.proxy import StreamCollector, chat_key, chat_scope
-
-openai = pytest.importorskip("openai")
+from zerda_cache.storage import RedisStorage
 
 QUESTION = "How do I reset my password?"
 NEAR = "How do I reset my password now?"  # a near-duplicate: cosine 0.87 (hashing, 256-d)
@@ -319,3 +324,75 @@ def test_stream_collector_keeps_only_complete_single_answers() -> None:
     truncated = StreamCollector()
     truncated.feed(events(delta("a", finish="length"), "[DONE]"))
     assert truncated.answer is None
+
+
+def test_an_embeddings_endpoint_as_the_services_embedder(
+    redis_client: redis.Redis, redis_url: str, upstream: tuple[str, UpstreamState]
+) -> None:
+    """--embedder URL: the service embeds questions through an OpenAI-compatible
+    embeddings API (the stand-in upstream's); when it fails, cache endpoints say 502 and
+    the proxy passes the request through."""
+    url, state = upstream
+    assert isinstance(make_embedder(url), OpenAIEmbedder)
+    for spec, ok in (("none", True), ("hashing:32", True), ("bogus", False)):
+        if ok:
+            make_embedder(spec)
+        else:
+            with pytest.raises(ValueError):
+                make_embedder(spec)
+    embedder = OpenAIEmbedder(url, "emb-test", api_key="emb-secret")
+    registry = CollectorRegistry()
+    manager = AsyncCacheManager.from_url(
+        redis_url, embed_fn=embedder, metrics=ReplicaMetrics(registry)
+    )
+    app = create_app(
+        manager,
+        upstream=Upstream(url, api_key=UPSTREAM_KEY),
+        registry=registry,
+        close_on_shutdown=True,
+    )
+    tokens = {"acme": add_key(RedisStorage(redis_client), "acme")}
+    with ThreadedServer(app) as server:
+        h = {"Authorization": f"Bearer {tokens['acme']}"}
+        put = httpx.post(server.url + "/v1/put", json={"query": "q", "response": "a"}, headers=h)
+        assert put.status_code == 200 and put.json()["stored"], put.text
+        emb_calls = [c for c in state.calls if c["path"] == "/v1/embeddings"]
+        assert emb_calls[0]["body"] == {"model": "emb-test", "input": "q"}
+        assert emb_calls[0]["headers"]["authorization"] == "Bearer emb-secret"
+        hit = httpx.post(server.url + "/v1/lookup", json={"query": "q"}, headers=h)
+        assert hit.json()["entry"]["response"] == "a"
+        # the embeddings endpoint goes away: 502 for the cache endpoints, a pass-through
+        # for the proxy (the client still gets its answer)
+        embedder.url = "http://127.0.0.1:9/v1/embeddings"
+        bad = httpx.post(server.url + "/v1/lookup", json={"query": "new q"}, headers=h)
+        assert bad.status_code == 502 and bad.json()["error"]["type"] == "embedder_error"
+        with openai.OpenAI(base_url=server.url + "/v1", api_key=tokens["acme"]) as c:
+            answer, headers = ask(c, "a question never embedded")
+        assert answer == "answer to: a question never embedded"
+        assert (
+            headers["x-zerda-cache"] == "bypass" and headers["x-zerda-bypass"] == "embedder failed"
+        )
+    assert embedder.client.is_closed  # the app's shutdown closed its embedder
+
+
+def test_a_malformed_chat_request_is_refused_before_the_upstream(
+    service: Service, upstream: tuple[str, UpstreamState]
+) -> None:
+    _, state = upstream
+    for body in (
+        {"messages": [{"role": "user", "content": "hi"}]},
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": ["hi"]},
+        {"model": 3, "messages": [{"role": "user", "content": "hi"}]},
+    ):
+        resp = httpx.post(
+            service.url + "/v1/chat/completions", json=body, headers=service.headers("acme")
+        )
+        assert resp.status_code == 422 and resp.json()["error"]["type"] == "invalid_request_error"
+    resp = httpx.post(
+        service.url + "/v1/chat/completions",
+        content=b"[1, 2]",
+        headers={**service.headers("acme"), "content-type": "application/json"},
+    )
+    assert resp.status_code == 422
+    assert state.calls == []

@@ -18,8 +18,6 @@ from service_support import Service, add_key, running_service, snapshot
 from zerda_cache.apikeys import key_id, token_digest
 from zerda_cache.service import ServiceSettings
 
-pytest.importorskip("fastapi")
-
 DIM = 16
 
 
