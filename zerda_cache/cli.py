@@ -649,6 +649,10 @@ def serve(
             )
         for t in warm_tenant:
             validate_tenant(t)
+        if upstream is not None and embed_fn is None:
+            logging.getLogger("zerda_cache.service").warning(
+                "--embedder none: the proxy passes every request through uncached"
+            )
         client = connect(state.url, cfg, cluster=state.cluster or None, asyncio=True)
         manager = AsyncCacheManager(client, cfg, embed_fn=embed_fn)
         app = create_app(
