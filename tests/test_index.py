@@ -246,3 +246,44 @@ def test_ann_threshold_none_keeps_exact() -> None:
     for i in range(50):
         idx.add(hex_id(i), unit(rng, 8), "")
     assert idx.kind("") == "exact"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bulk_add_matches_one_at_a_time_and_switches_once(backend: str) -> None:
+    """``ScopedIndex.add_many`` (a replica's index build): the same contents as adding one
+    at a time; a scope that reaches the threshold becomes HNSW before the rest goes in;
+    ids already there are replaced, even from another scope; other dimensions skipped."""
+    from zerda_cache.index import IndexPolicy
+
+    rng = np.random.default_rng(8)
+    policy = IndexPolicy(ann_threshold=100, backend=backend)
+    bulk, single = ScopedIndex(16, policy), ScopedIndex(16, policy)
+    vecs = {hex_id(i): (unit(rng, 16), "s" if i % 5 else "t") for i in range(400)}
+    items = list(vecs.items())
+    for start in range(0, 400, 150):  # three batches: exact, then the switch, then HNSW
+        assert bulk.add_many(dict(items[start : start + 150])) == 0
+    for eid, (v, scope) in items:
+        single.add(eid, v, scope)
+    assert bulk.kind("s") == single.kind("s") == "hnsw" and bulk.kind("t") == "exact"
+    assert bulk.ids() == single.ids() == set(vecs) and len(bulk) == 400
+    for eid, (v, scope) in items[::37]:
+        assert bulk.search(v, scope, 1, 0.99)[0][0] == eid
+    moved, fresh = hex_id(3), unit(rng, 16)  # was in "s"; now in "t", with a new vector
+    skipped = bulk.add_many({moved: (fresh, "t"), hex_id(9999): (unit(rng, 8), "s")})
+    assert skipped == 1 and hex_id(9999) not in bulk and len(bulk) == 400
+    assert bulk.search(fresh, "t", 1, 0.99)[0][0] == moved
+    assert all(e != moved for e, _ in bulk.search(vecs[moved][0], "s", 5, 0.5))
+
+
+def test_exact_bulk_add_replaces_and_grows() -> None:
+    rng = np.random.default_rng(9)
+    idx = ExactIndex(8)
+    first = {hex_id(i): unit(rng, 8) for i in range(300)}
+    idx.add_many(list(first), np.stack(list(first.values())))
+    again = {hex_id(i): unit(rng, 8) for i in range(250, 700)}  # 50 replaced, 400 new
+    idx.add_many(list(again), np.stack(list(again.values())))
+    assert len(idx) == 700
+    both = first | again
+    for eid in (hex_id(0), hex_id(260), hex_id(699)):
+        np.testing.assert_allclose(idx.vector(eid), both[eid], rtol=1e-6)
+        assert idx.search(both[eid], 1, 0.999)[0][0] == eid

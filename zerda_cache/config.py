@@ -306,8 +306,8 @@ class CacheConfig:
         embedding_cache_size / embedding_cache_ttl_s: the per-replica embedding memo.
         max_tenant_labels: tenants the worker names in its metrics; the rest are "other"
             (replicas: ``ReplicaMetrics(max_tenant_labels=...)``).
-        ann_threshold: entries at which a scope's local index becomes HNSW (needs the
-            ``ann`` extra); ``None`` keeps every index exact.
+        ann_threshold: entries at which a scope's local index becomes HNSW (usearch, a
+            dependency); ``None`` keeps every index exact.
         ann_backend: ``usearch`` (default) or ``hnswlib``; see docs/BENCHMARKS.md.
         ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
         max_error_rate: the error bound δ of every tenant without its own

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -51,19 +52,20 @@ from zerda_cache.errors import (
     InvalidFeedbackError,
     StorageError,
 )
-from zerda_cache.index import IndexPolicy
+from zerda_cache.index import IndexPolicy, ScopedIndex
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.replica import TenantIndex
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.connect import connect
-from zerda_cache.storage.driver import Flow, call, locked, op
+from zerda_cache.storage.driver import Flow, Job, call, locked, op
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import (
     HitOutcome,
     HitStatus,
     LogDelta,
+    LogInfo,
     PutOutcome,
     ReadPlan,
     ScriptCall,
@@ -80,9 +82,13 @@ EmbedFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
 #: How often the manager re-reads the server's clock for its local estimate.
 _CLOCK_RESYNC_S = 60.0
-#: Rebuilds one catch-up may do (a trimmed log, a changed dimension) before it leaves the
-#: index unbuilt for the next call to build again.
+#: Rebuilds ``sync_index`` waits for (a trimmed log, a changed dimension) before it gives up.
 _MAX_REBUILDS = 3
+#: Entries an index build reads per round trip (their vectors: ~1.5 kB each at 384-d).
+_BUILD_BATCH = 2000
+#: How often a long index build logs its progress, and when a failed one is retried.
+_BUILD_LOG_EVERY_S = 5.0
+_BUILD_RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +265,8 @@ class CacheEngine:
     storage_class: type[Storage]
     lock_factory: Callable[[], Any]
     is_async: bool
+    #: Runs a flow in the background: a daemon thread or an asyncio task (the driver's).
+    spawn: Callable[[Flow[Any], str], Job]
 
     def __init__(
         self,
@@ -294,6 +302,8 @@ class CacheEngine:
             ttl_seconds=self.config.embedding_cache_ttl_s,
         )
         self._indexes: dict[str, TenantIndex] = {}
+        self._jobs_lock = threading.Lock()
+        self._closed = False
         self._outage_since: float | None = None
         self._clock_sync: tuple[float, float] | None = None
         # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
@@ -387,13 +397,16 @@ class CacheEngine:
         verification was asked for."""
         tenant, st, cfg = keys.tenant, self.storage, self.config
         ti = self._tenant_index(keys)
-        if not ti.built:  # one thread or task builds; the others wait and use its index
-            yield from locked(ti.lock, self._ensure_built_locked(ti))
+        if not ti.built:  # built in the background: wait a bounded time for it
+            yield from self._await_index(ti, cfg.redis_timeout_s)
+        # Until it is built, search the index this replica had before, if any (a rebuild),
+        # without catching it up, and check the dimension against Redis instead.
+        live = ti.built
         found = self._search(ti, vec, scope)
         n_found = len(found)
         position = ti.last_id
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = [
-            st.read_log(tenant, position),
+            st.read_log(tenant, position) if live else st.read_dim(tenant),
             st.read_exact(tenant, query, scope),
         ]
         pending = self._pending_misses.pop(tenant, 0)
@@ -421,7 +434,6 @@ class CacheEngine:
         if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
-        delta: LogDelta = replies[0]
         exact_id: str | None = replies[1]
         policy = cached[1] if cached is not None else Calibration()
         if refresh:
@@ -429,7 +441,13 @@ class CacheEngine:
             self._policies[tenant] = (mono, policy)
         bound = self._bound(override, policy)
         threshold = self._threshold(override, policy)
-        changed = yield from self._catch_up(ti, delta, position)
+        changed = False
+        if live:
+            changed = yield from self._catch_up(ti, replies[0], position)
+            if not ti.built:  # the catch-up found a rebuild necessary: a bounded wait
+                yield from self._await_index(ti, cfg.redis_timeout_s)
+        elif vec is not None and replies[0] is not None and replies[0] != len(vec):
+            raise DimensionMismatchError(tenant, replies[0], len(vec))
         states = StateBatch()
         ghosts: set[str] = set()  # ids this replica indexes that Redis no longer has
         if spec is not None:
@@ -560,28 +578,29 @@ class CacheEngine:
         return (yield from locked(ti.lock, self._catch_up_locked(ti, delta, position)))
 
     def _catch_up_locked(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
+        if not ti.built:  # a rebuild began meanwhile: it replays the log itself
+            return False
         changed = False
         if ti.last_id != position:
             # Another thread or task applied events meanwhile: read on from where it is.
             delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
             changed = True
-        if not ti.built:
-            return (yield from self._ensure_built_locked(ti)) or changed
         return (yield from self._apply_locked(ti, delta)) or changed
 
     def _apply_locked(self, ti: TenantIndex, delta: LogDelta) -> Flow[bool]:
         """Apply ``delta`` and every later event; True if the index changed.
 
-        Rebuilds when the log was trimmed past this replica's position (events were lost)
-        or when a new vector does not fit the index (the tenant was cleared and re-created
-        with another dimension).
+        Starts a background rebuild when the log was trimmed past this replica's
+        position (events were lost; lookups go on searching the index as it is) or when a
+        new vector does not fit the index (the tenant was cleared and re-created with
+        another dimension; the index is dropped).
         """
         st, tenant = self.storage, ti.keys.tenant
         changed = False
-        rebuilds = 0
         while True:
             if delta.maybe_trimmed and ti.trimmed_past((yield from st._log_info(tenant))):
                 reason = "its log was trimmed past this replica's position, or re-created"
+                ti.built = False
             elif delta.empty:
                 return changed
             else:
@@ -593,50 +612,142 @@ class CacheEngine:
                     delta = yield from st._read_log(tenant, ti.last_id)
                     continue
                 reason = "its embedding dimension changed"
-            if rebuilds == _MAX_REBUILDS:
-                log.warning("tenant %s: still changing after %d rebuilds", tenant, rebuilds)
-                ti.built = False  # the next call builds again
-                return True
-            rebuilds += 1
+                ti.drop()
             log.info("tenant %s: %s; rebuilding this replica's index", tenant, reason)
-            delta = yield from self._build_locked(ti)
-            changed = True
+            self._start_build(ti)
+            return True
 
-    def _ensure_built_locked(self, ti: TenantIndex) -> Flow[bool]:
-        """Build the index unless another thread or task did meanwhile; True if built."""
-        if ti.built:
-            return False
-        delta = yield from self._build_locked(ti)
-        yield from self._apply_locked(ti, delta)
-        return True
+    def _start_build(self, ti: TenantIndex) -> Job | None:
+        """The running build of ``ti``, started if none runs (``None``: built already,
+        closing, or waiting to retry a failed build)."""
+        with self._jobs_lock:  # threads of a sync manager: one build at a time
+            if ti.built or self._closed:
+                return None
+            job = ti.job
+            if job is not None and not job.done():
+                return job
+            now = time.monotonic()
+            if now < ti.retry_at:
+                return None
+            ti.build_started = now
+            ti.progress = (0, 0)
+            ti.job = self.spawn(self._build(ti), f"zerda-index-{ti.keys.tenant}")
+            self.metrics.index_ready.labels(self.metrics.tenant(ti.keys.tenant)).set(0)
+            return ti.job
 
-    def _build_locked(self, ti: TenantIndex) -> Flow[LogDelta]:
-        """(Re)build a tenant's index from Redis; returns the log's events since the scan
-        started, for the caller to replay (events that raced the scan are applied twice at
-        worst, and both operations are idempotent)."""
+    def _await_index(self, ti: TenantIndex, wait: float | None) -> Flow[None]:
+        """Start ``ti``'s build if none runs, then wait for it: until ``wait`` seconds
+        after it began (lookups: no lookup waits longer than ``redis_timeout_s``), or,
+        with ``wait=None``, until it is done (``sync_index``)."""
+        job = self._start_build(ti)
+        if job is None or job.done():
+            return
+        if wait is None:
+            while not job.done():
+                yield job.wait(None)
+            return
+        left = ti.build_started + wait - time.monotonic()
+        if left > 0:
+            yield job.wait(left)
+
+    def _build(self, ti: TenantIndex) -> Flow[None]:
+        """Build ``ti``'s index from Redis beside the one in use (a background job), then
+        put it in use and replay the log's events since the scan began (events that
+        raced the scan are applied twice at worst, and both operations are idempotent)."""
         st, tenant = self.storage, ti.keys.tenant
-        ti.start_build((yield from st._log_info(tenant)))
-        cursor: int | None = None
-        while cursor != 0:
-            cursor, items = yield from st._scan_ids(tenant, cursor or 0)
-            if items:
-                ti.add_scanned((yield from st._vectors(tenant, [eid for eid, _ in items])))
-        ti.finish_build()
-        self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
-        delta = yield from st._read_log(tenant, ti.last_id)
+        started = time.monotonic()
+        try:
+            info = yield from st._log_info(tenant)
+            total = yield from st._count(tenant)
+            ti.progress = (0, total)
+            index: ScopedIndex | None = None
+            scanned, told = 0, started
+            cursor: int | None = None
+            while cursor != 0:
+                if self._closed:
+                    return
+                cursor, items = yield from st._scan_ids(tenant, cursor or 0, _BUILD_BATCH)
+                if items:
+                    vectors = yield from st._vectors(tenant, [eid for eid, _ in items])
+                    index = ti.scanned(index, vectors)
+                    scanned += len(items)
+                    ti.progress = (scanned, total)
+                if time.monotonic() - told >= _BUILD_LOG_EVERY_S:
+                    told = time.monotonic()
+                    log.info(
+                        "tenant %s: building this replica's index: %d of %d entries, %.0f s",
+                        tenant,
+                        scanned,
+                        total,
+                        told - started,
+                    )
+            yield from locked(ti.lock, self._install_locked(ti, index, info))
+        except StorageError as exc:
+            ti.retry_at = time.monotonic() + _BUILD_RETRY_S
+            log.warning(
+                "tenant %s: index build failed, lookups serve exact matches until it is "
+                "retried: %s",
+                tenant,
+                exc,
+            )
+            raise
+        elapsed = time.monotonic() - started
+        self.metrics.index_build_seconds.observe(elapsed)
+        level = logging.INFO if elapsed >= _BUILD_LOG_EVERY_S or total >= 10_000 else logging.DEBUG
+        log.log(level, "tenant %s: index ready, %d entries in %.1f s", tenant, len(ti), elapsed)
+
+    def _install_locked(
+        self, ti: TenantIndex, index: ScopedIndex | None, info: LogInfo
+    ) -> Flow[None]:
+        tenant = ti.keys.tenant
+        ti.install(index, info)
+        ti.job = None  # done: a rebuild the replay finds necessary starts a new job
+        label = self.metrics.tenant(tenant)
+        self.metrics.index_rebuilds.labels(label).inc()
+        delta = yield from self.storage._read_log(tenant, ti.last_id)
         delta.maybe_trimmed = False  # a trim during the scan shows up at the next catch-up
-        return delta
+        yield from self._apply_locked(ti, delta)
+        self.metrics.index_ready.labels(label).set(1 if ti.built else 0)
 
     def _sync_index(self, tenant: str) -> Flow[int]:
-        """Bring ``tenant``'s local index up to date now; returns its size."""
+        """Bring ``tenant``'s local index up to date now, waiting for its build (however
+        long that takes); returns its size. Lookups never wait this long: use it where a
+        replica should be ready before it takes traffic (a readiness probe, a warm-up).
+
+        Raises:
+            StorageError: Redis failed (the build's error, if the build failed).
+        """
         ti = self._tenant_index(self.storage.keys(tenant))
-        yield from locked(ti.lock, self._sync_locked(ti))
-        return len(ti)
+        for _ in range(_MAX_REBUILDS):
+            ti.retry_at = 0.0  # asked for explicitly: retry a failed build now
+            yield from self._await_index(ti, None)
+            job = ti.job
+            error = job.error() if job is not None else None
+            if error is not None and not ti.built:
+                raise error
+            yield from locked(ti.lock, self._sync_locked(ti))
+            if ti.built:
+                return len(ti)
+        raise StorageError(f"tenant {tenant}: still changing after {_MAX_REBUILDS} rebuilds")
 
     def _sync_locked(self, ti: TenantIndex) -> Flow[None]:
-        if not (yield from self._ensure_built_locked(ti)):
+        if ti.built:
             delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
             yield from self._apply_locked(ti, delta)
+
+    def index_ready(self, tenant: str) -> bool:
+        """Is this replica's index of ``tenant`` built (lookups search all of it)? False
+        before its first lookup and while a build runs; ``index_progress`` says how far."""
+        ti = self._indexes.get(validate_tenant(tenant))
+        return ti is not None and ti.built
+
+    def index_progress(self, tenant: str) -> tuple[int, int]:
+        """The running build of ``tenant``'s index: (entries scanned, entries counted
+        when it began); ``(n, n)`` once built."""
+        ti = self._indexes.get(validate_tenant(tenant))
+        if ti is None:
+            return (0, 0)
+        return (len(ti), len(ti)) if ti.built else ti.progress
 
     def index_ids(self, tenant: str) -> set[str]:
         """The entry ids in this replica's index for ``tenant`` (as of its last sync)."""
@@ -686,11 +797,16 @@ class CacheEngine:
                 )
             near: str | None = None
             if self.config.dedup_threshold is not None:
+                # Near duplicates are found in the replica's index: while it is being
+                # built (past the bounded wait) only the same question is replaced.
                 ti = self._tenant_index(keys)
-                yield from locked(ti.lock, self._sync_locked(ti))
-                self._check_dim(tenant, ti, vec)
-                best = ti.search(vec, scope, 1, self.config.dedup_threshold)
-                near = best[0][0] if best else None
+                if not ti.built:
+                    yield from self._await_index(ti, self.config.redis_timeout_s)
+                if ti.built:
+                    yield from locked(ti.lock, self._sync_locked(ti))
+                    self._check_dim(tenant, ti, vec)
+                    best = ti.search(vec, scope, 1, self.config.dedup_threshold)
+                    near = best[0][0] if best else None
             indexed = self._indexes.get(tenant)
             out = yield from self.storage._put(
                 tenant,
@@ -797,6 +913,7 @@ class CacheEngine:
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
         ti = self._indexes.get(tenant)
         out["replica_index_entries"] = len(ti) if ti is not None else 0
+        out["replica_index_ready"] = ti is not None and ti.built
         return out
 
     def _clear(self, tenant: str) -> Flow[int]:
@@ -817,7 +934,11 @@ class CacheEngine:
         return removed
 
     def _close(self) -> Flow[None]:
-        """Flush the pending miss counts, then close the client."""
+        """Stop the index builds, flush the pending miss counts, then close the client."""
+        self._closed = True
+        for ti in self._indexes.values():
+            if ti.job is not None:
+                ti.job.cancel()
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)
@@ -872,7 +993,7 @@ class CacheEngine:
 
     @staticmethod
     def _check_dim(tenant: str, ti: TenantIndex, vec: Vector | None) -> None:
-        if vec is not None and ti.dim is not None and ti.dim != len(vec):
+        if vec is not None and ti.built and ti.dim is not None and ti.dim != len(vec):
             raise DimensionMismatchError(tenant, ti.dim, len(vec))
 
     # -- ranking ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +67,24 @@ class ExactIndex:
             self._row[entry_id] = row
         self._mat[row] = vector
 
-    def _grow(self) -> None:
+    def add_many(self, entry_ids: list[str], vectors: Vector) -> None:
+        """Insert or replace many vectors (rows of ``vectors``) in one copy."""
+        new = [i for i, eid in enumerate(entry_ids) if eid not in self._row]
+        for i, eid in enumerate(entry_ids):
+            row = self._row.get(eid)
+            if row is not None:
+                self._mat[row] = vectors[i]
+        start = len(self._ids)
+        if start + len(new) > self._mat.shape[0]:
+            self._grow(start + len(new))
+        self._mat[start : start + len(new)] = vectors[new]
+        for offset, i in enumerate(new):
+            self._ids.append(entry_ids[i])
+            self._row[entry_ids[i]] = start + offset
+
+    def _grow(self, at_least: int = 0) -> None:
         rows = self._mat.shape[0]
-        new_rows = max(rows + _MIN_GROW_ROWS, int(rows * _GROW_FACTOR))
+        new_rows = max(rows + _MIN_GROW_ROWS, int(rows * _GROW_FACTOR), at_least)
         grown = np.empty((new_rows, self.dim), dtype=np.float32)
         grown[:rows] = self._mat
         self._mat = grown
@@ -217,14 +232,23 @@ class _SlottedAnn:
         self._graph_add(np.array([slot], dtype=np.int64), vector.reshape(1, -1))
 
     def add_many(self, entry_ids: list[str], vectors: Vector) -> None:
-        """Bulk add of new ids (used when an exact index is converted)."""
-        if not entry_ids:
+        """Insert or replace many vectors: the new ones in one call of the library, which
+        inserts them on every core (a replica's index build; an exact index converted)."""
+        keys = [self._key(e) for e in entry_ids]
+        new = [i for i, key in enumerate(keys) if key not in self._slot]
+        for i, key in enumerate(keys):
+            if key in self._slot:
+                self.add(entry_ids[i], vectors[i])
+        if not new:
             return
-        slots = np.array([self._assign(self._key(e))[0] for e in entry_ids], dtype=np.int64)
-        self._graph_add(slots, vectors)
+        need = self._next + max(0, len(new) - len(self._free))
+        if need > self._cap:
+            self._grow(need)
+        slots = np.array([self._assign(keys[i])[0] for i in new], dtype=np.int64)
+        self._graph_add(slots, np.ascontiguousarray(vectors[new]))
 
-    def _grow(self) -> None:
-        cap = max(self._cap + _MIN_GROW_ROWS, int(self._cap * _GROW_FACTOR))
+    def _grow(self, at_least: int = 0) -> None:
+        cap = max(self._cap + _MIN_GROW_ROWS, int(self._cap * _GROW_FACTOR), at_least)
         self._graph_grow(cap)
         self._hi = np.concatenate([self._hi, np.zeros(cap - self._cap, dtype=np.uint64)])
         self._lo = np.concatenate([self._lo, np.zeros(cap - self._cap, dtype=np.uint64)])
@@ -386,7 +410,8 @@ class HnswIndex(_SlottedAnn):
 
 
 def ann_available(backend: str = "usearch") -> bool:
-    """True when the library of ``backend`` (the ``ann`` extra) is installed."""
+    """True when the library of ``backend`` is installed (usearch is a dependency;
+    hnswlib is the ``ann-hnswlib`` extra)."""
     try:
         if backend == "usearch":
             _import_usearch()
@@ -455,13 +480,48 @@ class ScopedIndex:
             ):
                 self._to_hnsw(scope, target)
 
-    def _to_hnsw(self, scope: str, exact: ExactIndex) -> None:
+    def add_many(self, vectors: Mapping[str, tuple[Vector, str]]) -> int:
+        """Insert or replace many ``{id: (vector, scope)}`` at once, each scope's in one
+        bulk insertion (a scope that reaches ``ann_threshold`` becomes HNSW once, before
+        the rest is inserted). Vectors of another dimension are skipped; returns how many."""
+        by_scope: dict[str, list[str]] = {}
+        skipped = 0
+        for eid, (vec, scope) in vectors.items():
+            if vec.shape != (self.dim,):
+                skipped += 1
+                continue
+            by_scope.setdefault(scope, []).append(eid)
+        with self._lock:
+            for scope, ids in by_scope.items():
+                for other, other_sub in list(self._by_scope.items()):
+                    if other != scope and any(eid in other_sub for eid in ids):
+                        for eid in ids:
+                            if eid in other_sub:
+                                self._remove_from(other, eid)
+                mat = np.stack([vectors[eid][0] for eid in ids]).astype(np.float32, copy=False)
+                target = self._by_scope.get(scope)
+                if target is None:
+                    target = self._by_scope[scope] = ExactIndex(self.dim)
+                threshold = self.policy.ann_threshold
+                if (
+                    isinstance(target, ExactIndex)
+                    and threshold is not None
+                    and len(target) + len(ids) >= threshold
+                ):
+                    self._to_hnsw(scope, target, extra=len(ids))
+                    target = self._by_scope[scope]
+                target.add_many(ids, mat)
+        return skipped
+
+    def _to_hnsw(self, scope: str, exact: ExactIndex, extra: int = 0) -> None:
+        """Replace ``scope``'s exact index by an HNSW one with room for ``extra`` more."""
         p = self.policy
         if not ann_available(p.backend):
             if not self._ann_missing_warned:
                 log.warning(
                     "an index reached %d entries but %s is not installed "
-                    "(pip install 'zerda-cache[ann]'): search stays exact and slow",
+                    "(usearch is a dependency; hnswlib is the ann-hnswlib extra): "
+                    "search stays exact and slow",
                     len(exact),
                     p.backend,
                 )
@@ -473,12 +533,17 @@ class ScopedIndex:
             m=p.m,
             ef_construction=p.ef_construction,
             ef_search=p.ef_search,
-            capacity=max(1024, int(len(exact) * _GROW_FACTOR)),
+            capacity=max(1024, int((len(exact) + extra) * _GROW_FACTOR)),
         )
         ids, vecs = exact.to_arrays()
         ann.add_many(ids, vecs)
         self._by_scope[scope] = ann
-        log.info("scope %r: %d entries, switched to an HNSW index (%s)", scope, len(ann), p.backend)
+        log.info(
+            "scope %r: %d entries, switched to an HNSW index (%s)",
+            scope,
+            len(ann) + extra,
+            p.backend,
+        )
 
     def _maybe_to_exact(self, scope: str) -> None:
         sub = self._by_scope.get(scope)

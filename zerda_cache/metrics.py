@@ -45,6 +45,8 @@ LATENCY_BUCKETS = (
     1.0,
     2.5,
 )
+#: Index builds: milliseconds for a small tenant, minutes for millions of entries.
+BUILD_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class TenantLabels:
@@ -122,6 +124,19 @@ class ReplicaMetrics:
             "zerda_cache_index_rebuilds",
             "Full rebuilds of a tenant's local vector index (first use or log trimmed).",
             ["tenant"],
+            registry=reg,
+        )
+        self.index_ready = Gauge(
+            "zerda_cache_index_ready",
+            "1 when this replica's index of the tenant is built, 0 while it is being built "
+            "(lookups then serve exact-question matches).",
+            ["tenant"],
+            registry=reg,
+        )
+        self.index_build_seconds = Histogram(
+            "zerda_cache_index_build_seconds",
+            "Duration of this replica's index builds (in the background).",
+            buckets=BUILD_BUCKETS,
             registry=reg,
         )
         self._adaptive = _AdaptiveCollector()

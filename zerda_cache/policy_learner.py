@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,10 +42,12 @@ FEEDBACK_LOG_SIZE = 10_000
 MAX_FEEDBACK_MAGNITUDE = 1_000.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class FeedbackSignal:
     """One external judgement of a cached answer: right (``positive``) or wrong.
 
+    ``FeedbackSignal(entry_id, tenant, positive)``: the tenant is the second argument,
+    or ``tenant=`` as in every other call (``tenant_id=``, the seed's name, works too).
     ``source`` is free-form ("user", "llm_eval", "auto" by convention). ``timestamp`` is
     the caller's clock and is only recorded; arm arithmetic uses the Redis server's clock.
     Construction validates: a NaN, infinite, negative or over ``MAX_FEEDBACK_MAGNITUDE``
@@ -56,12 +58,42 @@ class FeedbackSignal:
     entry_id: str
     tenant_id: str
     positive: bool
-    magnitude: float = 1.0
-    source: str = "user"
-    timestamp: float = field(default_factory=time.time)
+    magnitude: float
+    source: str
+    timestamp: float
     #: The cosine similarity at which the entry was served (``CacheHit.feedback`` fills
     #: it): lets a negative signal on a near miss teach the entry its own similarity bar.
-    similarity: float | None = None
+    similarity: float | None
+
+    def __init__(
+        self,
+        entry_id: str,
+        tenant_id: str | None = None,
+        positive: bool | None = None,
+        magnitude: float = 1.0,
+        source: str = "user",
+        timestamp: float | None = None,
+        similarity: float | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> None:
+        if tenant is not None and tenant_id is not None and tenant != tenant_id:
+            raise InvalidFeedbackError(f"tenant {tenant!r} and tenant_id {tenant_id!r} differ")
+        tid = tenant_id if tenant_id is not None else tenant
+        put = object.__setattr__  # frozen; a missing tenant or polarity fails validation
+        put(self, "entry_id", entry_id)
+        put(self, "tenant_id", tid)
+        put(self, "positive", positive)
+        put(self, "magnitude", magnitude)
+        put(self, "source", source)
+        put(self, "timestamp", time.time() if timestamp is None else timestamp)
+        put(self, "similarity", similarity)
+        self.__post_init__()
+
+    @property
+    def tenant(self) -> str:
+        """The tenant (the same as ``tenant_id``)."""
+        return self.tenant_id
 
     def __post_init__(self) -> None:
         if not isinstance(self.entry_id, str) or not self.entry_id:

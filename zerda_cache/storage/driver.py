@@ -13,6 +13,11 @@ h11 and httpcore: the protocol is a state machine, the I/O is at its edge.
 object it returns the flow's result, on an ``AsyncDriven`` one an awaitable of it, and
 mypy sees both signatures.
 
+Background work (a replica's index build) is a flow too: ``spawn`` runs it in a daemon
+thread (sync flavour) or as a task of the event loop (asyncio), and the ``Job`` it returns
+gives a step that waits for it with a timeout, so a flow can wait for another one a
+bounded time without knowing which driver runs either.
+
 Only this package's modules build steps that touch a Redis client.
 """
 
@@ -23,7 +28,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
 import redis.exceptions
 
@@ -126,6 +131,85 @@ def _refuse_awaitable(value: Awaitable[Any]) -> TypeError:
     )
 
 
+class Job(Protocol):
+    """A flow running in the background (``SyncDriven.spawn`` / ``AsyncDriven.spawn``)."""
+
+    def done(self) -> bool:
+        """Has the flow returned or raised?"""
+        ...
+
+    def wait(self, timeout: float | None) -> Step:
+        """A step that returns once the flow is done or ``timeout`` seconds passed."""
+        ...
+
+    def error(self) -> BaseException | None:
+        """What the flow raised, once done (``None``: it returned, or is still running)."""
+        ...
+
+    def cancel(self) -> None:
+        """Ask the flow to stop (an asyncio task is cancelled; a thread is not: flows
+        check their own stop condition)."""
+        ...
+
+
+class _ThreadJob:
+    """A flow driven by ``run_sync`` in a daemon thread."""
+
+    def __init__(self, flow: Flow[Any], name: str) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(flow,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, flow: Flow[Any]) -> None:
+        try:
+            run_sync(flow)
+        except BaseException as exc:  # kept for whoever waits on the job
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None) -> Step:
+        return lambda: self._done.wait(timeout)
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def cancel(self) -> None:
+        pass
+
+
+class _TaskJob:
+    """A flow driven by ``run_async`` as a task of the running event loop."""
+
+    def __init__(self, flow: Flow[Any], name: str) -> None:
+        self._task = asyncio.get_running_loop().create_task(run_async(flow), name=name)
+        self._task.add_done_callback(_retrieve)
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def wait(self, timeout: float | None) -> Step:
+        return lambda: asyncio.wait({self._task}, timeout=timeout)
+
+    def error(self) -> BaseException | None:
+        if not self._task.done() or self._task.cancelled():
+            return None
+        return self._task.exception()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a finished task's exception as retrieved (the job reports it on demand)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class SyncDriven:
     """Mixin of the sync flavours: flows run to completion in the calling thread."""
 
@@ -138,6 +222,11 @@ class SyncDriven:
     def _drive(flow: Flow[T]) -> T:
         return run_sync(flow)
 
+    @staticmethod
+    def spawn(flow: Flow[Any], name: str) -> Job:
+        """Run ``flow`` in a daemon thread."""
+        return _ThreadJob(flow, name)
+
 
 class AsyncDriven:
     """Mixin of the asyncio flavours: flows run as coroutines."""
@@ -148,6 +237,11 @@ class AsyncDriven:
     @staticmethod
     async def _drive(flow: Flow[T]) -> T:
         return await run_async(flow)
+
+    @staticmethod
+    def spawn(flow: Flow[Any], name: str) -> Job:
+        """Run ``flow`` as a task of the running event loop."""
+        return _TaskJob(flow, name)
 
 
 class op(Generic[P, T]):
@@ -202,6 +296,7 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Step:
 __all__ = [
     "AsyncDriven",
     "Flow",
+    "Job",
     "Step",
     "SyncDriven",
     "call",

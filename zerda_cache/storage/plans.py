@@ -757,6 +757,18 @@ class StoragePlans:
 
         return ReadPlan("catch-up", queue, parse, 2)
 
+    def read_dim(self, tenant: str) -> ReadPlan[int | None]:
+        """The embedding dimension fixed by the tenant's first put, if any."""
+        cfg_key = self.keys(tenant).cfg
+
+        def queue(pipe: Any) -> None:
+            pipe.hget(cfg_key, "dim")
+
+        def parse(res: list[Any]) -> int | None:
+            return int(res[0]) if res[0] is not None else None
+
+        return ReadPlan("tenant_dim", queue, parse, 1)
+
     def read_exact(self, tenant: str, query: str, scope: str = "") -> ReadPlan[str | None]:
         """The id the (normalised query, scope) digest points to, if any."""
         q_key, digest = self.keys(tenant).q, codec.query_digest(query, scope)

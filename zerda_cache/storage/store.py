@@ -311,8 +311,7 @@ class Storage(StoragePlans):
 
     def _tenant_dim(self, tenant: str) -> Flow[int | None]:
         """The embedding dimension fixed by the tenant's first put, if any."""
-        raw = yield from self._command("tenant_dim", "hget", self.keys(tenant).cfg, "dim")
-        return int(raw) if raw is not None else None
+        return (yield from self._read(self.read_dim(tenant)))
 
     def _tenants(self) -> Flow[list[str]]:
         """Every tenant that was ever put to or configured (sorted)."""

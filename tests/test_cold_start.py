@@ -1,0 +1,126 @@
+"""A cold replica: its index is built in the background and no lookup waits for it.
+
+The build reads real Redis; only its pace is the test's: ``hold_build`` makes the
+build's reads of vectors wait for a gate the test opens, so the build is certainly still
+running while the test looks up (whatever the machine's speed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.conftest import near, unit
+from zerda_cache import CacheConfig
+from zerda_cache.errors import DimensionMismatchError, StorageError
+from zerda_cache.metrics import ReplicaMetrics
+
+
+def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    return reg.get_sample_value(name, labels) or 0.0
+
+
+def hold_build(manager: Any, flavour: str) -> Callable[[], None]:
+    """Make ``manager``'s index builds wait before each read of vectors until the
+    returned function is called (a threading event for the sync flavour's build thread,
+    an asyncio event for the async flavour's task)."""
+    target = manager.target if flavour == "async" else manager
+    storage = target.storage
+    read_vectors = storage._vectors
+    gate: Any = threading.Event() if flavour == "sync" else asyncio.Event()
+    wait = (lambda: gate.wait(60)) if flavour == "sync" else gate.wait
+
+    def gated(tenant: str, entry_ids: Any) -> Any:
+        yield wait
+        return (yield from read_vectors(tenant, entry_ids))
+
+    storage._vectors = gated
+    opened: Callable[[], None] = gate.set
+    return opened
+
+
+def fill(make_manager: Any, n: int) -> list[str]:
+    writer = make_manager()
+    return [
+        writer.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(100 + i)).entry_id for i in range(n)
+    ]
+
+
+def test_a_cold_replica_serves_exact_matches_while_its_index_builds(
+    make_manager: Any, flavour: str
+) -> None:
+    ids = fill(make_manager, 60)
+    reg = CollectorRegistry()
+    reader = make_manager(CacheConfig(redis_timeout_s=0.05), metrics=ReplicaMetrics(reg))
+    release = hold_build(reader, flavour)
+    # The build cannot finish: every lookup returns anyway (after a bounded wait).
+    exact = reader.lookup("q7", tenant="t", embedding=unit(107))
+    assert exact is not None and exact.entry_id == ids[7] and exact.exact
+    assert reader.lookup("q7 reworded", tenant="t", embedding=near(unit(107), 0.97)) is None
+    assert not reader.index_ready("t") and reader.index_progress("t") == (0, 60)
+    assert metric(reg, "zerda_cache_index_ready", tenant="t") == 0
+    assert reader.stats("t")["replica_index_ready"] is False
+    with pytest.raises(DimensionMismatchError):  # checked against Redis meanwhile
+        reader.lookup("q7", tenant="t", embedding=unit(107, dim=8))
+    release()
+    assert reader.sync_index("t") == 60  # waits for the build, however long it takes
+    assert reader.index_ready("t") and reader.index_progress("t") == (60, 60)
+    assert metric(reg, "zerda_cache_index_ready", tenant="t") == 1
+    assert metric(reg, "zerda_cache_index_rebuilds_total", tenant="t") == 1
+    assert metric(reg, "zerda_cache_index_build_seconds_count") == 1
+    hit = reader.lookup("q7 reworded", tenant="t", embedding=near(unit(107), 0.97))
+    assert hit is not None and hit.entry_id == ids[7] and not hit.exact
+
+
+def test_puts_during_a_build_are_in_the_index_it_installs(make_manager: Any, flavour: str) -> None:
+    """Events that race the scan (puts and removals by other replicas) are replayed from
+    the log position read before the scan began."""
+    ids = fill(make_manager, 30)
+    reader = make_manager(CacheConfig(redis_timeout_s=0.05))
+    release = hold_build(reader, flavour)
+    assert reader.lookup("nothing", tenant="t", embedding=unit(999)) is None  # starts it
+    writer = make_manager()
+    new = writer.put("late", "a-late", tenant="t", embedding=unit(500)).entry_id
+    assert writer.invalidate(ids[0], tenant="t")
+    release()
+    assert reader.sync_index("t") == 30
+    assert new in reader.index_ids("t") and ids[0] not in reader.index_ids("t")
+    hit = reader.lookup("late?", tenant="t", embedding=near(unit(500), 0.97))
+    assert hit is not None and hit.entry_id == new
+
+
+def test_a_dedup_put_does_not_wait_for_the_build(make_manager: Any, flavour: str) -> None:
+    """``dedup_threshold`` needs the index: while it is being built a put replaces only
+    the same question, and the near duplicate is caught once the index is ready."""
+    ids = fill(make_manager, 5)
+    cfg = CacheConfig(redis_timeout_s=0.05, dedup_threshold=0.95)
+    m = make_manager(cfg)
+    release = hold_build(m, flavour)
+    first = m.put("q1 again", "b1", tenant="t", embedding=near(unit(101), 0.99))
+    assert first.stored and first.replaced_id is None  # the near duplicate stays meanwhile
+    release()
+    m.sync_index("t")
+    second = m.put("q2 again", "b2", tenant="t", embedding=near(unit(102), 0.99))
+    assert second.replaced_id == ids[2]
+
+
+def test_a_failed_build_is_reported_and_retried(
+    make_manager: Any, redis_server_factory: Any
+) -> None:
+    server = redis_server_factory()
+    writer = make_manager(url=server.url)
+    writer.put("q", "a", tenant="t", embedding=unit(1))
+    reader = make_manager(CacheConfig(redis_timeout_s=0.2), url=server.url)
+    server.stop()
+    assert reader.lookup("q", tenant="t", embedding=unit(1)) is None  # fails open
+    with pytest.raises(StorageError):
+        reader.sync_index("t")  # the build's own error
+    assert not reader.index_ready("t")
+    server.restart()  # the same port; nothing persisted: an empty tenant
+    assert reader.sync_index("t") == 0
+    assert reader.index_ready("t")
