@@ -161,7 +161,7 @@ def cli(
 ) -> None:
     """zerda-cache: a shared semantic cache that learns which answers to serve."""
     state = CliState(url=redis_url, cluster=cluster, key_prefix=key_prefix, log_level=log_level)
-    state.configure_logging("INFO" if ctx.invoked_subcommand == "worker" else "WARNING")
+    state.configure_logging("INFO" if ctx.invoked_subcommand in ("worker", "serve") else "WARNING")
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -552,6 +552,198 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     if state.url is None:
         raise click.UsageError("demo-app needs --redis-url or ZERDA_REDIS_URL")
     sys.exit(serve_app(state.url, metrics_port=metrics_port, rate=rate, seed=seed))
+
+
+# -- the HTTP service -----------------------------------------------------------------------------
+@cli.command()
+@shared_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 in a container.")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option(
+    "--embedder",
+    default="none",
+    show_default=True,
+    help="none (callers send vectors; the proxy passes through), hashing[:DIM], minilm, "
+    "or the base URL of an OpenAI-compatible embeddings API.",
+)
+@click.option(
+    "--embedding-model",
+    default="text-embedding-3-small",
+    show_default=True,
+    help="The model an embeddings URL is asked for (key: env ZERDA_EMBEDDINGS_API_KEY).",
+)
+@click.option(
+    "--upstream-url",
+    envvar="ZERDA_UPSTREAM_URL",
+    default=None,
+    help="The OpenAI-compatible API behind the proxy, e.g. https://api.openai.com/v1 "
+    "(env ZERDA_UPSTREAM_URL; its key: env ZERDA_UPSTREAM_API_KEY).",
+)
+@click.option("--upstream-timeout", type=float, default=120.0, show_default=True)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=1024 * 1024,
+    show_default=True,
+    help="Larger request bodies are refused (413).",
+)
+@click.option(
+    "--warm-tenant",
+    multiple=True,
+    help="Build this tenant's index at start-up; /readyz waits for it (repeatable).",
+)
+@click.option("--similarity-threshold", type=float, default=None, help="Default 0.85.")
+@click.option(
+    "--redis-timeout",
+    type=float,
+    default=None,
+    help="Socket timeout (s) of Redis calls; default 0.5 (lookups fail open past it).",
+)
+@pass_state
+def serve(
+    state: CliState,
+    host: str,
+    port: int,
+    embedder: str,
+    embedding_model: str,
+    upstream_url: str | None,
+    upstream_timeout: float,
+    max_body_bytes: int,
+    warm_tenant: tuple[str, ...],
+    similarity_threshold: float | None,
+    redis_timeout: float | None,
+) -> None:
+    """Run the HTTP service and the OpenAI-compatible caching proxy (needs the service
+    extra: pip install 'zerda-cache[service]')."""
+    import os
+
+    try:
+        import uvicorn
+
+        from zerda_cache.aio import AsyncCacheManager
+        from zerda_cache.service import ServiceSettings, Upstream, create_app
+        from zerda_cache.service.embedding import make_embedder
+        from zerda_cache.validation import validate_tenant
+    except ImportError as exc:
+        raise click.UsageError(
+            f"serve needs the service extra ({exc.name} is missing): "
+            "pip install 'zerda-cache[service]'"
+        ) from exc
+    if state.url is None:  # keys live in Redis: a throwaway server would have none
+        raise click.UsageError("serve needs --redis-url or ZERDA_REDIS_URL")
+    with errors():
+        cfg = state.config
+        if similarity_threshold is not None:
+            cfg = replace(cfg, similarity_threshold=similarity_threshold)
+        if redis_timeout is not None:
+            cfg = replace(cfg, redis_timeout_s=redis_timeout)
+        embed_fn = make_embedder(
+            embedder, model=embedding_model, api_key=os.environ.get("ZERDA_EMBEDDINGS_API_KEY")
+        )
+        upstream = None
+        if upstream_url:
+            upstream = Upstream(
+                upstream_url,
+                api_key=os.environ.get("ZERDA_UPSTREAM_API_KEY") or None,
+                timeout_s=upstream_timeout,
+            )
+        for t in warm_tenant:
+            validate_tenant(t)
+        if upstream is not None and embed_fn is None:
+            logging.getLogger("zerda_cache.service").warning(
+                "--embedder none: the proxy passes every request through uncached"
+            )
+        client = connect(state.url, cfg, cluster=state.cluster or None, asyncio=True)
+        manager = AsyncCacheManager(client, cfg, embed_fn=embed_fn)
+        app = create_app(
+            manager,
+            upstream=upstream,
+            settings=ServiceSettings(max_body_bytes=max_body_bytes, warm_tenants=warm_tenant),
+            close_on_shutdown=True,
+        )
+    level = (state.log_level or "INFO").lower()
+    uvicorn.run(app, host=host, port=port, log_level=level, server_header=False)
+
+
+# -- API keys of the HTTP service -----------------------------------------------------------------
+@cli.group()
+def keys() -> None:
+    """Per-tenant API keys of the HTTP service (only their SHA-256 digests are stored)."""
+
+
+def _keys_storage(state: CliState) -> RedisStorage:
+    # A key made in a throwaway embedded server would be lost on exit: refuse instead.
+    if state.url is None:
+        raise click.UsageError("keys commands need --redis-url or ZERDA_REDIS_URL")
+    return state.storage()
+
+
+@keys.command("create")
+@shared_options
+@click.option("--tenant", required=True, help="The tenant the key is bound to.")
+@click.option("--name", default="", help="A label for listings (who or what uses it).")
+@pass_state
+def keys_create(state: CliState, tenant: str, name: str) -> None:
+    """Create a key for TENANT and print its token once (it cannot be shown again)."""
+    from zerda_cache.apikeys import create_key
+
+    with errors():
+        token, record = create_key(_keys_storage(state), tenant, name)
+        err.print(f"key {record.id} for tenant {tenant}; the token is shown only this once:")
+        click.echo(token)
+
+
+@keys.command("list")
+@shared_options
+@click.option("--tenant", default=None, help="One tenant (default: all).")
+@pass_state
+def keys_list(state: CliState, tenant: str | None) -> None:
+    """List keys (id, tenant, name, created, revoked); never the tokens."""
+    with errors():
+        table = Table(title="zerda-cache API keys")
+        for col in ("id", "tenant", "name", "created", "status"):
+            table.add_column(col)
+        for k in _keys_storage(state).api_keys():
+            if tenant is not None and k.tenant != tenant:
+                continue
+            status = "active" if k.revoked is None else "revoked " + _utc(k.revoked)
+            table.add_row(k.id, k.tenant, k.name, _utc(k.created), status)
+        console.print(table)
+
+
+@keys.command("revoke")
+@shared_options
+@click.argument("key", required=False)
+@click.option("--tenant", default=None, help="Revoke every key of this tenant.")
+@pass_state
+def keys_revoke(state: CliState, key: str | None, tenant: str | None) -> None:
+    """Revoke KEY (its id, or the token itself), or every key of --tenant. Immediate: the
+    service reads the key's record on every request. Exit 1 if nothing was revoked."""
+    from zerda_cache.apikeys import KEY_ID_RE, key_id, looks_like_token, token_digest
+
+    with errors():
+        if (key is None) == (tenant is None):
+            raise click.UsageError("give a KEY id (or token), or --tenant, not both")
+        st = _keys_storage(state)
+        if key is not None:
+            kid = key_id(token_digest(key)) if looks_like_token(key) else key
+            if not KEY_ID_RE.fullmatch(kid):
+                raise click.UsageError(f"{key!r} is neither a key id (12 hex digits) nor a token")
+            revoked = st.revoke_api_keys(key_id=kid)
+        else:
+            assert tenant is not None
+            from zerda_cache.validation import validate_tenant
+
+            revoked = st.revoke_api_keys(tenant=validate_tenant(tenant))
+        for kid in revoked:
+            click.echo(f"revoked {kid}")
+        if not revoked:
+            err.print("[yellow]no active key matched: nothing revoked[/yellow]")
+            sys.exit(1)
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ key                    type     holds
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
+``p:apikeys``          hash     the HTTP service's API keys: token digest -> record
+                                (global; changed only by the apikey scripts)
 =====================  =======  ==========================================================
 """
 
@@ -84,3 +86,13 @@ def cycles_key(prefix: str = "zc") -> str:
 
 def leader_key(prefix: str = "zc") -> str:
     return f"{prefix}:worker:leader"
+
+
+def api_keys_key(prefix: str = "zc") -> str:
+    """The HTTP service's API keys (hash: SHA-256 digest of a token -> its JSON record).
+
+    Global, not per tenant: the service learns the tenant from the key, so it cannot know
+    the tenant's slot before reading it. On Redis Cluster the hash lives in one slot; each
+    script that changes it touches only it, and reads are one HGET per request.
+    """
+    return f"{prefix}:apikeys"

@@ -34,6 +34,10 @@ FLAGS = {
     "lease_release": "allow-oom",
     "lease_acquire": "allow-oom",
     "label": "allow-oom",
+    # The HTTP service's keys: a new key is refused whole on a full server; a revocation
+    # must work there too.
+    "apikey_add": "",
+    "apikey_revoke": "allow-oom",
 }
 SCRIPT_NAMES = (
     "put",
@@ -46,6 +50,8 @@ SCRIPT_NAMES = (
     "lease_release",
     "lease_acquire",
     "label",
+    "apikey_add",
+    "apikey_revoke",
 )
 
 
@@ -79,6 +85,8 @@ class Scripts:
     lease_release: Any
     lease_acquire: Any
     label: Any
+    apikey_add: Any
+    apikey_revoke: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

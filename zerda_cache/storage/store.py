@@ -18,15 +18,16 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import redis.exceptions
 
+from zerda_cache.apikeys import ApiKey
 from zerda_cache.calibration import Calibration, check_error_rate
 from zerda_cache.config import CacheConfig
 from zerda_cache.entry import IntelligentCacheEntry
-from zerda_cache.errors import InvalidEntryError, StorageError, ZerdaError
+from zerda_cache.errors import CorruptEntryError, InvalidEntryError, StorageError, ZerdaError
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.driver import AsyncDriven, Flow, SyncDriven, call, op, wrap_errors
-from zerda_cache.storage.keys import cycles_key, leader_key
+from zerda_cache.storage.keys import api_keys_key, cycles_key, leader_key
 from zerda_cache.storage.plans import (
     FEEDBACK_BATCH,
     DecayOutcome,
@@ -475,6 +476,64 @@ class Storage(StoragePlans):
     record_cycle = op(_record_cycle)
     recent_cycles = op(_recent_cycles)
     leader = op(_leader)
+
+    # -- the HTTP service: API keys and probes -----------------------------------------------
+    def _add_api_key(self, digest: str, record: ApiKey) -> Flow[bool]:
+        """Store a new key's record under its token's digest; False if that digest exists."""
+        key = api_keys_key(self.config.key_prefix)
+        with wrap_errors("apikey_add"):
+            res = yield call(self.scripts.apikey_add, keys=[key], args=[digest, record.encode()])
+        return bool(int(res))
+
+    def _api_key(self, digest: str) -> Flow[ApiKey | None]:
+        """The record of the key whose token has this digest (revoked ones included).
+
+        Raises:
+            CorruptEntryError: the stored record does not decode.
+        """
+        key = api_keys_key(self.config.key_prefix)
+        raw = yield from self._command("api key", "hget", key, digest)
+        if raw is None:
+            return None
+        try:
+            return ApiKey.decode(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptEntryError(key, f"record of {digest[:12]}: {exc}") from exc
+
+    def _api_keys(self) -> Flow[list[ApiKey]]:
+        """Every key's record (undecodable ones are logged and skipped), by tenant."""
+        key = api_keys_key(self.config.key_prefix)
+        raw = yield from self._command("api keys", "hgetall", key)
+        out = []
+        for digest, value in raw.items():
+            try:
+                out.append(ApiKey.decode(value))
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: skipping an undecodable record %s", key, text(digest)[:12])
+        return sorted(out, key=lambda k: (k.tenant, k.created, k.id))
+
+    def _revoke_api_keys(
+        self, *, key_id: str | None = None, tenant: str | None = None
+    ) -> Flow[list[str]]:
+        """Revoke one key (by id) or every key of a tenant; returns the ids revoked now."""
+        if (key_id is None) == (tenant is None):
+            raise ValueError("revoke by key_id or by tenant (exactly one)")
+        field, value = ("id", key_id) if key_id is not None else ("tenant", tenant)
+        now = yield from self._now()
+        key = api_keys_key(self.config.key_prefix)
+        with wrap_errors("apikey_revoke"):
+            res = yield call(self.scripts.apikey_revoke, keys=[key], args=[field, value, repr(now)])
+        return [text(i) for i in res or ()]
+
+    def _ping(self) -> Flow[bool]:
+        """True when the server answers PING (raises ``StorageError`` when it does not)."""
+        return bool((yield from self._command("ping", "ping")))
+
+    add_api_key = op(_add_api_key)
+    api_key = op(_api_key)
+    api_keys = op(_api_keys)
+    revoke_api_keys = op(_revoke_api_keys)
+    ping = op(_ping)
 
 
 class RedisStorage(SyncDriven, Storage):

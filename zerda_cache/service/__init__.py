@@ -1,0 +1,26 @@
+"""The HTTP service (``zerda-cache serve``): the cache's flows over JSON with per-tenant
+API keys, and an OpenAI-compatible caching proxy on the same port.
+
+================  ==========================================================================
+module            holds
+================  ==========================================================================
+``app``           ``create_app``: the cache endpoints, health, metrics, key checking
+``proxy``         ``/v1/chat/completions`` and ``/v1/embeddings``: keys, scopes, streaming
+``models``        request and response bodies of the cache endpoints
+``errors``        the one JSON error shape, and how library errors map to statuses
+``limits``        the request body limit (an ASGI middleware)
+``embedding``     the embedders ``--embedder`` names (an OpenAI-compatible endpoint too)
+================  ==========================================================================
+
+Needs the ``service`` extra (``pip install 'zerda-cache[service]'``).
+"""
+
+from zerda_cache.service.app import (
+    ServiceContext,
+    ServiceMetrics,
+    ServiceSettings,
+    Upstream,
+    create_app,
+)
+
+__all__ = ["ServiceContext", "ServiceMetrics", "ServiceSettings", "Upstream", "create_app"]

@@ -1,0 +1,116 @@
+"""Request and response bodies of the cache endpoints (``/v1/lookup`` ... ``/v1/stats``).
+
+Strict models: a JSON string is never taken for a number or a boolean, and unknown
+fields are refused, so a typo (``"embeding"``) is a 422 rather than a silent miss. The
+tenant is never a field: it comes from the API key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Longest embedding accepted (text-embedding-3-large has 3072 dimensions).
+MAX_EMBEDDING_DIM = 8192
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+Embedding = list[float] | None
+EMBEDDING = Field(
+    None,
+    max_length=MAX_EMBEDDING_DIM,
+    description="The question's embedding; omit it to have the service's embedder make one.",
+)
+SCOPE = Field(None, description="Only entries put with the same scope match (default: '').")
+
+
+class LookupRequest(_Strict):
+    query: str
+    embedding: Embedding = EMBEDDING
+    scope: str | None = SCOPE
+    max_error_rate: float | None = Field(
+        None, gt=0, lt=1, description="An error bound for this lookup, in (0, 1)."
+    )
+
+
+class Entry(BaseModel):
+    entry_id: str
+    response: str
+    query: str
+    similarity: float
+    score: float
+    expected_reward: float
+    confidence: float
+    exact: bool
+    scope: str
+    metadata: dict[str, Any]
+
+
+class LookupResponse(BaseModel):
+    hit: bool
+    entry: Entry | None = Field(None, description="The served answer (null on a miss).")
+
+
+class PutRequest(_Strict):
+    query: str
+    response: str
+    embedding: Embedding = EMBEDDING
+    scope: str | None = SCOPE
+    ttl_s: float | None = Field(None, gt=0)
+    quality: float | None = Field(None, ge=0, le=1)
+    metadata: dict[str, Any] | None = None
+
+
+class PutResponse(BaseModel):
+    stored: bool
+    entry_id: str | None = None
+    reason: str | None = Field(None, description="Why the answer was not stored.")
+    warnings: list[str] = Field(default_factory=list)
+    replaced_id: str | None = None
+    verified: bool | None = Field(
+        None,
+        description="When the lookup before this put (on this service replica) asked for a "
+        "verification: whether the cached answer equalled this one.",
+    )
+
+
+class FeedbackRequest(_Strict):
+    entry_id: str
+    positive: bool
+    magnitude: float = 1.0
+    source: str = "user"
+    similarity: float | None = Field(
+        None,
+        description="The similarity the entry was served at (a hit's entry.similarity, or "
+        "the proxy's x-zerda-similarity header): a wrong near match then raises that "
+        "entry's own similarity bar instead of condemning the answer.",
+    )
+
+
+class FeedbackResponse(BaseModel):
+    applied: bool
+
+
+class InvalidateRequest(_Strict):
+    entry_id: str
+
+
+class InvalidateResponse(BaseModel):
+    removed: bool
+
+
+__all__ = [
+    "Entry",
+    "FeedbackRequest",
+    "FeedbackResponse",
+    "InvalidateRequest",
+    "InvalidateResponse",
+    "LookupRequest",
+    "LookupResponse",
+    "PutRequest",
+    "PutResponse",
+]

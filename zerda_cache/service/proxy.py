@@ -1,0 +1,437 @@
+"""The OpenAI-compatible caching proxy: ``POST /v1/chat/completions`` and ``/v1/embeddings``.
+
+Point any OpenAI client at the service (``base_url=http://host:8080/v1``) with a tenant's
+key as its API key. What is cached, and under which scope:
+
+- **The question** is the text of the last message, which must be a user turn (string
+  content, or text parts only). **The scope** is a digest of everything else in the
+  request that can change the answer: the model, every earlier message (system and
+  developer prompts, earlier user and assistant turns, tool results), ``tools``,
+  ``tool_choice``, ``response_format``, the sampling parameters (``temperature``,
+  ``top_p``, ``max_tokens``, ``seed``, ``stop``, penalties ...) and any parameter this
+  proxy does not know. Left out are the fields that do not change the answer:
+  ``stream``, ``stream_options``, ``user``, ``metadata``, ``store``, ``service_tier`` and
+  ``n`` (only ``n=1`` is cached). So a near-duplicate question meets an earlier one only
+  under the same instructions and the same conversation so far.
+- **Cached answers** are single-choice text answers that finished (``finish_reason`` is
+  ``stop``). A tool call, a truncated answer (``length``), a refusal without content, or
+  an upstream error is returned to the client and not cached. Requests with tools are
+  looked up like any other (the tools are in the scope): a cached text answer to them is
+  served, a tool call never is.
+- **Passed through uncached** (``x-zerda-cache: bypass`` with ``x-zerda-bypass``
+  saying why): ``n`` > 1, ``logprobs``, a last message that is not a user turn or has
+  non-text parts (images, audio), a question over ``max_query_chars``, and every
+  request when the service has no embedder. ``/v1/embeddings`` is always passed
+  through: caching embeddings saves little and the cache's own embedder is another
+  model.
+- **Streaming** (``stream: true``): a hit is served as a server-sent event stream in the
+  ``chat.completion.chunk`` format (one content chunk, a finish chunk, a usage chunk if
+  ``stream_options.include_usage``, ``[DONE]``). A miss is streamed through from the
+  upstream as it arrives and cached once the stream completed; its entry id is not
+  known when the headers go out, so a streamed miss has no ``x-zerda-entry-id``.
+
+Headers on every proxied chat completion: ``x-zerda-cache`` (``hit``, ``miss``,
+``verify``: a miss that verified a near match under the tenant's error bound, or
+``bypass``), and when an entry is known ``x-zerda-entry-id`` and ``x-zerda-similarity``
+(send both back with ``POST /v1/feedback``); ``x-zerda-verified`` on a verify.
+
+The client's key never leaves the service: upstream calls carry the configured upstream
+key only.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations at
+# runtime, and the API-key dependency is a local of the app factory.
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+import httpx
+from fastapi import Body, FastAPI, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from zerda_cache.engine import CacheHit
+from zerda_cache.errors import ZerdaError
+from zerda_cache.service.embedding import EmbedderError
+from zerda_cache.service.errors import ApiError
+
+if TYPE_CHECKING:
+    from zerda_cache.service.app import ServiceContext
+
+log = logging.getLogger(__name__)
+
+#: Scopes the proxy makes start with this (version 1 of the rule above).
+SCOPE_PREFIX = "oa1:"
+#: Request fields that do not change the answer, so they stay out of the scope.
+NOT_IN_SCOPE = frozenset(
+    {"messages", "stream", "stream_options", "user", "metadata", "store", "service_tier", "n"}
+)
+#: Upstream response headers relayed to the client (request ids, rate limits).
+RELAYED = ("x-request-id", "openai-processing-ms", "openai-version", "retry-after")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatKey:
+    """Where a chat completion request is cached: its question and scope."""
+
+    query: str
+    scope: str
+
+
+def chat_scope(body: Mapping[str, Any]) -> str:
+    """The scope of a chat completion request (see the module docstring)."""
+    messages = list(body["messages"])
+    last = {k: v for k, v in messages[-1].items() if k != "content"}
+    payload = {
+        "params": {k: v for k, v in body.items() if k not in NOT_IN_SCOPE},
+        "history": messages[:-1],
+        "last": last,
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return SCOPE_PREFIX + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def check_chat_request(body: Mapping[str, Any]) -> None:
+    """What the proxy needs of a request before it can key it: a 422 otherwise."""
+    model = body.get("model")
+    messages = body.get("messages")
+    if not isinstance(model, str) or not model:
+        raise ApiError(422, '"model" must be a non-empty string', "invalid_request_error")
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        raise ApiError(
+            422,
+            '"messages" must be a non-empty list of objects with a "role"',
+            "invalid_request_error",
+        )
+
+
+def chat_key(body: Mapping[str, Any], max_query_chars: int) -> ChatKey | str:
+    """The request's question and scope, or why it is passed through uncached."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        return "n>1"
+    if body.get("logprobs"):
+        return "logprobs"
+    last = body["messages"][-1]
+    if last.get("role") != "user":
+        return "last message is not a user turn"
+    content = last.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            return "non-text content"
+        content = "\n".join(str(p.get("text", "")) for p in content)
+    if not isinstance(content, str) or not content.strip():
+        return "no text in the user turn"
+    if len(content) > max_query_chars:
+        return "question over max_query_chars"
+    return ChatKey(content, chat_scope(body))
+
+
+def cacheable_answer(data: Any) -> str | None:
+    """The text of a single-choice, finished, tool-free completion; else ``None``."""
+    if not isinstance(data, dict):
+        return None
+    choices = data.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    if choice.get("finish_reason") != "stop" or not isinstance(message, dict):
+        return None
+    if message.get("tool_calls") or message.get("function_call"):
+        return None
+    content = message.get("content")
+    return content if isinstance(content, str) and content.strip() else None
+
+
+def completion_from_hit(hit: CacheHit, model: str) -> dict[str, Any]:
+    """A ``chat.completion`` object serving a cached answer (no tokens were spent)."""
+    return {
+        "id": "chatcmpl-zc" + secrets.token_hex(12),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": str(hit.metadata.get("model") or model),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": hit.response, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "system_fingerprint": None,
+    }
+
+
+def stream_from_hit(hit: CacheHit, model: str, include_usage: bool) -> list[bytes]:
+    """The server-sent events serving a cached answer to a streaming request."""
+    whole = completion_from_hit(hit, model)
+    base = {k: whole[k] for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    chunks: list[dict[str, Any]] = [
+        {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": hit.response},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        },
+        {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]},
+    ]
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": whole["usage"]})
+    events = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
+    return [*events, b"data: [DONE]\n\n"]
+
+
+@dataclass
+class StreamCollector:
+    """Reassembles a streamed completion from its server-sent events, to cache it once
+    the stream ended: the content of choice 0, unless another choice or a tool call
+    shows up."""
+
+    buffer: bytes = b""
+    parts: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    done: bool = False
+    usable: bool = True
+
+    def feed(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        while b"\n\n" in self.buffer:
+            event, self.buffer = self.buffer.split(b"\n\n", 1)
+            for line in event.splitlines():
+                if line.startswith(b"data:"):
+                    self._data(line[5:].strip())
+
+    def _data(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            self.usable = False
+            return
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                self.usable = False
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("tool_calls") or delta.get("function_call"):
+                self.usable = False
+            if isinstance(delta.get("content"), str):
+                self.parts.append(delta["content"])
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    @property
+    def answer(self) -> str | None:
+        text = "".join(self.parts)
+        complete = self.done and self.usable and self.finish_reason == "stop"
+        return text if complete and text.strip() else None
+
+
+def _hit_headers(hit: CacheHit) -> dict[str, str]:
+    return {
+        "x-zerda-cache": "hit",
+        "x-zerda-entry-id": hit.entry_id,
+        "x-zerda-similarity": f"{hit.similarity:.6f}",
+    }
+
+
+def _relayed(resp: httpx.Response) -> dict[str, str]:
+    out = {h: resp.headers[h] for h in RELAYED if h in resp.headers}
+    out.update({h: v for h, v in resp.headers.items() if h.startswith("x-ratelimit-")})
+    return out
+
+
+def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> None:
+    """Register the proxy's routes on ``app`` (``tenant_dep``: the API-key dependency)."""
+    manager, metrics = ctx.manager, ctx.metrics
+
+    def upstream_headers() -> dict[str, str]:
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if ctx.upstream is not None and ctx.upstream.api_key:
+            headers["authorization"] = f"Bearer {ctx.upstream.api_key}"
+        return headers
+
+    def upstream_url(path: str) -> str:
+        if ctx.upstream is None:
+            raise ApiError(
+                503,
+                "this service has no upstream (zerda-cache serve --upstream-url ...)",
+                "upstream_unavailable",
+            )
+        return ctx.upstream.url(path)
+
+    async def call(endpoint: str, body: Mapping[str, Any]) -> httpx.Response:
+        url = upstream_url(endpoint)
+        started = time.perf_counter()
+        try:
+            return await ctx.http().post(url, json=body, headers=upstream_headers())
+        except httpx.HTTPError as exc:
+            metrics.proxy.labels(endpoint, "error").inc()
+            log.warning("upstream %s failed: %r", url, exc)
+            raise ApiError(
+                502, f"the upstream API is unreachable ({type(exc).__name__})", "upstream_error"
+            ) from exc
+        finally:
+            metrics.upstream_latency.labels(endpoint).observe(time.perf_counter() - started)
+
+    def relay(resp: httpx.Response, headers: dict[str, str]) -> Response:
+        return Response(
+            content=resp.content,
+            status_code=resp.status_code,
+            media_type=resp.headers.get("content-type", "application/json"),
+            headers={**_relayed(resp), **headers},
+        )
+
+    async def store(
+        tenant: str, key: ChatKey, answer: str, model: Any
+    ) -> tuple[str | None, bool | None]:
+        """Cache an upstream answer: ``(entry id, verified)``; a failure only logs (the
+        client still gets its answer)."""
+        meta = {"model": model} if isinstance(model, str) else {}
+        try:
+            result = await manager.put(
+                key.query, answer, tenant=tenant, scope=key.scope, metadata=meta
+            )
+        except (ZerdaError, EmbedderError) as exc:
+            log.warning("tenant %s: proxy answer not cached: %s", tenant, exc)
+            return None, None
+        if not result.stored:
+            log.info("tenant %s: proxy answer not cached: %s", tenant, result.reason)
+        return result.entry_id, result.verified
+
+    async def passthrough_stream(
+        tenant: str, body: Mapping[str, Any], key: ChatKey | None, headers: dict[str, str]
+    ) -> Response:
+        url = upstream_url("/chat/completions")
+        client = ctx.http()
+        request = client.build_request("POST", url, json=body, headers=upstream_headers())
+        try:
+            resp = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            metrics.proxy.labels("/chat/completions", "error").inc()
+            raise ApiError(
+                502, f"the upstream API is unreachable ({type(exc).__name__})", "upstream_error"
+            ) from exc
+        if resp.status_code != 200:
+            await resp.aread()
+            await resp.aclose()
+            return relay(resp, headers)
+
+        async def events() -> AsyncIterator[bytes]:
+            collector = StreamCollector()
+            try:
+                async for chunk in resp.aiter_bytes():
+                    collector.feed(chunk)
+                    yield chunk
+            finally:
+                await resp.aclose()
+            answer = collector.answer
+            if key is not None and answer is not None:
+                await store(tenant, key, answer, body.get("model"))
+
+        return StreamingResponse(
+            events(),
+            media_type="text/event-stream",
+            headers={**_relayed(resp), **headers, "cache-control": "no-cache"},
+        )
+
+    @app.post("/v1/chat/completions", tags=["proxy"])
+    async def chat_completions(
+        body: Annotated[dict[str, Any], Body()], tenant: tenant_dep
+    ) -> Response:
+        """OpenAI chat completions, answered from the cache when it can (see
+        ``x-zerda-cache``), else by the upstream API (then cached)."""
+        check_chat_request(body)
+        streaming = body.get("stream") is True
+        key = chat_key(body, manager.config.max_query_chars)
+        if isinstance(key, ChatKey) and not ctx.can_embed:
+            key = "no embedder configured"
+        hit: CacheHit | None = None
+        if isinstance(key, ChatKey):
+            try:
+                hit = await manager.lookup(key.query, tenant=tenant, scope=key.scope)
+            except EmbedderError as exc:
+                log.warning("tenant %s: embedder failed, passing through: %s", tenant, exc)
+                key = "embedder failed"
+        if isinstance(key, str):
+            metrics.proxy.labels("/chat/completions", "bypass").inc()
+            headers = {"x-zerda-cache": "bypass", "x-zerda-bypass": key}
+            if streaming:
+                return await passthrough_stream(tenant, body, None, headers)
+            return relay(await call("/chat/completions", body), headers)
+        model = str(body["model"])
+        if hit is not None:
+            metrics.proxy.labels("/chat/completions", "hit").inc()
+            if streaming:
+                options = body.get("stream_options")
+                usage = isinstance(options, dict) and options.get("include_usage") is True
+                return StreamingResponse(
+                    _iterate(stream_from_hit(hit, model, usage)),
+                    media_type="text/event-stream",
+                    headers={**_hit_headers(hit), "cache-control": "no-cache"},
+                )
+            return JSONResponse(completion_from_hit(hit, model), headers=_hit_headers(hit))
+        if streaming:
+            metrics.proxy.labels("/chat/completions", "miss").inc()
+            return await passthrough_stream(tenant, body, key, {"x-zerda-cache": "miss"})
+        resp = await call("/chat/completions", body)
+        answer = None
+        if resp.status_code == 200:
+            try:
+                answer = cacheable_answer(resp.json())
+            except ValueError:
+                answer = None
+        headers = {"x-zerda-cache": "miss"}
+        if answer is not None:
+            entry_id, verified = await store(tenant, key, answer, resp.json().get("model"))
+            if entry_id is not None:
+                headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
+            if verified is not None:
+                headers.update(
+                    {"x-zerda-cache": "verify", "x-zerda-verified": str(verified).lower()}
+                )
+        metrics.proxy.labels("/chat/completions", headers["x-zerda-cache"]).inc()
+        return relay(resp, headers)
+
+    @app.post("/v1/embeddings", tags=["proxy"])
+    async def embeddings(body: Annotated[dict[str, Any], Body()], tenant: tenant_dep) -> Response:
+        """OpenAI embeddings, passed through to the upstream API (never cached)."""
+        metrics.proxy.labels("/embeddings", "bypass").inc()
+        return relay(await call("/embeddings", body), {"x-zerda-cache": "bypass"})
+
+
+async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+
+
+__all__ = [
+    "NOT_IN_SCOPE",
+    "SCOPE_PREFIX",
+    "ChatKey",
+    "StreamCollector",
+    "add_proxy_routes",
+    "cacheable_answer",
+    "chat_key",
+    "chat_scope",
+    "completion_from_hit",
+    "stream_from_hit",
+]
