@@ -124,3 +124,91 @@ def test_a_failed_build_is_reported_and_retried(
     server.restart()  # the same port; nothing persisted: an empty tenant
     assert reader.sync_index("t") == 0
     assert reader.index_ready("t")
+
+
+def test_a_failed_build_is_retried_by_lookups(
+    make_manager: Any, redis_server_factory: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    """Not only ``sync_index``: the first lookup after the retry delay starts a new build."""
+    import logging
+
+    import zerda_cache.engine as engine
+
+    monkeypatch.setattr(engine, "_BUILD_RETRY_S", 0.01)
+    server = redis_server_factory()
+    reader = make_manager(CacheConfig(redis_timeout_s=0.2), url=server.url)
+    server.stop()
+    with caplog.at_level(logging.WARNING, logger="zerda_cache.engine"):
+        assert reader.lookup("q", tenant="t", embedding=unit(1)) is None
+        for _ in range(200):  # the failed build ends in the background
+            if "index build failed" in caplog.text:
+                break
+            reader.stats  # noqa: B018 (let an async manager's loop run)
+            threading.Event().wait(0.01)
+    assert "index build failed" in caplog.text
+    server.restart()
+    make_manager(url=server.url).put("q", "a", tenant="t", embedding=unit(1))
+    for _ in range(500):
+        hit = reader.lookup("q?", tenant="t", embedding=near(unit(1), 0.97))
+        if hit is not None:
+            break
+        threading.Event().wait(0.01)
+    assert hit is not None and reader.index_ready("t")
+
+
+def test_events_trimmed_away_during_a_build_are_not_lost(
+    make_manager: Any, flavour: str, redis_client: Any
+) -> None:
+    """The log is capped: puts made during a long build may be trimmed before the build
+    replays them. The replay finds out (XINFO) and the tenant is built again."""
+    from zerda_cache.storage.keys import tenant_keys
+
+    keys = tenant_keys("t")
+    fill(make_manager, 30)
+    reader = make_manager(CacheConfig(redis_timeout_s=0.05))
+    release = hold_build(reader, flavour)
+    assert reader.lookup("nothing", tenant="t", embedding=unit(999)) is None  # starts it
+    writer = make_manager()
+    for i in range(20):
+        writer.put(f"late {i}", "a", tenant="t", embedding=unit(700 + i))
+    redis_client.xtrim(keys.log, 5, approximate=False)
+    release()
+    assert reader.sync_index("t") == 50
+    live = {m.decode() for m in redis_client.zrange(keys.ids, 0, -1)}
+    assert reader.index_ids("t") == live
+
+
+def test_the_build_inserts_off_the_event_loop(
+    make_manager: Any, flavour: str, monkeypatch: Any
+) -> None:
+    """While one tenant's insertion is stuck, lookups of another tenant go on (for the
+    asyncio flavour: the insertion runs in a worker thread, not on the loop)."""
+    from zerda_cache.replica import TenantIndex
+
+    fill(make_manager, 10)  # tenant t
+    other = make_manager().put("o", "b", tenant="o", embedding=unit(5)).entry_id
+    reader = make_manager(CacheConfig(redis_timeout_s=0.05))
+    assert reader.sync_index("o") == 1
+    gate, entered = threading.Event(), threading.Event()
+    scanned = TenantIndex.scanned
+    threads: list[threading.Thread] = []
+
+    def stuck(self: TenantIndex, index: Any, vectors: Any) -> Any:
+        if self.keys.tenant == "t":
+            threads.append(threading.current_thread())
+            entered.set()
+            gate.wait(10)
+        return scanned(self, index, vectors)
+
+    monkeypatch.setattr(TenantIndex, "scanned", stuck)
+    try:
+        assert reader.lookup("q1", tenant="t", embedding=unit(101)) is not None  # exact
+        assert entered.wait(10)
+        for _ in range(5):
+            hit = reader.lookup("o?", tenant="o", embedding=near(unit(5), 0.97))
+            assert hit is not None and hit.entry_id == other
+        assert not reader.index_ready("t")
+    finally:
+        gate.set()
+    assert reader.sync_index("t") == 10
+    assert threads and threading.main_thread() not in threads  # lookups run in main

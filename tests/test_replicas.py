@@ -55,7 +55,8 @@ def _replica(url: str, conn: Connection) -> None:
             elif op == "index":
                 m.sync_index("t")
                 conn.send(("ok", sorted(m.index_ids("t"))))
-            elif op == "rebuilds":
+            elif op == "rebuilds":  # after the build a lookup started, if any, is done
+                m.sync_index("t")
                 conn.send(
                     (
                         "ok",

@@ -23,9 +23,11 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import os
 import threading
 import time
 import unicodedata
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
@@ -59,7 +61,7 @@ from zerda_cache.replica import TenantIndex
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.connect import connect
-from zerda_cache.storage.driver import Flow, Job, call, locked, op
+from zerda_cache.storage.driver import Flow, Job, Step, call, locked, op
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import (
     HitOutcome,
@@ -86,9 +88,14 @@ _CLOCK_RESYNC_S = 60.0
 _MAX_REBUILDS = 3
 #: Entries an index build reads per round trip (their vectors: ~1.5 kB each at 384-d).
 _BUILD_BATCH = 2000
-#: How often a long index build logs its progress, and when a failed one is retried.
+#: How often a long index build logs its progress; when a failed one is retried (doubling
+#: with each failure in a row); how often one tenant may rebuild; how many times a batch
+#: of the scan is read before the build fails; how many builds of a manager run at once.
 _BUILD_LOG_EVERY_S = 5.0
 _BUILD_RETRY_S = 1.0
+_REBUILD_EVERY_S = 5.0
+_BATCH_ATTEMPTS = 3
+_BUILD_SLOTS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +274,10 @@ class CacheEngine:
     is_async: bool
     #: Runs a flow in the background: a daemon thread or an asyncio task (the driver's).
     spawn: Callable[[Flow[Any], str], Job]
+    #: A step running CPU-bound work (off the event loop, for asyncio); a step sleeping.
+    offload: Callable[..., Step]
+    pause: Callable[[float], Step]
+    semaphore_factory: Callable[[int], Any]
 
     def __init__(
         self,
@@ -303,7 +314,10 @@ class CacheEngine:
         )
         self._indexes: dict[str, TenantIndex] = {}
         self._jobs_lock = threading.Lock()
+        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # to cancel them at close
+        self._build_slots = self.semaphore_factory(_BUILD_SLOTS)
         self._closed = False
+        _after_fork.add(self)
         self._outage_since: float | None = None
         self._clock_sync: tuple[float, float] | None = None
         # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
@@ -587,7 +601,7 @@ class CacheEngine:
             changed = True
         return (yield from self._apply_locked(ti, delta)) or changed
 
-    def _apply_locked(self, ti: TenantIndex, delta: LogDelta) -> Flow[bool]:
+    def _apply_locked(self, ti: TenantIndex, delta: LogDelta, paced: bool = False) -> Flow[bool]:
         """Apply ``delta`` and every later event; True if the index changed.
 
         Starts a background rebuild when the log was trimmed past this replica's
@@ -614,6 +628,11 @@ class CacheEngine:
                 reason = "its embedding dimension changed"
                 ti.drop()
             log.info("tenant %s: %s; rebuilding this replica's index", tenant, reason)
+            if paced:
+                # Found by a build's own replay: not again before _REBUILD_EVERY_S (the
+                # new index is searched as it is meanwhile), or a log trimmed faster
+                # than a build reads would rebuild back to back.
+                ti.retry_at = time.monotonic() + _REBUILD_EVERY_S
             self._start_build(ti)
             return True
 
@@ -631,13 +650,15 @@ class CacheEngine:
                 return None
             ti.build_started = now
             ti.progress = (0, 0)
-            ti.job = self.spawn(self._build(ti), f"zerda-index-{ti.keys.tenant}")
+            ti.job = job = self.spawn(self._build(ti), f"zerda-index-{ti.keys.tenant}")
+            self._jobs.add(job)
             self.metrics.index_ready.labels(self.metrics.tenant(ti.keys.tenant)).set(0)
-            return ti.job
+            return job
 
     def _await_index(self, ti: TenantIndex, wait: float | None) -> Flow[None]:
         """Start ``ti``'s build if none runs, then wait for it: until ``wait`` seconds
-        after it began (lookups: no lookup waits longer than ``redis_timeout_s``), or,
+        after it began (lookups: no lookup waits longer than ``redis_timeout_s``; none
+        waits while Redis is failing, since the lookup has its own timeout to spend), or,
         with ``wait=None``, until it is done (``sync_index``)."""
         job = self._start_build(ti)
         if job is None or job.done():
@@ -647,67 +668,123 @@ class CacheEngine:
                 yield job.wait(None)
             return
         left = ti.build_started + wait - time.monotonic()
-        if left > 0:
+        if left > 0 and self._outage_since is None:
             yield job.wait(left)
 
     def _build(self, ti: TenantIndex) -> Flow[None]:
-        """Build ``ti``'s index from Redis beside the one in use (a background job), then
-        put it in use and replay the log's events since the scan began (events that
-        raced the scan are applied twice at worst, and both operations are idempotent)."""
-        st, tenant = self.storage, ti.keys.tenant
+        """Build ``ti``'s index from Redis beside the one in use (a background job, at
+        most ``_BUILD_SLOTS`` of a manager at once), then put it in use and replay the
+        log's events since the scan began (events that raced the scan are applied twice
+        at worst, and both operations are idempotent)."""
+        tenant = ti.keys.tenant
         started = time.monotonic()
         try:
-            info = yield from st._log_info(tenant)
-            total = yield from st._count(tenant)
-            ti.progress = (0, total)
-            index: ScopedIndex | None = None
-            scanned, told = 0, started
-            cursor: int | None = None
-            while cursor != 0:
-                if self._closed:
-                    return
-                cursor, items = yield from st._scan_ids(tenant, cursor or 0, _BUILD_BATCH)
-                if items:
-                    vectors = yield from st._vectors(tenant, [eid for eid, _ in items])
-                    index = ti.scanned(index, vectors)
-                    scanned += len(items)
-                    ti.progress = (scanned, total)
-                if time.monotonic() - told >= _BUILD_LOG_EVERY_S:
-                    told = time.monotonic()
-                    log.info(
-                        "tenant %s: building this replica's index: %d of %d entries, %.0f s",
-                        tenant,
-                        scanned,
-                        total,
-                        told - started,
-                    )
-            yield from locked(ti.lock, self._install_locked(ti, index, info))
+            yield from locked(self._build_slots, self._scan_and_install(ti, started))
         except StorageError as exc:
-            ti.retry_at = time.monotonic() + _BUILD_RETRY_S
+            self._build_failed(ti, exc)
+            raise
+        except Exception as exc:  # a bug: logged with its traceback, retried later
+            self._build_failed(ti, exc, unexpected=True)
+            raise
+        finally:
+            ti.finished_at = time.monotonic()
+            if not self._closed:  # a closed manager's registry may be another's now
+                label = self.metrics.tenant(tenant)
+                self.metrics.index_ready.labels(label).set(1 if ti.built else 0)
+        if ti.built:
+            elapsed = ti.finished_at - started
+            ti.failures = 0
+            self.metrics.index_build_seconds.observe(elapsed)
+            slow = elapsed >= _BUILD_LOG_EVERY_S or ti.progress[1] >= 10_000
+            log.log(
+                logging.INFO if slow else logging.DEBUG,
+                "tenant %s: index ready, %d entries in %.1f s",
+                tenant,
+                len(ti),
+                elapsed,
+            )
+
+    def _build_failed(self, ti: TenantIndex, exc: Exception, *, unexpected: bool = False) -> None:
+        """Retry later, later still after each failure in a row (up to a minute)."""
+        ti.failures += 1
+        delay = min(_BUILD_RETRY_S * 2 ** (ti.failures - 1), 60.0)
+        ti.retry_at = time.monotonic() + delay
+        tenant = ti.keys.tenant
+        if unexpected:
+            log.exception("tenant %s: index build crashed; retried in %.0f s", tenant, delay)
+        else:
             log.warning(
                 "tenant %s: index build failed, lookups serve exact matches until it is "
-                "retried: %s",
+                "retried in %.0f s: %s",
                 tenant,
+                delay,
                 exc,
             )
-            raise
-        elapsed = time.monotonic() - started
-        self.metrics.index_build_seconds.observe(elapsed)
-        level = logging.INFO if elapsed >= _BUILD_LOG_EVERY_S or total >= 10_000 else logging.DEBUG
-        log.log(level, "tenant %s: index ready, %d entries in %.1f s", tenant, len(ti), elapsed)
+
+    def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
+        st, tenant = self.storage, ti.keys.tenant
+        info = yield from st._log_info(tenant)
+        total = yield from st._count(tenant)
+        ti.progress = (0, total)
+        index: ScopedIndex | None = None
+        scanned, told = 0, started
+        cursor: int | None = None
+        while cursor != 0:
+            if self._closed:
+                return
+            cursor, vectors, n = yield from self._scan_batch(tenant, cursor or 0)
+            if vectors:  # the insertion is CPU work: off the event loop (asyncio)
+                index = yield self.offload(ti.scanned, index, vectors)
+            scanned += n
+            ti.progress = (scanned, total)
+            if time.monotonic() - told >= _BUILD_LOG_EVERY_S:
+                told = time.monotonic()
+                log.info(
+                    "tenant %s: building this replica's index: %d of %d entries, %.0f s",
+                    tenant,
+                    scanned,
+                    total,
+                    told - started,
+                )
+        yield from locked(ti.lock, self._install_locked(ti, index, info))
+
+    def _scan_batch(
+        self, tenant: str, cursor: int
+    ) -> Flow[tuple[int, dict[str, tuple[Vector, str]], int]]:
+        """One batch of the build's scan: the next cursor, the vectors, the ids scanned.
+        A failed batch is tried again (a build of a million entries reads 500 batches:
+        one socket timeout should not throw the rest away)."""
+        st = self.storage
+        for attempt in range(_BATCH_ATTEMPTS):
+            try:
+                nxt, items = yield from st._scan_ids(tenant, cursor, _BUILD_BATCH)
+                vectors = (yield from st._vectors(tenant, [e for e, _ in items])) if items else {}
+                return nxt, vectors, len(items)
+            except StorageError:
+                if attempt == _BATCH_ATTEMPTS - 1:
+                    raise
+                yield self.pause(0.1 * 2**attempt)
+        raise AssertionError("unreachable")
 
     def _install_locked(
         self, ti: TenantIndex, index: ScopedIndex | None, info: LogInfo
     ) -> Flow[None]:
+        """Put the new index in use and replay the log from the position read before the
+        scan. If events the replay needs were trimmed away meanwhile (the log is capped
+        at ``index_log_maxlen``), the replay finds out and starts another build."""
         tenant = ti.keys.tenant
         ti.install(index, info)
         ti.job = None  # done: a rebuild the replay finds necessary starts a new job
-        label = self.metrics.tenant(tenant)
-        self.metrics.index_rebuilds.labels(label).inc()
+        self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
         delta = yield from self.storage._read_log(tenant, ti.last_id)
-        delta.maybe_trimmed = False  # a trim during the scan shows up at the next catch-up
-        yield from self._apply_locked(ti, delta)
-        self.metrics.index_ready.labels(label).set(1 if ti.built else 0)
+        yield from self._apply_locked(ti, delta, paced=True)
+        if not ti.built:
+            log.warning(
+                "tenant %s: the log was trimmed during the build; raise index_log_maxlen "
+                "(now %d) if this repeats",
+                tenant,
+                self.config.index_log_maxlen,
+            )
 
     def _sync_index(self, tenant: str) -> Flow[int]:
         """Bring ``tenant``'s local index up to date now, waiting for its build (however
@@ -715,13 +792,16 @@ class CacheEngine:
         replica should be ready before it takes traffic (a readiness probe, a warm-up).
 
         Raises:
-            StorageError: Redis failed (the build's error, if the build failed).
+            StorageError: Redis failed, or the manager is closed. A build that failed
+                otherwise (a bug) raises its own error.
         """
         ti = self._tenant_index(self.storage.keys(tenant))
         for _ in range(_MAX_REBUILDS):
-            ti.retry_at = 0.0  # asked for explicitly: retry a failed build now
+            if self._closed:
+                raise StorageError("the cache manager is closed")
+            ti.retry_at = 0.0  # asked for explicitly: build now
+            job = self._start_build(ti)
             yield from self._await_index(ti, None)
-            job = ti.job
             error = job.error() if job is not None else None
             if error is not None and not ti.built:
                 raise error
@@ -936,9 +1016,10 @@ class CacheEngine:
     def _close(self) -> Flow[None]:
         """Stop the index builds, flush the pending miss counts, then close the client."""
         self._closed = True
-        for ti in self._indexes.values():
-            if ti.job is not None:
-                ti.job.cancel()
+        with self._jobs_lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel()  # a task; a thread stops at its next batch
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)
@@ -1114,6 +1195,28 @@ class CacheEngine:
             self.metrics.puts.labels(label, "rejected").inc()
             self.metrics.puts_rejected.labels(_reason_label(reason)).inc()
         return passed, list(warnings)
+
+
+#: Every engine of the process, for ``_reset_after_fork``.
+_after_fork: weakref.WeakSet[CacheEngine] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    """In a forked child (a pre-forking server that warmed the cache up in its master):
+    the build threads did not survive the fork and their locks may be held for good.
+    Fresh locks, and a tenant whose build was running is built again on first use."""
+    for engine in list(_after_fork):
+        engine._jobs_lock = threading.Lock()
+        engine._jobs = weakref.WeakSet()
+        engine._build_slots = engine.semaphore_factory(_BUILD_SLOTS)
+        for ti in engine._indexes.values():
+            ti.lock = engine.lock_factory()
+            if ti.job is not None:  # mid-build (or mid-install): start over
+                ti.job = None
+                ti.built = False
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _reason_label(reason: str) -> str:

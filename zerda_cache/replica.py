@@ -63,6 +63,8 @@ class TenantIndex:
         self.build_started = 0.0  # monotonic time the current build started
         self.retry_at = 0.0  # after a failed build: not before this monotonic time
         self.progress = (0, 0)  # the current build: (entries scanned, entries counted)
+        self.finished_at = 0.0  # monotonic time the last build ended
+        self.failures = 0  # builds failed in a row (the retry delay doubles)
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:

@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
@@ -156,6 +158,7 @@ class _ThreadJob:
     """A flow driven by ``run_sync`` in a daemon thread."""
 
     def __init__(self, flow: Flow[Any], name: str) -> None:
+        self.pid = os.getpid()  # a thread does not survive fork(): see done()
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(flow,), name=name, daemon=True)
@@ -170,10 +173,11 @@ class _ThreadJob:
             self._done.set()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        # In a forked child the thread is gone and will never set the event.
+        return self._done.is_set() or self.pid != os.getpid()
 
     def wait(self, timeout: float | None) -> Step:
-        return lambda: self._done.wait(timeout)
+        return lambda: self._done.wait(timeout) or self.done()
 
     def error(self) -> BaseException | None:
         return self._error
@@ -227,6 +231,19 @@ class SyncDriven:
         """Run ``flow`` in a daemon thread."""
         return _ThreadJob(flow, name)
 
+    @staticmethod
+    def offload(fn: Callable[..., Any], *args: Any) -> Step:
+        """A step that runs CPU-bound ``fn(*args)`` (in this thread: it is one already)."""
+        return lambda: fn(*args)
+
+    @staticmethod
+    def pause(seconds: float) -> Step:
+        """A step that sleeps ``seconds``."""
+        return lambda: time.sleep(seconds)
+
+    #: Bounds the flows that run at once (the index builds of a manager).
+    semaphore_factory: Callable[[int], Any] = threading.BoundedSemaphore
+
 
 class AsyncDriven:
     """Mixin of the asyncio flavours: flows run as coroutines."""
@@ -242,6 +259,19 @@ class AsyncDriven:
     def spawn(flow: Flow[Any], name: str) -> Job:
         """Run ``flow`` as a task of the running event loop."""
         return _TaskJob(flow, name)
+
+    @staticmethod
+    def offload(fn: Callable[..., Any], *args: Any) -> Step:
+        """A step that runs CPU-bound ``fn(*args)`` in a worker thread, so that the event
+        loop (every other lookup) goes on meanwhile."""
+        return lambda: asyncio.to_thread(fn, *args)
+
+    @staticmethod
+    def pause(seconds: float) -> Step:
+        """A step that sleeps ``seconds`` without blocking the event loop."""
+        return lambda: asyncio.sleep(seconds)
+
+    semaphore_factory: Callable[[int], Any] = asyncio.BoundedSemaphore
 
 
 class op(Generic[P, T]):
