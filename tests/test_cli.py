@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import redis
@@ -89,3 +90,49 @@ def test_make_demo_short(tmp_path: Path) -> None:
     assert report["worker_cycles"] > 0 and report["metrics_samples"] > 20
     assert sum(w["requests"] for w in report["windows"]) > 300
     assert report["stats"]["puts"] > 0 and report["stats"]["hits"] > 0
+
+
+def test_entries_list_and_json_output(redis_client: redis.Redis, redis_url: str) -> None:
+    st = RedisStorage(redis_client)
+    rng = np.random.default_rng(1)
+    ids = {st.put("acme", f"question {i}", f"a{i}", rng.normal(size=8)).entry_id for i in range(7)}
+    st.feedback(FeedbackSignal(sorted(ids)[0], tenant="acme", positive=True))
+
+    code, out = run(redis_url, "entries", "list", "--tenant", "acme", "--json")
+    listed = json.loads(out)
+    assert code == 0 and listed["total"] == 7
+    assert {e["entry_id"] for e in listed["entries"]} == ids
+    assert {e["query"] for e in listed["entries"]} == {f"question {i}" for i in range(7)}
+    assert sum(e["signals"] for e in listed["entries"]) == 1
+    code, out = run(redis_url, "entries", "list", "--tenant", "acme", "--limit", "3")
+    assert code == 0 and "3 of 7 entries" in out and sum(i in out for i in ids) == 3
+
+    some = sorted(ids)[0]
+    code, out = run(redis_url, "inspect", some, "--tenant", "acme", "--json")
+    entry = json.loads(out)
+    assert code == 0 and entry["signals"] == 1 and entry["served"]
+    assert abs(entry["alpha"] - 2.0) < 1e-3  # decays back toward the prior over time
+    code, out = run(redis_url, "stats", "--json")
+    stats = json.loads(out)
+    assert code == 0 and stats["tenants"][0]["tenant"] == "acme"
+    assert stats["tenants"][0]["entries"] == 7 and stats["leader"] is None
+    code, out = run(redis_url, "tenant", "show", "acme", "--json")
+    assert code == 0 and json.loads(out)["dim"] == 8 and json.loads(out)["entries"] == 7
+
+
+def test_admin_commands_refuse_without_a_redis_url(monkeypatch: Any) -> None:
+    """They wrote to a throwaway embedded server and exited 0; only demo starts one."""
+    monkeypatch.delenv("ZERDA_REDIS_URL", raising=False)
+    for args in (["stats"], ["tenant", "set", "acme", "--max-entries", "5"], ["evict"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2 and "no Redis URL" in result.output, result.output
+
+
+def test_piped_output_is_not_cut_to_80_columns(redis_client: redis.Redis, redis_url: str) -> None:
+    name = "a-tenant-with-a-rather-long-name-" + "x" * 30
+    RedisStorage(redis_client).put(name, "q", "a", np.ones(8))
+    out = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "zerda-cache"), "--redis-url", redis_url, "stats"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert name in out and "10,000" in out and "…" not in out

@@ -13,6 +13,7 @@ Exit codes: 0 ok, 1 not found or unhealthy, 2 bad usage or Redis unreachable.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import sys
@@ -38,7 +39,8 @@ from zerda_cache.errors import EntryNotFoundError, ZerdaError
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import RedisStorage, connect
 
-console = Console()
+# Piped output (a file, grep, a CI log) is not cut to 80 columns as rich does by default.
+console = Console(width=None if sys.stdout.isatty() else 240)
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -53,7 +55,6 @@ class CliState:
     key_prefix: str
     log_level: str | None = None
     _storage: RedisStorage | None = None
-    _server: Any = None
     _opened: list[RedisStorage] = field(default_factory=list)
 
     @property
@@ -66,19 +67,15 @@ class CliState:
         )
 
     def server_url(self) -> str:
-        """The URL to use: the given one, else a fresh embedded server's."""
-        if self.url is not None:
-            return self.url
-        if self._server is None:
-            from zerda_cache.testing import RedisServer
-
-            self._server = RedisServer().start()
-            err.print(
-                f"[yellow]no --redis-url or ZERDA_REDIS_URL: using an embedded "
-                f"{self._server.kind} server at {self._server.url} (empty, gone on exit)[/yellow]"
+        """The URL to use. Without one, commands refuse: an embedded server would be
+        empty and gone on exit, and writing settings there looked like success (only
+        ``demo`` starts one)."""
+        if self.url is None:
+            raise click.UsageError(
+                "no Redis URL: pass --redis-url or set ZERDA_REDIS_URL "
+                "(only `zerda-cache demo` starts a server of its own)"
             )
-        url: str = self._server.url
-        return url
+        return self.url
 
     def client(self, config: CacheConfig | None = None) -> Any:
         """A new sync client with zerda-cache's timeouts (closed on exit)."""
@@ -99,8 +96,6 @@ class CliState:
         for storage in self._opened:
             with contextlib.suppress(Exception):
                 storage.close()
-        if self._server is not None:
-            self._server.stop()
 
 
 pass_state = click.make_pass_decorator(CliState)
@@ -248,6 +243,25 @@ def worker(
 
 
 # -- stats and inspect ----------------------------------------------------------------------------
+def json_option(command: F) -> F:
+    """``--json``: print the command's data as JSON instead of a table."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        command
+    )
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float | int):
+        return value
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return str(value)
+
+
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
@@ -259,13 +273,30 @@ def _fmt_bytes(n: float) -> str:
 @cli.command()
 @shared_options
 @click.option("--tenant", default=None, help="One tenant (default: all).")
+@json_option
 @pass_state
-def stats(state: CliState, tenant: str | None) -> None:
+def stats(state: CliState, tenant: str | None, as_json: bool) -> None:
     """Counters, sizes and capacity per tenant; the worker's leader and last cycles."""
     with errors():
         st = state.storage()
         tenants = [tenant] if tenant else st.tenants()
         m = Maintenance(st)
+        if as_json:
+            rows = []
+            for t in tenants:
+                s = st.stats(t)
+                lookups = s.get("hits", 0) + s.get("misses", 0)
+                rows.append(
+                    {
+                        "tenant": t,
+                        "capacity": m.limits(t).max_entries,
+                        "hit_rate": s.get("hits", 0) / lookups if lookups else None,
+                        **s,
+                    }
+                )
+            cycles = [c for c in m.recent_cycles(6) if c.get("phase") == "end"]
+            _print_json({"tenants": rows, "leader": st.leader(), "cycles": cycles})
+            return
         table = Table(title="zerda-cache tenants")
         for col in (
             "tenant",
@@ -313,14 +344,41 @@ def stats(state: CliState, tenant: str | None) -> None:
 @shared_options
 @click.argument("entry_id")
 @click.option("--tenant", required=True)
+@json_option
 @pass_state
-def inspect(state: CliState, entry_id: str, tenant: str) -> None:
-    """Show one entry: its question, answer, arm and usage."""
+def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
+    """Show one entry: its question, answer, arm and usage (ids: ``entries list``)."""
     with errors():
         st = state.storage()
         e = st.get_entry(tenant, entry_id, with_vector=False)
         now = st.now()
         arm = e.bandit_arm.at(now, st.config.rl)
+        if as_json:
+            _print_json(
+                {
+                    "entry_id": entry_id,
+                    "tenant": tenant,
+                    "scope": e.scope,
+                    "query": e.query,
+                    "response": e.response,
+                    "metadata": e.metadata,
+                    "created_at": e.created_at,
+                    "expires_at": None if math.isinf(e.expires_at) else e.expires_at,
+                    "alpha": arm.alpha,
+                    "beta": arm.beta,
+                    "signals": arm.pulls,
+                    "expected_reward": arm.expected_reward,
+                    "served": arm.expected_reward >= st.config.rl.serve_bar,
+                    "similarity_bar": e.similarity_bar,
+                    "negative_streak": e.negative_streak,
+                    "confidence": e.confidence_score,
+                    "uses": e.usage_count,
+                    "quality": e.quality_score,
+                    "similarity_score": e.similarity_score,
+                    "size_bytes": e.size_bytes,
+                }
+            )
+            return
         table = Table(show_header=False, title=f"entry {entry_id}")
         rows = [
             ("tenant", tenant),
@@ -352,6 +410,77 @@ def inspect(state: CliState, entry_id: str, tenant: str) -> None:
         ]
         for k, v in rows:
             table.add_row(k, v)
+        console.print(table)
+
+
+@cli.group()
+def entries() -> None:
+    """The entries of a tenant (their ids feed ``inspect``)."""
+
+
+@entries.command("list")
+@shared_options
+@click.option("--tenant", required=True)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many."
+)
+@json_option
+@pass_state
+def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> None:
+    """List a tenant's entries: id, question, expected reward, uses, expiry (in no order;
+    a ZSCAN of the live ids)."""
+    from zerda_cache.errors import CorruptEntryError, EntryNotFoundError
+
+    with errors():
+        st = state.storage()
+        now = st.now()
+        rows: list[dict[str, Any]] = []
+        for batch in st.iter_ids(tenant):
+            for eid, expires in batch:
+                if len(rows) == limit:
+                    break
+                try:
+                    e = st.get_entry(tenant, eid, with_vector=False)
+                except EntryNotFoundError:
+                    continue  # removed since the scan saw it
+                except CorruptEntryError as exc:
+                    rows.append({"entry_id": eid, "error": str(exc)})
+                    continue
+                arm = e.bandit_arm.at(now, st.config.rl)
+                rows.append(
+                    {
+                        "entry_id": eid,
+                        "scope": e.scope,
+                        "query": e.query,
+                        "expected_reward": arm.expected_reward,
+                        "signals": arm.pulls,
+                        "uses": e.usage_count,
+                        "expires_at": None if math.isinf(expires) else expires,
+                    }
+                )
+            if len(rows) == limit:
+                break
+        total = st.count(tenant)
+        if as_json:
+            _print_json({"tenant": tenant, "entries": rows, "total": total})
+            return
+        table = Table(title=f"tenant {tenant}: {len(rows):,} of {total:,} entries")
+        for col in ("entry id", "question", "reward", "signals", "uses", "expires"):
+            table.add_column(col, justify="left" if col in ("entry id", "question") else "right")
+        for r in rows:
+            if "error" in r:
+                table.add_row(r["entry_id"], f"[red]{r['error']}[/red]", "", "", "", "")
+                continue
+            q = r["query"] if len(r["query"]) <= 60 else r["query"][:57] + "..."
+            exp = r["expires_at"]
+            table.add_row(
+                r["entry_id"],
+                q,
+                f"{r['expected_reward']:.3f}",
+                str(r["signals"]),
+                f"{r['uses']:,}",
+                "never" if exp is None else f"in {exp - now:,.0f} s",
+            )
         console.print(table)
 
 
@@ -464,18 +593,37 @@ def tenant_set(
 @tenant.command("show")
 @shared_options
 @click.argument("name")
+@json_option
 @pass_state
-def tenant_show(state: CliState, name: str) -> None:
+def tenant_show(state: CliState, name: str, as_json: bool) -> None:
     """Show a tenant's effective capacity and TTL."""
     with errors():
-        _show_tenant(state, name)
+        _show_tenant(state, name, as_json)
 
 
-def _show_tenant(state: CliState, name: str) -> None:
+def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     st = state.storage()
     settings = st.tenant_settings(name)
     limits = Maintenance(st).limits(name)
     default_ttl = st.config.default_ttl_s
+    if as_json:
+        bound = settings.get("max_error_rate", st.config.max_error_rate)
+        policy = st.policy(name)
+        _print_json(
+            {
+                "tenant": name,
+                "stored": settings,
+                "max_entries": limits.max_entries,
+                "max_bytes": limits.max_bytes,
+                "ttl": settings.get("ttl", default_ttl),
+                "max_error_rate": bound,
+                "near_match_threshold": policy.threshold(bound) if bound is not None else None,
+                "labels": policy.labels,
+                "dim": int(settings["dim"]) if "dim" in settings else None,
+                "entries": st.count(name),
+            }
+        )
+        return
     table = Table(title=f"tenant {name}", show_header=False)
     table.add_row(
         "max entries",
