@@ -63,9 +63,23 @@ def test_compose_parses_mounts_exist_and_commands_are_entry_points() -> None:
     has_compose = shutil.which("docker") and (
         subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
     )
+    for name in ("prometheus", "grafana", "service"):  # no auth (or keys): loopback only
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
+    grafana_env = services["grafana"]["environment"]
+    assert grafana_env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "tests"} <= set(ignored)
     if has_compose:  # an engine with the compose plugin: let it validate the file too
-        proc = subprocess.run(["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True)
+        env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "a-test-password"}
+        proc = subprocess.run(
+            ["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True, env=env
+        )
         assert proc.returncode == 0, proc.stderr
+        env.pop("GRAFANA_ADMIN_PASSWORD")
+        proc = subprocess.run(
+            ["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True, env=env
+        )
+        assert proc.returncode != 0 and b"GRAFANA_ADMIN_PASSWORD" in proc.stderr
 
 
 def svc_build(compose: dict[str, Any]) -> str:
@@ -86,15 +100,22 @@ def test_dashboard_structure() -> None:
     )
     uids = {d["uid"] for d in ds["datasources"]}
     assert dash["uid"] and dash["title"]
-    assert any(v["name"] == "tenant" for v in dash["templating"]["list"])
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert "tenant" in variables
+    # The datasource is an input (a variable), defaulting to the provisioned one: the
+    # dashboard imports into any Grafana.
+    source = variables["datasource"]
+    assert source["type"] == "datasource" and source["query"] == "prometheus"
+    assert source["current"]["value"] in uids
+    assert variables["tenant"]["datasource"]["uid"] == "${datasource}"
     panels = list(iter_panels(dash["panels"]))
     assert len(panels) >= 10
     for panel in panels:
         assert panel.get("targets"), f"panel {panel.get('title')} has no target"
-        assert panel["datasource"]["uid"] in uids
+        assert panel["datasource"]["uid"] == "${datasource}"
         for target in panel["targets"]:
             assert target["expr"].strip()
-            assert target.get("datasource", panel["datasource"])["uid"] in uids
+            assert target.get("datasource", panel["datasource"])["uid"] == "${datasource}"
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
 
