@@ -211,3 +211,40 @@ def test_a_sentinel_url_needs_hosts_and_a_service() -> None:
     assert (kwargs["db"], kwargs["username"], kwargs["password"]) == (3, "u", "p@w")
     assert client.connection_pool.service_name == "mymaster"
     client.close()
+
+
+def test_a_frozen_redis_fails_open_and_loses_no_acknowledged_write(
+    make_manager: Any, redis_server_factory: Any
+) -> None:
+    """SIGSTOP of redis-server (a stuck host, a long fork, a VM pause): every lookup
+    returns a miss within about one redis_timeout_s instead of hanging, puts and feedback
+    raise StorageError, and after SIGCONT every acknowledged write is there and served.
+    A write that timed out may or may not have happened: it was never acknowledged."""
+    import os
+    import signal
+
+    server = redis_server_factory()
+    cfg = CacheConfig(redis_timeout_s=0.2)
+    m = make_manager(cfg, url=server.url, from_url=True)
+    acked = {m.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(i)).entry_id for i in range(20)}
+    assert m.sync_index("t") == 20
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i in range(5):  # each returns (the socket timeout), none hangs
+            assert m.lookup(f"q{i}", tenant="t", embedding=unit(i)) is None  # fails open
+        with pytest.raises(StorageError):
+            m.put("during", "x", tenant="t", embedding=unit(99))
+        with pytest.raises(StorageError):
+            m.feedback(FeedbackSignal(next(iter(acked)), tenant="t", positive=True))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for _ in range(50):  # the first calls after SIGCONT may still see the stale sockets
+        if m.lookup("q0", tenant="t", embedding=unit(0)) is not None:
+            break
+        time.sleep(0.05)
+    for i in range(20):
+        hit = m.lookup(f"q{i}", tenant="t", embedding=unit(i))
+        assert hit is not None and hit.entry_id in acked
+    assert m.stats("t")["entries"] in (20, 21)  # 21 if the put that timed out happened
