@@ -40,3 +40,17 @@ def test_minilm_offline_embeddings() -> None:
     assert float(a @ b) > 0.8 and float(a @ c) < 0.3
     np.testing.assert_allclose(e("How do I reset my password?"), a, atol=1e-5)
     assert e.embed_many([]).shape == (0, 384)
+
+
+def test_the_openai_embedder_needs_httpx_only() -> None:
+    """``pip install 'zerda-cache[openai-embeddings]'`` gets httpx, not the service's
+    FastAPI: the embedder must not import the service package."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from zerda_cache.embedders import OpenAIEmbedder; "
+        "assert OpenAIEmbedder.__module__ == 'zerda_cache.openai_embedder'; "
+        "assert 'fastapi' not in sys.modules and 'zerda_cache.service' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,5 +1,10 @@
 """Built-in embedders for demos and tests (bring a real model in production).
 
+``MiniLMEmbedder`` runs all-MiniLM-L6-v2 offline (int8 ONNX, no PyTorch; ``make
+minilm``). ``OpenAIEmbedder`` (an async ``embed_fn`` for ``AsyncCacheManager``) calls an
+OpenAI-compatible ``/embeddings`` endpoint: ``pip install 'zerda-cache[openai-embeddings]'``
+(httpx); it is imported from here on first use.
+
 ``HashingEmbedder`` needs no model and no download: it hashes words and character
 trigrams into a fixed number of dimensions (signed feature hashing) and L2-normalises.
 Two questions sharing words and word pieces get a high cosine similarity; paraphrases
@@ -166,3 +171,12 @@ class MiniLMEmbedder:
     def __call__(self, text: str) -> np.ndarray:
         row: np.ndarray = self.embed_many([text])[0]
         return row
+
+
+def __getattr__(name: str) -> object:
+    """``OpenAIEmbedder`` needs httpx (the ``openai-embeddings`` extra): imported lazily."""
+    if name in ("OpenAIEmbedder", "EmbedderError"):
+        from zerda_cache import openai_embedder
+
+        return getattr(openai_embedder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

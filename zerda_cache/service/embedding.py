@@ -14,63 +14,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
-import numpy as np
-
 from zerda_cache.embedders import HashingEmbedder
+from zerda_cache.openai_embedder import EmbedderError, OpenAIEmbedder
 
 #: An embedder the service awaits: text -> vector.
 AsyncEmbedFn = Callable[[str], Awaitable[Any]]
-
-
-class EmbedderError(RuntimeError):
-    """The embedder failed (its endpoint is down, or answered something unusable)."""
-
-
-class OpenAIEmbedder:
-    """``POST {base_url}/embeddings`` of an OpenAI-compatible API, one text per call.
-
-    Args:
-        base_url: e.g. ``https://api.openai.com/v1``.
-        model: the embedding model's name.
-        api_key: sent as ``Authorization: Bearer``; ``None`` sends none.
-        timeout: seconds per call.
-        client: an ``httpx.AsyncClient`` to use (tests); default: one of its own.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.url = base_url.rstrip("/") + "/embeddings"
-        self.model = model
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = client if client is not None else httpx.AsyncClient(timeout=timeout)
-
-    async def __call__(self, text: str) -> np.ndarray:
-        try:
-            resp = await self.client.post(
-                self.url, json={"model": self.model, "input": text}, headers=self.headers
-            )
-        except httpx.HTTPError as exc:
-            raise EmbedderError(f"embeddings endpoint unreachable: {exc}") from exc
-        if resp.status_code != 200:
-            raise EmbedderError(f"embeddings endpoint answered {resp.status_code}")
-        try:
-            vec = np.asarray(resp.json()["data"][0]["embedding"], dtype=np.float64)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise EmbedderError(f"embeddings endpoint answered no embedding: {exc}") from exc
-        if vec.ndim != 1 or not vec.size or not np.all(np.isfinite(vec)):
-            raise EmbedderError("embeddings endpoint answered a malformed vector")
-        return vec
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
 
 
 def in_thread(fn: Callable[[str], Any]) -> AsyncEmbedFn:
