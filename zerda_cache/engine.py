@@ -412,7 +412,8 @@ class CacheEngine:
         tenant, st, cfg = keys.tenant, self.storage, self.config
         ti = self._tenant_index(keys)
         if not ti.built:  # built in the background: wait a bounded time for it
-            yield from self._await_index(ti, cfg.redis_timeout_s)
+            # (a lookup without an embedding matches exactly only: it starts the build)
+            yield from self._await_index(ti, cfg.redis_timeout_s if vec is not None else 0.0)
         # Until it is built, search the index this replica had before, if any (a rebuild),
         # without catching it up, and check the dimension against Redis instead.
         live = ti.built
