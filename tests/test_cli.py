@@ -136,3 +136,30 @@ def test_piped_output_is_not_cut_to_80_columns(redis_client: redis.Redis, redis_
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert name in out and "10,000" in out and "…" not in out
+
+
+def test_the_worker_and_admin_commands_take_the_replicas_rl_config(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """The README asks every replica and worker to use the same RLConfig; the worker had
+    no way to be given one. --rl-config (env ZERDA_RL_CONFIG) reads a TOML or JSON file."""
+    from zerda_cache.cli import CliState
+
+    toml = tmp_path / "rl.toml"
+    toml.write_text("min_reward_to_serve = 0.4\nprior_alpha = 2.0\n")
+    state = CliState(url=redis_url, cluster=False, key_prefix="zc", rl_config=str(toml))
+    assert state.config.rl.min_reward_to_serve == 0.4 and state.config.rl.prior_alpha == 2.0
+    as_json = tmp_path / "rl.json"
+    as_json.write_text(json.dumps({"similarity_tie_margin": 0.02}))
+    state = CliState(url=redis_url, cluster=False, key_prefix="zc", rl_config=str(as_json))
+    assert state.config.rl.similarity_tie_margin == 0.02
+    # The policy changes what the admin commands report: Beta(1, 2) is 0.33, under 0.4.
+    st = RedisStorage(redis_client)
+    eid = st.put("acme", "q", "a", np.ones(8)).entry_id
+    st.feedback(FeedbackSignal(eid, "acme", False))
+    code, out = run(redis_url, "--rl-config", str(toml), "inspect", eid, "--tenant", "acme")
+    assert code == 0 and "below the serving bar" in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("min_reward_to_serv = 0.4\n")
+    code, out = run(redis_url, "stats", "--rl-config", str(bad))
+    assert code != 0 and "unknown RLConfig fields" in out

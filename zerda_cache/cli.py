@@ -34,6 +34,7 @@ from zerda_cache.config import (
     DEFAULT_METRICS_HOST,
     DEFAULT_METRICS_PORT,
     CacheConfig,
+    load_rl_config,
 )
 from zerda_cache.errors import EntryNotFoundError, ZerdaError
 from zerda_cache.maintenance import Maintenance
@@ -54,12 +55,15 @@ class CliState:
     cluster: bool
     key_prefix: str
     log_level: str | None = None
+    rl_config: str | None = None
     _storage: RedisStorage | None = None
     _opened: list[RedisStorage] = field(default_factory=list)
 
     @property
     def config(self) -> CacheConfig:
-        return CacheConfig(key_prefix=self.key_prefix)
+        if self.rl_config is None:
+            return CacheConfig(key_prefix=self.key_prefix)
+        return CacheConfig(key_prefix=self.key_prefix, rl=load_rl_config(self.rl_config))
 
     def configure_logging(self, default: str) -> None:
         logging.basicConfig(
@@ -122,6 +126,7 @@ def shared_options(command: F) -> F:
         ("--key-prefix", "key_prefix", False),
         ("--cluster", "cluster", True),
         ("--redis-url", "url", False),
+        ("--rl-config", "rl_config", False),
     ):
         command = click.option(
             name,
@@ -150,12 +155,30 @@ def shared_options(command: F) -> F:
     default=None,
     help="Default WARNING; INFO for the worker (env ZERDA_LOG_LEVEL).",
 )
+@click.option(
+    "--rl-config",
+    envvar="ZERDA_RL_CONFIG",
+    default=None,
+    help="A TOML or JSON file of RLConfig fields: the app replicas' policy, for the worker "
+    "and the admin commands (env ZERDA_RL_CONFIG).",
+)
 @click.pass_context
 def cli(
-    ctx: click.Context, redis_url: str | None, cluster: bool, key_prefix: str, log_level: str | None
+    ctx: click.Context,
+    redis_url: str | None,
+    cluster: bool,
+    key_prefix: str,
+    log_level: str | None,
+    rl_config: str | None,
 ) -> None:
     """zerda-cache: a shared semantic cache that learns which answers to serve."""
-    state = CliState(url=redis_url, cluster=cluster, key_prefix=key_prefix, log_level=log_level)
+    state = CliState(
+        url=redis_url,
+        cluster=cluster,
+        key_prefix=key_prefix,
+        log_level=log_level,
+        rl_config=rl_config,
+    )
     state.configure_logging("INFO" if ctx.invoked_subcommand in ("worker", "serve") else "WARNING")
     ctx.obj = state
     ctx.call_on_close(state.close)

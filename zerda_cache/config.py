@@ -397,3 +397,34 @@ class CacheConfig:
         from dataclasses import asdict
 
         return asdict(self)
+
+
+def load_rl_config(path: str) -> RLConfig:
+    """An ``RLConfig`` from a TOML or JSON file of its fields (``zerda-cache
+    --rl-config``; env ``ZERDA_RL_CONFIG``): give the worker the same policy as the app
+    replicas, whose scripts apply the caller's priors and decay. Fields left out keep
+    their defaults.
+
+    Raises:
+        ValueError: unreadable file, unknown field or invalid value.
+    """
+    import json
+    import tomllib
+    from dataclasses import fields
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the RLConfig file {path!r}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path!r}: expected a table of RLConfig fields")
+    known = {f.name for f in fields(RLConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path!r}: unknown RLConfig fields {unknown}; known: {sorted(known)}")
+    try:
+        return RLConfig(**data)
+    except TypeError as exc:
+        raise ValueError(f"{path!r}: {exc}") from exc
