@@ -145,6 +145,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
 
 def load(url: str, texts: list[str], vecs: np.ndarray) -> None:
     import redis
+    from _load import put_all
     from prometheus_client import CollectorRegistry
 
     from zerda_cache import CacheConfig, CacheManager
@@ -153,19 +154,7 @@ def load(url: str, texts: list[str], vecs: np.ndarray) -> None:
     client = redis.Redis.from_url(url)
     client.flushall()
     st = CacheManager(client, CacheConfig(), metrics=ReplicaMetrics(CollectorRegistry())).storage
-    for start in range(0, len(texts), 500):
-        pipe = client.pipeline(transaction=False)
-        calls = [
-            st.plan_put(TENANT, texts[i], f"answer {i}", vecs[i])
-            for i in range(start, min(len(texts), start + 500))
-        ]
-        for c in calls:
-            st.scripts.put(keys=c.keys, args=c.args, client=pipe)
-        for c, r in zip(calls, pipe.execute(), strict=True):
-            c.parse(r)
-        print(f"\r  loaded {start + len(calls):,}/{len(texts):,}", end="", file=sys.stderr)
-    print(file=sys.stderr)
-    client.sadd(st.tenants_key, TENANT)
+    put_all(st, TENANT, texts, vecs)
     client.close()
 
 

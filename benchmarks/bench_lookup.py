@@ -53,20 +53,11 @@ def perturb(v: np.ndarray, cos: float, rng: np.random.Generator) -> np.ndarray:
 
 def load(manager: CacheManager, x: np.ndarray, batch: int = 500) -> float:
     """Put every vector through the put script, pipelined; returns puts/s."""
-    st = manager.storage
+    from _load import put_all
+
+    texts = [f"question {j}" for j in range(len(x))]
     t0 = time.perf_counter()
-    for i in range(0, len(x), batch):
-        pipe = st.client.pipeline(transaction=False)
-        calls = [
-            st.plan_put(TENANT, f"question {j}", f"answer {j}", x[j])
-            for j in range(i, min(i + batch, len(x)))
-        ]
-        for call in calls:
-            st.scripts.put(keys=call.keys, args=call.args, client=pipe)
-        for call, res in zip(calls, pipe.execute(), strict=True):
-            call.parse(res)
-        print(f"\r  loaded {min(i + batch, len(x)):,}/{len(x):,}", end="", file=sys.stderr)
-    print(file=sys.stderr)
+    put_all(manager.storage, TENANT, texts, x, batch=batch)
     return len(x) / (time.perf_counter() - t0)
 
 

@@ -52,18 +52,9 @@ def measure(n: int, lookups: int, url: str) -> dict[str, Any]:
     client.flushall()
     cfg = CacheConfig()
     writer = CacheManager(client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
-    st = writer.storage
-    ids: list[str] = []
-    for start in range(0, n, 500):
-        pipe = client.pipeline(transaction=False)
-        calls = [
-            st.plan_put("qqp", texts[i], f"answer {i}", vecs[i])
-            for i in range(start, min(n, start + 500))
-        ]
-        for c in calls:
-            st.scripts.put(keys=c.keys, args=c.args, client=pipe)
-        ids += [c.parse(r).entry_id for c, r in zip(calls, pipe.execute(), strict=True)]
-    client.sadd(st.tenants_key, "qqp")
+    from _load import put_all
+
+    ids = put_all(writer.storage, "qqp", texts, vecs, progress=False)
     reader = CacheManager(client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
     t0 = time.perf_counter()
     reader.sync_index("qqp")
