@@ -790,8 +790,11 @@ def test_concurrent_lookups_build_once_and_agree(redis_client: redis.Redis, redi
     async def run() -> list[Any]:
         areg = CollectorRegistry()
         # from_url: its pool queues a burst of 200 for a connection (redis-py's default
-        # asyncio pool refuses past 100)
-        m = AsyncCacheManager.from_url(redis_url, metrics=ReplicaMetrics(areg))
+        # asyncio pool refuses past 100), for up to redis_timeout_s: generous here, as
+        # this test is about one build and right answers, not a latency budget on a
+        # loaded machine (past it a lookup fails open: a miss)
+        cfg = CacheConfig(redis_timeout_s=5.0)
+        m = AsyncCacheManager.from_url(redis_url, cfg, metrics=ReplicaMetrics(areg))
         out = await asyncio.gather(*(
             m.lookup(f"q{i % 50}", tenant="t", embedding=unit(3000 + i % 50)) for i in range(200)
         ))  # fmt: skip
