@@ -77,8 +77,9 @@ def user(text: str) -> list[ChatMessage]:
 
 
 @pytest.fixture
-def make_manager(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[..., Any]]:
-    """``make(config=CONFIG, *, url=redis_url)``: a sync manager (HashingEmbedder)."""
+def make_hashing_manager(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[..., Any]]:
+    """``make(config=CONFIG, *, url=redis_url)``: a sync manager (HashingEmbedder). Not
+    conftest's ``make_manager``: the adapter's tests need an embed_fn, one flavour."""
     made: list[CacheManager] = []
 
     def make(config: CacheConfig = CONFIG, *, url: str = redis_url) -> CacheManager:
@@ -98,9 +99,9 @@ def make_manager(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable
             manager.close()
 
 
-def test_a_repeated_completion_does_not_reach_the_llm(make_manager: Any) -> None:
+def test_a_repeated_completion_does_not_reach_the_llm(make_hashing_manager: Any) -> None:
     base = CountingLLM()
-    llm = ZerdaCachedLLM(base, make_manager(), tenant="li")
+    llm = ZerdaCachedLLM(base, make_hashing_manager(), tenant="li")
     first = llm.complete(QUESTION)
     second = llm.complete(QUESTION)
     assert base.calls == 1
@@ -117,15 +118,15 @@ class ToolCallingLLM(CountingLLM):
         return LLMMetadata(model_name="tools", is_function_calling_model=True, is_chat_model=True)
 
 
-def test_the_wrapper_never_claims_tool_calling(make_manager: Any) -> None:
-    llm = ZerdaCachedLLM(ToolCallingLLM(), make_manager(), tenant="li")
+def test_the_wrapper_never_claims_tool_calling(make_hashing_manager: Any) -> None:
+    llm = ZerdaCachedLLM(ToolCallingLLM(), make_hashing_manager(), tenant="li")
     assert llm.metadata.is_function_calling_model is False  # it has no chat_with_tools
     assert llm.metadata.is_chat_model is True and llm.metadata.model_name == "tools"
 
 
-def test_chat_near_duplicates_hit_and_unrelated_questions_do_not(make_manager: Any) -> None:
+def test_chat_near_duplicates_hit_and_unrelated_questions_do_not(make_hashing_manager: Any) -> None:
     base = CountingLLM()
-    llm = ZerdaCachedLLM(base, make_manager(), tenant="li")
+    llm = ZerdaCachedLLM(base, make_hashing_manager(), tenant="li")
     first = llm.chat(user(QUESTION))
     near = llm.chat(user(REPHRASED))
     assert base.calls == 1
@@ -136,8 +137,8 @@ def test_chat_near_duplicates_hit_and_unrelated_questions_do_not(make_manager: A
     assert llm.chat(user(UNRELATED)).message.content == "answer 2"
 
 
-def test_other_parameters_endpoints_and_kwargs_never_meet(make_manager: Any) -> None:
-    manager = make_manager()
+def test_other_parameters_endpoints_and_kwargs_never_meet(make_hashing_manager: Any) -> None:
+    manager = make_hashing_manager()
     cold, warm = CountingLLM(temperature=0.0), CountingLLM(temperature=0.9)
     cached_cold = ZerdaCachedLLM(cold, manager, tenant="li")
     cached_warm = ZerdaCachedLLM(warm, manager, tenant="li")
@@ -153,8 +154,8 @@ def test_other_parameters_endpoints_and_kwargs_never_meet(make_manager: Any) -> 
     assert cold.calls == 4
 
 
-def test_credentials_are_not_part_of_the_identity(make_manager: Any) -> None:
-    manager = make_manager()
+def test_credentials_are_not_part_of_the_identity(make_hashing_manager: Any) -> None:
+    manager = make_hashing_manager()
     a = ZerdaCachedLLM(CountingLLM(api_key="sk-one"), manager, tenant="li")
     b = ZerdaCachedLLM(CountingLLM(api_key="sk-two"), manager, tenant="li")
     assert "sk-one" not in a.identity()
@@ -163,9 +164,9 @@ def test_credentials_are_not_part_of_the_identity(make_manager: Any) -> None:
     assert b.complete(QUESTION).additional_kwargs["zerda_cache"]["hit"] is True
 
 
-def test_predict_formats_as_the_wrapped_llm_would(make_manager: Any) -> None:
+def test_predict_formats_as_the_wrapped_llm_would(make_hashing_manager: Any) -> None:
     base = CountingLLM(system_prompt="Answer briefly.")
-    llm = ZerdaCachedLLM(base, make_manager(), tenant="li")
+    llm = ZerdaCachedLLM(base, make_hashing_manager(), tenant="li")
     template = PromptTemplate("Question: {q}")
     assert llm.predict(template, q=QUESTION) == "answer 1"
     assert base.predict(template, q=QUESTION) == "answer 2"  # the wrapped LLM alone
@@ -206,9 +207,9 @@ def test_async_calls_with_an_async_manager(redis_url: str, redis_client: redis.R
     assert sent
 
 
-def test_async_calls_with_a_sync_manager(make_manager: Any) -> None:
+def test_async_calls_with_a_sync_manager(make_hashing_manager: Any) -> None:
     base = CountingLLM()
-    llm = ZerdaCachedLLM(base, make_manager(), tenant="li")
+    llm = ZerdaCachedLLM(base, make_hashing_manager(), tenant="li")
 
     async def main() -> list[str]:
         return [(await llm.acomplete(QUESTION)).text, (await llm.acomplete(QUESTION)).text]
@@ -218,18 +219,18 @@ def test_async_calls_with_a_sync_manager(make_manager: Any) -> None:
     assert base.calls == 1
 
 
-def test_streaming_passes_through_uncached(make_manager: Any) -> None:
+def test_streaming_passes_through_uncached(make_hashing_manager: Any) -> None:
     base = CountingLLM()
-    llm = ZerdaCachedLLM(base, make_manager(), tenant="li")
+    llm = ZerdaCachedLLM(base, make_hashing_manager(), tenant="li")
     llm.complete(QUESTION)
     streamed = [r.delta for r in llm.stream_complete(QUESTION)]
     assert streamed == ["answer 2"]
     assert base.calls == 2
 
 
-def test_messages_the_cache_cannot_key_go_uncached(make_manager: Any) -> None:
+def test_messages_the_cache_cannot_key_go_uncached(make_hashing_manager: Any) -> None:
     base = CountingLLM()
-    llm = ZerdaCachedLLM(base, make_manager(), tenant="li")
+    llm = ZerdaCachedLLM(base, make_hashing_manager(), tenant="li")
     tools = [ChatMessage(role="user", content=QUESTION, additional_kwargs={"tool": "x"})]
     image = [ChatMessage(role="user", blocks=[ImageBlock(url="http://example.com/a.png")])]
     for messages in (tools, tools, image, image):
@@ -241,10 +242,10 @@ def test_messages_the_cache_cannot_key_go_uncached(make_manager: Any) -> None:
 
 
 def test_redis_down_calls_the_llm_and_crashes_nothing(
-    make_manager: Any, redis_server_factory: Callable[..., RedisServer], caplog: Any
+    make_hashing_manager: Any, redis_server_factory: Callable[..., RedisServer], caplog: Any
 ) -> None:
     server = redis_server_factory()
-    manager = make_manager(
+    manager = make_hashing_manager(
         CacheConfig(similarity_threshold=0.8, redis_timeout_s=0.5), url=server.url
     )
     base = CountingLLM()
@@ -262,8 +263,8 @@ def test_redis_down_calls_the_llm_and_crashes_nothing(
     assert len(warnings) == 1 and "put failed" in warnings[0].getMessage()
 
 
-def test_negative_feedback_stops_the_answer_being_served(make_manager: Any) -> None:
-    manager = make_manager(
+def test_negative_feedback_stops_the_answer_being_served(make_hashing_manager: Any) -> None:
+    manager = make_hashing_manager(
         CacheConfig(similarity_threshold=0.8, rl=RLConfig(min_reward_to_serve=0.4))
     )
     base = CountingLLM()
@@ -279,10 +280,10 @@ def test_negative_feedback_stops_the_answer_being_served(make_manager: Any) -> N
     assert base.calls == 2
 
 
-def test_wraps_llama_index_mock_llm(make_manager: Any) -> None:
-    llm = ZerdaCachedLLM(MockLLM(max_tokens=3), make_manager(), tenant="li")
+def test_wraps_llama_index_mock_llm(make_hashing_manager: Any) -> None:
+    llm = ZerdaCachedLLM(MockLLM(max_tokens=3), make_hashing_manager(), tenant="li")
     first = llm.complete(QUESTION)
     assert first.text == "text text text"
     assert llm.complete(QUESTION).additional_kwargs["zerda_cache"]["hit"] is True
     with pytest.raises(TypeError, match="LlamaIndex LLM"):
-        ZerdaCachedLLM(object(), make_manager(), tenant="li")  # type: ignore[arg-type]
+        ZerdaCachedLLM(object(), make_hashing_manager(), tenant="li")  # type: ignore[arg-type]
