@@ -720,9 +720,7 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     """A long-running demo app replica (FAQ questions, simulated users) with /metrics."""
     from zerda_cache.demo import serve_app
 
-    if state.url is None:
-        raise click.UsageError("demo-app needs --redis-url or ZERDA_REDIS_URL")
-    sys.exit(serve_app(state.url, metrics_port=metrics_port, rate=rate, seed=seed))
+    sys.exit(serve_app(state.server_url(), metrics_port=metrics_port, rate=rate, seed=seed))
 
 
 # -- the HTTP service -----------------------------------------------------------------------------
@@ -800,8 +798,7 @@ def serve(
             f"serve needs the service extra ({exc.name} is missing): "
             "pip install 'zerda-cache[service]'"
         ) from exc
-    if state.url is None:  # keys live in Redis: a throwaway server would have none
-        raise click.UsageError("serve needs --redis-url or ZERDA_REDIS_URL")
+    url = state.server_url()  # refuses without one: the keys live in Redis
     with errors():
         cfg = state.config
         if similarity_threshold is not None:
@@ -824,7 +821,7 @@ def serve(
             logging.getLogger("zerda_cache.service").warning(
                 "--embedder none: the proxy passes every request through uncached"
             )
-        client = connect(state.url, cfg, cluster=state.cluster or None, asyncio=True)
+        client = connect(url, cfg, cluster=state.cluster or None, asyncio=True)
         manager = AsyncCacheManager(client, cfg, embed_fn=embed_fn)
         app = create_app(
             manager,
@@ -842,13 +839,6 @@ def keys() -> None:
     """Per-tenant API keys of the HTTP service (only their SHA-256 digests are stored)."""
 
 
-def _keys_storage(state: CliState) -> RedisStorage:
-    # A key made in a throwaway embedded server would be lost on exit: refuse instead.
-    if state.url is None:
-        raise click.UsageError("keys commands need --redis-url or ZERDA_REDIS_URL")
-    return state.storage()
-
-
 @keys.command("create")
 @shared_options
 @click.option("--tenant", required=True, help="The tenant the key is bound to.")
@@ -859,7 +849,7 @@ def keys_create(state: CliState, tenant: str, name: str) -> None:
     from zerda_cache.apikeys import create_key
 
     with errors():
-        token, record = create_key(_keys_storage(state), tenant, name)
+        token, record = create_key(state.storage(), tenant, name)
         err.print(f"key {record.id} for tenant {tenant}; the token is shown only this once:")
         click.echo(token)
 
@@ -874,7 +864,7 @@ def keys_list(state: CliState, tenant: str | None) -> None:
         table = Table(title="zerda-cache API keys")
         for col in ("id", "tenant", "name", "created", "status"):
             table.add_column(col)
-        for k in _keys_storage(state).api_keys():
+        for k in state.storage().api_keys():
             if tenant is not None and k.tenant != tenant:
                 continue
             status = "active" if k.revoked is None else "revoked " + _utc(k.revoked)
@@ -895,7 +885,7 @@ def keys_revoke(state: CliState, key: str | None, tenant: str | None) -> None:
     with errors():
         if (key is None) == (tenant is None):
             raise click.UsageError("give a KEY id (or token), or --tenant, not both")
-        st = _keys_storage(state)
+        st = state.storage()
         if key is not None:
             kid = key_id(token_digest(key)) if looks_like_token(key) else key
             if not KEY_ID_RE.fullmatch(kid):
