@@ -54,7 +54,7 @@ def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: st
     assert code == 2  # nothing to set
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "0.02")
     assert code == 0 and "2.00%" in out and "exact repeats only" in out, out
-    assert st.policy("acme").max_error_rate == 0.02
+    assert st.calibration("acme").max_error_rate == 0.02
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "1.5")
     assert code == 2 and "max_error_rate" in out
     code, out = run(redis_url, "tenant", "set", "acme", "--clear", "max_error_rate")

@@ -33,9 +33,10 @@ from typing import Literal
 
 import numpy as np
 
-from zerda_cache.config import EvictionConfig
+from zerda_cache.config import EvictionConfig, RLConfig
 from zerda_cache.errors import FencedError, StorageError
 from zerda_cache.metrics import Distribution
+from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
 
@@ -161,13 +162,17 @@ class Maintenance:
     def tenants(self) -> list[str]:
         return self.storage.tenants()
 
-    def limits(self, tenant: str) -> TenantLimits:
-        settings = self.storage.tenant_settings(tenant)
-        ev = self.eviction
-        max_bytes = settings.get("max_bytes", ev.max_bytes)
+    def policy(self, tenant: str) -> TenantPolicy:
+        """The tenant's policy: this worker's configuration with the tenant's stored
+        settings on top (``zerda_cache.policy``), read at the start of each pass, so a
+        change made with ``zerda-cache tenant set`` applies from the next cycle."""
+        return self.storage.tenant_policy(tenant)
+
+    def limits(self, tenant: str, policy: TenantPolicy | None = None) -> TenantLimits:
+        ev = (policy if policy is not None else self.policy(tenant)).eviction
         return TenantLimits(
-            max_entries=int(settings.get("max_entries", ev.max_entries)),
-            max_bytes=int(max_bytes) if max_bytes is not None else None,
+            max_entries=ev.max_entries,
+            max_bytes=ev.max_bytes,
             low_watermark=ev.low_watermark,
         )
 
@@ -181,22 +186,24 @@ class Maintenance:
         """
         report = DecayReport(tenant)
         started = time.perf_counter()
+        rl = self.policy(tenant).rl
         for batch in self.storage.iter_ids(tenant, self.eviction.scan_batch):
             cols = self.storage.state_arrays(tenant, [eid for eid, _ in batch])
-            self._decay_columns(tenant, cols, report)
+            self._decay_columns(tenant, cols, report, rl)
             if self._halted():
                 break
         report.seconds = time.perf_counter() - started
         return report
 
-    def _decay_columns(self, tenant: str, cols: StateArrays, report: DecayReport) -> None:
-        rl = self.learner.config
+    def _decay_columns(
+        self, tenant: str, cols: StateArrays, report: DecayReport, rl: RLConfig
+    ) -> None:
         excess = np.abs(cols.alpha - rl.prior_alpha) + np.abs(cols.beta - rl.prior_beta)
         todo = [cols.ids[i] for i in np.flatnonzero(excess > 1e-12).tolist()]
         report.corrupt += len(cols.corrupt)
         if todo and not self.fenced:
             try:
-                out = self.storage.decay(tenant, todo, fence=self.fence())
+                out = self.storage.decay(tenant, todo, fence=self.fence(), rl=rl)
             except FencedError as exc:
                 self._refused(tenant, exc)
                 return
@@ -222,7 +229,8 @@ class Maintenance:
         """
         st = self.storage
         now = st.now() if now is None else now
-        plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant))
+        policy = self.policy(tenant)
+        plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant, policy))
         # Entries replicas found undecodable (a doc, meta or vec; the scan reads only
         # the learning state): evicted as corrupt, whatever their score.
         plan.reported = st.suspects(tenant)
@@ -243,7 +251,7 @@ class Maintenance:
                     live_ids.append(eid)
             cols = st.state_arrays(tenant, live_ids)
             if decay is not None:
-                self._decay_columns(tenant, cols, decay)
+                self._decay_columns(tenant, cols, decay, policy.rl)
             plan.corrupt += cols.corrupt
             plan.scanned += len(cols.ids)
             plan.bytes_scanned += int(cols.size.sum())
@@ -254,6 +262,8 @@ class Maintenance:
                 cols.usage_count,
                 cols.last_access,
                 now=now,
+                config=policy.rl,
+                eviction=policy.eviction,
             )
             low = scores < 0
             plan.low_reward += [

@@ -34,6 +34,9 @@ FLAGS = {
     "lease_release": "allow-oom",
     "lease_acquire": "allow-oom",
     "label": "allow-oom",
+    # A policy change writes a few bytes, and an operator lowering max_entries on a full
+    # server must be able to.
+    "settings": "allow-oom",
     # The HTTP service's keys: a new key is refused whole on a full server; a revocation
     # must work there too.
     "apikey_add": "",
@@ -50,6 +53,7 @@ SCRIPT_NAMES = (
     "lease_release",
     "lease_acquire",
     "label",
+    "settings",
     "apikey_add",
     "apikey_revoke",
 )
@@ -85,6 +89,7 @@ class Scripts:
     lease_release: Any
     lease_acquire: Any
     label: Any
+    settings: Any
     apikey_add: Any
     apikey_revoke: Any
 

@@ -12,17 +12,17 @@ server's ``TIME``, unless a ``clock`` is injected (tests).
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import redis.exceptions
 
 from zerda_cache.apikeys import ApiKey
-from zerda_cache.calibration import Calibration, check_error_rate
-from zerda_cache.config import CacheConfig
+from zerda_cache.calibration import Calibration
+from zerda_cache.config import CacheConfig, RLConfig
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import CorruptEntryError, InvalidEntryError, StorageError, ZerdaError
+from zerda_cache.policy import POLICY_FIELDS, RESERVED, TenantPolicy, check_changes
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 #: The worker's cycle log keeps about this many records.
 CYCLE_LOG_MAXLEN = 1_000
 #: Tenant settings that ``set_tenant_settings`` accepts (``dim`` is fixed by the first put).
-TENANT_SETTINGS = ("max_entries", "max_bytes", "ttl", "max_error_rate")
+TENANT_SETTINGS = tuple(POLICY_FIELDS)
 
 IdBatch = list[tuple[str, float]]
 
@@ -168,41 +168,57 @@ class Storage(StoragePlans):
             self._registered_tenants.add(tenant)
         return out
 
-    def _feedback(self, signal: FeedbackSignal) -> Flow[FeedbackOutcome]:
-        """Apply one signal atomically; return the entry's new learning state.
+    def _feedback(
+        self, signal: FeedbackSignal, *, rl: RLConfig | None = None
+    ) -> Flow[FeedbackOutcome]:
+        """Apply one signal atomically; return the entry's new learning state. ``rl``:
+        the tenant's bandit parameters (default: the configuration's).
 
         Raises:
             EntryNotFoundError: no such entry in ``signal.tenant_id``.
             CorruptEntryError: the entry's state does not decode (nothing written).
         """
-        (result,) = yield from self._run(self.plan_feedback([signal]))
+        (result,) = yield from self._run(self.plan_feedback([signal], rl=rl))
         if isinstance(result, ZerdaError):
             raise result
         return result
 
     def _feedback_many(
-        self, signals: Sequence[FeedbackSignal], *, batch: int = FEEDBACK_BATCH
+        self,
+        signals: Sequence[FeedbackSignal],
+        *,
+        batch: int = FEEDBACK_BATCH,
+        policy: Callable[[str], RLConfig | None] | None = None,
     ) -> Flow[list[FeedbackOutcome | ZerdaError]]:
         """Apply many signals; one script call per tenant and ``batch`` signals.
 
         Returns, per signal and in order, the new state or the error for it (unknown
         entry, corrupt state): one bad signal does not stop the others. Each call is
         atomic; signals of different calls are not applied together. Works unchanged on
-        Redis Cluster (a call touches one tenant, so one slot).
+        Redis Cluster (a call touches one tenant, so one slot). ``policy`` gives each
+        tenant's bandit parameters (default: the configuration's for every tenant).
         """
         out: list[FeedbackOutcome | ZerdaError | None] = [None] * len(signals)
-        for positions in _group_by_tenant(signals).values():
+        for tenant, positions in _group_by_tenant(signals).items():
+            rl = policy(tenant) if policy is not None else None
             for i in range(0, len(positions), batch):
                 chunk = positions[i : i + batch]
-                results = yield from self._run(self.plan_feedback([signals[j] for j in chunk]))
+                sigs = [signals[j] for j in chunk]
+                results = yield from self._run(self.plan_feedback(sigs, rl=rl))
                 for j, res in zip(chunk, results, strict=True):
                     out[j] = res
         return [r for r in out if r is not None]
 
     def _decay(
-        self, tenant: str, entry_ids: Sequence[str], *, fence: int | None = None
+        self,
+        tenant: str,
+        entry_ids: Sequence[str],
+        *,
+        fence: int | None = None,
+        rl: RLConfig | None = None,
     ) -> Flow[DecayOutcome]:
-        """Bring the arms of ``entry_ids`` to now and persist them (one script call).
+        """Bring the arms of ``entry_ids`` to now and persist them (one script call),
+        with the tenant's bandit parameters ``rl`` (default: the configuration's).
 
         Raises:
             FencedError: ``fence`` (the worker's lease epoch) is older than one that
@@ -210,7 +226,7 @@ class Storage(StoragePlans):
         """
         if not entry_ids:
             return DecayOutcome(0, 0, [])
-        return (yield from self._run(self.plan_decay(tenant, entry_ids, fence=fence)))
+        return (yield from self._run(self.plan_decay(tenant, entry_ids, fence=fence, rl=rl)))
 
     def _evict(
         self,
@@ -319,43 +335,53 @@ class Storage(StoragePlans):
         return sorted(text(t) for t in members)
 
     def _tenant_settings(self, tenant: str) -> Flow[dict[str, float]]:
-        """Per-tenant overrides stored in Redis: ``max_entries``, ``max_bytes``, ``ttl``
-        (and ``dim``, fixed by the first put)."""
+        """The tenant's numeric settings stored in Redis (``policy.POLICY_FIELDS``, by
+        their stored names; booleans as 1.0 / 0.0), and ``dim``, fixed by its first put.
+        ``tenant_policy`` gives them applied, with their version."""
         raw = yield from self._command("tenant_settings", "hgetall", self.keys(tenant).cfg)
         out: dict[str, float] = {}
         for name, value in raw.items():
+            key = text(name)
+            if key in RESERVED and key != "dim":
+                continue
             try:
-                out[text(name)] = float(value)
+                f = POLICY_FIELDS.get(key)
+                out[key] = float(f.parse(value) if f is not None else float(value))
             except ValueError:
                 log.warning("tenant %s: ignoring bad setting %r=%r", tenant, name, value)
         return out
 
-    def _set_tenant_settings(self, /, tenant: str, **settings: float | None) -> Flow[None]:
-        """Set (a number) or clear (``None``) overrides: max_entries, max_bytes, ttl, and
-        max_error_rate (in (0, 1): the tenant's error bound, read by every replica)."""
-        unknown = set(settings) - set(TENANT_SETTINGS)
-        if unknown:
-            raise ValueError(f"unknown tenant settings {sorted(unknown)}; use {TENANT_SETTINGS}")
+    def _set_tenant_settings(self, /, tenant: str, **settings: float | None) -> Flow[int]:
+        """Set (a number) or clear (``None``) settings by keyword: max_entries,
+        max_bytes, ttl, max_error_rate, similarity_threshold, top_k, ... (names without a
+        dot; ``set_tenant_policy`` takes every name). Returns the new policy version."""
+        return (yield from self._set_tenant_policy(tenant, settings))
+
+    def _set_tenant_policy(self, tenant: str, changes: Mapping[str, object]) -> Flow[int]:
+        """Change a tenant's policy in one step (``settings.lua``): ``changes`` maps
+        setting names (``policy.POLICY_FIELDS``: ``similarity_threshold``,
+        ``rl.min_reward_to_serve``, ``eviction.reward_weight``, ...) to a value, or to
+        ``None`` to fall back to each process's own configuration. Every replica and
+        worker applies it within ``policy_refresh_s``. Returns the new version.
+
+        Raises:
+            ValueError: an unknown name or a value the configuration refuses, validated
+                with what is stored on top of this storage's configuration; nothing is
+                written.
+        """
         k = self.keys(tenant)
-        check_error_rate(settings.get("max_error_rate"))
-        for name, value in settings.items():
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
+        if not changes:
+            raise ValueError("no settings to change")
+        raw = yield from self._command("tenant_settings", "hgetall", k.cfg)
+        stored = {text(n): text(v) for n, v in raw.items()}
+        encoded = check_changes(self.config, stored, changes)
+        version = yield from self._run(self.plan_settings(tenant, encoded))
+        yield from self._command("register tenant", "sadd", self.tenants_key, tenant)
+        return int(version)
 
-        def queue(pipe: Any) -> None:
-            for name, value in settings.items():
-                if value is None:
-                    pipe.hdel(k.cfg, name)
-                else:
-                    pipe.hset(k.cfg, name, repr(value))
-            pipe.sadd(self.tenants_key, tenant)
-
-        yield from self._read(ReadPlan("set_tenant_settings", queue, _ignore, len(settings) + 1))
+    def _tenant_policy(self, tenant: str) -> Flow[TenantPolicy]:
+        """The tenant's policy as this storage's configuration resolves it."""
+        return (yield from self._read(self.read_policy(tenant)))
 
     def _reset_tenant(self, tenant: str) -> Flow[None]:
         """Drop a tenant's counters, feedback log, dimension, labelled outcomes and corrupt
@@ -391,13 +417,15 @@ class Storage(StoragePlans):
         """The tenant's log events after ``after`` (see ``read_log``)."""
         return (yield from self._read(self.read_log(tenant, after)))
 
-    def _label(self, tenant: str, similarity: float, right: bool) -> Flow[float]:
+    def _label(
+        self, tenant: str, similarity: float, right: bool, *, window: int | None = None
+    ) -> Flow[float]:
         """Count one labelled outcome of a near match; returns the tenant's label count."""
-        return (yield from self._run(self.plan_label(tenant, similarity, right)))
+        return (yield from self._run(self.plan_label(tenant, similarity, right, window=window)))
 
-    def _policy(self, tenant: str) -> Flow[Calibration]:
+    def _calibration(self, tenant: str) -> Flow[Calibration]:
         """The tenant's labelled outcomes and stored error bound."""
-        return (yield from self._read(self.read_policy(tenant)))
+        return (yield from self._tenant_policy(tenant)).calibration
 
     def _suspects(self, tenant: str, count: int = 10_000) -> Flow[list[str]]:
         """Up to ``count`` ids replicas reported undecodable in ``tenant`` (read only)."""
@@ -424,11 +452,13 @@ class Storage(StoragePlans):
     tenants = op(_tenants)
     tenant_settings = op(_tenant_settings)
     set_tenant_settings = op(_set_tenant_settings)
+    set_tenant_policy = op(_set_tenant_policy)
+    tenant_policy = op(_tenant_policy)
     reset_tenant = op(_reset_tenant)
     feedback_log = op(_feedback_log)
     log_info = op(_log_info)
     label = op(_label)
-    policy = op(_policy)
+    calibration = op(_calibration)
     suspects = op(_suspects)
     forget_suspects = op(_forget_suspects)
 
