@@ -157,6 +157,45 @@ def test_decay_cycle_is_persisted_and_never_doubled(redis_client: redis.Redis) -
     assert {e: a.bandit_arm for e, a in again.items()} == {e: a.bandit_arm for e, a in arms.items()}
 
 
+def test_decay_visits_only_arms_with_evidence_once_the_tenant_was_scanned(
+    redis_client: redis.Redis,
+) -> None:
+    """The feedback script keeps a list of the arms with evidence; after one full scan
+    (for data written before the list existed) the decay job reads only that list."""
+    clock = Clock(50_000.0)
+    cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=100.0))
+    st = RedisStorage(redis_client, cfg, clock=clock)
+    keys = tenant_keys("t")
+    ids = bulk_put(st, "t", 40)
+    st.feedback_many([FeedbackSignal(e, "t", True, magnitude=8.0) for e in ids[:10]])
+    assert redis_client.smembers(keys.ev) == {e.encode() for e in ids[:10]}
+    # Data from before the list: an arm with evidence that the list does not have.
+    redis_client.srem(keys.ev, ids[0])
+    assert not st.evidence_complete("t")
+    clock.t += 100
+    first = Maintenance(st).decay_tenant("t")  # a full scan: it finds ids[0] too
+    assert first.decayed == 10 and st.evidence_complete("t")
+    assert redis_client.scard(keys.ev) == 10
+    # From now on only the list is read: an arm with evidence missing from it is not
+    # decayed (this is what shows the scan is gone), and a gone entry leaves the list.
+    redis_client.srem(keys.ev, ids[1])
+    st.invalidate("t", ids[2])
+    redis_client.sadd(keys.ev, "f" * 32)  # an id with no entry behind it
+    clock.t += 100
+    second = Maintenance(st).decay_tenant("t")
+    assert second.decayed == 8 and second.missing == 1
+    assert b"f" * 32 not in redis_client.smembers(keys.ev)
+    arms = st.load_states("t", ids[:4]).entries
+    assert arms[ids[0]].bandit_arm.alpha == pytest.approx(1 + 8 * 0.25)
+    assert arms[ids[1]].bandit_arm.alpha == pytest.approx(1 + 8 * 0.5)  # skipped
+    assert arms[ids[3]].bandit_arm.alpha == pytest.approx(1 + 8 * 0.25)
+    # Losing the settings hash (allkeys-*) loses the flag: the next pass scans again.
+    redis_client.hdel(keys.cfg, "evx")
+    clock.t += 100
+    assert Maintenance(st).decay_tenant("t").decayed == 9
+    assert st.get_entry("t", ids[1]).bandit_arm.alpha == pytest.approx(1 + 8 * 0.125)
+
+
 # --- the worker process ---------------------------------------------------------------------------
 def spawn_worker(url: str, worker_id: str, tmp: Path, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [

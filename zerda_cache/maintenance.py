@@ -186,14 +186,45 @@ class Maintenance:
         """
         report = DecayReport(tenant)
         started = time.perf_counter()
+        st, size = self.storage, self.eviction.scan_batch
         rl = self.policy(tenant).rl
-        for batch in self.storage.iter_ids(tenant, self.eviction.scan_batch):
-            cols = self.storage.state_arrays(tenant, [eid for eid, _ in batch])
-            self._decay_columns(tenant, cols, report, rl)
-            if self._halted():
-                break
+        if st.evidence_complete(tenant):
+            # The scripts keep the list of arms with evidence: the cost follows the
+            # arms that ever got a signal, not the tenant's size.
+            for ids in st.iter_evidence(tenant, size):
+                self._decay_ids(tenant, ids, report, rl)
+                if self._halted():
+                    break
+        else:  # data from before the list existed, or its flag was lost: scan it all once
+            for batch in st.iter_ids(tenant, size):
+                cols = st.state_arrays(tenant, [eid for eid, _ in batch])
+                self._decay_columns(tenant, cols, report, rl)
+                if self._halted():
+                    break
+            else:
+                self._decay_ids(tenant, [], report, rl, complete=True)
         report.seconds = time.perf_counter() - started
         return report
+
+    def _decay_ids(
+        self,
+        tenant: str,
+        ids: list[str],
+        report: DecayReport,
+        rl: RLConfig,
+        *,
+        complete: bool = False,
+    ) -> None:
+        if self.fenced:
+            return
+        try:
+            out = self.storage.decay(tenant, ids, fence=self.fence(), rl=rl, complete=complete)
+        except FencedError as exc:
+            self._refused(tenant, exc)
+            return
+        report.decayed += out.decayed
+        report.missing += out.missing
+        report.corrupt += len(out.corrupt)
 
     def _decay_columns(
         self, tenant: str, cols: StateArrays, report: DecayReport, rl: RLConfig
@@ -201,14 +232,8 @@ class Maintenance:
         excess = np.abs(cols.alpha - rl.prior_alpha) + np.abs(cols.beta - rl.prior_beta)
         todo = [cols.ids[i] for i in np.flatnonzero(excess > 1e-12).tolist()]
         report.corrupt += len(cols.corrupt)
-        if todo and not self.fenced:
-            try:
-                out = self.storage.decay(tenant, todo, fence=self.fence(), rl=rl)
-            except FencedError as exc:
-                self._refused(tenant, exc)
-                return
-            report.decayed += out.decayed
-            report.missing += out.missing
+        if todo:
+            self._decay_ids(tenant, todo, report, rl)
 
     # -- eviction ------------------------------------------------------------------------------
     def plan_eviction(
@@ -281,6 +306,8 @@ class Maintenance:
             if self._halted():
                 plan.complete = False
                 return plan  # a partial scan must not pick capacity victims
+        if decay is not None:  # every arm with evidence was seen: the list is complete
+            self._decay_ids(tenant, [], decay, policy.rl, complete=True)
         self._choose_capacity(
             plan,
             keep_ids,

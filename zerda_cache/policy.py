@@ -40,7 +40,7 @@ from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
 log = logging.getLogger(__name__)
 
 #: Fields of the settings hash that are bookkeeping, not settings.
-RESERVED = frozenset({"dim", "fence", "ver", "updated"})
+RESERVED = frozenset({"dim", "fence", "ver", "updated", "evx"})
 
 
 def _parse_float(raw: str) -> float:

@@ -16,9 +16,10 @@ key                    type     holds
 ``p:{t}:stats``        hash     counters (hits, misses, puts, bytes, evicted:<reason>, ...)
 ``p:{t}:fb``           stream   the rolling feedback log (exact cap)
 ``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl,
-                                max_error_rate overrides
+                                max_error_rate, ... (policy.py); ver, fence, evx
 ``p:{t}:cal``          hash     labelled outcomes of near matches per similarity bin
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
+``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
@@ -48,6 +49,7 @@ class TenantKeys:
     cfg: str
     cal: str
     bad: str
+    ev: str
 
     def entry(self, entry_id: str) -> str:
         return self.base + "e:" + entry_id
@@ -72,6 +74,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         cfg=base + "cfg",
         cal=base + "cal",
         bad=base + "bad",
+        ev=base + "ev",
     )
 
 

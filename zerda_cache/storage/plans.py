@@ -538,7 +538,7 @@ class StoragePlans:
         sigs = list(signals)
         tenant = sigs[0].tenant_id
         k = self.keys(tenant)
-        keys = [k.stats, k.fb]
+        keys = [k.stats, k.fb, k.ev]
         args: list[Any] = [self._now_arg(), *self._rl_static(rl)[1]]
         for sig in sigs:
             if sig.tenant_id != tenant:
@@ -578,9 +578,12 @@ class StoragePlans:
         *,
         fence: int | None = None,
         rl: RLConfig | None = None,
+        complete: bool = False,
     ) -> ScriptCall[DecayOutcome]:
         """Plan persisting the decay of ``entry_ids``; ``fence``: the worker's lease epoch
-        (a write of an older epoch than the tenant saw is refused: ``FencedError``)."""
+        (a write of an older epoch than the tenant saw is refused: ``FencedError``);
+        ``complete``: a full scan of the tenant ends with this call, so its evidence set
+        (``ev``, the decay job's work list from now on) holds every arm with evidence."""
         k = self.keys(tenant)
         ids = list(entry_ids)
 
@@ -591,8 +594,14 @@ class StoragePlans:
                 log.warning("decay skipped corrupt entry %s", k.entry(eid))
             return DecayOutcome(int(decayed), int(missing), bad)
 
-        keys = [k.cfg, *(k.entry(eid) for eid in ids)]
-        args = [self._now_arg(), *self._rl_args(rl), "" if fence is None else str(int(fence))]
+        keys = [k.cfg, k.ev, *(k.entry(eid) for eid in ids)]
+        args = [
+            self._now_arg(),
+            *self._rl_args(rl),
+            "" if fence is None else str(int(fence)),
+            "1" if complete else "",
+            *ids,
+        ]
         return ScriptCall("decay", keys, args, parse)
 
     def plan_evict(
@@ -607,7 +616,7 @@ class StoragePlans:
             raise ValueError(f"unknown eviction reason {reason!r}; use one of {REASONS}")
         k = self.keys(tenant)
         cands = list(candidates)
-        keys = [k.ids, k.q, k.log, k.stats, k.cfg, *(k.entry(eid) for eid, _ in cands)]
+        keys = [k.ids, k.q, k.log, k.stats, k.cfg, k.ev, *(k.entry(eid) for eid, _ in cands)]
         args: list[Any] = [
             reason,
             self.config.index_log_maxlen,

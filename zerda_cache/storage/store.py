@@ -216,6 +216,7 @@ class Storage(StoragePlans):
         *,
         fence: int | None = None,
         rl: RLConfig | None = None,
+        complete: bool = False,
     ) -> Flow[DecayOutcome]:
         """Bring the arms of ``entry_ids`` to now and persist them (one script call),
         with the tenant's bandit parameters ``rl`` (default: the configuration's).
@@ -224,9 +225,10 @@ class Storage(StoragePlans):
             FencedError: ``fence`` (the worker's lease epoch) is older than one that
                 already wrote to this tenant; nothing is written.
         """
-        if not entry_ids:
+        if not entry_ids and not complete:
             return DecayOutcome(0, 0, [])
-        return (yield from self._run(self.plan_decay(tenant, entry_ids, fence=fence, rl=rl)))
+        plan = self.plan_decay(tenant, entry_ids, fence=fence, rl=rl, complete=complete)
+        return (yield from self._run(plan))
 
     def _evict(
         self,
@@ -321,6 +323,23 @@ class Storage(StoragePlans):
         )
         return int(nxt), [(text(member), float(score)) for member, score in items]
 
+    def _scan_evidence(
+        self, tenant: str, cursor: int = 0, batch: int | None = None
+    ) -> Flow[tuple[int, list[str]]]:
+        """One SSCAN step over the ids of arms with evidence (the decay job's list)."""
+        count = batch or self.config.eviction.scan_batch
+        nxt, items = yield from self._command(
+            "iter_evidence", "sscan", self.keys(tenant).ev, cursor=cursor, count=count
+        )
+        return int(nxt), [text(member) for member in items]
+
+    def _evidence_complete(self, tenant: str) -> Flow[bool]:
+        """True once a full decay scan has filled the tenant's evidence set (the set is
+        then kept by the scripts); False for data written before it existed, or after
+        the settings hash was lost."""
+        flag = yield from self._command("evidence", "hget", self.keys(tenant).cfg, "evx")
+        return flag is not None
+
     def _count(self, tenant: str) -> Flow[int]:
         """Live entries of ``tenant``."""
         return int((yield from self._command("count", "zcard", self.keys(tenant).ids)))
@@ -391,7 +410,7 @@ class Storage(StoragePlans):
         k = self.keys(tenant)
 
         def queue(pipe: Any) -> None:
-            pipe.unlink(k.stats, k.fb, k.cal, k.bad)
+            pipe.unlink(k.stats, k.fb, k.cal, k.bad, k.ev)
             pipe.hdel(k.cfg, "dim")
 
         yield from self._read(ReadPlan("reset_tenant", queue, _ignore, 2))
@@ -448,6 +467,7 @@ class Storage(StoragePlans):
     stats = op(_stats)
     exact_match = op(_exact_match)
     count = op(_count)
+    evidence_complete = op(_evidence_complete)
     tenant_dim = op(_tenant_dim)
     tenants = op(_tenants)
     tenant_settings = op(_tenant_settings)
@@ -577,6 +597,14 @@ class RedisStorage(SyncDriven, Storage):
             if items:
                 yield items
 
+    def iter_evidence(self, tenant: str, batch: int | None = None) -> Iterator[list[str]]:
+        """Batches of the ids of arms with evidence, by SSCAN (each at least once)."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = self._drive(self._scan_evidence(tenant, cursor or 0, batch))
+            if items:
+                yield items
+
     def close(self) -> None:
         self._drive(self._close())
 
@@ -590,6 +618,16 @@ class AsyncRedisStorage(AsyncDriven, Storage):
         cursor: int | None = None
         while cursor != 0:
             cursor, items = await self._drive(self._scan_ids(tenant, cursor or 0, batch))
+            if items:
+                yield items
+
+    async def iter_evidence(
+        self, tenant: str, batch: int | None = None
+    ) -> AsyncIterator[list[str]]:
+        """``RedisStorage.iter_evidence``, as an async iterator."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = await self._drive(self._scan_evidence(tenant, cursor or 0, batch))
             if items:
                 yield items
 

@@ -7,7 +7,7 @@
 -- names 'dim', 'fence' and 'ver' are the scripts' own and are refused here.
 for i = 1, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
-  if name == 'dim' or name == 'fence' or name == 'ver' or name == 'updated' then
+  if name == 'dim' or name == 'fence' or name == 'ver' or name == 'updated' or name == 'evx' then
     return redis.error_reply('ERR settings: ' .. name .. ' is not a setting')
   end
 end
