@@ -416,6 +416,8 @@ def test_health_readiness_metrics_and_openapi(service: Service, http: httpx.Clie
         assert path in spec["paths"], path
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "tenant" not in json.dumps(spec["components"]["schemas"]["PutRequest"])
+    decision = spec["components"]["schemas"]["LookupResponse"]["properties"]["decision"]
+    assert decision["enum"] == ["hit", "miss", "verify"] and "verify" in decision["description"]
 
 
 def test_health_and_readiness_follow_redis(
