@@ -130,8 +130,13 @@ def test_cold_start_verifies_and_the_put_teaches(
     # a near match is not: no label says matches that close are right yet
     assert m.lookup("capital of france?", tenant="t", embedding=near(v, 0.95, 2)) is None
     assert metric(registry, "zerda_cache_lookups_total", tenant="t", result="verify") == 1
+    # that None was a verify, not a plain miss; in its own scope only
+    assert m.awaiting_verification("capital of france?", tenant="t")
+    assert not m.awaiting_verification("capital of france?", tenant="t", scope="other")
+    assert not m.awaiting_verification("What is the capital of France?", tenant="t")
     res = m.put("capital of france?", "paris", tenant="t", embedding=near(v, 0.95, 2))
     assert res.stored and res.verified is True
+    assert not m.awaiting_verification("capital of france?", tenant="t")  # the put took it
     cal = m.storage.calibration("t")
     assert sum(cal.right) == 1 and cal.labels == 1
     # a put with no verification pending says so

@@ -1254,6 +1254,26 @@ class CacheEngine:
             self.metrics.puts_rejected.labels(_reason_label(reason)).inc()
         return passed, list(warnings)
 
+    # -- verification state (no Redis) -----------------------------------------------------
+    def awaiting_verification(self, query: str, *, tenant: str, scope: str | None = None) -> bool:
+        """Is a verification of ``query`` pending on this replica: did a lookup under an
+        error bound hold a candidate back, so that the next ``put`` of this question (in
+        the same scope, within 15 minutes) compares its answer with the candidate's?
+
+        ``lookup`` returns ``None`` both for a miss and for such a verify; call this right
+        after a ``None`` to tell them apart (the HTTP service's ``decision``). It reads this
+        replica's memory only, as ``put`` does, so a put sent to another replica verifies
+        nothing. A lookup that leaves a ticket makes this true until that put; a put of
+        the question, or 15 minutes, makes it false again.
+
+        Raises:
+            InvalidTenantError, InvalidEntryError: bad input, as ``lookup`` would.
+        """
+        tenant = validate_tenant(tenant)
+        query = check_query(query, self.config.max_query_chars)
+        key = self._ticket_key(tenant, query, check_scope(scope))
+        return self._tickets.get(key) is not None
+
 
 #: Every engine of the process, for ``_reset_after_fork``.
 _after_fork: weakref.WeakSet[CacheEngine] = weakref.WeakSet()
