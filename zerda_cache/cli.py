@@ -779,7 +779,7 @@ def _effective(cfg: CacheConfig, section: str, attr: str) -> Any:
     type=click.Choice(["hashing", "minilm"]),
     default="hashing",
     show_default=True,
-    help="minilm: all-MiniLM-L6-v2 offline (make minilm).",
+    help="minilm: all-MiniLM-L6-v2 offline (pip install 'zerda-cache[minilm]').",
 )
 @pass_state
 def demo(state: CliState, short: bool, out: str, replicas: int, seed: int, embedder: str) -> None:
@@ -814,8 +814,9 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     "--embedder",
     default="none",
     show_default=True,
-    help="none (callers send vectors; the proxy passes through), hashing[:DIM], minilm, "
-    "or the base URL of an OpenAI-compatible embeddings API.",
+    help="none (callers send vectors; the proxy passes through), hashing[:DIM], minilm "
+    "(extra minilm), sentence-transformers:MODEL (extra sentence-transformers), or the "
+    "base URL of an OpenAI-compatible embeddings API (extra openai-embeddings).",
 )
 @click.option(
     "--embedding-model",
@@ -887,9 +888,14 @@ def serve(
             cfg = replace(cfg, similarity_threshold=similarity_threshold)
         if redis_timeout is not None:
             cfg = replace(cfg, redis_timeout_s=redis_timeout)
-        embed_fn = make_embedder(
-            embedder, model=embedding_model, api_key=os.environ.get("ZERDA_EMBEDDINGS_API_KEY")
-        )
+        try:
+            embed_fn = make_embedder(
+                embedder,
+                model=embedding_model,
+                api_key=os.environ.get("ZERDA_EMBEDDINGS_API_KEY"),
+            )
+        except RuntimeError as exc:  # an embedder whose extra is not installed
+            raise click.UsageError(str(exc)) from exc
         upstream = None
         if upstream_url:
             upstream = Upstream(
