@@ -214,6 +214,13 @@ def errors() -> Iterator[None]:
 )
 @click.option("--eviction-interval", type=float, default=None)
 @click.option("--metrics-interval", type=float, default=None)
+@click.option(
+    "--full-scan-interval",
+    type=float,
+    default=None,
+    help="Scan a tenant within its capacity whole at least this often (s; default 3600); "
+    "in between, eviction reads only its expired ids and arms with evidence.",
+)
 @click.option("--max-entries", type=int, default=None, help="Default capacity per tenant.")
 @click.option("--health-file", default=DEFAULT_HEALTH_FILE, show_default=True)
 @click.option("--worker-id", default=None)
@@ -228,6 +235,7 @@ def worker(
     decay_job_interval: float | None,
     eviction_interval: float | None,
     metrics_interval: float | None,
+    full_scan_interval: float | None,
     max_entries: int | None,
     health_file: str,
     worker_id: str | None,
@@ -248,6 +256,7 @@ def worker(
                 ("decay_job_interval_s", decay_job_interval),
                 ("eviction_interval_s", eviction_interval),
                 ("metrics_interval_s", metrics_interval),
+                ("full_scan_interval_s", full_scan_interval),
                 ("max_entries", max_entries),
             )
             if value is not None

@@ -69,6 +69,10 @@ DEFAULT_SCAN_BATCH = 500
 DEFAULT_EVICTION_INTERVAL_S = 60.0
 DEFAULT_DECAY_JOB_INTERVAL_S = 300.0
 DEFAULT_METRICS_INTERVAL_S = 15.0
+#: The eviction job reads a tenant within its capacity incrementally (its expired ids and
+#: its arms with evidence), and whole at least this often: corrupt learning state and the
+#: reward and confidence distributions of the metrics come from whole scans.
+DEFAULT_FULL_SCAN_INTERVAL_S = 3_600.0
 
 # --- the worker process ---------------------------------------------------------------------
 #: The leader lease's time to live: a standby takes over within it when the leader dies.
@@ -252,7 +256,10 @@ class EvictionConfig:
         low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
         scan_batch: entries read, decayed or evicted per round trip.
         eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
-            worker runs each job. (``RLConfig.decay_interval_s`` is another thing: the
+            worker runs each job.
+        full_scan_interval_s: the eviction job scans a tenant that is within its
+            capacity whole at least this often (in between it reads only the expired
+            ids and the arms with evidence). (``RLConfig.decay_interval_s`` is another thing: the
             time unit of ``usage_decay``. The job period changes how often decay is
             persisted, never how fast arms decay.)
     """
@@ -267,6 +274,7 @@ class EvictionConfig:
     eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S
     decay_job_interval_s: float = DEFAULT_DECAY_JOB_INTERVAL_S
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
+    full_scan_interval_s: float = DEFAULT_FULL_SCAN_INTERVAL_S
 
     def __post_init__(self) -> None:
         for name in ("reward_weight", "usage_weight", "recency_weight"):
@@ -285,6 +293,11 @@ class EvictionConfig:
         _check_positive("eviction_interval_s", self.eviction_interval_s)
         _check_positive("decay_job_interval_s", self.decay_job_interval_s)
         _check_positive("metrics_interval_s", self.metrics_interval_s)
+        _check_finite("full_scan_interval_s", self.full_scan_interval_s)
+        if self.full_scan_interval_s < 0:
+            raise ValueError(
+                f"full_scan_interval_s must be >= 0, got {self.full_scan_interval_s!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,9 @@ class EvictionPlan:
     confidences: Distribution = field(default_factory=Distribution)
     complete: bool = True  # False when a stop request cut the scan short
     reported: list[str] = field(default_factory=list)  # corrupt ids replicas reported
+    #: True for a plan from the expired ids and the arms with evidence only (a tenant
+    #: within its capacity); its distributions are those of the last whole scan.
+    incremental: bool = False
 
     @property
     def total(self) -> int:
@@ -148,8 +151,10 @@ class Maintenance:
         self.fence = fence if fence is not None else (lambda: None)
         self.fenced = False  # a write was refused: this cycle is over
         self.worker_id = worker_id
-        #: The last eviction plan of each tenant (the worker's metrics read it).
+        #: The last whole-scan eviction plan of each tenant (the worker's metrics read it).
         self.last_plans: dict[str, EvictionPlan] = {}
+        #: When this process last scanned each tenant whole (monotonic seconds).
+        self._full_scans: dict[str, float] = {}
 
     def _halted(self) -> bool:
         return self.stop.is_set() or self.fenced or not self.active()
@@ -308,6 +313,7 @@ class Maintenance:
                 return plan  # a partial scan must not pick capacity victims
         if decay is not None:  # every arm with evidence was seen: the list is complete
             self._decay_ids(tenant, [], decay, policy.rl, complete=True)
+        self._full_scans[tenant] = time.monotonic()
         self._choose_capacity(
             plan,
             keep_ids,
@@ -384,8 +390,69 @@ class Maintenance:
         decay.seconds = time.perf_counter() - started
         return decay, self.execute(plan)
 
+    def plan_incremental(self, tenant: str, *, now: float | None = None) -> EvictionPlan | None:
+        """The eviction plan of a tenant within its capacity, from what can need
+        evicting without a scan: the expired ids (a range of the ids zset), the ids
+        replicas reported corrupt, and the arms with evidence (the only ones that can
+        fall below ``min_reward_to_keep``: an arm at its prior stays at its prior mean).
+        ``None`` when a whole scan is needed instead: the tenant is over capacity (the
+        victims are the lowest scores of all), its evidence list is not complete yet,
+        the prior's mean is itself under the keeping bar, or this process has not
+        scanned it whole for ``full_scan_interval_s`` (corrupt learning state, and the
+        metrics' distributions, come from whole scans)."""
+        st = self.storage
+        policy = self.policy(tenant)
+        rl, limits = policy.rl, self.limits(tenant, policy)
+        last = self._full_scans.get(tenant)
+        if (
+            last is None
+            or time.monotonic() - last >= self.eviction.full_scan_interval_s
+            or rl.prior_alpha / (rl.prior_alpha + rl.prior_beta) < rl.min_reward_to_keep
+        ):
+            return None
+        count, size = st.size(tenant)
+        over_bytes = limits.max_bytes is not None and size > limits.max_bytes
+        if count > limits.max_entries or over_bytes or not st.evidence_complete(tenant):
+            return None
+        now = st.now() if now is None else now
+        plan = EvictionPlan(tenant=tenant, now=now, limits=limits, incremental=True)
+        previous = self.last_plans.get(tenant)
+        if previous is not None:
+            plan.rewards, plan.confidences = previous.rewards, previous.confidences
+        plan.reported = st.suspects(tenant)
+        plan.corrupt += plan.reported
+        seen: set[str] = set(plan.corrupt)
+        plan.expired = [eid for eid in st.expired_ids(tenant, now) if eid not in seen]
+        seen.update(plan.expired)
+        for ids in st.iter_evidence(tenant, self.eviction.scan_batch):
+            cols = st.state_arrays(tenant, [eid for eid in ids if eid not in seen])
+            seen.update(ids)
+            plan.corrupt += cols.corrupt
+            plan.scanned += len(cols.ids)
+            scores, _ = self.learner.eviction_scores(
+                cols.alpha,
+                cols.beta,
+                cols.decayed_at,
+                cols.usage_count,
+                cols.last_access,
+                now=now,
+                config=rl,
+                eviction=policy.eviction,
+            )
+            plan.low_reward += [
+                (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(scores < 0).tolist()
+            ]
+            if self._halted():
+                plan.complete = False
+                break
+        return plan
+
     def evict_tenant(self, tenant: str) -> EvictionReport:
-        plan = self.plan_eviction(tenant)
+        """One tenant's eviction: incremental while it is within its capacity
+        (``plan_incremental``), else a whole scan (``plan_eviction``)."""
+        plan = self.plan_incremental(tenant)
+        if plan is None:
+            plan = self.plan_eviction(tenant)
         report = self.execute(plan)
         if report.removed or report.kept_changed:
             log.info(

@@ -333,6 +333,37 @@ class Storage(StoragePlans):
         )
         return int(nxt), [text(member) for member in items]
 
+    def _expired_ids(self, tenant: str, now: float, limit: int = 10_000) -> Flow[list[str]]:
+        """Up to ``limit`` live ids whose expiry is at or before ``now`` (the ids zset is
+        scored by expiry, so this is a range read, not a scan)."""
+        items = yield from self._command(
+            "expired ids",
+            "zrangebyscore",
+            self.keys(tenant).ids,
+            "-inf",
+            repr(float(now)),
+            start=0,
+            num=limit,
+        )
+        return [text(i) for i in items]
+
+    def _size(self, tenant: str) -> Flow[tuple[int, int]]:
+        """The tenant's live entries and stored bytes, in one round trip."""
+        k = self.keys(tenant)
+
+        def queue(pipe: Any) -> None:
+            pipe.zcard(k.ids)
+            pipe.hget(k.stats, "bytes")
+
+        def parse(res: list[Any]) -> tuple[int, int]:
+            try:
+                size = int(res[1] or 0)
+            except ValueError:
+                size = 0
+            return int(res[0]), size
+
+        return (yield from self._read(ReadPlan("size", queue, parse, 2)))
+
     def _evidence_complete(self, tenant: str) -> Flow[bool]:
         """True once a full decay scan has filled the tenant's evidence set (the set is
         then kept by the scripts); False for data written before it existed, or after
@@ -468,6 +499,8 @@ class Storage(StoragePlans):
     exact_match = op(_exact_match)
     count = op(_count)
     evidence_complete = op(_evidence_complete)
+    expired_ids = op(_expired_ids)
+    size = op(_size)
     tenant_dim = op(_tenant_dim)
     tenants = op(_tenants)
     tenant_settings = op(_tenant_settings)
