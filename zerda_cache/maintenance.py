@@ -384,6 +384,7 @@ class Maintenance:
 
     def maintain_tenant(self, tenant: str) -> tuple[DecayReport, EvictionReport]:
         """Decay and eviction of one tenant in a single scan (what a full cycle costs)."""
+        self.recover_orphans(tenant)
         decay = DecayReport(tenant)
         started = time.perf_counter()
         plan = self.plan_eviction(tenant, decay=decay)
@@ -447,9 +448,34 @@ class Maintenance:
                 break
         return plan
 
+    def recover_orphans(self, tenant: str) -> int:
+        """Take back the tenant's entries if its ids zset was lost while its entry hashes
+        remain (an allkeys-* eviction of the key, a DEL): the zset is empty but the
+        tenant's stored bytes are not. Only then is the keyspace scanned for the
+        tenant's entry hashes; each orphan gets its id, digest and index event back
+        (``adopt.lua``). Returns how many were taken back."""
+        count, size = self.storage.size(tenant)
+        if count > 0 or size <= 0:
+            return 0
+        adopted = 0
+        for ids in self.storage.iter_entry_keys(tenant):
+            adopted += self.storage.adopt(tenant, ids)
+            if self._halted():
+                break
+        if adopted:
+            log.warning(
+                "tenant %s: its ids zset was lost (an allkeys-* maxmemory policy?); "
+                "took back %d entries",
+                tenant,
+                adopted,
+            )
+        return adopted
+
     def evict_tenant(self, tenant: str) -> EvictionReport:
         """One tenant's eviction: incremental while it is within its capacity
-        (``plan_incremental``), else a whole scan (``plan_eviction``)."""
+        (``plan_incremental``), else a whole scan (``plan_eviction``). Entries whose ids
+        zset was lost are taken back first (``recover_orphans``)."""
+        self.recover_orphans(tenant)
         plan = self.plan_incremental(tenant)
         if plan is None:
             plan = self.plan_eviction(tenant)

@@ -835,6 +835,15 @@ class StoragePlans:
 
         return ReadPlan("policy", queue, parse, 2)
 
+    def plan_adopt(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[int]:
+        """Plan taking back entries whose hash outlived the tenant's ids zset
+        (``adopt.lua``): returns how many were orphans."""
+        k = self.keys(tenant)
+        ids = list(entry_ids)
+        keys = [k.ids, k.q, k.log, *(k.entry(eid) for eid in ids)]
+        args = [self.config.index_log_maxlen, *ids]
+        return ScriptCall("adopt", keys, args, lambda res: int(res))
+
     def plan_settings(self, tenant: str, changes: Mapping[str, str]) -> ScriptCall[int]:
         """Plan one change of the tenant's settings (validated and encoded by
         ``policy.check_changes``; '' clears): returns the new policy version."""

@@ -37,6 +37,8 @@ FLAGS = {
     # A policy change writes a few bytes, and an operator lowering max_entries on a full
     # server must be able to.
     "settings": "allow-oom",
+    # Taking back orphaned entries re-creates their ids on a full server too.
+    "adopt": "allow-oom",
     # The HTTP service's keys: a new key is refused whole on a full server; a revocation
     # must work there too.
     "apikey_add": "",
@@ -54,6 +56,7 @@ SCRIPT_NAMES = (
     "lease_acquire",
     "label",
     "settings",
+    "adopt",
     "apikey_add",
     "apikey_revoke",
 )
@@ -90,6 +93,7 @@ class Scripts:
     lease_acquire: Any
     label: Any
     settings: Any
+    adopt: Any
     apikey_add: Any
     apikey_revoke: Any
 

@@ -333,6 +333,23 @@ class Storage(StoragePlans):
         )
         return int(nxt), [text(member) for member in items]
 
+    def _scan_entry_keys(self, tenant: str, cursor: int = 0) -> Flow[tuple[int, list[str]]]:
+        """One SCAN step over the keyspace for the tenant's entry hashes (their ids):
+        the way back to entries whose ids zset was lost. It walks every key of the
+        server, so the worker runs it only when that zset is gone (``recover_orphans``)."""
+        prefix = self.keys(tenant).entry_prefix
+        nxt, keys = yield from self._command(
+            "scan entries", "scan", cursor=cursor, match=prefix + "*", count=1_000
+        )
+        return int(nxt), [text(key)[len(prefix) :] for key in keys]
+
+    def _adopt(self, tenant: str, entry_ids: Sequence[str]) -> Flow[int]:
+        """Take back entries whose hash outlived the ids zset (see ``plan_adopt``)."""
+        ids = [eid for eid in entry_ids if _is_entry_id(eid)]
+        if not ids:
+            return 0
+        return int((yield from self._run(self.plan_adopt(tenant, ids))))
+
     def _expired_ids(self, tenant: str, now: float, limit: int = 10_000) -> Flow[list[str]]:
         """Up to ``limit`` live ids whose expiry is at or before ``now`` (the ids zset is
         scored by expiry, so this is a range read, not a scan)."""
@@ -500,6 +517,7 @@ class Storage(StoragePlans):
     count = op(_count)
     evidence_complete = op(_evidence_complete)
     expired_ids = op(_expired_ids)
+    adopt = op(_adopt)
     size = op(_size)
     tenant_dim = op(_tenant_dim)
     tenants = op(_tenants)
@@ -630,6 +648,14 @@ class RedisStorage(SyncDriven, Storage):
             if items:
                 yield items
 
+    def iter_entry_keys(self, tenant: str) -> Iterator[list[str]]:
+        """Batches of the ids of the tenant's entry hashes, by a SCAN of the keyspace."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = self._drive(self._scan_entry_keys(tenant, cursor or 0))
+            if items:
+                yield items
+
     def iter_evidence(self, tenant: str, batch: int | None = None) -> Iterator[list[str]]:
         """Batches of the ids of arms with evidence, by SSCAN (each at least once)."""
         cursor: int | None = None
@@ -654,6 +680,14 @@ class AsyncRedisStorage(AsyncDriven, Storage):
             if items:
                 yield items
 
+    async def iter_entry_keys(self, tenant: str) -> AsyncIterator[list[str]]:
+        """``RedisStorage.iter_entry_keys``, as an async iterator."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = await self._drive(self._scan_entry_keys(tenant, cursor or 0))
+            if items:
+                yield items
+
     async def iter_evidence(
         self, tenant: str, batch: int | None = None
     ) -> AsyncIterator[list[str]]:
@@ -674,6 +708,14 @@ def is_cluster(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
     return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+def _is_entry_id(value: str) -> bool:
+    try:
+        validate_entry_id(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _ignore(replies: list[Any]) -> None:
