@@ -221,6 +221,14 @@ def errors() -> Iterator[None]:
     help="Scan a tenant within its capacity whole at least this often (s; default 3600); "
     "in between, eviction reads only its expired ids and arms with evidence.",
 )
+@click.option(
+    "--snapshot-min-entries",
+    type=int,
+    default=None,
+    help="Publish index snapshots of tenants this large, for new replicas to load "
+    "(default 50000; 0: none).",
+)
+@click.option("--snapshot-interval", type=float, default=None, help="Seconds between checks.")
 @click.option("--max-entries", type=int, default=None, help="Default capacity per tenant.")
 @click.option("--health-file", default=DEFAULT_HEALTH_FILE, show_default=True)
 @click.option("--worker-id", default=None)
@@ -236,6 +244,8 @@ def worker(
     eviction_interval: float | None,
     metrics_interval: float | None,
     full_scan_interval: float | None,
+    snapshot_min_entries: int | None,
+    snapshot_interval: float | None,
     max_entries: int | None,
     health_file: str,
     worker_id: str | None,
@@ -257,6 +267,8 @@ def worker(
                 ("eviction_interval_s", eviction_interval),
                 ("metrics_interval_s", metrics_interval),
                 ("full_scan_interval_s", full_scan_interval),
+                ("snapshot_min_entries", snapshot_min_entries),
+                ("snapshot_interval_s", snapshot_interval),
                 ("max_entries", max_entries),
             )
             if value is not None

@@ -767,8 +767,49 @@ class CacheEngine:
                 exc,
             )
 
+    def _from_snapshot(self, ti: TenantIndex) -> Flow[bool]:
+        """Install the worker's index snapshot of the tenant, if one is published and the
+        log still holds every event since its position, and replay the log from there:
+        a large tenant's index in the time it takes to read it, not to build it. False
+        (scan instead) when there is none, it is stale or it does not check out."""
+        st, tenant = self.storage, ti.keys.tenant
+        snap = yield from st._snapshot_info(tenant)
+        if snap is None:
+            return False
+        now = yield from st._log_info(tenant)
+        if now.added < snap.added or now.added - now.length > snap.added:
+            log.info(
+                "tenant %s: index snapshot %s is older than the log (or the log is new): "
+                "scanning instead",
+                tenant,
+                snap.generation,
+            )
+            return False
+        blob = yield from st._read_snapshot(tenant, snap)
+        if blob is None:
+            return False
+        try:  # CPU work: off the event loop (asyncio)
+            index = yield self.offload(ScopedIndex.restore, blob, self._index_policy)
+        except ValueError as exc:
+            log.warning("tenant %s: index snapshot %s unusable: %s", tenant, snap.generation, exc)
+            return False
+        ti.progress = (snap.entries, snap.entries)
+        position = LogInfo(last_id=snap.last_id, added=snap.added, length=0)
+        yield from locked(ti.lock, self._install_locked(ti, index, position))
+        if ti.built:
+            log.info(
+                "tenant %s: index loaded from snapshot %s (%d entries, log %d events on)",
+                tenant,
+                snap.generation,
+                len(ti),
+                now.added - snap.added,
+            )
+        return True
+
     def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
         st, tenant = self.storage, ti.keys.tenant
+        if self.config.index_snapshots and (yield from self._from_snapshot(ti)):
+            return
         info = yield from st._log_info(tenant)
         total = yield from st._count(tenant)
         ti.progress = (0, total)
@@ -1062,13 +1103,18 @@ class CacheEngine:
         yield from st._reset_tenant(tenant)
         return removed
 
-    def _close(self) -> Flow[None]:
-        """Stop the index builds, flush the pending miss counts, then close the client."""
+    def stop_jobs(self) -> None:
+        """Stop the index builds, and start no more (``close`` does this first; a manager
+        whose client belongs to someone else, as the worker's snapshotter's, stops here)."""
         self._closed = True
         with self._jobs_lock:
             jobs = list(self._jobs)
         for job in jobs:
             job.cancel()  # a task; a thread stops at its next batch
+
+    def _close(self) -> Flow[None]:
+        """Stop the index builds, flush the pending miss counts, then close the client."""
+        self.stop_jobs()
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)

@@ -20,6 +20,8 @@ key                    type     holds
 ``p:{t}:cal``          hash     labelled outcomes of near matches per similarity bin
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
 ``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
+``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size
+``p:{t}:snap:<g>:<i>`` string   chunk ``i`` of snapshot generation ``g``
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
@@ -50,9 +52,13 @@ class TenantKeys:
     cal: str
     bad: str
     ev: str
+    snap: str
 
     def entry(self, entry_id: str) -> str:
         return self.base + "e:" + entry_id
+
+    def snap_chunk(self, generation: str, index: int) -> str:
+        return f"{self.snap}:{generation}:{index}"
 
     @property
     def entry_prefix(self) -> str:
@@ -75,6 +81,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         cal=base + "cal",
         bad=base + "bad",
         ev=base + "ev",
+        snap=base + "snap",
     )
 
 

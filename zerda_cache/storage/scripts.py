@@ -39,6 +39,9 @@ FLAGS = {
     "settings": "allow-oom",
     # Taking back orphaned entries re-creates their ids on a full server too.
     "adopt": "allow-oom",
+    # Publishing a snapshot writes a small hash; its chunks were written (or refused)
+    # before. Dropping one frees memory.
+    "snapshot": "allow-oom",
     # The HTTP service's keys: a new key is refused whole on a full server; a revocation
     # must work there too.
     "apikey_add": "",
@@ -57,6 +60,7 @@ SCRIPT_NAMES = (
     "label",
     "settings",
     "adopt",
+    "snapshot",
     "apikey_add",
     "apikey_revoke",
 )
@@ -94,6 +98,7 @@ class Scripts:
     label: Any
     settings: Any
     adopt: Any
+    snapshot: Any
     apikey_add: Any
     apikey_revoke: Any
 

@@ -12,7 +12,9 @@ server's ``TIME``, unless a ``clock`` is injected (tests).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import redis.exceptions
@@ -27,7 +29,7 @@ from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.driver import AsyncDriven, Flow, SyncDriven, call, op, wrap_errors
-from zerda_cache.storage.keys import api_keys_key, cycles_key, leader_key
+from zerda_cache.storage.keys import TenantKeys, api_keys_key, cycles_key, leader_key
 from zerda_cache.storage.plans import (
     FEEDBACK_BATCH,
     DecayOutcome,
@@ -54,6 +56,12 @@ log = logging.getLogger(__name__)
 
 #: The worker's cycle log keeps about this many records.
 CYCLE_LOG_MAXLEN = 1_000
+#: An index snapshot is stored in strings of at most this many bytes (Redis caps a
+#: string at 512 MB; smaller chunks keep each GET from holding the server long).
+SNAPSHOT_CHUNK = 16 * 1024 * 1024
+#: Chunks of a snapshot not published within this long are garbage (a worker died).
+SNAPSHOT_UNPUBLISHED_TTL_MS = 3_600_000
+SNAPSHOT_FORMAT = "1"
 #: Tenant settings that ``set_tenant_settings`` accepts (``dim`` is fixed by the first put).
 TENANT_SETTINGS = tuple(POLICY_FIELDS)
 
@@ -350,6 +358,71 @@ class Storage(StoragePlans):
             return 0
         return int((yield from self._run(self.plan_adopt(tenant, ids))))
 
+    # -- index snapshots (zerda_cache/snapshot.py) -------------------------------------------
+    def _snapshot_info(self, tenant: str) -> Flow[SnapshotInfo | None]:
+        """The tenant's published index snapshot, or ``None`` (none, or another format)."""
+        raw = yield from self._command("snapshot", "hgetall", self.keys(tenant).snap)
+        return SnapshotInfo.parse(raw)
+
+    def _read_snapshot(self, tenant: str, info: SnapshotInfo) -> Flow[bytes | None]:
+        """The snapshot's bytes, or ``None`` if a chunk is gone (a newer snapshot replaced
+        it meanwhile) or they do not match the published size and checksum."""
+        k = self.keys(tenant)
+        parts: list[bytes] = []
+        for i in range(info.chunks):
+            chunk = yield from self._command("snapshot", "get", k.snap_chunk(info.generation, i))
+            if chunk is None:
+                return None
+            parts.append(bytes(chunk))
+        blob = b"".join(parts)
+        if len(blob) != info.size or _digest(blob) != info.checksum:
+            log.warning("tenant %s: index snapshot %s does not check out", tenant, info.generation)
+            return None
+        return blob
+
+    def _write_snapshot(
+        self, tenant: str, blob: bytes, *, last_id: str, added: int, entries: int, dim: int
+    ) -> Flow[bool]:
+        """Store ``blob`` as the tenant's index snapshot at log position ``(last_id,
+        added)``: the chunks first (unreferenced, with a TTL), then ``snapshot.lua``
+        publishes them and deletes the previous generation. False if another snapshot
+        was published meanwhile (this one's chunks expire)."""
+        import secrets
+
+        k = self.keys(tenant)
+        old = yield from self._snapshot_info(tenant)
+        gen = secrets.token_hex(6)
+        n = max(1, -(-len(blob) // SNAPSHOT_CHUNK))
+        new_keys = [k.snap_chunk(gen, i) for i in range(n)]
+        for i, key in enumerate(new_keys):
+            part = blob[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK]
+            yield from self._command("snapshot", "set", key, part, px=SNAPSHOT_UNPUBLISHED_TTL_MS)
+        old_keys = [] if old is None else _chunk_keys(k, old)
+        fields = {
+            "fmt": SNAPSHOT_FORMAT,
+            "last_id": last_id,
+            "added": str(int(added)),
+            "entries": str(int(entries)),
+            "dim": str(int(dim)),
+            "size": str(len(blob)),
+            "chunks": str(n),
+            "sum": _digest(blob),
+            "at": repr(time.time()),
+        }
+        args: list[Any] = ["commit", "" if old is None else old.generation, gen, n]
+        for name, value in fields.items():
+            args += [name, value]
+        plan = ScriptCall("snapshot", [k.snap, *new_keys, *old_keys], args, lambda r: int(r))
+        return bool((yield from self._run(plan)))
+
+    def _drop_snapshot(self, tenant: str) -> Flow[None]:
+        """Delete the tenant's index snapshot (``clear`` does: its vectors may not fit
+        the tenant any more)."""
+        k = self.keys(tenant)
+        info = yield from self._snapshot_info(tenant)
+        chunks = [] if info is None else _chunk_keys(k, info)
+        yield from self._run(ScriptCall("snapshot", [k.snap, *chunks], ["drop"], lambda r: None))
+
     def _expired_ids(self, tenant: str, now: float, limit: int = 10_000) -> Flow[list[str]]:
         """Up to ``limit`` live ids whose expiry is at or before ``now`` (the ids zset is
         scored by expiry, so this is a range read, not a scan)."""
@@ -462,6 +535,7 @@ class Storage(StoragePlans):
             pipe.hdel(k.cfg, "dim")
 
         yield from self._read(ReadPlan("reset_tenant", queue, _ignore, 2))
+        yield from self._drop_snapshot(tenant)
 
     def _feedback_log(self, tenant: str, count: int = 100) -> Flow[list[dict[str, str]]]:
         """The most recent feedback signals of ``tenant``, newest first."""
@@ -517,6 +591,10 @@ class Storage(StoragePlans):
     count = op(_count)
     evidence_complete = op(_evidence_complete)
     expired_ids = op(_expired_ids)
+    snapshot_info = op(_snapshot_info)
+    read_snapshot = op(_read_snapshot)
+    write_snapshot = op(_write_snapshot)
+    drop_snapshot = op(_drop_snapshot)
     adopt = op(_adopt)
     size = op(_size)
     tenant_dim = op(_tenant_dim)
@@ -708,6 +786,52 @@ def is_cluster(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
     return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """A published index snapshot: its generation, the log position its index is at, and
+    what checks its bytes."""
+
+    generation: str
+    last_id: str
+    added: int
+    entries: int
+    dim: int
+    size: int
+    chunks: int
+    checksum: str
+    created_at: float
+
+    @classmethod
+    def parse(cls, raw: Mapping[Any, Any]) -> SnapshotInfo | None:
+        f = {text(k): text(v) for k, v in raw.items()}
+        if not f or f.get("fmt") != SNAPSHOT_FORMAT:
+            return None
+        try:
+            return cls(
+                generation=f["gen"],
+                last_id=f["last_id"],
+                added=int(f["added"]),
+                entries=int(f["entries"]),
+                dim=int(f["dim"]),
+                size=int(f["size"]),
+                chunks=int(f["chunks"]),
+                checksum=f["sum"],
+                created_at=float(f["at"]),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+def _chunk_keys(k: TenantKeys, info: SnapshotInfo) -> list[str]:
+    return [k.snap_chunk(info.generation, i) for i in range(info.chunks)]
+
+
+def _digest(blob: bytes) -> str:
+    import hashlib
+
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
 def _is_entry_id(value: str) -> bool:
