@@ -241,7 +241,7 @@ def targets(rows: list[list[str]]) -> str:
     for r in mine:
         first = None if r[3] == "none" else num(r[3])
         lines.append(
-            f"- {r[0]}: first hit within 2 s: {verdict(first is not None and first <= 2)} "
+            f"- {r[0]}, {r[1]}: first hit within 2 s: {verdict(first is not None and first <= 2)} "
             f"for the question asked exactly ({r[3].strip('*')} s); near matches wait for "
             f"the index ({num(r[4]):.0f} s under back-to-back lookups, {num(r[5]):.0f} s "
             f"alone): {verdict(num(r[4]) <= 2)}. No lookup waited for the build longer "
@@ -254,6 +254,27 @@ def targets(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def publish_snapshot(url: str) -> list[str]:
+    """What the worker's snapshot job does for the tenant, timed: its own build, the dump,
+    the write."""
+    import redis
+
+    from zerda_cache import CacheConfig, EvictionConfig
+    from zerda_cache.snapshot import Snapshotter
+    from zerda_cache.storage import RedisStorage
+
+    client = redis.Redis.from_url(url)
+    every = CacheConfig(eviction=EvictionConfig(snapshot_min_entries=1))  # --quick's 30k too
+    snap = Snapshotter(RedisStorage(client, every))
+    report = snap.snapshot_tenant(TENANT, force=True)
+    snap.close()
+    client.close()
+    if report is None:
+        raise SystemExit("no snapshot made (a tenant under snapshot_min_entries?)")
+    per_entry = report.bytes / report.entries
+    return [f"{report.seconds:.1f}", f"{report.bytes / 1e6:,.0f}", f"{per_entry:,.0f}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=100_000)
@@ -261,6 +282,11 @@ def main() -> None:
     parser.add_argument("--data", default="minilm,random", help="minilm, random or both")
     parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--vset", action="store_true", help="also measure Redis 8 vector sets")
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="also a replica that loads the worker's index snapshot",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind,url
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
@@ -279,14 +305,19 @@ def main() -> None:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.baseline,
                              capture_output=True, text=True).stdout.strip()  # fmt: skip
         sides.insert(0, (f"baseline {rev}", args.baseline))
-    rows, vrows = [], []
+    rows, vrows, srows = [], [], []
     kinds = args.data.split(",")
     for kind in kinds:
         texts, vecs = data(kind, args.n)
         with RedisServer(kind="redis") as server:
             load(server.url, texts, vecs)
             del texts, vecs
-            for name, src in sides:
+            runs = list(sides)
+            if args.snapshot:
+                runs.append(("current, from the snapshot", None))
+            for name, src in runs:
+                if name.endswith("snapshot"):
+                    srows.append([kind, f"{args.n:,}", *publish_snapshot(server.url)])
                 env = {**os.environ, **({"PYTHONPATH": str(src)} if src else {})}
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", f"{kind},{server.url}",
@@ -353,6 +384,19 @@ def main() -> None:
             "options (Q8 quantisation, M=16), `VSIM ... COUNT 5 WITHSCORES`. The server "
             "columns are Redis's own `INFO commandstats` (time in the main thread). A put "
             "is a Lua script, so its VADD would run as in the Lua column."
+        )
+    if srows:
+        body += "\n\n" + table(
+            ["data", "entries", "worker: build + dump + publish s", "snapshot MB",
+             "snapshot bytes per entry (Redis)"],
+            srows,
+        )  # fmt: skip
+        body += (
+            '\n\n"current, from the snapshot": the same fresh replica once the worker has '
+            "published the tenant's index snapshot (`zerda_cache/snapshot.py`): its build "
+            "reads the snapshot and replays the log instead of scanning every vector. The "
+            "worker's time includes its own first build of the index (later snapshots "
+            "catch its index up through the log)."
         )
     print(body)
     if not args.quick:
