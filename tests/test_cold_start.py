@@ -13,12 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import near, unit
-from zerda_cache import CacheConfig
+from zerda_cache import CacheConfig, CacheManager
 from zerda_cache.errors import DimensionMismatchError, StorageError
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage.scripts import script_source
 
 
 def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:
@@ -230,3 +232,53 @@ def test_the_build_inserts_off_the_event_loop(
         gate.set()
     assert reader.sync_index("t") == 10
     assert threads and threading.main_thread() not in threads  # lookups run in main
+
+
+class CountingRedis(redis.Redis):
+    """A real client that counts its round trips: commands, and pipelines as one."""
+
+    trips = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.trips += 1
+        return super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        run = pipe.execute
+
+        def execute(raise_on_error: bool = True) -> Any:
+            self.trips += 1
+            return run(raise_on_error)
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
+
+
+def test_round_trips_of_a_lookup_while_building_and_once_built(
+    make_manager: Any, redis_server: Any
+) -> None:
+    """The question asked exactly, while the index builds: the pipeline, then the hit
+    script (no read of the entry's state first). A near match once built: one trip."""
+    ids = fill(make_manager, 30)
+    client = CountingRedis.from_url(redis_server.url)
+    reader = CacheManager(
+        client, CacheConfig(redis_timeout_s=0.05), metrics=ReplicaMetrics(CollectorRegistry())
+    )
+    client.script_load(script_source("hit"))  # no NOSCRIPT retry in the count
+    release = hold_build(reader, "sync")
+    try:
+        # The first lookup reads the policy and the server's clock too.
+        assert reader.lookup("warm", tenant="t", embedding=unit(999)) is None
+        client.trips = 0
+        hit = reader.lookup("q7", tenant="t", embedding=unit(107))
+        assert hit is not None and hit.entry_id == ids[7] and hit.exact
+        assert client.trips == 2
+    finally:
+        release()
+    reader.sync_index("t")
+    reader.lookup("q3?", tenant="t", embedding=near(unit(103), 0.97))  # a fresh policy
+    client.trips = 0
+    hit = reader.lookup("q3?", tenant="t", embedding=near(unit(103), 0.97))
+    assert hit is not None and hit.entry_id == ids[3] and client.trips == 1
+    reader.close()

@@ -493,9 +493,23 @@ class CacheEngine:
                 return []
             return [c for c in cands if c[1] >= threshold]
 
-        hit = yield from self._serve_best(
-            tenant, servable(found), exact_id, states, now, ghosts, tried, policy
-        )
+        near = servable(found)
+        hit = None
+        if exact_id is not None and not near and exact_id not in states.entries:
+            # The question itself and no near match (an index still building, or an
+            # embedding far from the cached question's): nothing to rank, so the hit
+            # script alone decides, without reading the entry's state first.
+            tried.add(exact_id)
+            outcome = yield from st._run(self._plan_hit(tenant, exact_id, 1.0, policy))
+            if outcome.served is not None:
+                hit = self._spec_hit(tenant, (exact_id, 1.0), outcome.served, True, policy)
+            elif outcome.status is HitStatus.GONE:
+                ghosts.add(exact_id)
+            exact_id = None
+        if hit is None:
+            hit = yield from self._serve_best(
+                tenant, near, exact_id, states, now, ghosts, tried, policy
+            )
         if hit is None and ghosts:
             # Ghosts (left by a FLUSHALL, an empty restart, a lost log event) take places
             # in the top-k that live entries should have: forget them and search again.
