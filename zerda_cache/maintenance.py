@@ -285,16 +285,7 @@ class Maintenance:
             plan.corrupt += cols.corrupt
             plan.scanned += len(cols.ids)
             plan.bytes_scanned += int(cols.size.sum())
-            scores, expected = self.learner.eviction_scores(
-                cols.alpha,
-                cols.beta,
-                cols.decayed_at,
-                cols.usage_count,
-                cols.last_access,
-                now=now,
-                config=policy.rl,
-                eviction=policy.eviction,
-            )
+            scores, expected = self._scores(cols, now, policy)
             low = scores < 0
             plan.low_reward += [
                 (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(low).tolist()
@@ -323,6 +314,21 @@ class Maintenance:
         )
         self.last_plans[tenant] = plan
         return plan
+
+    def _scores(
+        self, cols: StateArrays, now: float, policy: TenantPolicy
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Eviction scores and expected rewards of a batch, by the tenant's policy."""
+        return self.learner.eviction_scores(
+            cols.alpha,
+            cols.beta,
+            cols.decayed_at,
+            cols.usage_count,
+            cols.last_access,
+            now=now,
+            config=policy.rl,
+            eviction=policy.eviction,
+        )
 
     @staticmethod
     def _choose_capacity(
@@ -430,16 +436,7 @@ class Maintenance:
             seen.update(ids)
             plan.corrupt += cols.corrupt
             plan.scanned += len(cols.ids)
-            scores, _ = self.learner.eviction_scores(
-                cols.alpha,
-                cols.beta,
-                cols.decayed_at,
-                cols.usage_count,
-                cols.last_access,
-                now=now,
-                config=rl,
-                eviction=policy.eviction,
-            )
+            scores, _ = self._scores(cols, now, policy)
             plan.low_reward += [
                 (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(scores < 0).tolist()
             ]
