@@ -110,7 +110,11 @@ class ExactIndex:
         n = len(self._ids)
         if n == 0 or k < 1:
             return []
-        sims = self._mat[:n] @ query
+        # One thread, not BLAS: a multithreaded matrix-vector product per lookup collapses
+        # on a busy CPU (2,000 x 384 on a loaded 2-core machine: 7 ms p50 through
+        # OpenBLAS's thread pool, 0.5 ms single-threaded), and a replica's lookups already
+        # run in parallel, one per request thread or task.
+        sims = np.einsum("ij,j->i", self._mat[:n], query.astype(np.float32, copy=False))
         # Few vectors clear a cache's threshold: filter first, then partition those. The
         # slack keeps float32 rounding from dropping a vector the float64 re-score keeps.
         top = np.flatnonzero(sims >= threshold - 1e-5)
