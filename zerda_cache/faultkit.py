@@ -1,0 +1,574 @@
+"""Fault campaigns against real processes: app replicas and workers under a fault.
+
+The fault-injection tests (``tests/test_fault_campaign.py``) and the fault benchmark
+(``benchmarks/bench_faults.py``) share this module, so the figures the benchmark reports
+come from the very runs the tests assert on.
+
+**Replica processes.** ``python -m zerda_cache.faultkit replica ...`` is one app replica:
+a ``CacheManager`` in its own OS process doing puts, lookups (the exact question, or a
+near copy of its embedding) and feedback against one tenant, until a stop file appears.
+It appends one JSON line per call to its record file (flushed at once, so a record
+survives whatever happens next): what Redis acknowledged (a put's entry id, a feedback
+signal), what it failed, and what it served (the entry, its question and answer), with
+the wall-clock start and duration of the call. At the stop file it syncs its index and
+records the ids in it. Questions are ``q <replica> <n>``; the answer put for a question
+is derived from it (``answer_to``), and its embedding too (``vector_of``), so any record
+can be checked without knowing which replica put what: an answer served for question Q
+is wrong when the entry it came from was put for another question.
+
+**Analysis.** ``analyze`` reads every record file and Redis itself, and counts:
+acknowledged writes lost (puts whose entry is gone, feedback signals missing from an
+entry's never-decayed ``pulls``), wrong answers served, lookups during the outage (their
+failures, worst latency), recovery (puts and hits of new entries after the fault), and
+ghost or missing ids in the replicas' final indexes.
+
+**Worker processes.** ``start_worker`` runs ``zerda-cache worker`` as a subprocess
+(``leader_fault`` kills or terminates the leader mid-cycle and checks what the standby
+does after it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import zerda_cache
+from zerda_cache.storage.keys import leader_key, tenant_keys
+
+#: The package's source root: child processes import this very zerda_cache.
+SOURCE_ROOT = Path(zerda_cache.__file__).resolve().parents[1]
+DIM = 32
+#: Near-copy lookups ask with an embedding at this cosine to the question's own.
+NEAR_COSINE = 0.97
+#: The replicas' similarity threshold: random 32-d vectors of other questions never
+#: reach it (cosine ~0 +- 0.18), near copies always do.
+THRESHOLD = 0.9
+
+
+def answer_to(question: str) -> str:
+    """The answer a replica puts for ``question``."""
+    return f"the answer to [{question}]"
+
+
+def vector_of(question: str, dim: int = DIM) -> np.ndarray:
+    """The embedding of ``question``: a unit vector seeded by its text."""
+    v = np.random.default_rng(zlib.crc32(question.encode())).normal(size=dim)
+    return v / np.linalg.norm(v)
+
+
+def near_copy(v: np.ndarray, seed: int, cos: float = NEAR_COSINE) -> np.ndarray:
+    r = np.random.default_rng(seed).normal(size=len(v))
+    r -= (r @ v) * v
+    r /= np.linalg.norm(r)
+    return cos * v + float(np.sqrt(1 - cos * cos)) * r
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child process: it imports this source tree's zerda_cache."""
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(SOURCE_ROOT) + (os.pathsep + path if path else "")
+    return env
+
+
+# --------------------------------------------------------------------------- replica process
+
+
+def run_replica(
+    url: str,
+    *,
+    tenant: str,
+    replica: int,
+    replicas: int,
+    records: Path,
+    stop_file: Path,
+    seed: int,
+    redis_timeout_s: float,
+    pace_s: float = 0.004,
+) -> None:
+    """The body of one replica process (see the module docstring)."""
+    from prometheus_client import CollectorRegistry
+
+    from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, ZerdaError
+    from zerda_cache.errors import StorageError
+    from zerda_cache.metrics import ReplicaMetrics
+
+    cfg = CacheConfig(
+        similarity_threshold=THRESHOLD, redis_timeout_s=redis_timeout_s, rl=RLConfig(seed=seed)
+    )
+    m = CacheManager.from_url(url, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    rng = random.Random(seed)
+    served: list[str] = []  # entry ids served, for feedback
+    n = 0
+    with open(records, "a", encoding="utf-8") as out:
+
+        def record(**fields: Any) -> None:
+            out.write(json.dumps(fields) + "\n")
+            out.flush()
+
+        record(op="start", replica=replica, t=time.time())
+        while not stop_file.exists():
+            r = rng.random()
+            t0, p0 = time.time(), time.perf_counter()
+            if r < 0.35:
+                q = f"q {replica} {n}"
+                n += 1
+                try:
+                    res = m.put(q, answer_to(q), tenant=tenant, embedding=vector_of(q))
+                except StorageError as exc:
+                    record(op="put", q=q, ok=False, err=str(exc)[:120], t=t0)
+                else:
+                    dt = time.perf_counter() - p0
+                    record(op="put", q=q, ok=res.stored, id=res.entry_id, t=t0, dt=dt)
+            elif r < 0.88 or not served:
+                owner = replica if rng.random() < 0.5 else rng.randrange(replicas)
+                q = f"q {owner} {rng.randrange(max(1, n))}"
+                near = rng.random() < 0.5
+                vec = vector_of(q)
+                if near:
+                    vec = near_copy(vec, rng.randrange(1 << 30))
+                try:
+                    hit = m.lookup(q if not near else f"near {q}", tenant=tenant, embedding=vec)
+                except Exception as exc:  # a lookup must never raise: counted as a failure
+                    record(op="lookup", q=q, near=near, error=repr(exc)[:200], t=t0)
+                    continue
+                dt = time.perf_counter() - p0
+                if hit is None:
+                    record(op="lookup", q=q, near=near, hit=None, t=t0, dt=dt)
+                else:
+                    served.append(hit.entry_id)
+                    del served[:-50]
+                    record(
+                        op="lookup",
+                        q=q,
+                        near=near,
+                        hit=hit.entry_id,
+                        hq=hit.query,
+                        ha=hit.response,
+                        t=t0,
+                        dt=dt,
+                    )
+            else:
+                eid = rng.choice(served)
+                try:
+                    m.feedback(FeedbackSignal(eid, tenant, True))
+                except StorageError as exc:
+                    record(op="fb", id=eid, ok=False, err=str(exc)[:120], t=t0)
+                except ZerdaError as exc:  # gone (an empty restart): not acknowledged
+                    record(op="fb", id=eid, ok=False, gone=True, err=type(exc).__name__, t=t0)
+                else:
+                    record(op="fb", id=eid, ok=True, t=t0, dt=time.perf_counter() - p0)
+            time.sleep(pace_s)
+        try:
+            m.sync_index(tenant)
+            record(op="end", index=sorted(m.index_ids(tenant)), t=time.time())
+        except Exception as exc:
+            record(op="end", index=None, error=repr(exc)[:200], t=time.time())
+        m.close()
+
+
+@dataclass
+class ReplicaFleet:
+    """Several replica processes against one tenant, with their record files."""
+
+    url: str
+    workdir: Path
+    count: int = 3
+    tenant: str = "faults"
+    redis_timeout_s: float = 0.25
+    seed: int = 1
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def stop_file(self) -> Path:
+        return self.workdir / "stop"
+
+    def record_file(self, i: int) -> Path:
+        return self.workdir / f"replica-{i}.jsonl"
+
+    def start(self) -> ReplicaFleet:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.stop_file.unlink(missing_ok=True)
+        for i in range(self.count):
+            cmd = [
+                sys.executable, "-m", "zerda_cache.faultkit", "replica",
+                "--url", self.url,
+                "--tenant", self.tenant,
+                "--replica", str(i),
+                "--replicas", str(self.count),
+                "--records", str(self.record_file(i)),
+                "--stop-file", str(self.stop_file),
+                "--seed", str(self.seed * 1000 + i),
+                "--redis-timeout", str(self.redis_timeout_s),
+            ]  # fmt: skip
+            with open(self.workdir / f"replica-{i}.log", "ab") as log:
+                self.procs.append(
+                    subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+                )
+        return self
+
+    def records(self, i: int) -> list[dict[str, Any]]:
+        try:
+            lines = self.record_file(i).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written
+                break
+        return out
+
+    def all_records(self) -> list[list[dict[str, Any]]]:
+        return [self.records(i) for i in range(self.count)]
+
+    def wait_for(
+        self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float, what: str
+    ) -> None:
+        """Until ``pred(records)`` holds for every replica."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            if all(pred(recs) for recs in self.all_records()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replicas: {what} not reached within {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None and not self.stop_file.exists():
+                log = (self.workdir / f"replica-{i}.log").read_text(errors="replace")
+                raise RuntimeError(f"replica {i} exited with {p.returncode}:\n{log[-3000:]}")
+
+    def stop(self, timeout: float = 60) -> None:
+        self.stop_file.touch()
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> ReplicaFleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+@dataclass
+class FaultResult:
+    """What one fault did, from the replicas' records and from Redis."""
+
+    fault: str
+    redis_timeout_s: float
+    acked_puts: int = 0  # acknowledged puts that Redis was expected to keep
+    lost_puts: int = 0
+    acked_feedback: int = 0
+    lost_feedback: int = 0
+    expected_lost: int = 0  # acknowledged before a restart without persistence
+    lookups: int = 0
+    hits: int = 0
+    wrong_answers: int = 0
+    lookup_errors: int = 0  # lookups that raised instead of failing open
+    outage_lookups: int = 0
+    outage_hits: int = 0
+    outage_worst_s: float = 0.0
+    recovered_replicas: int = 0  # replicas that served a new entry after the fault
+    new_puts_after: int = 0
+    ghost_ids: int = 0  # indexed by a replica at the end, gone from Redis
+    missing_ids: int = 0  # in Redis at the end, not indexed by a replica
+    replicas: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        return self.lost_puts + self.lost_feedback
+
+    @property
+    def survived(self) -> bool:
+        return (
+            self.lost == 0
+            and self.wrong_answers == 0
+            and self.lookup_errors == 0
+            and self.recovered_replicas == self.replicas
+            and self.ghost_ids == 0
+            and self.missing_ids == 0
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["lost"] = self.lost
+        out["survived"] = self.survived
+        return out
+
+
+def _ops(recs: Sequence[dict[str, Any]], op: str) -> Iterator[dict[str, Any]]:
+    return (r for r in recs if r.get("op") == op)
+
+
+def analyze(
+    fault: str,
+    records: Sequence[Sequence[dict[str, Any]]],
+    client: Any,
+    *,
+    tenant: str,
+    outage: tuple[float, float, float],
+    kept_before: bool,
+    redis_timeout_s: float,
+) -> FaultResult:
+    """Count what the fault did (see the module docstring).
+
+    ``outage`` is three wall-clock times: the fault began, Redis was being brought back
+    (a lookup wholly between the two is "during the outage"), Redis answered again
+    (what is acknowledged from then on must be kept). ``kept_before``: Redis was
+    expected to keep what it acknowledged before the fault (AOF, a pause), else only
+    what came after.
+    """
+    from zerda_cache.storage import RedisStorage
+
+    res = FaultResult(fault, redis_timeout_s, replicas=len(records))
+    began, back, ended = outage
+    st = RedisStorage(client)
+    keys = tenant_keys(tenant)
+    live = {m.decode() for m in client.zrange(keys.ids, 0, -1)}
+
+    def expected(t: float) -> bool:  # an acknowledgement Redis should still hold
+        return kept_before or t >= ended
+
+    acked: dict[str, str] = {}  # entry id -> question
+    acked_at: dict[str, float] = {}
+    for recs in records:
+        for r in _ops(recs, "put"):
+            if r.get("ok") and r.get("id"):
+                acked[r["id"]] = r["q"]
+                acked_at[r["id"]] = r["t"]
+                if r["t"] >= ended:
+                    res.new_puts_after += 1
+    before = {eid for eid, t in acked_at.items() if t < ended}
+    for eid, q in acked.items():
+        if not expected(acked_at[eid]):
+            res.expected_lost += 1
+            continue
+        res.acked_puts += 1
+        if eid not in live:
+            res.lost_puts += 1
+            res.notes.append(f"acknowledged put lost: {q} ({eid})")
+    # Feedback Redis should hold: every acknowledged signal about an entry it should
+    # hold. An entry's pulls count the signals applied to it and never decay.
+    fb_acked: dict[str, int] = {}
+    for recs in records:
+        for r in _ops(recs, "fb"):
+            if r.get("ok") and r["id"] in acked and expected(acked_at[r["id"]]):
+                fb_acked[r["id"]] = fb_acked.get(r["id"], 0) + 1
+    for eid, n in fb_acked.items():
+        res.acked_feedback += n
+        if eid not in live:
+            res.lost_feedback += n
+            continue
+        pulls = st.get_entry(tenant, eid, with_vector=False).bandit_arm.pulls
+        if pulls < n:
+            res.lost_feedback += n - pulls
+            res.notes.append(f"{eid}: {n} feedback acknowledged, {pulls} applied")
+    for i, recs in enumerate(records):
+        recovered = False
+        for r in _ops(recs, "lookup"):
+            res.lookups += 1
+            if "error" in r:
+                res.lookup_errors += 1
+                res.notes.append(f"replica {i}: lookup raised {r['error']}")
+                continue
+            start, stop = r["t"], r["t"] + r["dt"]
+            in_outage = start >= began and stop <= back
+            if in_outage:
+                res.outage_lookups += 1
+                res.outage_worst_s = max(res.outage_worst_s, r["dt"])
+            if r["hit"] is None:
+                continue
+            res.hits += 1
+            if in_outage:
+                res.outage_hits += 1
+            wrong = r["hq"] != r["q"] or r["ha"] != answer_to(r["hq"])
+            wrong = wrong or (r["hit"] in acked and acked[r["hit"]] != r["q"])
+            if wrong:
+                res.wrong_answers += 1
+                res.notes.append(f"replica {i}: asked {r['q']!r}, served {r['hq']!r}")
+            if start >= ended and (kept_before or r["hit"] not in before):
+                recovered = True
+        res.recovered_replicas += recovered
+        ends = list(_ops(recs, "end"))
+        if not ends or ends[-1].get("index") is None:
+            res.notes.append(f"replica {i}: no final index ({ends[-1] if ends else 'no end'})")
+            res.ghost_ids += 1
+            continue
+        index = set(ends[-1]["index"])
+        res.ghost_ids += len(index - live)
+        res.missing_ids += len(live - index)
+    st.close()
+    return res
+
+
+def _before(records: Sequence[Sequence[dict[str, Any]]], t: float) -> set[str]:
+    return {
+        r["id"]
+        for recs in records
+        for r in _ops(recs, "put")
+        if r.get("ok") and r.get("id") and r["t"] < t
+    }
+
+
+# --------------------------------------------------------------------------- Redis faults
+
+
+def redis_kill_restart(
+    server: Any,
+    fleet: ReplicaFleet,
+    *,
+    persistent: bool,
+    warm_puts: int = 25,
+    outage_lookups: int = 3,
+    after_puts: int = 15,
+    timeout: float = 60,
+) -> FaultResult:
+    """SIGKILL ``server`` (a started ``testing.RedisServer``) under the fleet's traffic,
+    restart it on the same port (with its AOF when ``persistent``), and analyse.
+
+    Waits until every replica has ``warm_puts`` acknowledged puts and a hit; kills; waits
+    until every replica has made ``outage_lookups`` lookups that began after the kill;
+    restarts; waits until every replica has ``after_puts`` acknowledged puts and a hit
+    of an entry put since; stops the fleet.
+    """
+
+    def acked(recs: list[dict[str, Any]], since: float = 0.0) -> int:
+        return sum(1 for r in _ops(recs, "put") if r.get("ok") and r["t"] >= since)
+
+    def hits(recs: list[dict[str, Any]], since: float = 0.0) -> int:
+        return sum(1 for r in _ops(recs, "lookup") if r.get("hit") and r["t"] >= since)
+
+    fleet.wait_for(
+        lambda recs: acked(recs) >= warm_puts and hits(recs) > 0, timeout, "warm-up traffic"
+    )
+    pid = server.pid
+    assert pid is not None
+    began = time.time()
+    os.kill(pid, signal.SIGKILL)
+    fleet.wait_for(
+        lambda recs: sum(1 for r in _ops(recs, "lookup") if r["t"] > began) >= outage_lookups,
+        timeout,
+        "lookups during the outage",
+    )
+    back = time.time()
+    server.restart()  # same port and directory: the AOF, if any, is read back
+    ended = time.time()
+
+    def recovered(recs: list[dict[str, Any]]) -> bool:
+        new = {r["id"] for r in _ops(recs, "put") if r.get("ok") and r["t"] >= ended}
+        others = _before(fleet.all_records(), ended) if not persistent else set()
+        served_new = any(
+            r.get("hit") and r["t"] >= ended and r["hit"] not in others
+            for r in _ops(recs, "lookup")
+        )
+        return acked(recs, ended) >= after_puts and served_new and len(new) > 0
+
+    fleet.wait_for(recovered, timeout, "recovery after the restart")
+    fleet.stop()
+    with server.client() as client:
+        return analyze(
+            f"Redis SIGKILL, {'AOF' if persistent else 'empty'} restart",
+            fleet.all_records(),
+            client,
+            tenant=fleet.tenant,
+            outage=(began, back, ended),
+            kept_before=persistent,
+            redis_timeout_s=fleet.redis_timeout_s,
+        )
+
+
+# --------------------------------------------------------------------------- worker processes
+
+
+def start_worker(
+    url: str,
+    worker_id: str,
+    workdir: Path,
+    *extra: str,
+    lease_ttl_s: float = 1.5,
+    interval_s: float = 0.3,
+) -> subprocess.Popen[bytes]:
+    """``zerda-cache worker`` as a child process (this source tree's library)."""
+    cmd = [
+        sys.executable, "-m", "zerda_cache.cli", "worker",
+        "--redis-url", url,
+        "--worker-id", worker_id,
+        "--lease-ttl", str(lease_ttl_s),
+        "--decay-job-interval", str(interval_s),
+        "--eviction-interval", str(interval_s),
+        "--metrics-interval", "5",
+        "--metrics-port", "0",
+        "--health-file", str(workdir / f"{worker_id}.health"),
+        "--log-level", "WARNING",
+        *extra,
+    ]  # fmt: skip
+    with open(workdir / f"{worker_id}.log", "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+
+
+def leader(client: Any) -> str | None:
+    raw = client.get(leader_key())
+    return raw.decode().rsplit(":", 1)[0] if raw else None
+
+
+def cycle_log(client: Any) -> list[dict[str, str]]:
+    """The worker cycle log, oldest first (``id``: the stream id)."""
+    return [
+        {"id": sid.decode(), **{k.decode(): v.decode() for k, v in f.items()}}
+        for sid, f in client.xrange("zc:worker:cycles")
+    ]
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m zerda_cache.faultkit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("replica", help="one replica process of a fault campaign")
+    rep.add_argument("--url", required=True)
+    rep.add_argument("--tenant", default="faults")
+    rep.add_argument("--replica", type=int, required=True)
+    rep.add_argument("--replicas", type=int, required=True)
+    rep.add_argument("--records", type=Path, required=True)
+    rep.add_argument("--stop-file", type=Path, required=True)
+    rep.add_argument("--seed", type=int, default=1)
+    rep.add_argument("--redis-timeout", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    run_replica(
+        args.url,
+        tenant=args.tenant,
+        replica=args.replica,
+        replicas=args.replicas,
+        records=args.records,
+        stop_file=args.stop_file,
+        seed=args.seed,
+        redis_timeout_s=args.redis_timeout,
+    )
+
+
+if __name__ == "__main__":
+    _main()
