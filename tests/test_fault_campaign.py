@@ -77,3 +77,29 @@ def test_a_replica_idle_through_an_empty_restart_drops_every_ghost(
     assert hit is not None and hit.query == "new 3"
     idle.sync_index("t")
     assert idle.index_ids("t") == fresh
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_the_worker_leader_dies_mid_cycle_and_the_standby_process_takes_over(
+    sig: signal.Signals, redis_server_factory: Any, tmp_path: Path
+) -> None:
+    """Two ``zerda-cache worker`` processes; the leader gets SIGKILL or SIGTERM while its
+    eviction cycle is half-way through 30 tenants over capacity. The standby process
+    leads (SIGTERM: once the leader finished its batch, recorded its cycle as stopped and
+    released the lease, exiting 0). Its cycles never overlap the old leader's; every
+    tenant ends at its capacity target exactly, with one eviction counted per entry
+    removed (nothing evicted twice); and every arm with evidence was decayed after the
+    fault to exactly the value time-based decay gives (no decay lost, none doubled)."""
+    server = redis_server_factory()
+    result = faultkit.leader_fault(server.url, tmp_path, sig)
+    notes = "\n".join(result.notes)
+    assert result.mid_cycle and 0 < result.tenants_done_at_fault < result.tenants
+    assert result.took_over and not result.overlap, notes
+    if sig == signal.SIGTERM:
+        assert result.exit_code == 0 and result.last_outcome == "stopped", notes
+    else:
+        assert result.exit_code == -signal.SIGKILL
+    assert result.evicted == result.tenants * (400 - 285)
+    assert (result.over_evicted, result.miscounted) == (0, 0), notes
+    assert result.arms > 0 and result.lost_decay == 0, notes

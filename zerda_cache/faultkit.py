@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 
 import zerda_cache
-from zerda_cache.storage.keys import leader_key, tenant_keys
+from zerda_cache.storage.keys import leader_key, tenant_keys, tenants_key
 
 #: The package's source root: child processes import this very zerda_cache.
 SOURCE_ROOT = Path(zerda_cache.__file__).resolve().parents[1]
@@ -543,6 +544,225 @@ def cycle_log(client: Any) -> list[dict[str, str]]:
         {"id": sid.decode(), **{k.decode(): v.decode() for k, v in f.items()}}
         for sid, f in client.xrange("zc:worker:cycles")
     ]
+
+
+@dataclass
+class LeaderResult:
+    """What killing or terminating the worker leader mid-cycle did."""
+
+    fault: str
+    tenants: int = 0
+    tenants_done_at_fault: int = 0  # tenants evicted to capacity when the signal came
+    mid_cycle: bool = False
+    took_over: bool = False
+    exit_code: int | None = None  # of the signalled leader
+    last_outcome: str = ""  # the signalled leader's last cycle record ("" : none ended)
+    overlap: bool = False  # a standby cycle began before the leader's last one ended
+    evicted: int = 0
+    over_evicted: int = 0  # entries removed below the capacity target (a double eviction)
+    miscounted: int = 0  # removals and eviction counters that disagree
+    arms: int = 0  # arms with evidence checked
+    lost_decay: int = 0  # not decayed since the fault, or not the exact time-based value
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def survived(self) -> bool:
+        return (
+            self.took_over
+            and not self.overlap
+            and self.over_evicted == 0
+            and self.miscounted == 0
+            and self.lost_decay == 0
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["survived"] = self.survived
+        return out
+
+
+#: The decay the leader-fault workers apply: fast enough to see within seconds.
+FAULT_RL = {"usage_decay": 0.5, "decay_interval_s": 50.0}
+
+
+def seed_tenants(
+    client: Any, tenants: Sequence[str], entries: int, with_feedback: int, dim: int = 8
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """Load ``entries`` entries into each tenant (the put script, pipelined) and give
+    ``with_feedback`` of them positive evidence; returns their arms ``(alpha, t)``. The
+    tenants are not registered (``zc:tenants``): workers do not see them yet."""
+    import msgpack
+
+    from zerda_cache import CacheConfig, FeedbackSignal, RLConfig
+    from zerda_cache.storage import RedisStorage
+
+    st = RedisStorage(
+        client,
+        CacheConfig(
+            rl=RLConfig(
+                usage_decay=FAULT_RL["usage_decay"], decay_interval_s=FAULT_RL["decay_interval_s"]
+            )
+        ),
+    )
+    rng = np.random.default_rng(0)
+    arms: dict[tuple[str, str], tuple[float, float]] = {}
+    for tenant in tenants:
+        pipe = client.pipeline(transaction=False)
+        calls = [
+            st.plan_put(tenant, f"q{i}", f"a{i}", rng.normal(size=dim)) for i in range(entries)
+        ]
+        for c in calls:
+            st.scripts.put(keys=c.keys, args=c.args, client=pipe)
+        ids = [c.parse(r).entry_id for c, r in zip(calls, pipe.execute(), strict=True)]
+        liked = ids[:with_feedback]
+        st.feedback_many([FeedbackSignal(e, tenant, True, magnitude=4.0) for e in liked])
+        key = tenant_keys(tenant).entry
+        for eid in liked:
+            arm = msgpack.unpackb(client.hget(key(eid), "arm"))
+            arms[(tenant, eid)] = (float(arm["a"]), float(arm["t"]))
+    return arms
+
+
+def _server_time(client: Any) -> float:
+    sec, usec = client.time()
+    return float(sec) + float(usec) / 1e6
+
+
+def leader_fault(
+    url: str,
+    workdir: Path,
+    sig: signal.Signals,
+    *,
+    tenants: int = 30,
+    entries: int = 400,
+    max_entries: int = 300,
+    with_feedback: int = 40,
+    lease_ttl_s: float = 1.5,
+    timeout: float = 60,
+) -> LeaderResult:
+    """Two ``zerda-cache worker`` processes; ``sig`` (SIGKILL or SIGTERM) reaches the
+    leader while its eviction cycle is between tenants (some evicted to capacity, some
+    not yet); the standby takes over. Then: every tenant is at its capacity target
+    exactly (nothing evicted twice) with as many removals as eviction counts, and every
+    arm with evidence was decayed after the fault to exactly its time-based value."""
+    import msgpack
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    res = LeaderResult(f"worker leader {sig.name} mid-cycle, standby takes over", tenants)
+    names = [f"t{i:02d}" for i in range(tenants)]
+    target = int(max_entries * 0.95)
+    rl = workdir / "rl.json"
+    rl.write_text(json.dumps(FAULT_RL))
+    client: Any = redis.Redis.from_url(url)
+    extra = ("--max-entries", str(max_entries), "--rl-config", str(rl))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        procs["w1"] = start_worker(url, "w1", workdir, *extra, lease_ttl_s=lease_ttl_s)
+        deadline = time.monotonic() + timeout
+        while leader(client) != "w1":
+            if time.monotonic() > deadline or procs["w1"].poll() is not None:
+                raise RuntimeError("the first worker never led:\n" + _log(workdir, "w1"))
+            time.sleep(0.01)
+        procs["w2"] = start_worker(url, "w2", workdir, *extra, lease_ttl_s=lease_ttl_s)
+        while not (workdir / "w2.health").exists():  # the standby is up and ticking
+            if time.monotonic() > deadline or procs["w2"].poll() is not None:
+                raise RuntimeError("the standby never started:\n" + _log(workdir, "w2"))
+            time.sleep(0.01)
+        # The tenants, unregistered, then registered all at once: the leader's next
+        # eviction cycle finds 30 tenants over capacity.
+        arms = seed_tenants(client, names, entries, with_feedback)
+        client.sadd(tenants_key(), *names)
+
+        def done() -> int:
+            pipe = client.pipeline(transaction=False)
+            for t in names:
+                pipe.zcard(tenant_keys(t).ids)
+            return sum(1 for n in pipe.execute() if n <= target)
+
+        while True:  # the first tenants are evicted, the last ones not yet
+            n = done()
+            if 0 < n < tenants:
+                procs["w1"].send_signal(sig)
+                break
+            if n == tenants or time.monotonic() > deadline:
+                raise RuntimeError(f"no eviction cycle caught mid-way ({n} of {tenants} done)")
+        fault_at = _server_time(client)
+        res.tenants_done_at_fault = n
+        res.exit_code = procs["w1"].wait(timeout)
+
+        def standby_cycles() -> list[dict[str, str]]:
+            return [c for c in cycle_log(client) if c.get("worker") == "w2"]
+
+        while True:
+            ended = [
+                c for c in standby_cycles() if c.get("phase") == "end" and c.get("outcome") == "ok"
+            ]
+            if {c["job"] for c in ended} >= {"decay", "evict"} and len(ended) >= 4:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby never took over:\n" + _log(workdir, "w2"))
+            time.sleep(0.05)
+        res.took_over = True
+        procs["w2"].send_signal(signal.SIGTERM)  # the state checked below is final
+        procs["w2"].wait(timeout)
+        log_ = cycle_log(client)
+        own = [c for c in log_ if c.get("worker") == "w1"]
+        res.last_outcome = next(
+            (c.get("outcome", "") for c in reversed(own) if c.get("phase") == "end"), ""
+        )
+        # Mid-cycle: the killed leader's last record is the start of an eviction cycle;
+        # the terminated one ended it as "stopped" (after the batch it was running).
+        if own:
+            last = own[-1]
+            res.mid_cycle = last.get("job") == "evict" and (
+                last.get("phase") == "start"
+                if sig == signal.SIGKILL
+                else last.get("outcome") == "stopped"
+            )
+        first_standby = next(i for i, c in enumerate(log_) if c.get("worker") == "w2")
+        last_leader = max(i for i, c in enumerate(log_) if c.get("worker") == "w1")
+        if sig == signal.SIGTERM and own and own[-1].get("phase") != "end":
+            res.notes.append("the terminated leader did not record the end of its cycle")
+            res.overlap = True
+        res.overlap = res.overlap or first_standby < last_leader
+        for t in names:
+            stats = {k.decode(): int(v) for k, v in client.hgetall(tenant_keys(t).stats).items()}
+            count = int(client.zcard(tenant_keys(t).ids))
+            removed = entries - count
+            counted = sum(v for k, v in stats.items() if k.startswith("evicted:"))
+            res.evicted += removed
+            res.over_evicted += max(0, target - count)
+            if counted != removed or count > target:
+                res.miscounted += abs(counted - removed) + max(0, count - target)
+                res.notes.append(f"{t}: {count} left, {removed} removed, {counted} counted")
+        for (t, eid), (alpha0, t0) in arms.items():
+            raw = client.hget(tenant_keys(t).entry(eid), "arm")
+            if raw is None:
+                continue  # evicted (to capacity): nothing left to decay
+            arm = msgpack.unpackb(raw)
+            res.arms += 1
+            prior = 1.0
+            want = prior + (alpha0 - prior) * FAULT_RL["usage_decay"] ** (
+                (arm["t"] - t0) / FAULT_RL["decay_interval_s"]
+            )
+            if arm["t"] <= fault_at or abs(arm["a"] - want) > 1e-9 * want:
+                res.lost_decay += 1
+                if len(res.notes) < 20:
+                    res.notes.append(f"{t}/{eid}: arm {arm}, want alpha {want} after {fault_at}")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        client.close()
+    return res
+
+
+def _log(workdir: Path, worker_id: str) -> str:
+    try:
+        return (workdir / f"{worker_id}.log").read_text(errors="replace")[-3000:]
+    except OSError:
+        return ""
 
 
 def _main(argv: Sequence[str] | None = None) -> None:
