@@ -282,6 +282,7 @@ class FaultResult:
 
     fault: str
     redis_timeout_s: float
+    outage: bool = True  # Redis was unreachable or frozen for a while (not a FLUSHALL)
     acked_puts: int = 0  # acknowledged puts that Redis was expected to keep
     lost_puts: int = 0
     acked_feedback: int = 0
@@ -440,68 +441,148 @@ def _before(records: Sequence[Sequence[dict[str, Any]]], t: float) -> set[str]:
 # --------------------------------------------------------------------------- Redis faults
 
 
-def redis_kill_restart(
-    server: Any,
+def _acked(recs: list[dict[str, Any]], since: float = 0.0) -> int:
+    return sum(1 for r in _ops(recs, "put") if r.get("ok") and r["t"] >= since)
+
+
+def campaign(
     fleet: ReplicaFleet,
+    fault: str,
+    inject: Callable[[], None],
+    restore: Callable[[], None],
+    client: Callable[[], Any],
     *,
-    persistent: bool,
+    kept_before: bool,
     warm_puts: int = 25,
     outage_lookups: int = 3,
     after_puts: int = 15,
     timeout: float = 60,
+    outage: bool = True,
 ) -> FaultResult:
-    """SIGKILL ``server`` (a started ``testing.RedisServer``) under the fleet's traffic,
-    restart it on the same port (with its AOF when ``persistent``), and analyse.
+    """One fault under the fleet's traffic, and its analysis.
 
-    Waits until every replica has ``warm_puts`` acknowledged puts and a hit; kills; waits
-    until every replica has made ``outage_lookups`` lookups that began after the kill;
-    restarts; waits until every replica has ``after_puts`` acknowledged puts and a hit
-    of an entry put since; stops the fleet.
+    Waits until every replica has ``warm_puts`` acknowledged puts and a hit; calls
+    ``inject()`` (the fault); waits until every replica has made ``outage_lookups``
+    lookups since; calls ``restore()`` (it returns once Redis answers again); waits until
+    every replica has ``after_puts`` acknowledged puts since and served an entry put
+    since; stops the fleet and analyses its records against ``client()`` (a client of
+    the server that holds the data now). ``kept_before``: Redis is expected to keep what
+    it acknowledged before the fault.
     """
 
-    def acked(recs: list[dict[str, Any]], since: float = 0.0) -> int:
-        return sum(1 for r in _ops(recs, "put") if r.get("ok") and r["t"] >= since)
+    def hits(recs: list[dict[str, Any]]) -> bool:
+        return any(r.get("hit") for r in _ops(recs, "lookup"))
 
-    def hits(recs: list[dict[str, Any]], since: float = 0.0) -> int:
-        return sum(1 for r in _ops(recs, "lookup") if r.get("hit") and r["t"] >= since)
-
-    fleet.wait_for(
-        lambda recs: acked(recs) >= warm_puts and hits(recs) > 0, timeout, "warm-up traffic"
-    )
-    pid = server.pid
-    assert pid is not None
+    fleet.wait_for(lambda recs: _acked(recs) >= warm_puts and hits(recs), timeout, "warm-up")
     began = time.time()
-    os.kill(pid, signal.SIGKILL)
+    inject()
     fleet.wait_for(
         lambda recs: sum(1 for r in _ops(recs, "lookup") if r["t"] > began) >= outage_lookups,
         timeout,
-        "lookups during the outage",
+        "lookups during the fault",
     )
     back = time.time()
-    server.restart()  # same port and directory: the AOF, if any, is read back
+    restore()
     ended = time.time()
 
     def recovered(recs: list[dict[str, Any]]) -> bool:
-        new = {r["id"] for r in _ops(recs, "put") if r.get("ok") and r["t"] >= ended}
-        others = _before(fleet.all_records(), ended) if not persistent else set()
+        others = set() if kept_before else _before(fleet.all_records(), ended)
         served_new = any(
             r.get("hit") and r["t"] >= ended and r["hit"] not in others
             for r in _ops(recs, "lookup")
         )
-        return acked(recs, ended) >= after_puts and served_new and len(new) > 0
+        return _acked(recs, ended) >= after_puts and served_new
 
-    fleet.wait_for(recovered, timeout, "recovery after the restart")
+    fleet.wait_for(recovered, timeout, "recovery after the fault")
     fleet.stop()
-    with server.client() as client:
-        return analyze(
-            f"Redis SIGKILL, {'AOF' if persistent else 'empty'} restart",
+    with client() as c:
+        res = analyze(
+            fault,
             fleet.all_records(),
-            client,
+            c,
             tenant=fleet.tenant,
             outage=(began, back, ended),
-            kept_before=persistent,
+            kept_before=kept_before,
             redis_timeout_s=fleet.redis_timeout_s,
         )
+    res.outage = outage
+    return res
+
+
+def redis_kill_restart(server: Any, fleet: ReplicaFleet, *, persistent: bool) -> FaultResult:
+    """SIGKILL ``server`` (a started ``testing.RedisServer``) under the fleet's traffic and
+    restart it on the same port: with its AOF when ``persistent`` (then nothing it
+    acknowledged may be lost), else empty."""
+
+    def kill() -> None:
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+
+    return campaign(
+        fleet,
+        f"Redis SIGKILL, {'AOF' if persistent else 'empty'} restart",
+        kill,
+        server.restart,  # same port and directory: the AOF, if any, is read back
+        server.client,
+        kept_before=persistent,
+    )
+
+
+def redis_pause(server: Any, fleet: ReplicaFleet, *, lookups: int = 6) -> FaultResult:
+    """SIGSTOP of ``server`` (a stuck host, a VM pause) until every replica has made
+    ``lookups`` lookups against it (each one should fail open within one
+    ``redis_timeout_s``), then SIGCONT: nothing acknowledged may be lost."""
+    assert server.pid is not None
+    pid = server.pid
+    return campaign(
+        fleet,
+        "Redis SIGSTOP, then SIGCONT",
+        lambda: os.kill(pid, signal.SIGSTOP),
+        lambda: os.kill(pid, signal.SIGCONT),
+        server.client,
+        kept_before=True,
+        outage_lookups=lookups,
+    )
+
+
+def redis_flushall(server: Any, fleet: ReplicaFleet) -> FaultResult:
+    """FLUSHALL under live replicas (an operator's mistake): what was there is gone,
+    and the replicas must notice (no ghost hits, ghosts purged) without an outage."""
+
+    def flush() -> None:
+        with server.client() as c:
+            c.flushall()
+
+    return campaign(
+        fleet,
+        "FLUSHALL under live replicas",
+        flush,
+        lambda: None,
+        server.client,
+        kept_before=False,
+        outage_lookups=0,
+        outage=False,
+    )
+
+
+def sentinel_failover(group: Any, fleet: ReplicaFleet) -> FaultResult:
+    """SIGKILL of a Sentinel group's primary (``testing.RedisSentinelGroup``, the fleet
+    on its ``redis+sentinel://`` URL) until the sentinels promote the replica. Counted
+    as if Redis had to keep every acknowledged write: replication is asynchronous, so
+    a failover may lose the last ones (docs/operations.md)."""
+
+    def kill() -> None:
+        assert group.primary is not None and group.primary.pid is not None
+        os.kill(group.primary.pid, signal.SIGKILL)
+
+    return campaign(
+        fleet,
+        "Sentinel failover (primary SIGKILL)",
+        kill,
+        lambda: group.wait_for_failover(),
+        lambda: group.replica.client(),
+        kept_before=True,
+    )
 
 
 # --------------------------------------------------------------------------- worker processes
@@ -556,7 +637,7 @@ class LeaderResult:
     mid_cycle: bool = False
     took_over: bool = False
     exit_code: int | None = None  # of the signalled leader
-    last_outcome: str = ""  # the signalled leader's last cycle record ("" : none ended)
+    last_outcome: str = ""  # how the signalled leader's last ended cycle ended
     overlap: bool = False  # a standby cycle began before the leader's last one ended
     evicted: int = 0
     over_evicted: int = 0  # entries removed below the capacity target (a double eviction)
@@ -679,9 +760,9 @@ def leader_fault(
                 pipe.zcard(tenant_keys(t).ids)
             return sum(1 for n in pipe.execute() if n <= target)
 
-        while True:  # the first tenants are evicted, the last ones not yet
+        while True:  # a third of the tenants are evicted, the last ones not yet
             n = done()
-            if 0 < n < tenants:
+            if tenants // 3 <= n < tenants:
                 procs["w1"].send_signal(sig)
                 break
             if n == tenants or time.monotonic() > deadline:
