@@ -16,7 +16,9 @@ two ``zerda-cache worker`` processes. Per fault:
   expected to lose what came before: shown apart);
 * **wrong answers**: lookups served an entry put for another question;
 * **worst lookup during the fault** against ``redis_timeout_s`` (0.25 s here): the
-  slowest lookup that began and ended while Redis was down or frozen.
+  slowest lookup that overlapped the fault, from its start until Redis answered again
+  (restarted, resumed, promoted); "served" counts the hits among the lookups that began
+  and ended while Redis was certainly down, frozen or full.
 
     .venv/bin/python benchmarks/bench_faults.py [--kind redis] [--replicas 3] [--no-write]
 """
@@ -109,6 +111,12 @@ def main() -> None:
                     "flush", args.kind, args.replicas, root / "flush", faultkit.redis_flushall
                 ),
             ),
+            (
+                "maxmemory",
+                lambda: replica_fault(
+                    "full", args.kind, args.replicas, root / "full", faultkit.redis_full
+                ),
+            ),
             ("Sentinel", lambda: sentinel_fault(args.kind, args.replicas, root / "sentinel")),
             (
                 "leader SIGKILL",
@@ -143,7 +151,7 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         if "acked_puts" in r:  # a Redis fault under replica processes
             lost = f"{r['lost']} of {r['acked_puts'] + r['acked_feedback']}"
             worst = (
-                f"{r['outage_worst_s'] * 1000:.0f} ms ({r['outage_lookups']} lookups)"
+                f"{r['outage_worst_s'] * 1000:.0f} ms ({r['fault_lookups']} lookups)"
                 if r["outage"]
                 else "no outage"
             )
@@ -152,6 +160,11 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                 if r["expected_lost"]
                 else ""
             )
+            if r["outage"]:
+                notes += (
+                    f"during the fault {r['outage_hits']} of {r['outage_lookups']} lookups "
+                    f"served, {r['outage_refused']} writes refused; "
+                )
             notes += (
                 f"{r['recovered_replicas']} of {r['replicas']} replicas recovered; "
                 f"{r['ghost_ids']} ghost, {r['missing_ids']} missing ids at the end; "

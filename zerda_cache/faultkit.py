@@ -294,7 +294,9 @@ class FaultResult:
     lookup_errors: int = 0  # lookups that raised instead of failing open
     outage_lookups: int = 0
     outage_hits: int = 0
-    outage_worst_s: float = 0.0
+    outage_worst_s: float = 0.0  # the slowest lookup overlapping the fault at all
+    fault_lookups: int = 0  # lookups overlapping the fault (until Redis answered again)
+    outage_refused: int = 0  # puts and feedback refused (StorageError) during the fault
     recovered_replicas: int = 0  # replicas that served a new entry after the fault
     new_puts_after: int = 0
     ghost_ids: int = 0  # indexed by a replica at the end, gone from Redis
@@ -391,6 +393,10 @@ def analyze(
         if pulls < n:
             res.lost_feedback += n - pulls
             res.notes.append(f"{eid}: {n} feedback acknowledged, {pulls} applied")
+    for recs in records:
+        for r in recs:
+            if r.get("op") in ("put", "fb") and not r.get("ok") and began <= r["t"] <= back:
+                res.outage_refused += not r.get("gone")
     for i, recs in enumerate(records):
         recovered = False
         for r in _ops(recs, "lookup"):
@@ -400,9 +406,11 @@ def analyze(
                 res.notes.append(f"replica {i}: lookup raised {r['error']}")
                 continue
             start, stop = r["t"], r["t"] + r["dt"]
-            in_outage = start >= began and stop <= back
+            in_outage = start >= began and stop <= back  # Redis certainly down
             if in_outage:
                 res.outage_lookups += 1
+            if start < ended and stop > began:
+                res.fault_lookups += 1
                 res.outage_worst_s = max(res.outage_worst_s, r["dt"])
             if r["hit"] is None:
                 continue
@@ -562,6 +570,33 @@ def redis_flushall(server: Any, fleet: ReplicaFleet) -> FaultResult:
         kept_before=False,
         outage_lookups=0,
         outage=False,
+    )
+
+
+def redis_full(server: Any, fleet: ReplicaFleet, *, lookups: int = 10) -> FaultResult:
+    """maxmemory reached under ``noeviction``: ``maxmemory`` is set just under the memory
+    in use until every replica has made ``lookups`` lookups (puts are refused; lookups
+    and feedback go on), then lifted again (what the worker's eviction does)."""
+    with server.client() as c:
+        c.config_set("maxmemory-policy", "noeviction")
+
+    def fill() -> None:
+        with server.client() as c:
+            used = int(c.info("memory")["used_memory"])
+            c.config_set("maxmemory", max(1, used - 64 * 1024))
+
+    def free() -> None:
+        with server.client() as c:
+            c.config_set("maxmemory", 0)
+
+    return campaign(
+        fleet,
+        "maxmemory reached (noeviction)",
+        fill,
+        free,
+        server.client,
+        kept_before=True,
+        outage_lookups=lookups,
     )
 
 
