@@ -173,6 +173,13 @@ def run_replica(
                 else:
                     record(op="fb", id=eid, ok=True, t=t0, dt=time.perf_counter() - p0)
             time.sleep(pace_s)
+        # Every replica stops its traffic first; then each syncs its index, so that the
+        # ids it reports are all of those Redis holds at the end.
+        record(op="stopped", t=time.time())
+        sync_file = stop_file.with_name(stop_file.name + ".sync")
+        deadline = time.monotonic() + 60
+        while not sync_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             m.sync_index(tenant)
             record(op="end", index=sorted(m.index_ids(tenant)), t=time.time())
@@ -203,6 +210,7 @@ class ReplicaFleet:
     def start(self) -> ReplicaFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stop_file.unlink(missing_ok=True)
+        self.stop_file.with_name(self.stop_file.name + ".sync").unlink(missing_ok=True)
         for i in range(self.count):
             cmd = [
                 sys.executable, "-m", "zerda_cache.faultkit", "replica",
@@ -257,8 +265,19 @@ class ReplicaFleet:
                 raise RuntimeError(f"replica {i} exited with {p.returncode}:\n{log[-3000:]}")
 
     def stop(self, timeout: float = 60) -> None:
+        """Stop the traffic of every replica, then let them sync and report their
+        indexes, and wait for them to exit."""
         self.stop_file.touch()
         deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stopped = [
+                p.poll() is not None or any(r.get("op") == "stopped" for r in self.records(i))
+                for i, p in enumerate(self.procs)
+            ]
+            if all(stopped):
+                break
+            time.sleep(0.02)
+        self.stop_file.with_name(self.stop_file.name + ".sync").touch()
         for p in self.procs:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
