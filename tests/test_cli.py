@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import redis
 from click.testing import CliRunner
 
@@ -54,7 +55,7 @@ def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: st
     assert code == 2  # nothing to set
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "0.02")
     assert code == 0 and "2.00%" in out and "exact repeats only" in out, out
-    assert st.policy("acme").max_error_rate == 0.02
+    assert st.calibration("acme").max_error_rate == 0.02
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "1.5")
     assert code == 2 and "max_error_rate" in out
     code, out = run(redis_url, "tenant", "set", "acme", "--clear", "max_error_rate")
@@ -126,6 +127,19 @@ def test_admin_commands_refuse_without_a_redis_url(monkeypatch: Any) -> None:
     for args in (["stats"], ["tenant", "set", "acme", "--max-entries", "5"], ["evict"]):
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 2 and "no Redis URL" in result.output, result.output
+
+
+def test_serve_names_the_missing_extra_of_its_embedder(redis_url: str) -> None:
+    """An embedder whose extra is not installed is a usage error, not a traceback."""
+    pytest.importorskip("fastapi")
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("sentence-transformers is installed here")
+    code, out = run(redis_url, "serve", "--embedder", "sentence-transformers:any-model")
+    assert code == 2 and "sentence-transformers" in out and "Traceback" not in out, out
 
 
 def test_piped_output_is_not_cut_to_80_columns(redis_client: redis.Redis, redis_url: str) -> None:

@@ -95,13 +95,13 @@ def test_labels_are_counted_and_halved_past_the_window(redis_client: redis.Redis
     st = RedisStorage(redis_client, CacheConfig(label_window=10))
     for i in range(10):
         assert st.label("t", 0.95, i % 5 != 0) == i + 1
-    cal = st.policy("t")
+    cal = st.calibration("t")
     assert (cal.right[bin_of(0.95)], cal.wrong[bin_of(0.95)]) == (8.0, 2.0)
     assert st.label("t", 0.95, True) == pytest.approx(5.5)  # 11 labels: all halved
-    cal = st.policy("t")
+    cal = st.calibration("t")
     assert (cal.right[bin_of(0.95)], cal.wrong[bin_of(0.95)]) == (4.5, 1.0)
     st.set_tenant_settings("t", max_error_rate=0.02)
-    assert st.policy("t").max_error_rate == 0.02
+    assert st.calibration("t").max_error_rate == 0.02
     with pytest.raises(ValueError, match="max_error_rate"):
         st.set_tenant_settings("t", max_error_rate=2)
 
@@ -130,9 +130,14 @@ def test_cold_start_verifies_and_the_put_teaches(
     # a near match is not: no label says matches that close are right yet
     assert m.lookup("capital of france?", tenant="t", embedding=near(v, 0.95, 2)) is None
     assert metric(registry, "zerda_cache_lookups_total", tenant="t", result="verify") == 1
+    # that None was a verify, not a plain miss; in its own scope only
+    assert m.awaiting_verification("capital of france?", tenant="t")
+    assert not m.awaiting_verification("capital of france?", tenant="t", scope="other")
+    assert not m.awaiting_verification("What is the capital of France?", tenant="t")
     res = m.put("capital of france?", "paris", tenant="t", embedding=near(v, 0.95, 2))
     assert res.stored and res.verified is True
-    cal = m.storage.policy("t")
+    assert not m.awaiting_verification("capital of france?", tenant="t")  # the put took it
+    cal = m.storage.calibration("t")
     assert sum(cal.right) == 1 and cal.labels == 1
     # a put with no verification pending says so
     assert m.put("unrelated", "x", tenant="t", embedding=unit(3)).verified is None
@@ -147,7 +152,7 @@ def test_a_wrong_verification_is_a_negative_at_that_similarity(make_manager: Any
     assert res.verified is False
     entry = m.storage.get_entry("t", cached.entry_id, with_vector=False)
     assert entry.bandit_arm.beta > 1.0  # the entry learnt it was wrong for that question
-    cal = m.storage.policy("t")
+    cal = m.storage.calibration("t")
     assert sum(cal.wrong) == 1 and sum(cal.right) == 0
 
 
@@ -162,7 +167,7 @@ def test_serves_where_the_labels_say_matches_are_right(
         hit = m.lookup(f"close {i}", tenant="t", embedding=near(v, 0.97, 100 + i))
         assert hit is not None and hit.entry_id == cached.entry_id
         assert m.lookup(f"far {i}", tenant="t", embedding=near(v, 0.915, 200 + i)) is None
-    assert m.storage.policy("t").threshold(0.02) == pytest.approx(0.96)
+    assert m.storage.calibration("t").threshold(0.02) == pytest.approx(0.96)
 
 
 def test_the_bound_per_call_and_per_tenant(make_manager: Any, redis_client: redis.Redis) -> None:
@@ -201,10 +206,10 @@ def test_feedback_under_a_bound_labels_the_match(
     m.put("q", "a", tenant="t", embedding=v)
     hit = m.lookup("q", tenant="t", embedding=v)
     m.feedback(hit.feedback(False))  # similarity 1: the question itself, not a near match
-    assert m.storage.policy("t").labels == 0
+    assert m.storage.calibration("t").labels == 0
     m.feedback(FeedbackSignal(hit.entry_id, "t", False, similarity=0.9))
     m.feedback(FeedbackSignal(hit.entry_id, "t", True, similarity=0.9))
-    cal = m.storage.policy("t")
+    cal = m.storage.calibration("t")
     assert (cal.right[bin_of(0.9)], cal.wrong[bin_of(0.9)]) == (1.0, 1.0)
     assert m.stats("t")["negative"] == 2
     assert redis_client.hget(tenant_keys("t").cal, "n") == b"2"  # the tenant's cal hash
@@ -218,7 +223,7 @@ def test_an_exact_repeat_is_never_a_near_match_label(make_manager: Any) -> None:
         hit = m.lookup("What is 2 + 2?", tenant="t", embedding=v)
         assert hit is not None and hit.exact and hit.similarity == 1.0
         m.feedback(hit.feedback(True))
-    assert m.storage.policy("t").labels == 0
+    assert m.storage.calibration("t").labels == 0
 
 
 def test_a_per_call_bound_learns_and_failed_feedback_labels_nothing(make_manager: Any) -> None:
@@ -227,12 +232,12 @@ def test_a_per_call_bound_learns_and_failed_feedback_labels_nothing(make_manager
     cached = m.put("q", "a", tenant="t", embedding=v)
     assert m.lookup("q2", tenant="t", embedding=near(v, 0.95, 14), max_error_rate=0.05) is None
     assert m.put("q2", "a", tenant="t", embedding=near(v, 0.95, 14)).verified is True
-    assert m.storage.policy("t").labels == 1
+    assert m.storage.calibration("t").labels == 1
     bounded = make_manager(CacheConfig(max_error_rate=0.05))
     assert bounded.invalidate(cached.entry_id, tenant="t")
     with pytest.raises(EntryNotFoundError):
         bounded.feedback(FeedbackSignal(cached.entry_id, "t", False, similarity=0.9))
-    assert m.storage.policy("t").labels == 1  # not counted: the signal was not applied
+    assert m.storage.calibration("t").labels == 1  # not counted: the signal was not applied
 
 
 def test_verification_survives_the_candidate_being_replaced(make_manager: Any) -> None:
@@ -242,6 +247,6 @@ def test_verification_survives_the_candidate_being_replaced(make_manager: Any) -
     assert m.lookup("q again", tenant="t", embedding=near(v, 0.97, 16)) is None
     res = m.put("q again", "a", tenant="t", embedding=near(v, 0.97, 16))
     assert res.replaced_id == cached.entry_id and res.verified is True
-    assert m.storage.policy("t").labels == 1
+    assert m.storage.calibration("t").labels == 1
     m.clear("t")  # a cleared tenant starts its calibration again
-    assert m.storage.policy("t").labels == 0
+    assert m.storage.calibration("t").labels == 0

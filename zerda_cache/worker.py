@@ -14,6 +14,9 @@ Jobs (APScheduler 3.x ``BlockingScheduler``; coalesce, max_instances=1, misfire 
 * ``evict`` every ``eviction_interval_s`` (leader only): expired, below the minimum
   reward, then over capacity.
 * ``metrics`` every ``metrics_interval_s``: read each tenant's counters and sizes.
+* ``snapshot`` every ``snapshot_interval_s`` (leader only, its own thread): publish the
+  index snapshot of each tenant of ``snapshot_min_entries`` or more once it is due
+  (``snapshot.py``), for new replicas to load instead of building.
 
 Decay and eviction share one single-thread executor, so a worker's cycles never overlap;
 the lease keeps two workers' cycles from overlapping, and a leader that loses its lease
@@ -48,6 +51,7 @@ from zerda_cache.config import (
 from zerda_cache.errors import ZerdaError
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.metrics import TenantSnapshot, WorkerMetrics
+from zerda_cache.snapshot import Snapshotter
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import leader_key
 from zerda_cache.storage.lease import Lease
@@ -102,6 +106,7 @@ class Worker:
             fence=lambda: self.lease.epoch,
             worker_id=self.worker_id,
         )
+        self.snapshots = Snapshotter(self.storage)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry, self.config.max_tenant_labels)
         self.metrics_port = metrics_port
@@ -119,6 +124,7 @@ class Worker:
             executors={
                 "default": ThreadPoolExecutor(1),  # decay and evict: never at once
                 "aux": ThreadPoolExecutor(2),  # lease and metrics
+                "snap": ThreadPoolExecutor(1),  # index snapshots: long, CPU-bound
             },
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
         )
@@ -132,6 +138,14 @@ class Worker:
         )
         scheduler.add_job(self.decay_job, "interval", seconds=ev.decay_job_interval_s, id="decay")
         scheduler.add_job(self.evict_job, "interval", seconds=ev.eviction_interval_s, id="evict")
+        if ev.snapshot_min_entries > 0:
+            scheduler.add_job(
+                self.snapshot_job,
+                "interval",
+                seconds=ev.snapshot_interval_s,
+                id="snapshot",
+                executor="snap",
+            )
         scheduler.add_job(
             self.metrics_job,
             "interval",
@@ -189,6 +203,19 @@ class Worker:
 
     def evict_job(self) -> None:
         self._cycle("evict")
+
+    def snapshot_job(self) -> None:
+        """Publish the index snapshots that are due (leader only)."""
+        if self.stop_event.is_set() or not self.lease.held:
+            return
+        try:
+            for tenant in self.storage.tenants():
+                if self.stop_event.is_set() or not self.lease.held:
+                    break
+                self.snapshots.snapshot_tenant(tenant)
+        except Exception:
+            self.metrics.errors.labels("snapshot").inc()
+            log.exception("index snapshot failed")
 
     def metrics_job(self) -> None:
         try:
@@ -273,6 +300,7 @@ class Worker:
     def close(self) -> None:
         """Release the lease, stop serving metrics, close the Redis client."""
         self._release()
+        self.snapshots.close()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

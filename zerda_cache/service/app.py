@@ -321,9 +321,9 @@ def create_app(
     async def lookup(body: LookupRequest, tenant: Tenant) -> LookupResponse:
         """The best servable cached answer for the question, or a miss.
 
-        A miss may be a *verification* (the tenant has an error bound): the next
-        ``/v1/put`` of the same question to this service replica then reports
-        ``verified``."""
+        ``decision`` tells a plain miss from a *verification* (``verify``: the tenant
+        has an error bound and a near match was held back): the next ``/v1/put`` of the
+        same question to this service replica then reports ``verified``."""
         need_vector(body.embedding)
         hit = await manager.lookup(
             body.query,
@@ -333,7 +333,8 @@ def create_app(
             max_error_rate=body.max_error_rate,
         )
         if hit is None:
-            return LookupResponse(hit=False, entry=None)
+            verify = manager.awaiting_verification(body.query, tenant=tenant, scope=body.scope)
+            return LookupResponse(hit=False, decision="verify" if verify else "miss", entry=None)
         entry = Entry(
             entry_id=hit.entry_id,
             response=hit.response,
@@ -346,7 +347,7 @@ def create_app(
             scope=hit.scope,
             metadata=hit.metadata,
         )
-        return LookupResponse(hit=True, entry=entry)
+        return LookupResponse(hit=True, decision="hit", entry=entry)
 
     @app.post("/v1/put", tags=["cache"])
     async def put(body: PutRequest, tenant: Tenant) -> PutResponse:

@@ -2,7 +2,9 @@
 
 ``none`` (callers send vectors; the proxy then passes requests through uncached),
 ``hashing`` or ``hashing:DIM`` (the built-in lexical embedder: tests and demos),
-``minilm`` (all-MiniLM-L6-v2 offline, run in a thread so the event loop keeps serving),
+``minilm`` (all-MiniLM-L6-v2 offline, the ``minilm`` extra),
+``sentence-transformers:MODEL`` (a sentence-transformers model name or local directory,
+the ``sentence-transformers`` extra; both run in a thread so the event loop keeps serving),
 or the base URL of an OpenAI-compatible embeddings API (``http(s)://.../v1``), called
 with httpx. A tenant's dimension is fixed by its first put: changing the embedder of a
 running cache needs ``clear`` of its tenants.
@@ -37,7 +39,8 @@ def make_embedder(
 
     Raises:
         ValueError: an unknown spec.
-        RuntimeError: ``minilm`` without its model installed (``make minilm``).
+        RuntimeError: ``minilm`` or ``sentence-transformers:`` without its extra installed
+            (the message names it).
     """
     name, _, arg = spec.partition(":")
     if spec == "none":
@@ -51,10 +54,17 @@ def make_embedder(
         from zerda_cache.embedders import MiniLMEmbedder
 
         return in_thread(MiniLMEmbedder())
+    if name == "sentence-transformers":
+        if not arg:
+            raise ValueError("sentence-transformers:MODEL needs a model name or directory")
+        from zerda_cache.st_embedder import SentenceTransformerEmbedder
+
+        return in_thread(SentenceTransformerEmbedder(arg))
     if spec.startswith(("http://", "https://")):
         return OpenAIEmbedder(spec, model, api_key=api_key)
     raise ValueError(
-        f"unknown embedder {spec!r}: use none, hashing[:DIM], minilm or an http(s):// URL"
+        f"unknown embedder {spec!r}: use none, hashing[:DIM], minilm, "
+        "sentence-transformers:MODEL or an http(s):// URL"
     )
 
 

@@ -7,7 +7,7 @@ tenant is never a field: it comes from the API key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,7 +52,14 @@ class Entry(BaseModel):
 
 class LookupResponse(BaseModel):
     hit: bool
-    entry: Entry | None = Field(None, description="The served answer (null on a miss).")
+    decision: Literal["hit", "miss", "verify"] = Field(
+        description="``hit``: ``entry`` is the served answer. ``miss``: nothing cached is "
+        "close enough. ``verify``: a miss too (call the LLM), but under the tenant's error "
+        "bound a near match was held back, and the next ``/v1/put`` of this question (and "
+        "scope) to this service replica compares its answer with the held-back one "
+        "(``verified`` in the put's response), which teaches the bound."
+    )
+    entry: Entry | None = Field(None, description="The served answer (null unless a hit).")
 
 
 class PutRequest(_Strict):

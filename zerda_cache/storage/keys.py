@@ -16,9 +16,12 @@ key                    type     holds
 ``p:{t}:stats``        hash     counters (hits, misses, puts, bytes, evicted:<reason>, ...)
 ``p:{t}:fb``           stream   the rolling feedback log (exact cap)
 ``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl,
-                                max_error_rate overrides
+                                max_error_rate, ... (policy.py); ver, fence, evx
 ``p:{t}:cal``          hash     labelled outcomes of near matches per similarity bin
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
+``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
+``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size
+``p:{t}:snap:<g>:<i>`` string   chunk ``i`` of snapshot generation ``g``
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
@@ -48,9 +51,14 @@ class TenantKeys:
     cfg: str
     cal: str
     bad: str
+    ev: str
+    snap: str
 
     def entry(self, entry_id: str) -> str:
         return self.base + "e:" + entry_id
+
+    def snap_chunk(self, generation: str, index: int) -> str:
+        return f"{self.snap}:{generation}:{index}"
 
     @property
     def entry_prefix(self) -> str:
@@ -72,6 +80,8 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         cfg=base + "cfg",
         cal=base + "cal",
         bad=base + "bad",
+        ev=base + "ev",
+        snap=base + "snap",
     )
 
 

@@ -19,8 +19,8 @@ from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack, get_args
 import msgpack
 import numpy as np
 
-from zerda_cache.calibration import Calibration, bin_of
-from zerda_cache.config import CacheConfig
+from zerda_cache.calibration import bin_of
+from zerda_cache.config import CacheConfig, RLConfig
 from zerda_cache.entry import (
     DEFAULT_QUALITY,
     DEFAULT_SIMILARITY,
@@ -35,6 +35,7 @@ from zerda_cache.errors import (
     SchemaVersionError,
     ZerdaError,
 )
+from zerda_cache.policy import TenantPolicy, warn_rejected
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
@@ -190,6 +191,8 @@ class PutFields(TypedDict, total=False):
         entry_id: the id to use (32 hex characters); default: a new random one.
         index_dim: the dimension the caller's index holds for the tenant, if any: a
             second witness of the tenant's dimension should its cfg hash be lost.
+        rl: the tenant's bandit parameters (the new arm's prior); default: the
+            configuration's.
     """
 
     scope: str
@@ -199,6 +202,7 @@ class PutFields(TypedDict, total=False):
     metadata: Mapping[str, Any] | None
     entry_id: str | None
     index_dim: int | None
+    rl: RLConfig | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,23 +346,33 @@ class StoragePlans:
         #: Ids this process found undecodable (a doc, meta or vec the put script does not
         #: check), by tenant, until a lookup reports them for the worker to evict.
         self._suspected: dict[str, set[str]] = {}
-        rl = self.config.rl
-        # Script arguments that never change, formatted once (repr round-trips floats).
-        self._rl_static = [
-            repr(rl.prior_alpha),
-            repr(rl.prior_beta),
-            repr(rl.usage_decay),
-            repr(rl.decay_interval_s),
-        ]
-        self._feedback_static = [
-            repr(rl.positive_feedback_reward),
-            repr(rl.negative_feedback_penalty),
-            *self._rl_static,
-            str(self.config.feedback_log_maxlen),
-            repr(rl.similarity_bar_margin),
-            repr(rl.near_miss_penalty_share),
-            repr(rl.negative_streak_forget),
-        ]
+        self._static: dict[RLConfig, tuple[list[str], list[str]]] = {}
+
+    def _rl_static(self, rl: RLConfig | None) -> tuple[list[str], list[str]]:
+        """The script arguments of a policy's bandit parameters, formatted once per
+        policy (repr round-trips floats): the decay ones, and the feedback ones."""
+        rl = self.config.rl if rl is None else rl
+        out = self._static.get(rl)
+        if out is None:
+            decay = [
+                repr(rl.prior_alpha),
+                repr(rl.prior_beta),
+                repr(rl.usage_decay),
+                repr(rl.decay_interval_s),
+            ]
+            feedback = [
+                repr(rl.positive_feedback_reward),
+                repr(rl.negative_feedback_penalty),
+                *decay,
+                str(self.config.feedback_log_maxlen),
+                repr(rl.similarity_bar_margin),
+                repr(rl.near_miss_penalty_share),
+                repr(rl.negative_streak_forget),
+            ]
+            if len(self._static) > 1_000:
+                self._static.clear()
+            out = self._static[rl] = (decay, feedback)
+        return out
 
     def keys(self, tenant: str) -> TenantKeys:
         """The (validated) keys of ``tenant``."""
@@ -376,8 +390,8 @@ class StoragePlans:
     def _now_arg(self) -> str:
         return "" if self.clock is None else repr(float(self.clock()))
 
-    def _rl_args(self) -> list[str]:
-        return self._rl_static
+    def _rl_args(self, rl: RLConfig | None = None) -> list[str]:
+        return self._rl_static(rl)[0]
 
     # -- script plans ----------------------------------------------------------------------
     def plan_put(
@@ -386,6 +400,7 @@ class StoragePlans:
         """Plan storing a new entry (see ``PutFields`` for the optional fields)."""
         k = self.keys(tenant)
         cfg = self.config
+        rl = fields.get("rl") or cfg.rl
         check_query(query, cfg.max_query_chars)
         check_response(response, cfg.max_response_bytes)
         scope = check_scope(fields.get("scope", ""))
@@ -416,8 +431,8 @@ class StoragePlans:
             "" if ttl is None else repr(float(ttl)),
             repr(s),
             repr(q),
-            repr(cfg.rl.prior_alpha),
-            repr(cfg.rl.prior_beta),
+            repr(rl.prior_alpha),
+            repr(rl.prior_beta),
             cfg.index_log_maxlen,
             repr(float(cfg.default_ttl_s or 0)),
             "" if fields.get("index_dim") is None else str(int(fields["index_dim"] or 0)),
@@ -450,6 +465,7 @@ class StoragePlans:
         refresh_ttl: bool = False,
         min_reward: float | None = None,
         similarity: float | None = None,
+        rl: RLConfig | None = None,
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
         now) is below it is not served (status ``unservable``); with ``similarity`` a
@@ -459,7 +475,7 @@ class StoragePlans:
         args = [
             self._now_arg(),
             entry_id,
-            *self._rl_args(),
+            *self._rl_args(rl),
             "1" if refresh_ttl else "0",
             "" if min_reward is None else repr(float(min_reward)),
             "" if similarity is None else repr(float(similarity)),
@@ -511,9 +527,10 @@ class StoragePlans:
         return ScriptCall("hit", [key, k.ids, k.stats], args, parse)
 
     def plan_feedback(
-        self, signals: Sequence[FeedbackSignal]
+        self, signals: Sequence[FeedbackSignal], *, rl: RLConfig | None = None
     ) -> ScriptCall[list[FeedbackOutcome | ZerdaError]]:
-        """Plan one script call applying ``signals`` (all of one tenant), in order.
+        """Plan one script call applying ``signals`` (all of one tenant), in order, with
+        the bandit parameters ``rl`` (the tenant's policy; default: the configuration's).
 
         The reply holds, per signal, the entry's new learning state or the error for it
         (``EntryNotFoundError``, ``CorruptEntryError``).
@@ -521,8 +538,8 @@ class StoragePlans:
         sigs = list(signals)
         tenant = sigs[0].tenant_id
         k = self.keys(tenant)
-        keys = [k.stats, k.fb]
-        args: list[Any] = [self._now_arg(), *self._feedback_static]
+        keys = [k.stats, k.fb, k.ev]
+        args: list[Any] = [self._now_arg(), *self._rl_static(rl)[1]]
         for sig in sigs:
             if sig.tenant_id != tenant:
                 raise ValueError("plan_feedback takes signals of one tenant")
@@ -555,10 +572,18 @@ class StoragePlans:
         return ScriptCall("feedback", keys, args, parse)
 
     def plan_decay(
-        self, tenant: str, entry_ids: Sequence[str], *, fence: int | None = None
+        self,
+        tenant: str,
+        entry_ids: Sequence[str],
+        *,
+        fence: int | None = None,
+        rl: RLConfig | None = None,
+        complete: bool = False,
     ) -> ScriptCall[DecayOutcome]:
         """Plan persisting the decay of ``entry_ids``; ``fence``: the worker's lease epoch
-        (a write of an older epoch than the tenant saw is refused: ``FencedError``)."""
+        (a write of an older epoch than the tenant saw is refused: ``FencedError``);
+        ``complete``: a full scan of the tenant ends with this call, so its evidence set
+        (``ev``, the decay job's work list from now on) holds every arm with evidence."""
         k = self.keys(tenant)
         ids = list(entry_ids)
 
@@ -569,8 +594,14 @@ class StoragePlans:
                 log.warning("decay skipped corrupt entry %s", k.entry(eid))
             return DecayOutcome(int(decayed), int(missing), bad)
 
-        keys = [k.cfg, *(k.entry(eid) for eid in ids)]
-        args = [self._now_arg(), *self._rl_args(), "" if fence is None else str(int(fence))]
+        keys = [k.cfg, k.ev, *(k.entry(eid) for eid in ids)]
+        args = [
+            self._now_arg(),
+            *self._rl_args(rl),
+            "" if fence is None else str(int(fence)),
+            "1" if complete else "",
+            *ids,
+        ]
         return ScriptCall("decay", keys, args, parse)
 
     def plan_evict(
@@ -585,7 +616,7 @@ class StoragePlans:
             raise ValueError(f"unknown eviction reason {reason!r}; use one of {REASONS}")
         k = self.keys(tenant)
         cands = list(candidates)
-        keys = [k.ids, k.q, k.log, k.stats, k.cfg, *(k.entry(eid) for eid, _ in cands)]
+        keys = [k.ids, k.q, k.log, k.stats, k.cfg, k.ev, *(k.entry(eid) for eid, _ in cands)]
         args: list[Any] = [
             reason,
             self.config.index_log_maxlen,
@@ -781,23 +812,45 @@ class StoragePlans:
 
         return ReadPlan("exact_match", queue, parse, 1)
 
-    def plan_label(self, tenant: str, similarity: float, right: bool) -> ScriptCall[float]:
-        """Plan counting one labelled outcome of a near match (``calibration.py``)."""
-        args = [bin_of(similarity), "1" if right else "0", self.config.label_window]
+    def plan_label(
+        self, tenant: str, similarity: float, right: bool, *, window: int | None = None
+    ) -> ScriptCall[float]:
+        """Plan counting one labelled outcome of a near match (``calibration.py``);
+        ``window``: the tenant's ``label_window`` (default: the configuration's)."""
+        window = self.config.label_window if window is None else window
+        args = [bin_of(similarity), "1" if right else "0", window]
         return ScriptCall("label", [self.keys(tenant).cal], args, lambda res: float(res))
 
-    def read_policy(self, tenant: str) -> ReadPlan[Calibration]:
-        """The tenant's labelled outcomes and its stored ``max_error_rate``."""
+    def read_policy(self, tenant: str) -> ReadPlan[TenantPolicy]:
+        """The tenant's policy: this configuration with the tenant's stored settings on
+        top, and its labelled outcomes (``zerda_cache.policy``)."""
         k = self.keys(tenant)
 
         def queue(pipe: Any) -> None:
+            pipe.hgetall(k.cfg)
             pipe.hgetall(k.cal)
-            pipe.hget(k.cfg, "max_error_rate")
 
-        def parse(res: list[Any]) -> Calibration:
-            return Calibration.parse(res[0], res[1])
+        def parse(res: list[Any]) -> TenantPolicy:
+            return TenantPolicy.parse(tenant, self.config, res[0], res[1], warn_rejected)
 
         return ReadPlan("policy", queue, parse, 2)
+
+    def plan_adopt(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[int]:
+        """Plan taking back entries whose hash outlived the tenant's ids zset
+        (``adopt.lua``): returns how many were orphans."""
+        k = self.keys(tenant)
+        ids = list(entry_ids)
+        keys = [k.ids, k.q, k.log, *(k.entry(eid) for eid in ids)]
+        args = [self.config.index_log_maxlen, *ids]
+        return ScriptCall("adopt", keys, args, lambda res: int(res))
+
+    def plan_settings(self, tenant: str, changes: Mapping[str, str]) -> ScriptCall[int]:
+        """Plan one change of the tenant's settings (validated and encoded by
+        ``policy.check_changes``; '' clears): returns the new policy version."""
+        args: list[Any] = []
+        for name, value in changes.items():
+            args += [name, value]
+        return ScriptCall("settings", [self.keys(tenant).cfg], args, lambda res: int(res))
 
     def register(self, tenant: str) -> ReadPlan[None]:
         """Add ``tenant`` to the global registry (idempotent; best effort). Lookups send

@@ -34,6 +34,14 @@ FLAGS = {
     "lease_release": "allow-oom",
     "lease_acquire": "allow-oom",
     "label": "allow-oom",
+    # A policy change writes a few bytes, and an operator lowering max_entries on a full
+    # server must be able to.
+    "settings": "allow-oom",
+    # Taking back orphaned entries re-creates their ids on a full server too.
+    "adopt": "allow-oom",
+    # Publishing a snapshot writes a small hash; its chunks were written (or refused)
+    # before. Dropping one frees memory.
+    "snapshot": "allow-oom",
     # The HTTP service's keys: a new key is refused whole on a full server; a revocation
     # must work there too.
     "apikey_add": "",
@@ -50,6 +58,9 @@ SCRIPT_NAMES = (
     "lease_release",
     "lease_acquire",
     "label",
+    "settings",
+    "adopt",
+    "snapshot",
     "apikey_add",
     "apikey_revoke",
 )
@@ -85,6 +96,9 @@ class Scripts:
     lease_release: Any
     lease_acquire: Any
     label: Any
+    settings: Any
+    adopt: Any
+    snapshot: Any
     apikey_add: Any
     apikey_revoke: Any
 

@@ -12,22 +12,24 @@ server's ``TIME``, unless a ``clock`` is injected (tests).
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import redis.exceptions
 
 from zerda_cache.apikeys import ApiKey
-from zerda_cache.calibration import Calibration, check_error_rate
-from zerda_cache.config import CacheConfig
+from zerda_cache.calibration import Calibration
+from zerda_cache.config import CacheConfig, RLConfig
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import CorruptEntryError, InvalidEntryError, StorageError, ZerdaError
+from zerda_cache.policy import POLICY_FIELDS, RESERVED, TenantPolicy, check_changes
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.driver import AsyncDriven, Flow, SyncDriven, call, op, wrap_errors
-from zerda_cache.storage.keys import api_keys_key, cycles_key, leader_key
+from zerda_cache.storage.keys import TenantKeys, api_keys_key, cycles_key, leader_key
 from zerda_cache.storage.plans import (
     FEEDBACK_BATCH,
     DecayOutcome,
@@ -54,8 +56,14 @@ log = logging.getLogger(__name__)
 
 #: The worker's cycle log keeps about this many records.
 CYCLE_LOG_MAXLEN = 1_000
+#: An index snapshot is stored in strings of at most this many bytes (Redis caps a
+#: string at 512 MB; smaller chunks keep each GET from holding the server long).
+SNAPSHOT_CHUNK = 16 * 1024 * 1024
+#: Chunks of a snapshot not published within this long are garbage (a worker died).
+SNAPSHOT_UNPUBLISHED_TTL_MS = 3_600_000
+SNAPSHOT_FORMAT = "1"
 #: Tenant settings that ``set_tenant_settings`` accepts (``dim`` is fixed by the first put).
-TENANT_SETTINGS = ("max_entries", "max_bytes", "ttl", "max_error_rate")
+TENANT_SETTINGS = tuple(POLICY_FIELDS)
 
 IdBatch = list[tuple[str, float]]
 
@@ -168,49 +176,67 @@ class Storage(StoragePlans):
             self._registered_tenants.add(tenant)
         return out
 
-    def _feedback(self, signal: FeedbackSignal) -> Flow[FeedbackOutcome]:
-        """Apply one signal atomically; return the entry's new learning state.
+    def _feedback(
+        self, signal: FeedbackSignal, *, rl: RLConfig | None = None
+    ) -> Flow[FeedbackOutcome]:
+        """Apply one signal atomically; return the entry's new learning state. ``rl``:
+        the tenant's bandit parameters (default: the configuration's).
 
         Raises:
             EntryNotFoundError: no such entry in ``signal.tenant_id``.
             CorruptEntryError: the entry's state does not decode (nothing written).
         """
-        (result,) = yield from self._run(self.plan_feedback([signal]))
+        (result,) = yield from self._run(self.plan_feedback([signal], rl=rl))
         if isinstance(result, ZerdaError):
             raise result
         return result
 
     def _feedback_many(
-        self, signals: Sequence[FeedbackSignal], *, batch: int = FEEDBACK_BATCH
+        self,
+        signals: Sequence[FeedbackSignal],
+        *,
+        batch: int = FEEDBACK_BATCH,
+        policy: Callable[[str], RLConfig | None] | None = None,
     ) -> Flow[list[FeedbackOutcome | ZerdaError]]:
         """Apply many signals; one script call per tenant and ``batch`` signals.
 
         Returns, per signal and in order, the new state or the error for it (unknown
         entry, corrupt state): one bad signal does not stop the others. Each call is
         atomic; signals of different calls are not applied together. Works unchanged on
-        Redis Cluster (a call touches one tenant, so one slot).
+        Redis Cluster (a call touches one tenant, so one slot). ``policy`` gives each
+        tenant's bandit parameters (default: the configuration's for every tenant).
         """
         out: list[FeedbackOutcome | ZerdaError | None] = [None] * len(signals)
-        for positions in _group_by_tenant(signals).values():
+        for tenant, positions in _group_by_tenant(signals).items():
+            rl = policy(tenant) if policy is not None else None
             for i in range(0, len(positions), batch):
                 chunk = positions[i : i + batch]
-                results = yield from self._run(self.plan_feedback([signals[j] for j in chunk]))
+                sigs = [signals[j] for j in chunk]
+                results = yield from self._run(self.plan_feedback(sigs, rl=rl))
                 for j, res in zip(chunk, results, strict=True):
                     out[j] = res
         return [r for r in out if r is not None]
 
     def _decay(
-        self, tenant: str, entry_ids: Sequence[str], *, fence: int | None = None
+        self,
+        tenant: str,
+        entry_ids: Sequence[str],
+        *,
+        fence: int | None = None,
+        rl: RLConfig | None = None,
+        complete: bool = False,
     ) -> Flow[DecayOutcome]:
-        """Bring the arms of ``entry_ids`` to now and persist them (one script call).
+        """Bring the arms of ``entry_ids`` to now and persist them (one script call),
+        with the tenant's bandit parameters ``rl`` (default: the configuration's).
 
         Raises:
             FencedError: ``fence`` (the worker's lease epoch) is older than one that
                 already wrote to this tenant; nothing is written.
         """
-        if not entry_ids:
+        if not entry_ids and not complete:
             return DecayOutcome(0, 0, [])
-        return (yield from self._run(self.plan_decay(tenant, entry_ids, fence=fence)))
+        plan = self.plan_decay(tenant, entry_ids, fence=fence, rl=rl, complete=complete)
+        return (yield from self._run(plan))
 
     def _evict(
         self,
@@ -305,6 +331,136 @@ class Storage(StoragePlans):
         )
         return int(nxt), [(text(member), float(score)) for member, score in items]
 
+    def _scan_evidence(
+        self, tenant: str, cursor: int = 0, batch: int | None = None
+    ) -> Flow[tuple[int, list[str]]]:
+        """One SSCAN step over the ids of arms with evidence (the decay job's list)."""
+        count = batch or self.config.eviction.scan_batch
+        nxt, items = yield from self._command(
+            "iter_evidence", "sscan", self.keys(tenant).ev, cursor=cursor, count=count
+        )
+        return int(nxt), [text(member) for member in items]
+
+    def _scan_entry_keys(self, tenant: str, cursor: int = 0) -> Flow[tuple[int, list[str]]]:
+        """One SCAN step over the keyspace for the tenant's entry hashes (their ids):
+        the way back to entries whose ids zset was lost. It walks every key of the
+        server, so the worker runs it only when that zset is gone (``recover_orphans``)."""
+        prefix = self.keys(tenant).entry_prefix
+        nxt, keys = yield from self._command(
+            "scan entries", "scan", cursor=cursor, match=prefix + "*", count=1_000
+        )
+        return int(nxt), [text(key)[len(prefix) :] for key in keys]
+
+    def _adopt(self, tenant: str, entry_ids: Sequence[str]) -> Flow[int]:
+        """Take back entries whose hash outlived the ids zset (see ``plan_adopt``)."""
+        ids = [eid for eid in entry_ids if _is_entry_id(eid)]
+        if not ids:
+            return 0
+        return int((yield from self._run(self.plan_adopt(tenant, ids))))
+
+    # -- index snapshots (zerda_cache/snapshot.py) -------------------------------------------
+    def _snapshot_info(self, tenant: str) -> Flow[SnapshotInfo | None]:
+        """The tenant's published index snapshot, or ``None`` (none, or another format)."""
+        raw = yield from self._command("snapshot", "hgetall", self.keys(tenant).snap)
+        return SnapshotInfo.parse(raw)
+
+    def _read_snapshot(self, tenant: str, info: SnapshotInfo) -> Flow[bytes | None]:
+        """The snapshot's bytes, or ``None`` if a chunk is gone (a newer snapshot replaced
+        it meanwhile) or they do not match the published size and checksum."""
+        k = self.keys(tenant)
+        parts: list[bytes] = []
+        for i in range(info.chunks):
+            chunk = yield from self._command("snapshot", "get", k.snap_chunk(info.generation, i))
+            if chunk is None:
+                return None
+            parts.append(bytes(chunk))
+        blob = b"".join(parts)
+        if len(blob) != info.size or _digest(blob) != info.checksum:
+            log.warning("tenant %s: index snapshot %s does not check out", tenant, info.generation)
+            return None
+        return blob
+
+    def _write_snapshot(
+        self, tenant: str, blob: bytes, *, last_id: str, added: int, entries: int, dim: int
+    ) -> Flow[bool]:
+        """Store ``blob`` as the tenant's index snapshot at log position ``(last_id,
+        added)``: the chunks first (unreferenced, with a TTL), then ``snapshot.lua``
+        publishes them and deletes the previous generation. False if another snapshot
+        was published meanwhile (this one's chunks expire)."""
+        import secrets
+
+        k = self.keys(tenant)
+        old = yield from self._snapshot_info(tenant)
+        gen = secrets.token_hex(6)
+        n = max(1, -(-len(blob) // SNAPSHOT_CHUNK))
+        new_keys = [k.snap_chunk(gen, i) for i in range(n)]
+        for i, key in enumerate(new_keys):
+            part = blob[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK]
+            yield from self._command("snapshot", "set", key, part, px=SNAPSHOT_UNPUBLISHED_TTL_MS)
+        old_keys = [] if old is None else _chunk_keys(k, old)
+        fields = {
+            "fmt": SNAPSHOT_FORMAT,
+            "last_id": last_id,
+            "added": str(int(added)),
+            "entries": str(int(entries)),
+            "dim": str(int(dim)),
+            "size": str(len(blob)),
+            "chunks": str(n),
+            "sum": _digest(blob),
+            "at": repr(time.time()),
+        }
+        args: list[Any] = ["commit", "" if old is None else old.generation, gen, n]
+        for name, value in fields.items():
+            args += [name, value]
+        plan = ScriptCall("snapshot", [k.snap, *new_keys, *old_keys], args, lambda r: int(r))
+        return bool((yield from self._run(plan)))
+
+    def _drop_snapshot(self, tenant: str) -> Flow[None]:
+        """Delete the tenant's index snapshot (``clear`` does: its vectors may not fit
+        the tenant any more)."""
+        k = self.keys(tenant)
+        info = yield from self._snapshot_info(tenant)
+        chunks = [] if info is None else _chunk_keys(k, info)
+        yield from self._run(ScriptCall("snapshot", [k.snap, *chunks], ["drop"], lambda r: None))
+
+    def _expired_ids(self, tenant: str, now: float, limit: int = 10_000) -> Flow[list[str]]:
+        """Up to ``limit`` live ids whose expiry is at or before ``now`` (the ids zset is
+        scored by expiry, so this is a range read, not a scan)."""
+        items = yield from self._command(
+            "expired ids",
+            "zrangebyscore",
+            self.keys(tenant).ids,
+            "-inf",
+            repr(float(now)),
+            start=0,
+            num=limit,
+        )
+        return [text(i) for i in items]
+
+    def _size(self, tenant: str) -> Flow[tuple[int, int]]:
+        """The tenant's live entries and stored bytes, in one round trip."""
+        k = self.keys(tenant)
+
+        def queue(pipe: Any) -> None:
+            pipe.zcard(k.ids)
+            pipe.hget(k.stats, "bytes")
+
+        def parse(res: list[Any]) -> tuple[int, int]:
+            try:
+                size = int(res[1] or 0)
+            except ValueError:
+                size = 0
+            return int(res[0]), size
+
+        return (yield from self._read(ReadPlan("size", queue, parse, 2)))
+
+    def _evidence_complete(self, tenant: str) -> Flow[bool]:
+        """True once a full decay scan has filled the tenant's evidence set (the set is
+        then kept by the scripts); False for data written before it existed, or after
+        the settings hash was lost."""
+        flag = yield from self._command("evidence", "hget", self.keys(tenant).cfg, "evx")
+        return flag is not None
+
     def _count(self, tenant: str) -> Flow[int]:
         """Live entries of ``tenant``."""
         return int((yield from self._command("count", "zcard", self.keys(tenant).ids)))
@@ -319,43 +475,53 @@ class Storage(StoragePlans):
         return sorted(text(t) for t in members)
 
     def _tenant_settings(self, tenant: str) -> Flow[dict[str, float]]:
-        """Per-tenant overrides stored in Redis: ``max_entries``, ``max_bytes``, ``ttl``
-        (and ``dim``, fixed by the first put)."""
+        """The tenant's numeric settings stored in Redis (``policy.POLICY_FIELDS``, by
+        their stored names; booleans as 1.0 / 0.0), and ``dim``, fixed by its first put.
+        ``tenant_policy`` gives them applied, with their version."""
         raw = yield from self._command("tenant_settings", "hgetall", self.keys(tenant).cfg)
         out: dict[str, float] = {}
         for name, value in raw.items():
+            key = text(name)
+            if key in RESERVED and key != "dim":
+                continue
             try:
-                out[text(name)] = float(value)
+                f = POLICY_FIELDS.get(key)
+                out[key] = float(f.parse(value) if f is not None else float(value))
             except ValueError:
                 log.warning("tenant %s: ignoring bad setting %r=%r", tenant, name, value)
         return out
 
-    def _set_tenant_settings(self, /, tenant: str, **settings: float | None) -> Flow[None]:
-        """Set (a number) or clear (``None``) overrides: max_entries, max_bytes, ttl, and
-        max_error_rate (in (0, 1): the tenant's error bound, read by every replica)."""
-        unknown = set(settings) - set(TENANT_SETTINGS)
-        if unknown:
-            raise ValueError(f"unknown tenant settings {sorted(unknown)}; use {TENANT_SETTINGS}")
+    def _set_tenant_settings(self, /, tenant: str, **settings: float | None) -> Flow[int]:
+        """Set (a number) or clear (``None``) settings by keyword: max_entries,
+        max_bytes, ttl, max_error_rate, similarity_threshold, top_k, ... (names without a
+        dot; ``set_tenant_policy`` takes every name). Returns the new policy version."""
+        return (yield from self._set_tenant_policy(tenant, settings))
+
+    def _set_tenant_policy(self, tenant: str, changes: Mapping[str, object]) -> Flow[int]:
+        """Change a tenant's policy in one step (``settings.lua``): ``changes`` maps
+        setting names (``policy.POLICY_FIELDS``: ``similarity_threshold``,
+        ``rl.min_reward_to_serve``, ``eviction.reward_weight``, ...) to a value, or to
+        ``None`` to fall back to each process's own configuration. Every replica and
+        worker applies it within ``policy_refresh_s``. Returns the new version.
+
+        Raises:
+            ValueError: an unknown name or a value the configuration refuses, validated
+                with what is stored on top of this storage's configuration; nothing is
+                written.
+        """
         k = self.keys(tenant)
-        check_error_rate(settings.get("max_error_rate"))
-        for name, value in settings.items():
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
+        if not changes:
+            raise ValueError("no settings to change")
+        raw = yield from self._command("tenant_settings", "hgetall", k.cfg)
+        stored = {text(n): text(v) for n, v in raw.items()}
+        encoded = check_changes(self.config, stored, changes)
+        version = yield from self._run(self.plan_settings(tenant, encoded))
+        yield from self._command("register tenant", "sadd", self.tenants_key, tenant)
+        return int(version)
 
-        def queue(pipe: Any) -> None:
-            for name, value in settings.items():
-                if value is None:
-                    pipe.hdel(k.cfg, name)
-                else:
-                    pipe.hset(k.cfg, name, repr(value))
-            pipe.sadd(self.tenants_key, tenant)
-
-        yield from self._read(ReadPlan("set_tenant_settings", queue, _ignore, len(settings) + 1))
+    def _tenant_policy(self, tenant: str) -> Flow[TenantPolicy]:
+        """The tenant's policy as this storage's configuration resolves it."""
+        return (yield from self._read(self.read_policy(tenant)))
 
     def _reset_tenant(self, tenant: str) -> Flow[None]:
         """Drop a tenant's counters, feedback log, dimension, labelled outcomes and corrupt
@@ -365,10 +531,11 @@ class Storage(StoragePlans):
         k = self.keys(tenant)
 
         def queue(pipe: Any) -> None:
-            pipe.unlink(k.stats, k.fb, k.cal, k.bad)
+            pipe.unlink(k.stats, k.fb, k.cal, k.bad, k.ev)
             pipe.hdel(k.cfg, "dim")
 
         yield from self._read(ReadPlan("reset_tenant", queue, _ignore, 2))
+        yield from self._drop_snapshot(tenant)
 
     def _feedback_log(self, tenant: str, count: int = 100) -> Flow[list[dict[str, str]]]:
         """The most recent feedback signals of ``tenant``, newest first."""
@@ -391,13 +558,15 @@ class Storage(StoragePlans):
         """The tenant's log events after ``after`` (see ``read_log``)."""
         return (yield from self._read(self.read_log(tenant, after)))
 
-    def _label(self, tenant: str, similarity: float, right: bool) -> Flow[float]:
+    def _label(
+        self, tenant: str, similarity: float, right: bool, *, window: int | None = None
+    ) -> Flow[float]:
         """Count one labelled outcome of a near match; returns the tenant's label count."""
-        return (yield from self._run(self.plan_label(tenant, similarity, right)))
+        return (yield from self._run(self.plan_label(tenant, similarity, right, window=window)))
 
-    def _policy(self, tenant: str) -> Flow[Calibration]:
+    def _calibration(self, tenant: str) -> Flow[Calibration]:
         """The tenant's labelled outcomes and stored error bound."""
-        return (yield from self._read(self.read_policy(tenant)))
+        return (yield from self._tenant_policy(tenant)).calibration
 
     def _suspects(self, tenant: str, count: int = 10_000) -> Flow[list[str]]:
         """Up to ``count`` ids replicas reported undecodable in ``tenant`` (read only)."""
@@ -420,15 +589,25 @@ class Storage(StoragePlans):
     stats = op(_stats)
     exact_match = op(_exact_match)
     count = op(_count)
+    evidence_complete = op(_evidence_complete)
+    expired_ids = op(_expired_ids)
+    snapshot_info = op(_snapshot_info)
+    read_snapshot = op(_read_snapshot)
+    write_snapshot = op(_write_snapshot)
+    drop_snapshot = op(_drop_snapshot)
+    adopt = op(_adopt)
+    size = op(_size)
     tenant_dim = op(_tenant_dim)
     tenants = op(_tenants)
     tenant_settings = op(_tenant_settings)
     set_tenant_settings = op(_set_tenant_settings)
+    set_tenant_policy = op(_set_tenant_policy)
+    tenant_policy = op(_tenant_policy)
     reset_tenant = op(_reset_tenant)
     feedback_log = op(_feedback_log)
     log_info = op(_log_info)
     label = op(_label)
-    policy = op(_policy)
+    calibration = op(_calibration)
     suspects = op(_suspects)
     forget_suspects = op(_forget_suspects)
 
@@ -547,6 +726,22 @@ class RedisStorage(SyncDriven, Storage):
             if items:
                 yield items
 
+    def iter_entry_keys(self, tenant: str) -> Iterator[list[str]]:
+        """Batches of the ids of the tenant's entry hashes, by a SCAN of the keyspace."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = self._drive(self._scan_entry_keys(tenant, cursor or 0))
+            if items:
+                yield items
+
+    def iter_evidence(self, tenant: str, batch: int | None = None) -> Iterator[list[str]]:
+        """Batches of the ids of arms with evidence, by SSCAN (each at least once)."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = self._drive(self._scan_evidence(tenant, cursor or 0, batch))
+            if items:
+                yield items
+
     def close(self) -> None:
         self._drive(self._close())
 
@@ -563,6 +758,24 @@ class AsyncRedisStorage(AsyncDriven, Storage):
             if items:
                 yield items
 
+    async def iter_entry_keys(self, tenant: str) -> AsyncIterator[list[str]]:
+        """``RedisStorage.iter_entry_keys``, as an async iterator."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = await self._drive(self._scan_entry_keys(tenant, cursor or 0))
+            if items:
+                yield items
+
+    async def iter_evidence(
+        self, tenant: str, batch: int | None = None
+    ) -> AsyncIterator[list[str]]:
+        """``RedisStorage.iter_evidence``, as an async iterator."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = await self._drive(self._scan_evidence(tenant, cursor or 0, batch))
+            if items:
+                yield items
+
     async def aclose(self) -> None:
         await self._drive(self._close())
 
@@ -573,6 +786,60 @@ def is_cluster(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
     return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """A published index snapshot: its generation, the log position its index is at, and
+    what checks its bytes."""
+
+    generation: str
+    last_id: str
+    added: int
+    entries: int
+    dim: int
+    size: int
+    chunks: int
+    checksum: str
+    created_at: float
+
+    @classmethod
+    def parse(cls, raw: Mapping[Any, Any]) -> SnapshotInfo | None:
+        f = {text(k): text(v) for k, v in raw.items()}
+        if not f or f.get("fmt") != SNAPSHOT_FORMAT:
+            return None
+        try:
+            return cls(
+                generation=f["gen"],
+                last_id=f["last_id"],
+                added=int(f["added"]),
+                entries=int(f["entries"]),
+                dim=int(f["dim"]),
+                size=int(f["size"]),
+                chunks=int(f["chunks"]),
+                checksum=f["sum"],
+                created_at=float(f["at"]),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+def _chunk_keys(k: TenantKeys, info: SnapshotInfo) -> list[str]:
+    return [k.snap_chunk(info.generation, i) for i in range(info.chunks)]
+
+
+def _digest(blob: bytes) -> str:
+    import hashlib
+
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def _is_entry_id(value: str) -> bool:
+    try:
+        validate_entry_id(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _ignore(replies: list[Any]) -> None:

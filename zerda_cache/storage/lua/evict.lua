@@ -1,5 +1,5 @@
 -- KEYS[1] ids zset  KEYS[2] q hash  KEYS[3] log stream  KEYS[4] stats hash  KEYS[5] cfg hash
--- KEYS[6..] entry hashes, one per (id, version) pair in ARGV
+-- KEYS[6] evidence set  KEYS[7..] entry hashes, one per (id, version) pair in ARGV
 -- ARGV[1] reason  ARGV[2] log maxlen  ARGV[3] the worker's lease epoch ('' = not fenced)
 -- ARGV[4], ARGV[5], ...: entry id, expected version ('' = any).
 -- returns one status per entry: 1 removed; 0 already gone (stray index entries cleaned);
@@ -14,8 +14,8 @@ end
 local reason, maxlen = ARGV[1], ARGV[2]
 local out = {}
 local removed, freed = 0, 0
-for i = 6, #KEYS do
-  local id, want = ARGV[(i - 6) * 2 + 4], ARGV[(i - 6) * 2 + 5]
+for i = 7, #KEYS do
+  local id, want = ARGV[(i - 7) * 2 + 4], ARGV[(i - 7) * 2 + 5]
   local key = KEYS[i]
   local state = redis.call('HMGET', key, 'sz', 'dg', 'use')
   local exists = redis.call('EXISTS', key) == 1  -- whatever fields a corrupt entry lost
@@ -25,6 +25,7 @@ for i = 6, #KEYS do
     changed = not ok or type(use) ~= 'table' or use.v ~= tonumber(want)
   end
   if not exists then
+    redis.call('SREM', KEYS[6], id)
     if redis.call('ZREM', KEYS[1], id) == 1 then
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
     end
@@ -34,6 +35,7 @@ for i = 6, #KEYS do
   else
     redis.call('DEL', key)
     redis.call('ZREM', KEYS[1], id)
+    redis.call('SREM', KEYS[6], id)
     if state[2] and redis.call('HGET', KEYS[2], state[2]) == id then
       redis.call('HDEL', KEYS[2], state[2])
     end

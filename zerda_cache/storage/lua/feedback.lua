@@ -1,4 +1,5 @@
--- KEYS[1] stats hash  KEYS[2] feedback stream  KEYS[3..] entry hashes, one per signal
+-- KEYS[1] stats hash  KEYS[2] feedback stream  KEYS[3] evidence set (ids of arms with a
+-- signal: the decay job's work list)  KEYS[4..] entry hashes, one per signal
 -- ARGV[1] now ('' = server TIME)  ARGV[2] positive_feedback_reward
 -- ARGV[3] negative_feedback_penalty  ARGV[4] prior_alpha  ARGV[5] prior_beta
 -- ARGV[6] usage_decay  ARGV[7] decay_interval_s  ARGV[8] feedback log maxlen (approximate:
@@ -19,8 +20,8 @@ local margin, near_share = tonumber(ARGV[9]), tonumber(ARGV[10])
 local forget = tonumber(ARGV[11])
 local out = {}
 local n_pos, n_neg = 0, 0
-for i = 3, #KEYS do
-  local base = 11 + (i - 3) * 6
+for i = 4, #KEYS do
+  local base = 11 + (i - 4) * 6
   local raw = redis.call('HMGET', KEYS[i], 'arm', 'use', 'sz', 'meta')
   if not raw[1] and not raw[2] and not raw[3] then
     out[#out + 1] = {0}
@@ -76,6 +77,7 @@ for i = 3, #KEYS do
       use.v = use.v + 1
       use.c = zc_confidence(arm, use)
       local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
+      redis.call('SADD', KEYS[3], ARGV[base + 1])
       redis.call('HSET', KEYS[i], 'arm', packed_arm, 'use', packed_use)
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'id', ARGV[base + 1],
                  'pos', ARGV[base + 2], 'mag', ARGV[base + 3], 'src', ARGV[base + 4],

@@ -1,0 +1,189 @@
+"""Index snapshots (``zerda_cache/snapshot.py``): the worker publishes a tenant's built
+index in Redis, and a new replica loads it and replays the log from its position instead
+of scanning every vector (real servers)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from conftest import near
+
+from zerda_cache import CacheConfig, EvictionConfig
+from zerda_cache.index import IndexPolicy, ScopedIndex
+from zerda_cache.snapshot import Snapshotter
+from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import tenant_keys
+
+DIM = 16
+N = 1_500
+# HNSW from 500 entries per scope, snapshots from 100 entries per tenant: small enough
+# for a test, and both kinds of sub-index in the snapshot.
+CONFIG = CacheConfig(
+    ann_threshold=500, eviction=EvictionConfig(snapshot_min_entries=100), index_log_maxlen=10_000
+)
+
+
+def vectors(n: int, seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def fill(st: RedisStorage, x: np.ndarray, scope_every: int = 10) -> list[str]:
+    """Entries ``q{i}`` with ``x[i]``; every ``scope_every``-th in scope ``other``."""
+    ids = []
+    for start in range(0, len(x), 500):
+        pipe = st.client.pipeline(transaction=False)
+        calls = [
+            st.plan_put("t", f"q{i}", f"a{i}", x[i], scope="other" if i % scope_every == 0 else "")
+            for i in range(start, min(len(x), start + 500))
+        ]
+        for c in calls:
+            st.scripts.put(keys=c.keys, args=c.args, client=pipe)
+        ids += [c.parse(r).entry_id for c, r in zip(calls, pipe.execute(), strict=True)]
+    st.client.sadd(st.tenants_key, "t")
+    return ids
+
+
+def zscans(client: redis.Redis) -> int:
+    """ZSCAN calls the server has served (a replica's build scans the ids with it)."""
+    return int(client.info("commandstats").get("cmdstat_zscan", {}).get("calls", 0))
+
+
+def test_a_dump_restores_the_same_index_of_either_kind() -> None:
+    x = vectors(800)
+    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300))
+    ids = [f"{i:032x}" for i in range(800)]
+    ix.add_many({ids[i]: (x[i], "" if i < 600 else "b") for i in range(800)})
+    ix.remove(ids[5])
+    assert (ix.kind(""), ix.kind("b")) == ("hnsw", "exact")
+    blob = ix.dump()
+    assert blob is not None
+    back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
+    assert back.ids() == ix.ids() and (back.kind(""), back.kind("b")) == ("hnsw", "exact")
+    for i in (7, 650):
+        scope = "" if i < 600 else "b"
+        assert back.search(x[i], scope, 1, 0.5)[0][0] == ids[i]
+    back.add(ids[5], x[5], "")  # a restored HNSW index takes new vectors
+    assert back.search(x[5], "", 1, 0.5)[0][0] == ids[5]
+    for bad in (b"", b"\x81\xa1v\x02", blob[:-10]):
+        with pytest.raises(ValueError):
+            ScopedIndex.restore(bad)
+
+
+def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
+    make_manager: Any, redis_client: redis.Redis, caplog: Any
+) -> None:
+    st = RedisStorage(redis_client, CONFIG)
+    x = vectors(N + 50)
+    ids = fill(st, x[:N])
+    snap = Snapshotter(st)
+    report = snap.snapshot_tenant("t")
+    assert report is not None and report.published and report.entries == N
+    assert snap.snapshot_tenant("t") is None  # not due: the log has not moved
+    # After the snapshot: puts, an invalidation, a replaced question.
+    writer = make_manager(CONFIG)
+    late = [writer.put(f"late {i}", f"late {i}", tenant="t", embedding=x[N + i]) for i in range(50)]
+    writer.invalidate(ids[1], tenant="t")
+    scans = zscans(redis_client)
+    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+        fresh = make_manager(CONFIG)
+        assert fresh.sync_index("t") == N + 50 - 1
+    assert "index loaded from snapshot" in caplog.text
+    assert zscans(redis_client) == scans  # the ids were not scanned
+    hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 7], 0.97))
+    assert hit is not None and hit.entry_id == late[7].entry_id
+    assert fresh.lookup("q1?", tenant="t", embedding=x[1]) is None  # invalidated
+    hit = fresh.lookup("q3?", tenant="t", embedding=near(x[3], 0.97))  # an HNSW scope
+    assert hit is not None and hit.entry_id == ids[3]
+    hit = fresh.lookup("q10?", tenant="t", embedding=near(x[10], 0.97), scope="other")
+    assert hit is not None and hit.entry_id == ids[10]  # an exact scope
+
+
+def test_a_stale_damaged_or_missing_snapshot_means_a_scan(
+    make_manager: Any, redis_client: redis.Redis, caplog: Any
+) -> None:
+    st = RedisStorage(redis_client, CONFIG)
+    x = vectors(N)
+    fill(st, x)
+    assert Snapshotter(st).snapshot_tenant("t") is not None
+    keys = tenant_keys("t")
+    info = st.snapshot_info("t")
+    assert info is not None
+    # Damaged: one byte of a chunk changed.
+    redis_client.setrange(keys.snap_chunk(info.generation, 0), 100, b"\x00\x01\x02")
+    scans = zscans(redis_client)
+    with caplog.at_level(logging.INFO):
+        m = make_manager(CONFIG)
+        assert m.sync_index("t") == N
+    assert "does not check out" in caplog.text and "loaded from snapshot" not in caplog.text
+    assert zscans(redis_client) > scans
+    # Stale: the log no longer holds the events since the snapshot.
+    Snapshotter(st).snapshot_tenant("t", force=True)
+    writer = make_manager(CONFIG)
+    for i in range(20):
+        writer.put(f"more {i}", "a", tenant="t", embedding=x[i] * -1)
+    redis_client.xtrim(keys.log, 5, approximate=False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert make_manager(CONFIG).sync_index("t") == N + 20
+    assert "older than the log" in caplog.text
+    # Ignored when a replica says so; deleted by clear, chunks and all.
+    Snapshotter(st).snapshot_tenant("t", force=True)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        off = make_manager(CacheConfig(ann_threshold=500, index_snapshots=False))
+        assert off.sync_index("t") == N + 20
+    assert "loaded from snapshot" not in caplog.text
+    writer.clear("t")
+    assert redis_client.keys(keys.snap + "*") == []
+
+
+def test_a_new_generation_replaces_the_old_and_a_race_is_lost_whole(
+    redis_client: redis.Redis,
+) -> None:
+    st = RedisStorage(redis_client, CONFIG)
+    keys = tenant_keys("t")
+    assert st.write_snapshot("t", b"x" * 100, last_id="1-0", added=1, entries=1, dim=DIM)
+    first = st.snapshot_info("t")
+    assert first is not None and st.read_snapshot("t", first) == b"x" * 100
+    assert redis_client.ttl(keys.snap_chunk(first.generation, 0)) == -1  # published
+    assert st.write_snapshot("t", b"y" * 50, last_id="2-0", added=2, entries=1, dim=DIM)
+    second = st.snapshot_info("t")
+    assert second is not None and second.generation != first.generation
+    assert redis_client.exists(keys.snap_chunk(first.generation, 0)) == 0  # deleted
+    # A commit that read a generation since replaced publishes nothing.
+    stale = st.scripts.snapshot(
+        keys=[keys.snap, keys.snap_chunk("zz", 0)], args=["commit", first.generation, "zz", 1]
+    )
+    assert stale == 0 and st.snapshot_info("t") == second
+
+
+def test_small_tenants_get_no_snapshot(redis_client: redis.Redis) -> None:
+    st = RedisStorage(redis_client, CacheConfig(eviction=EvictionConfig(snapshot_min_entries=500)))
+    fill(st, vectors(100))
+    assert Snapshotter(st).snapshot_tenant("t") is None
+    assert st.snapshot_info("t") is None
+
+
+def test_the_leading_worker_publishes_snapshots(redis_client: redis.Redis) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from zerda_cache.worker import Worker
+
+    st = RedisStorage(redis_client, CONFIG)
+    fill(st, vectors(300))
+    standby_lease = Worker(redis_client, CONFIG, health_file=None, registry=CollectorRegistry())
+    leader = Worker(redis_client, CONFIG, health_file=None, registry=CollectorRegistry())
+    leader.lease_tick()
+    standby_lease.lease_tick()  # the lease is taken: this one stands by
+    standby_lease.snapshot_job()
+    assert st.snapshot_info("t") is None
+    leader.snapshot_job()
+    info = st.snapshot_info("t")
+    assert info is not None and info.entries == 300 and info.dim == DIM
+    leader.snapshots.close()
+    standby_lease.snapshots.close()
