@@ -3,9 +3,10 @@ three replica processes, and the worker leader killed or terminated mid-cycle wi
 standby worker process taking over.
 
 Every process is real (``zerda_cache.faultkit``: the replicas record what Redis
-acknowledged and what they served; ``benchmarks/bench_faults.py`` reports the same
-runs' figures). Assertions are about behaviour: what was lost, what was served, whether
-the replicas recovered; never about how long anything took.
+acknowledged and what they served; ``benchmarks/bench_faults.py`` runs the same code
+and reports its figures, lookup latency included). Assertions are about behaviour: what
+was lost, what was served, whether the replicas recovered; never about how long anything
+took.
 """
 
 from __future__ import annotations
