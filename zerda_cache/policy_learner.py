@@ -187,6 +187,9 @@ class CachePolicyLearner:
         now = time.time() if now is None else now
         reward = self.reward_for(signal)
         self._decay_entry(entry, now)
+        # An arm at its prior was not brought to now (nothing to decay): its evidence
+        # starts now (the feedback script does the same).
+        entry.bandit_arm.decayed_at = max(entry.bandit_arm.decayed_at, now)
         sim = signal.similarity
         if signal.positive:
             if sim is not None and sim < entry.min_positive_similarity:

@@ -68,10 +68,16 @@ class TenantIndex:
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:
-        """Were events this replica has not consumed trimmed away from the log, or is the
-        log another one (deleted and re-created: FLUSHALL, an empty restart), whose
-        events ever added are fewer than those this replica consumed?"""
-        return info.added - info.length > self.consumed or info.added < self.consumed
+        """Asked when the log's oldest event is newer than this replica's position: were
+        events it has not consumed trimmed away, or is the log another one?
+
+        In the log this replica read, every event up to its position is then gone: the
+        ``consumed`` it counted exactly, if it lost nothing; more were trimmed if it lost
+        events. Fewer trimmed means another log (deleted and re-created: FLUSHALL, an
+        empty restart), however many events the new one holds by now: its ids left in
+        the index are ghosts, and only a rebuild finds them all.
+        """
+        return info.added - info.length != self.consumed
 
     def forget(self, entry_ids: set[str]) -> None:
         """Drop ids that Redis no longer has (the index's remove is idempotent)."""

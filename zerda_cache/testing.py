@@ -871,14 +871,17 @@ class RedisSentinelGroup:
         return f"redis+sentinel://{hosts}/{self.service}/0"
 
     def start(self) -> Self:
-        """Start the primary, the replica and the sentinels; wait until every sentinel
-        knows the replica and the other sentinels."""
+        """Start the primary, the replica and the sentinels; wait until the replica is
+        in sync and every sentinel knows the replica and the other sentinels."""
         _register(self)
         try:
-            self.primary = RedisServer(self.kind).start()
+            # No delay before the replica's first (diskless) sync: by default the primary
+            # waits 5 s for more replicas, and writes made meanwhile exist on it alone.
+            self.primary = RedisServer(self.kind, ["--repl-diskless-sync-delay", "0"]).start()
             self.replica = RedisServer(
                 self.kind, ["--replicaof", self.host, str(self.primary.port)]
             ).start()
+            self._wait(self._replicating, 30.0, "the replica did not sync with the primary")
             self._tmpdir = Path(tempfile.mkdtemp(prefix=f"zerda-{self.kind}-sentinel-"))
             for i in range(self.n_sentinels):
                 self._start_sentinel(i)
@@ -916,6 +919,11 @@ class RedisSentinelGroup:
 
     def _sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(host=self.host, port=port, socket_timeout=2, decode_responses=True)
+
+    def _replicating(self) -> bool:
+        assert self.replica is not None
+        with self.replica.client(socket_timeout=2) as c:
+            return str(c.info("replication").get("master_link_status")) == "up"
 
     def _converged(self) -> bool:
         for port in self.sentinel_ports:

@@ -34,6 +34,12 @@ for i = 4, #KEYS do
       local magnitude = tonumber(ARGV[base + 3])
       local sim = tonumber(ARGV[base + 6])
       zc_decay(arm, now, pa, pb, decay, interval)
+      -- An arm at its prior kept the time it was created or last decayed (it had nothing
+      -- to decay): its evidence starts now, or this signal would count as already decayed
+      -- since then (a day-old entry's first signal at a quarter of its weight).
+      if now > arm.t then
+        arm.t = now
+      end
       if positive then
         local reward = magnitude * pos_w
         arm.a = arm.a + reward
