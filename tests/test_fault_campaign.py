@@ -81,12 +81,15 @@ def test_a_replica_idle_through_an_empty_restart_drops_every_ghost(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP], ids=["SIGKILL", "SIGTERM", "SIGSTOP"]
+)
 def test_the_worker_leader_dies_mid_cycle_and_the_standby_process_takes_over(
     sig: signal.Signals, redis_server_factory: Any, tmp_path: Path
 ) -> None:
-    """Two ``zerda-cache worker`` processes; the leader gets SIGKILL or SIGTERM while its
-    eviction cycle is half-way through 30 tenants over capacity. The standby process
+    """Two ``zerda-cache worker`` processes; the leader gets SIGKILL, SIGTERM or SIGSTOP
+    (then SIGCONT once the standby leads) while its eviction cycle is half-way through 30
+    tenants over capacity. The standby process
     leads (SIGTERM: once the leader finished its batch, recorded its cycle as stopped and
     released the lease, exiting 0). Its cycles never overlap the old leader's; every
     tenant ends at its capacity target exactly, with one eviction counted per entry
@@ -97,7 +100,7 @@ def test_the_worker_leader_dies_mid_cycle_and_the_standby_process_takes_over(
     notes = "\n".join(result.notes)
     assert result.mid_cycle and 0 < result.tenants_done_at_fault < result.tenants
     assert result.took_over and not result.overlap, notes
-    if sig == signal.SIGTERM:
+    if sig in (signal.SIGTERM, signal.SIGSTOP):  # SIGSTOP: woken, then a SIGTERM
         assert result.exit_code == 0 and result.last_outcome == "stopped", notes
     else:
         assert result.exit_code == -signal.SIGKILL

@@ -91,8 +91,8 @@ def test_a_stalled_leader_cannot_finish_its_cycle(redis_client: Any) -> None:
     assert new.evict_tenant("t").removed == {"capacity": 20}
     for i in range(20):  # over capacity again, for the stalled one to find
         st.put("t", f"again {i}", "a", unit(100 + i))
-    reports = old.run_eviction()
-    assert reports[0].removed == {} and old.fenced and st.count("t") == 30
+    reports = old.run_eviction()  # refused at once: its claim of the tenant's fence
+    assert all(r.removed == {} for r in reports) and old.fenced and st.count("t") == 30
     with pytest.raises(FencedError):
         st.decay("t", list(ids[-10:]), fence=5)
     assert st.decay("t", list(ids[-10:]), fence=7).decayed == 10  # a newer leader may
@@ -100,6 +100,24 @@ def test_a_stalled_leader_cannot_finish_its_cycle(redis_client: Any) -> None:
     assert ends and ends[0]["outcome"] == "stopped"
     # not part of a cycle (invalidate, clear, the CLI): never fenced
     assert st.invalidate("t", ids[-1]) is True
+
+
+def test_a_new_leader_claims_every_tenant_before_its_first_write(redis_client: Any) -> None:
+    """A stalled leader could write to a tenant the new leader had planned but not yet
+    written to. The new leader's first cycle writes its epoch into every tenant's fence
+    first, so the old one is refused everywhere at once."""
+    st = RedisStorage(redis_client)
+    for tenant in ("a", "b", "c"):
+        eid = st.put(tenant, "q", "a", unit(1)).entry_id
+        st.feedback(FeedbackSignal(eid, tenant, True))
+    new = Maintenance(st, fence=lambda: 9, worker_id="new")
+    new.claim(new.tenants())
+    for tenant in ("a", "b", "c"):
+        assert redis_client.hget(tenant_keys(tenant).cfg, "fence") == b"9"
+        eid = st.put(tenant, "q2", "a", unit(2)).entry_id
+        with pytest.raises(FencedError):
+            st.evict(tenant, [(eid, None)], "capacity", fence=8)
+        assert st.count(tenant) == 2
 
 
 def test_a_lease_is_not_held_past_its_ttl_by_the_holders_own_clock(redis_client: Any) -> None:

@@ -775,9 +775,10 @@ def leader_fault(
     lease_ttl_s: float = 1.5,
     timeout: float = 60,
 ) -> LeaderResult:
-    """Two ``zerda-cache worker`` processes; ``sig`` (SIGKILL or SIGTERM) reaches the
-    leader while its eviction cycle is between tenants (some evicted to capacity, some
-    not yet); the standby takes over. Then: every tenant is at its capacity target
+    """Two ``zerda-cache worker`` processes; ``sig`` (SIGKILL, SIGTERM or SIGSTOP) reaches
+    the leader while its eviction cycle is between tenants (some evicted to capacity, some
+    not yet); the standby takes over (a stopped leader gets SIGCONT then, wakes up
+    mid-cycle and must write nothing more). Then: every tenant is at its capacity target
     exactly (nothing evicted twice) with as many removals as eviction counts, and every
     arm with evidence was decayed after the fault to exactly its time-based value."""
     import msgpack
@@ -823,7 +824,8 @@ def leader_fault(
                 raise RuntimeError(f"no eviction cycle caught mid-way ({n} of {tenants} done)")
         fault_at = _server_time(client)
         res.tenants_done_at_fault = n
-        res.exit_code = procs["w1"].wait(timeout)
+        if sig != signal.SIGSTOP:
+            res.exit_code = procs["w1"].wait(timeout)
 
         def standby_cycles() -> list[dict[str, str]]:
             return [c for c in cycle_log(client) if c.get("worker") == "w2"]
@@ -838,10 +840,24 @@ def leader_fault(
                 raise RuntimeError("the standby never took over:\n" + _log(workdir, "w2"))
             time.sleep(0.05)
         res.took_over = True
+        resumed = len(cycle_log(client))
+        if sig == signal.SIGSTOP:  # it wakes up mid-cycle, no longer the leader
+            procs["w1"].send_signal(signal.SIGCONT)
+            while not any(
+                c.get("worker") == "w1" and c.get("phase") == "end"
+                for c in cycle_log(client)[resumed:]
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the woken leader never ended its cycle")
+                time.sleep(0.05)
+            time.sleep(2 * lease_ttl_s)  # a while as a standby: it must not lead again
+            procs["w1"].send_signal(signal.SIGTERM)
+            res.exit_code = procs["w1"].wait(timeout)
         procs["w2"].send_signal(signal.SIGTERM)  # the state checked below is final
         procs["w2"].wait(timeout)
         log_ = cycle_log(client)
-        own = [c for c in log_ if c.get("worker") == "w1"]
+        own = [c for c in log_[:resumed] if c.get("worker") == "w1"]
+        woken = [c for c in log_[resumed:] if c.get("worker") == "w1"]
         res.last_outcome = next(
             (c.get("outcome", "") for c in reversed(own) if c.get("phase") == "end"), ""
         )
@@ -851,7 +867,7 @@ def leader_fault(
             last = own[-1]
             res.mid_cycle = last.get("job") == "evict" and (
                 last.get("phase") == "start"
-                if sig == signal.SIGKILL
+                if sig in (signal.SIGKILL, signal.SIGSTOP)
                 else last.get("outcome") == "stopped"
             )
         first_standby = next(i for i, c in enumerate(log_) if c.get("worker") == "w2")
@@ -859,6 +875,14 @@ def leader_fault(
         if sig == signal.SIGTERM and own and own[-1].get("phase") != "end":
             res.notes.append("the terminated leader did not record the end of its cycle")
             res.overlap = True
+        if sig == signal.SIGSTOP:
+            # Woken: it may record the end of the cycle it was in ("stopped": fenced
+            # off, or no longer holding the lease), and must start no other.
+            res.last_outcome = next(
+                (c.get("outcome", "") for c in reversed(woken) if c.get("phase") == "end"), ""
+            )
+            res.overlap = any(c.get("phase") == "start" for c in woken)
+            last_leader = max(i for i, c in enumerate(log_[:resumed]) if c.get("worker") == "w1")
         res.overlap = res.overlap or first_standby < last_leader
         for t in names:
             stats = {k.decode(): int(v) for k, v in client.hgetall(tenant_keys(t).stats).items()}

@@ -155,6 +155,7 @@ class Maintenance:
         self.last_plans: dict[str, EvictionPlan] = {}
         #: When this process last scanned each tenant whole (monotonic seconds).
         self._full_scans: dict[str, float] = {}
+        self._claimed: int | None = None  # the lease epoch written into every fence
 
     def _halted(self) -> bool:
         return self.stop.is_set() or self.fenced or not self.active()
@@ -367,6 +368,9 @@ class Maintenance:
         ]
         for reason, items in groups:
             for i in range(0, len(items), batch):
+                if self._halted():  # before the write too: a leader that woke up late
+                    report.seconds = time.perf_counter() - started
+                    return report
                 try:
                     out = self.storage.evict(
                         plan.tenant, items[i : i + batch], reason, fence=self.fence()
@@ -488,11 +492,30 @@ class Maintenance:
         return report
 
     # -- cycles over every tenant ---------------------------------------------------------------
+    def claim(self, tenants: list[str]) -> None:
+        """Once per leadership (lease epoch), write the epoch into every tenant's fence
+        before this worker's first cycle writes anything: a stalled former leader that
+        wakes up is then refused on every tenant, not only on those this leader already
+        wrote to (it could otherwise write between this leader's plan of a tenant and
+        its first write there)."""
+        epoch = self.fence()
+        if epoch is None or epoch == self._claimed:
+            return
+        for tenant in tenants:
+            try:
+                self.storage.decay(tenant, [], fence=epoch, claim=True)
+            except FencedError as exc:
+                self._refused(tenant, exc)
+                return
+        self._claimed = epoch
+
     def run_decay(self) -> list[DecayReport]:
         self.fenced = False
         with self.cycle("decay"):
             reports = []
-            for tenant in self.tenants():
+            tenants = self.tenants()
+            self.claim(tenants)
+            for tenant in tenants:
                 if self._halted():
                     break
                 reports.append(self.decay_tenant(tenant))
@@ -502,7 +525,9 @@ class Maintenance:
         self.fenced = False
         with self.cycle("evict"):
             reports = []
-            for tenant in self.tenants():
+            tenants = self.tenants()
+            self.claim(tenants)
+            for tenant in tenants:
                 if self._halted():
                     break
                 reports.append(self.evict_tenant(tenant))

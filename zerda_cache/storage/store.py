@@ -225,15 +225,18 @@ class Storage(StoragePlans):
         fence: int | None = None,
         rl: RLConfig | None = None,
         complete: bool = False,
+        claim: bool = False,
     ) -> Flow[DecayOutcome]:
         """Bring the arms of ``entry_ids`` to now and persist them (one script call),
         with the tenant's bandit parameters ``rl`` (default: the configuration's).
+        ``claim`` with no ids: only write ``fence`` into the tenant's fence (a new
+        leader's first step).
 
         Raises:
             FencedError: ``fence`` (the worker's lease epoch) is older than one that
                 already wrote to this tenant; nothing is written.
         """
-        if not entry_ids and not complete:
+        if not entry_ids and not complete and not claim:
             return DecayOutcome(0, 0, [])
         plan = self.plan_decay(tenant, entry_ids, fence=fence, rl=rl, complete=complete)
         return (yield from self._run(plan))
