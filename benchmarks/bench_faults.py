@@ -88,7 +88,7 @@ def plans(kind: str, replicas: int, root: Path) -> list[tuple[str, Callable[[], 
         ("Sentinel", lambda: sentinel_fault(kind, replicas, root / "sentinel")),
         ("leader SIGKILL", lambda: leader_fault(kind, signal.SIGKILL, root / "leader-kill")),
         ("leader SIGTERM", lambda: leader_fault(kind, signal.SIGTERM, root / "leader-term")),
-        ("leader SIGSTOP, then SIGCONT", lambda: leader_fault(kind, signal.SIGSTOP, root / "leader-stop")),
+        ("leader SIGSTOP", lambda: leader_fault(kind, signal.SIGSTOP, root / "leader-stop")),
     ]
 
 
