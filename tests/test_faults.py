@@ -5,6 +5,7 @@ Each test names the defect it guards (issue "Survive what production does to Red
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from zerda_cache import (
     CacheConfig,
     CorruptEntryError,
     DimensionMismatchError,
+    EntryNotFoundError,
     EvictionConfig,
     FeedbackSignal,
     FencedError,
@@ -73,6 +75,61 @@ def test_a_full_server_still_serves_and_the_worker_frees_memory(
     report = Maintenance(storage).run_eviction()
     assert report and report[0].removed.get("capacity") == 50
     assert m.put("one more", answer, tenant="t", embedding=unit(999))  # room again
+    storage.close()
+    admin.close()
+
+
+def test_allkeys_lru_evicting_under_memory_pressure_serves_nothing_wrong(
+    redis_server_factory: Any, make_manager: Any
+) -> None:
+    """maxmemory with allkeys-lru, really reached: Redis evicts whole keys of its choice
+    (entry hashes, the ids zset, the digest map, the registry...). Puts keep succeeding
+    or fail typed, lookups never raise and never serve another question's answer, the
+    worker's cycle runs, and its sweep takes back the entries whose ids were lost."""
+    server = redis_server_factory(["--maxmemory-policy", "allkeys-lru"])
+    m = make_manager(url=server.url)
+    admin = server.client()
+    answer = "y" * 4_000
+    m.put("warm", answer, tenant="t", embedding=unit(0))
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", used + 400 * 1024)  # room for ~80 of the 200 entries
+    put: dict[str, int] = {}
+    for i in range(1, 200):
+        with contextlib.suppress(StorageError):  # typed refusals are allowed, crashes not
+            result = m.put(f"question {i}", f"{i}:" + answer, tenant="t", embedding=unit(i))
+            put[result.entry_id] = i
+    assert int(admin.info("stats")["evicted_keys"]) > 0  # Redis did evict keys
+    for i in range(1, 200, 3):
+        hit = m.lookup(f"question {i}", tenant="t", embedding=unit(i))
+        if hit is not None:
+            assert hit.response.startswith(f"{i}:")  # its own answer, never another's
+        near_hit = m.lookup(f"question {i}?", tenant="t", embedding=near(unit(i), 0.97))
+        if near_hit is not None:
+            assert near_hit.response.startswith(f"{i}:")
+    storage = RedisStorage(connect(server.url, CacheConfig()), CacheConfig())
+    maintenance = Maintenance(storage)
+    maintenance.run_eviction()  # must not raise, whatever keys are left
+    # The operator gives the server room. The tenant's ids zset was evicted and
+    # re-created by later puts, so entries it lost are orphans beside a non-empty zset,
+    # and the registry may be gone: the worker's sweep (every full_scan_interval_s under
+    # allkeys-*) registers the tenant again and takes the orphans back, and the next
+    # cycle drops the ids whose hash Redis evicted.
+    admin.config_set("maxmemory", 0)
+    kept = {k.decode().rsplit(":", 1)[1] for k in admin.scan_iter(match="zc:{t}:e:*")}
+    listed = {m.decode() for m, _ in admin.zscan_iter(tenant_keys("t").ids)}
+    maintenance.sweep_orphans()
+    assert admin.sismember("zc:tenants", "t")
+    assert {m.decode() for m, _ in admin.zscan_iter(tenant_keys("t").ids)} == kept | listed
+    maintenance.run_eviction()
+    assert {m.decode() for m, _ in admin.zscan_iter(tenant_keys("t").ids)} == kept
+    back = [put[e] for e in kept - listed if e in put]
+    fresh = make_manager(url=server.url)
+    for i in back[:10]:
+        hit = fresh.lookup(f"question {i}", tenant="t", embedding=unit(i))
+        assert hit is not None and hit.response.startswith(f"{i}:")
+    for eid, i in put.items():
+        with contextlib.suppress(EntryNotFoundError):
+            assert storage.get_entry("t", eid, with_vector=False).response.startswith(f"{i}:")
     storage.close()
     admin.close()
 

@@ -82,6 +82,9 @@ class EvictionPlan:
     confidences: Distribution = field(default_factory=Distribution)
     complete: bool = True  # False when a stop request cut the scan short
     reported: list[str] = field(default_factory=list)  # corrupt ids replicas reported
+    #: Ids listed with no entry behind them (its hash was evicted by an allkeys-* policy,
+    #: or deleted by hand): dropped from the ids, digest map and replicas' indexes.
+    dangling: list[str] = field(default_factory=list)
     #: True for a plan from the expired ids and the arms with evidence only (a tenant
     #: within its capacity); its distributions are those of the last whole scan.
     incremental: bool = False
@@ -281,6 +284,8 @@ class Maintenance:
                 else:
                     live_ids.append(eid)
             cols = st.state_arrays(tenant, live_ids)
+            found = {*cols.ids, *cols.corrupt}
+            plan.dangling += [eid for eid in live_ids if eid not in found]
             if decay is not None:
                 self._decay_columns(tenant, cols, decay, policy.rl)
             plan.corrupt += cols.corrupt
@@ -363,6 +368,8 @@ class Maintenance:
         groups: list[tuple[EvictReason, list[tuple[str, int | None]]]] = [
             ("expired", [(eid, None) for eid in plan.expired]),
             ("corrupt", [(eid, None) for eid in plan.corrupt]),
+            # nothing to remove but the id: counted as already gone, not as evicted
+            ("corrupt", [(eid, None) for eid in plan.dangling]),
             ("low_reward", [(eid, ver) for eid, ver in plan.low_reward]),
             ("capacity", [(eid, ver) for eid, ver in plan.capacity]),
         ]
@@ -470,6 +477,34 @@ class Maintenance:
                 tenant,
                 adopted,
             )
+        return adopted
+
+    def sweep_orphans(self) -> int:
+        """Take back every entry whose id is missing from its tenant's ids zset, found by
+        one SCAN of the keyspace for all tenants (``adopt.lua`` skips the entries that are
+        in their zset), and register the tenants it found. Under an allkeys-* policy
+        Redis may evict a tenant's zset and the next puts re-create it, so orphans can
+        sit beside a non-empty zset, where ``recover_orphans`` does not look (and the
+        registry may be evicted too); the worker runs this every
+        ``full_scan_interval_s`` on such a server. Returns how many were taken back."""
+        adopted = 0
+        seen: set[str] = set()
+        for batch in self.storage.iter_all_entry_keys():
+            by_tenant: dict[str, list[str]] = {}
+            for tenant, eid in batch:
+                by_tenant.setdefault(tenant, []).append(eid)
+            for tenant, ids in by_tenant.items():
+                try:
+                    adopted += self.storage.adopt(tenant, ids)
+                except ValueError:  # a key of another shape: not a tenant of ours
+                    continue
+                seen.add(tenant)
+            if self._halted():
+                break
+        # The registry may be gone too (another key of the same eviction).
+        self.storage.register_tenants(sorted(seen))
+        if adopted:
+            log.warning("took back %d entries whose ids were lost (allkeys-* eviction?)", adopted)
         return adopted
 
     def evict_tenant(self, tenant: str) -> EvictionReport:

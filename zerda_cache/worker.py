@@ -28,6 +28,7 @@ terminationGracePeriodSeconds); a second stops at once. The lease is released on
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -107,6 +108,8 @@ class Worker:
             worker_id=self.worker_id,
         )
         self.snapshots = Snapshotter(self.storage)
+        self._allkeys = False  # the server may evict our keys (check_server)
+        self._last_sweep = -math.inf
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry, self.config.max_tenant_labels)
         self.metrics_port = metrics_port
@@ -184,6 +187,7 @@ class Worker:
                 for report in self.maintenance.run_eviction():
                     for reason, n in report.removed.items():
                         self.metrics.evicted.labels(reason).inc(n)
+                self._maybe_sweep()
         except Exception:
             self.metrics.errors.labels(job).inc()
             self.metrics.cycles.labels(job, "error").inc()
@@ -197,6 +201,14 @@ class Worker:
         self.metrics.cycle_seconds.labels(job).observe(time.perf_counter() - started)
         if outcome == "ok":
             self.metrics.last_success.labels(job).set(time.time())
+
+    def _maybe_sweep(self) -> None:
+        """Under an allkeys-* policy, sweep for orphaned entries every full scan interval."""
+        interval = self.config.eviction.full_scan_interval_s
+        if not self._allkeys or time.monotonic() - self._last_sweep < interval:
+            return
+        self._last_sweep = time.monotonic()
+        self.maintenance.sweep_orphans()
 
     def decay_job(self) -> None:
         self._cycle("decay")
@@ -270,12 +282,14 @@ class Worker:
     def check_server(self) -> None:
         """Warn about a server that may evict zerda-cache's own keys."""
         policy = self.storage.eviction_policy()
-        if policy is not None and policy.startswith("allkeys"):
+        self._allkeys = policy is not None and policy.startswith("allkeys")
+        if self._allkeys:
             log.warning(
                 "the server's maxmemory-policy is %s: Redis may evict any key, the tenant "
                 "registry, settings and indexes included (replicas re-create the registry "
-                "and guard the dimension, but entries can be orphaned). Use noeviction or "
-                "a volatile-* policy: the worker evicts by capacity itself.",
+                "and guard the dimension, and the worker sweeps the keyspace for orphaned "
+                "entries every full_scan_interval_s). Use noeviction or a volatile-* "
+                "policy: the worker evicts by capacity itself.",
                 policy,
             )
 

@@ -50,7 +50,7 @@ from zerda_cache.storage.plans import (
 )
 from zerda_cache.storage.plans import batch as join_plans
 from zerda_cache.storage.scripts import Scripts
-from zerda_cache.validation import validate_entry_id
+from zerda_cache.validation import validate_entry_id, validate_tenant
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +354,28 @@ class Storage(StoragePlans):
         )
         return int(nxt), [text(key)[len(prefix) :] for key in keys]
 
+    def _scan_all_entry_keys(self, cursor: int = 0) -> Flow[tuple[int, list[tuple[str, str]]]]:
+        """One SCAN step over the keyspace for every tenant's entry hashes: ``(tenant,
+        entry id)`` pairs (the worker's orphan sweep under an allkeys-* policy)."""
+        prefix = self.config.key_prefix + ":{"
+        nxt, keys = yield from self._command(
+            "scan entries", "scan", cursor=cursor, match=prefix + "*}:e:*", count=1_000
+        )
+        out = []
+        for key in keys:
+            tenant, sep, rest = text(key)[len(prefix) :].partition("}:e:")
+            if sep:
+                out.append((tenant, rest))
+        return int(nxt), out
+
+    def _register_tenants(self, tenants: Sequence[str]) -> Flow[None]:
+        """Add tenants to the global registry (idempotent): the worker's sweep re-creates
+        a registry an allkeys-* policy evicted."""
+        if tenants:
+            for tenant in tenants:
+                validate_tenant(tenant)
+            yield from self._command("register tenant", "sadd", self.tenants_key, *tenants)
+
     def _adopt(self, tenant: str, entry_ids: Sequence[str]) -> Flow[int]:
         """Take back entries whose hash outlived the ids zset (see ``plan_adopt``)."""
         ids = [eid for eid in entry_ids if _is_entry_id(eid)]
@@ -599,6 +621,7 @@ class Storage(StoragePlans):
     write_snapshot = op(_write_snapshot)
     drop_snapshot = op(_drop_snapshot)
     adopt = op(_adopt)
+    register_tenants = op(_register_tenants)
     size = op(_size)
     tenant_dim = op(_tenant_dim)
     tenants = op(_tenants)
@@ -737,6 +760,14 @@ class RedisStorage(SyncDriven, Storage):
             if items:
                 yield items
 
+    def iter_all_entry_keys(self) -> Iterator[list[tuple[str, str]]]:
+        """Batches of ``(tenant, entry id)`` of every entry hash, by a SCAN of the keyspace."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = self._drive(self._scan_all_entry_keys(cursor or 0))
+            if items:
+                yield items
+
     def iter_evidence(self, tenant: str, batch: int | None = None) -> Iterator[list[str]]:
         """Batches of the ids of arms with evidence, by SSCAN (each at least once)."""
         cursor: int | None = None
@@ -766,6 +797,14 @@ class AsyncRedisStorage(AsyncDriven, Storage):
         cursor: int | None = None
         while cursor != 0:
             cursor, items = await self._drive(self._scan_entry_keys(tenant, cursor or 0))
+            if items:
+                yield items
+
+    async def iter_all_entry_keys(self) -> AsyncIterator[list[tuple[str, str]]]:
+        """``RedisStorage.iter_all_entry_keys``, as an async iterator."""
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, items = await self._drive(self._scan_all_entry_keys(cursor or 0))
             if items:
                 yield items
 
