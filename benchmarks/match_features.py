@@ -95,7 +95,16 @@ def pair_features(sa: tuple, sb: tuple) -> tuple[float, ...]:
 
 
 FEATURES = ["s", "gap", "crowd", "jaccard", "len_ratio", "num_diff", "cap_diff",
-            "neg_diff", "qword_diff", "order"]
+            "neg_diff", "qword_diff", "order", "s_top", "same_words"]
+
+
+def derived(X: np.ndarray) -> np.ndarray:
+    """Add s_top = max(0, s - 0.98) / 0.02 (lets the logit steepen near s = 1) and
+    same_words = the two questions have the same set of lowercased words."""
+    if X.shape[1] == len(FEATURES):
+        return X
+    return np.column_stack([X, np.maximum(0, X[:, 0] - 0.98) / 0.02,
+                            (X[:, 3] >= 1 - 1e-9).astype(float)])
 
 
 # ------------------------------------------------------------------ data and search
@@ -214,6 +223,40 @@ def build(subset: str | None, emb_dir: str = str(CACHE_DIR), closure: bool = Fal
     return X, right, info, examples
 
 
+def _norm(text: str) -> str:
+    return " ".join(_WORD.findall(text.lower().replace("’", "'")))
+
+
+def truth(cand: np.ndarray, qb: np.ndarray, kind: str, subset: str | None) -> np.ndarray:
+    """Ground-truth variants (sensitivity to QQP's unlabelled duplicates)."""
+    rows = read_pairs()
+    if subset:
+        rows = [rows[i] for i in json.load(open(subset + "_pairs.json"))["pairs"]]
+    texts, index = corpus(rows)
+    norm = [_norm(t) for t in texts]
+    key = {}  # text -> group: same normalised text
+    for i, n in enumerate(norm):
+        key.setdefault(n, i)
+    g = [key[n] for n in norm]
+    parent = list(range(len(texts)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    dup_pairs = {(g[index[r["text_a"]]], g[index[r["text_b"]]]) for r in rows if r["label"] == 1}
+    if kind == "closure":
+        for a, b in dup_pairs:
+            ra_, rb_ = find(a), find(b)
+            if ra_ != rb_:
+                parent[ra_] = rb_
+        return np.array([find(g[c]) == find(g[b]) for c, b in zip(cand, qb)])
+    sym = dup_pairs | {(b, a) for a, b in dup_pairs}
+    return np.array([g[c] == g[b] or (g[c], g[b]) in sym for c, b in zip(cand, qb)])
+
+
 # ------------------------------------------------------------------ models
 def fit_logreg(X: np.ndarray, y: np.ndarray, lam: float = 1.0, iters: int = 25):
     mu, sd = X.mean(0), X.std(0)
@@ -263,9 +306,14 @@ def wilson_vec(w: np.ndarray, n: np.ndarray, z: float = cal.Z_95) -> np.ndarray:
 
 
 FLOORS = np.array([cal.bin_floor(i) for i in range(cal.N_BINS)])
+#: Bins of the model's P(right): the same width as calibration.py's, but over [0, 1]
+#: (calibration.py's start at 0.5, which would stop a per-lookup bound at P = 0.5).
+P_BINS = round(1.0 / cal.BIN_WIDTH)
+P_FLOORS = np.arange(P_BINS) * cal.BIN_WIDTH
 
 
-def thresholds(r: np.ndarray, w: np.ndarray, deltas, rule: str = "S") -> list[float | None]:
+def thresholds(r: np.ndarray, w: np.ndarray, deltas, rule: str = "S",
+               floors: np.ndarray = FLOORS) -> list[float | None]:
     """calibration.Calibration.threshold for every delta at once (rule "S": error among
     the labelled matches at or above t). Rule "L": wrong matches at or above t per labelled
     lookup (every labelled lookup counts in the denominator: a bound on wrong serves per
@@ -281,13 +329,17 @@ def thresholds(r: np.ndarray, w: np.ndarray, deltas, rule: str = "S") -> list[fl
     out = []
     for d in deltas:
         ok = np.where(own & (n >= cal.MIN_LABELS) & (up <= d))[0]
-        out.append(float(FLOORS[ok[0]]) if len(ok) else None)
+        out.append(float(floors[ok[0]]) if len(ok) else None)
     return out
 
 
 def bins_of(x: np.ndarray) -> np.ndarray:
     return np.clip(np.floor((x - cal.BIN_FLOOR) / cal.BIN_WIDTH + 1e-9), 0, cal.N_BINS - 1
                    ).astype(np.int64)
+
+
+def pbins_of(p: np.ndarray) -> np.ndarray:
+    return np.clip(np.floor(p / cal.BIN_WIDTH + 1e-9), 0, P_BINS - 1).astype(np.int64)
 
 
 def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_floor,
@@ -300,7 +352,7 @@ def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_flo
     s = Xs[:, 0]
     sbin = bins_of(s)
     ra, wa = np.zeros(cal.N_BINS), np.zeros(cal.N_BINS)  # similarity bins
-    rb, wb = np.zeros(cal.N_BINS), np.zeros(cal.N_BINS)  # score bins
+    rb, wb = np.zeros(P_BINS), np.zeros(P_BINS)  # score bins
     log_idx: list[int] = []  # labelled steps (bounded log)
     log_score: dict[int, float] = {}
     served = np.zeros(n, bool)
@@ -332,7 +384,7 @@ def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_flo
             log_idx.append(t)
             if model is not None:
                 log_score[t] = p
-                i = bins_of(np.array([p]))[0]
+                i = pbins_of(np.array([p]))[0]
                 (rb if ok else wb)[i] += 1
             since += 1
             if since >= refit_every:
@@ -351,7 +403,7 @@ def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_flo
                 wb[:] = 0
                 if policy == "model-rescore":
                     sc = predict(model, Xs[li])
-                    bi = bins_of(sc)
+                    bi = pbins_of(sc)
                     yy = ys[li]
                     np.add.at(rb, bi[yy], 1)
                     np.add.at(wb, bi[~yy], 1)
@@ -361,13 +413,13 @@ def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_flo
                     keep = [j for j in log_idx if j in log_score]
                     if keep:
                         kk = np.array(keep)
-                        bi = bins_of(np.array([log_score[j] for j in keep]))
+                        bi = pbins_of(np.array([log_score[j] for j in keep]))
                         yy = ys[kk]
                         np.add.at(rb, bi[yy], 1)
                         np.add.at(wb, bi[~yy], 1)
         ta = thresholds(ra, wa, [delta], rule)[0]
         if policy != "sim" and model is not None:
-            tb = thresholds(rb, wb, [delta], rule)[0]
+            tb = thresholds(rb, wb, [delta], rule, P_FLOORS)[0]
     return served
 
 
@@ -401,6 +453,16 @@ def hindsight(score, y, delta):
     return (i + 1) / len(y), float(yy[: i + 1].sum() / y.sum())
 
 
+def hindsight_lookups(score, y, delta):
+    """Correct serves vs oracle of the best single threshold on ``score`` whose wrong serves
+    per lookup are <= delta (the per-lookup bound, no online learning or confidence)."""
+    o = np.argsort(-score, kind="stable")
+    yy = y[o]
+    wrong = np.cumsum(~yy)
+    ok = np.where(wrong / len(y) <= delta)[0]
+    return float(yy[: ok[-1] + 1].sum() / y.sum()) if len(ok) else 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--subset", default=None, help="prefix of *_vecs.npy/*_pairs.json")
@@ -408,6 +470,10 @@ def main() -> None:
                     help="where embed_corpus put qqp-minilm-*.npy (/work/main/.cache/quality)")
     ap.add_argument("--closure", action="store_true",
                     help="right also for duplicates of duplicates (transitive closure)")
+    ap.add_argument("--truth", default="base", choices=["base", "norm", "closure"],
+                    help="(needs --features built) norm: same text after lowercasing and "
+                    "dropping punctuation counts as right; closure: norm plus duplicates "
+                    "of duplicates")
     ap.add_argument("--mode", default="full", choices=["full", "cache"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--refit", type=int, default=2000)
@@ -422,15 +488,27 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--features", default=None, help="cache the built features in this .npz")
     ap.add_argument("--deltas", default="0.01,0.02,0.05")
+    ap.add_argument("--cols", default=None, help="model features, s first (default: all), "
+                    "e.g. s,gap,crowd: what the replica's index alone knows")
     args = ap.parse_args()
 
     if args.features and Path(args.features).exists():
         z = np.load(args.features, allow_pickle=True)
         X, y, info = z["X"], z["y"], z["info"].item()
     else:
-        X, y, info, _ = build(args.subset, args.emb_dir, args.closure)
+        X, y, info, ex = build(args.subset, args.emb_dir, args.closure)
         if args.features:
-            np.savez(args.features, X=X, y=y, info=np.array(info, dtype=object))
+            np.savez(args.features, X=X, y=y, info=np.array(info, dtype=object),
+                     cand=ex["cand"], qb=ex["qb"])
+    if args.truth != "base":
+        y = truth(z["cand"], z["qb"], args.truth, args.subset)
+        info = dict(info, right=int(y.sum()), truth=args.truth)
+    X = derived(X)
+    if args.cols:
+        keep = [FEATURES.index(c) for c in args.cols.split(",")]
+        assert keep[0] == 0, "s must come first"
+        X = X[:, keep]
+        FEATURES[:] = [FEATURES[k] for k in keep]
     deltas = tuple(float(d) for d in args.deltas.split(","))
     print(json.dumps(info))
     rng = np.random.default_rng(args.seed)
@@ -465,6 +543,16 @@ def main() -> None:
             sh, vo = hindsight(sc, y[te], d)
             cells.append(f"{sh:6.3f}/{vo:6.3f}")
         print(f"  {name:<16} " + "  ".join(c.rjust(15) for c in cells))
+    for name, cols in (("s,gap,crowd", ["s", "gap", "crowd"]),
+                       ("s+text only", [f for f in FEATURES if f not in ("gap", "crowd")])):
+        keep = [FEATURES.index(c) for c in cols if c in FEATURES]
+        m = fit_logreg(X[tr][:, keep], y[tr].astype(float), args.lam)
+        rows.append((name, predict(m, X[te][:, keep])))
+    print("\nhindsight, 2nd half: correct serves vs oracle at wrong serves per lookup <= delta")
+    print("  score            " + "  ".join(f"d={d:.0%}".rjust(8) for d in deltas))
+    for name, sc in rows:
+        print(f"  {name:<16} " + "  ".join(f"{hindsight_lookups(sc, y[te], d):8.3f}"
+                                           for d in deltas))
 
     # --- the online comparison ------------------------------------------------------------
     results = {}
