@@ -23,7 +23,13 @@ Label modes: ``full`` (every lookup's outcome becomes a label after its decision
 ``cache`` (what zerda-cache would see: every unserved candidate with s >= --cand-floor is
 verified; a served answer is labelled by feedback 30% of the time).
 
-Run: python benchmarks/match_features.py [--subset /tmp/feat/sub] [--mode full|cache]
+Run (from the repo root; the first run builds the features, ~6 min on 2 busy cores, and
+later runs reuse the .npz):
+    python benchmarks/match_features.py --emb-dir /work/main/.cache/quality \
+        --features /tmp/feat/full_feats2.npz [--truth base|norm|closure] [--mode full|cache] \
+        [--policies sim,model-rescore,sim/L,model-rescore/L] [--cols s,gap,crowd] \
+        [--deltas 0.01,0.02,0.05]
+    (--subset PREFIX runs on a small embedded sample: PREFIX_vecs.npy, PREFIX_pairs.json)
 """
 
 from __future__ import annotations
