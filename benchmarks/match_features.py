@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import time
@@ -48,8 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
 
-from zerda_cache import calibration as cal  # noqa: E402
 from workload import CACHE_DIR, corpus, read_pairs  # noqa: E402
+
+from zerda_cache import calibration as cal  # noqa: E402
 
 DELTAS = (0.01, 0.02, 0.05)
 TOP_K = 8  # zerda-cache's DEFAULT_TOP_K: crowding can only be seen within these
@@ -59,11 +59,52 @@ CROWD_EPS = 0.02
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _NUM = re.compile(r"\w*\d[\w.,]*")  # tokens with a digit: 4, 2016, M605n, 3.5
 _TOK = re.compile(r"[A-Za-z][A-Za-z0-9'.-]*")
-_NEG = frozenset(["not", "no", "never", "without", "don't", "doesn't", "isn't", "can't",
-                  "won't", "didn't", "aren't", "wasn't", "shouldn't", "cannot", "nor"])
-_QW = frozenset(["what", "how", "why", "which", "when", "where", "who", "whom", "whose",
-                 "is", "are", "can", "do", "does", "should", "will", "would", "could", "did",
-                 "was", "were", "has", "have"])
+_NEG = frozenset(
+    [
+        "not",
+        "no",
+        "never",
+        "without",
+        "don't",
+        "doesn't",
+        "isn't",
+        "can't",
+        "won't",
+        "didn't",
+        "aren't",
+        "wasn't",
+        "shouldn't",
+        "cannot",
+        "nor",
+    ]
+)
+_QW = frozenset(
+    [
+        "what",
+        "how",
+        "why",
+        "which",
+        "when",
+        "where",
+        "who",
+        "whom",
+        "whose",
+        "is",
+        "are",
+        "can",
+        "do",
+        "does",
+        "should",
+        "will",
+        "would",
+        "could",
+        "did",
+        "was",
+        "were",
+        "has",
+        "have",
+    ]
+)
 
 
 def sketch(text: str) -> tuple:
@@ -100,8 +141,20 @@ def pair_features(sa: tuple, sb: tuple) -> tuple[float, ...]:
     return jac, ratio, num_diff, cap_diff, neg_diff, qw_diff, order
 
 
-FEATURES = ["s", "gap", "crowd", "jaccard", "len_ratio", "num_diff", "cap_diff",
-            "neg_diff", "qword_diff", "order", "s_top", "same_words"]
+FEATURES = [
+    "s",
+    "gap",
+    "crowd",
+    "jaccard",
+    "len_ratio",
+    "num_diff",
+    "cap_diff",
+    "neg_diff",
+    "qword_diff",
+    "order",
+    "s_top",
+    "same_words",
+]
 
 
 def derived(X: np.ndarray) -> np.ndarray:
@@ -109,15 +162,16 @@ def derived(X: np.ndarray) -> np.ndarray:
     same_words = the two questions have the same set of lowercased words."""
     if X.shape[1] == len(FEATURES):
         return X
-    return np.column_stack([X, np.maximum(0, X[:, 0] - 0.98) / 0.02,
-                            (X[:, 3] >= 1 - 1e-9).astype(float)])
+    return np.column_stack(
+        [X, np.maximum(0, X[:, 0] - 0.98) / 0.02, (X[:, 3] >= 1 - 1e-9).astype(float)]
+    )
 
 
 # ------------------------------------------------------------------ data and search
 def load(subset: str | None, emb_dir: str = str(CACHE_DIR)):
     rows = read_pairs()
     if subset:
-        pick = json.load(open(subset + "_pairs.json"))["pairs"]
+        pick = json.loads(Path(subset + "_pairs.json").read_text())["pairs"]
         rows = [rows[i] for i in pick]
         texts, index = corpus(rows)
         vecs = np.load(subset + "_vecs.npy")
@@ -165,7 +219,7 @@ def build(subset: str | None, emb_dir: str = str(CACHE_DIR), closure: bool = Fal
     a_ids = np.array([index[r["text_a"]] for r in rows])
     b_ids = np.array([index[r["text_b"]] for r in rows])
     dups: dict[int, set[int]] = {}
-    for a, b, r in zip(a_ids, b_ids, rows):
+    for a, b, r in zip(a_ids, b_ids, rows, strict=False):
         if r["label"] == 1:
             dups.setdefault(int(a), set()).add(int(b))
             dups.setdefault(int(b), set()).add(int(a))
@@ -195,20 +249,20 @@ def build(subset: str | None, emb_dir: str = str(CACHE_DIR), closure: bool = Fal
     best, s1, s2, crowd, crowd_all = nearest(vecs[b_ids[q]], vecs[cache])
     cand = cache[best]
     qb = b_ids[q]
-    right = np.array([c == b or b in dups.get(int(c), ()) for c, b in zip(cand, qb)])
+    right = np.array([c == b or b in dups.get(int(c), ()) for c, b in zip(cand, qb, strict=False)])
     t_search = time.time() - t0
     sk = {}
     t1 = time.perf_counter()
     feats_txt = []
-    for c, b in zip(cand.tolist(), qb.tolist()):
+    for c, b in zip(cand.tolist(), qb.tolist(), strict=False):
         if c not in sk:
             sk[c] = sketch(texts[c])
         if b not in sk:
             sk[b] = sketch(texts[b])
         feats_txt.append(pair_features(sk[b], sk[c]))
-    t_feat_total = time.perf_counter() - t1
+    time.perf_counter() - t1
     # per-lookup cost, cold (sketch both texts every time) on a sample
-    sample = list(zip(cand.tolist(), qb.tolist()))[:5000]
+    sample = list(zip(cand.tolist(), qb.tolist(), strict=False))[:5000]
     t2 = time.perf_counter()
     for c, b in sample:
         pair_features(sketch(texts[b]), sketch(texts[c]))
@@ -219,25 +273,33 @@ def build(subset: str | None, emb_dir: str = str(CACHE_DIR), closure: bool = Fal
     warm_us = (time.perf_counter() - t3) / len(sample) * 1e6
     ft = np.array(feats_txt, dtype=np.float64)
     X = np.column_stack([s1, s1 - s2, np.log1p(crowd), ft]).astype(np.float64)
-    info = dict(pairs=len(rows), cached=len(cache), exact=int(exact.sum()),
-                exact_right=int(exact.sum()),  # a digest match is its own question
-                stream=len(q), right=int(right.sum()), search_s=round(t_search, 1),
-                feat_cold_us=round(cold_us, 1), feat_warm_us=round(warm_us, 1),
-                crowd_mean_topk=float(crowd.mean()), crowd_mean_all=float(crowd_all.mean()),
-                crowd_capped_share=float((crowd_all > TOP_K - 1).mean()))
+    info = dict(
+        pairs=len(rows),
+        cached=len(cache),
+        exact=int(exact.sum()),
+        exact_right=int(exact.sum()),  # a digest match is its own question
+        stream=len(q),
+        right=int(right.sum()),
+        search_s=round(t_search, 1),
+        feat_cold_us=round(cold_us, 1),
+        feat_warm_us=round(warm_us, 1),
+        crowd_mean_topk=float(crowd.mean()),
+        crowd_mean_all=float(crowd_all.mean()),
+        crowd_capped_share=float((crowd_all > TOP_K - 1).mean()),
+    )
     examples = dict(cand=cand, qb=qb, texts=texts)
     return X, right, info, examples
 
 
 def _norm(text: str) -> str:
-    return " ".join(_WORD.findall(text.lower().replace("’", "'")))
+    return " ".join(_WORD.findall(text.lower().replace("\u2019", "'")))
 
 
 def truth(cand: np.ndarray, qb: np.ndarray, kind: str, subset: str | None) -> np.ndarray:
     """Ground-truth variants (sensitivity to QQP's unlabelled duplicates)."""
     rows = read_pairs()
     if subset:
-        rows = [rows[i] for i in json.load(open(subset + "_pairs.json"))["pairs"]]
+        rows = [rows[i] for i in json.loads(Path(subset + "_pairs.json").read_text())["pairs"]]
     texts, index = corpus(rows)
     norm = [_norm(t) for t in texts]
     key = {}  # text -> group: same normalised text
@@ -258,9 +320,9 @@ def truth(cand: np.ndarray, qb: np.ndarray, kind: str, subset: str | None) -> np
             ra_, rb_ = find(a), find(b)
             if ra_ != rb_:
                 parent[ra_] = rb_
-        return np.array([find(g[c]) == find(g[b]) for c, b in zip(cand, qb)])
+        return np.array([find(g[c]) == find(g[b]) for c, b in zip(cand, qb, strict=False)])
     sym = dup_pairs | {(b, a) for a, b in dup_pairs}
-    return np.array([g[c] == g[b] or (g[c], g[b]) in sym for c, b in zip(cand, qb)])
+    return np.array([g[c] == g[b] or (g[c], g[b]) in sym for c, b in zip(cand, qb, strict=False)])
 
 
 # ------------------------------------------------------------------ models
@@ -318,8 +380,9 @@ P_BINS = round(1.0 / cal.BIN_WIDTH)
 P_FLOORS = np.arange(P_BINS) * cal.BIN_WIDTH
 
 
-def thresholds(r: np.ndarray, w: np.ndarray, deltas, rule: str = "S",
-               floors: np.ndarray = FLOORS) -> list[float | None]:
+def thresholds(
+    r: np.ndarray, w: np.ndarray, deltas, rule: str = "S", floors: np.ndarray = FLOORS
+) -> list[float | None]:
     """calibration.Calibration.threshold for every delta at once (rule "S": error among
     the labelled matches at or above t). Rule "L": wrong matches at or above t per labelled
     lookup (every labelled lookup counts in the denominator: a bound on wrong serves per
@@ -340,16 +403,30 @@ def thresholds(r: np.ndarray, w: np.ndarray, deltas, rule: str = "S",
 
 
 def bins_of(x: np.ndarray) -> np.ndarray:
-    return np.clip(np.floor((x - cal.BIN_FLOOR) / cal.BIN_WIDTH + 1e-9), 0, cal.N_BINS - 1
-                   ).astype(np.int64)
+    return np.clip(np.floor((x - cal.BIN_FLOOR) / cal.BIN_WIDTH + 1e-9), 0, cal.N_BINS - 1).astype(
+        np.int64
+    )
 
 
 def pbins_of(p: np.ndarray) -> np.ndarray:
     return np.clip(np.floor(p / cal.BIN_WIDTH + 1e-9), 0, P_BINS - 1).astype(np.int64)
 
 
-def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_floor,
-               react, lam, window=20000, refits_out=None):
+def run_stream(
+    X,
+    y,
+    order,
+    policy,
+    delta,
+    mode,
+    refit_every,
+    log_size,
+    cand_floor,
+    react,
+    lam,
+    window=20000,
+    refits_out=None,
+):
     """One online run. Returns per-step served (bool) in stream order."""
     policy, _, rule = policy.partition("/")
     rule = rule or "S"
@@ -374,10 +451,7 @@ def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_flo
             srv = tb is not None and p >= tb
         served[t] = srv
         # does a label arrive?
-        if mode == "full":
-            labelled = True
-        else:
-            labelled = (not srv and s[t] >= cand_floor) or (srv and react[t])
+        labelled = mode == "full" or (not srv and s[t] >= cand_floor) or bool(srv and react[t])
         if not labelled:
             continue
         ok = bool(ys[t])
@@ -413,7 +487,7 @@ def run_stream(X, y, order, policy, delta, mode, refit_every, log_size, cand_flo
                     yy = ys[li]
                     np.add.at(rb, bi[yy], 1)
                     np.add.at(wb, bi[~yy], 1)
-                    for j, v in zip(log_idx, sc):
+                    for j, v in zip(log_idx, sc, strict=False):
                         log_score[j] = float(v)
                 else:  # model-online: keep the scores each label got when it arrived
                     keep = [j for j in log_idx if j in log_score]
@@ -439,9 +513,14 @@ def summarise(served, y_stream):
         wrong = int((sv & ~yy).sum())
         good = int((sv & yy).sum())
         oracle = int(yy.sum())
-        out[name] = dict(served=ns / k, err_lookups=wrong / k,
-                         err_serves=(wrong / ns if ns else 0.0), vs_oracle=good / oracle,
-                         n_served=ns, n_wrong=wrong)
+        out[name] = dict(
+            served=ns / k,
+            err_lookups=wrong / k,
+            err_serves=(wrong / ns if ns else 0.0),
+            vs_oracle=good / oracle,
+            n_served=ns,
+            n_wrong=wrong,
+        )
     return out
 
 
@@ -472,31 +551,94 @@ def hindsight_lookups(score, y, delta):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--subset", default=None, help="prefix of *_vecs.npy/*_pairs.json")
-    ap.add_argument("--emb-dir", default=str(CACHE_DIR),
-                    help="where embed_corpus put qqp-minilm-*.npy (/work/main/.cache/quality)")
-    ap.add_argument("--closure", action="store_true",
-                    help="right also for duplicates of duplicates (transitive closure)")
-    ap.add_argument("--truth", default="base", choices=["base", "norm", "closure"],
-                    help="(needs --features built) norm: same text after lowercasing and "
-                    "dropping punctuation counts as right; closure: norm plus duplicates "
-                    "of duplicates")
+    ap.add_argument(
+        "--emb-dir",
+        default=str(CACHE_DIR),
+        help="where embed_corpus put qqp-minilm-*.npy (/work/main/.cache/quality)",
+    )
+    ap.add_argument(
+        "--closure",
+        action="store_true",
+        help="right also for duplicates of duplicates (transitive closure)",
+    )
+    ap.add_argument(
+        "--truth",
+        default="base",
+        choices=["base", "norm", "closure"],
+        help="(needs --features built) norm: same text after lowercasing and "
+        "dropping punctuation counts as right; closure: norm plus duplicates "
+        "of duplicates",
+    )
     ap.add_argument("--mode", default="full", choices=["full", "cache"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--refit", type=int, default=2000)
     ap.add_argument("--log", type=int, default=20000, help="bounded label log size")
-    ap.add_argument("--window", type=int, default=20000,
-                    help="label.lua halves the similarity bins past this many labels")
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=20000,
+        help="label.lua halves the similarity bins past this many labels",
+    )
     ap.add_argument("--lam", type=float, default=1.0)
     ap.add_argument("--cand-floor", type=float, default=0.5)
     ap.add_argument("--react", type=float, default=0.30)
-    ap.add_argument("--policies", default="sim,model-rescore,model-online,sim/L,model-rescore/L",
-                    help="/L: bound wrong serves per lookup instead of per serve")
+    ap.add_argument(
+        "--policies",
+        default="sim,model-rescore,model-online,sim/L,model-rescore/L",
+        help="/L: bound wrong serves per lookup instead of per serve",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--features", default=None, help="cache the built features in this .npz")
     ap.add_argument("--deltas", default="0.01,0.02,0.05")
-    ap.add_argument("--cols", default=None, help="model features, s first (default: all), "
-                    "e.g. s,gap,crowd: what the replica's index alone knows")
+    ap.add_argument(
+        "--cols",
+        default=None,
+        help="model features, s first (default: all), "
+        "e.g. s,gap,crowd: what the replica's index alone knows",
+    )
+    ap.add_argument(
+        "--section",
+        default=None,
+        help="also write the printed report to docs/BENCHMARKS.md under this name",
+    )
     args = ap.parse_args()
+    if args.section is None:
+        run(args)
+        return
+    import contextlib
+    import io
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _report import write_section
+
+    class Tee(io.StringIO):
+        def write(self, text: str) -> int:
+            sys.__stdout__.write(text)
+            return super().write(text)
+
+    out = Tee()
+    with contextlib.redirect_stdout(out):
+        run(args)
+    body = (
+        "A simulation, not the cache: the cache holds every distinct `text_a` of QQP, each "
+        "pair asks its `text_b`, the candidate is the nearest cached question, and every "
+        "lookup's outcome becomes a label after its decision (online, seeded order). "
+        "`sim` is calibration.py's rule (error among serves <= delta, Wilson 95%); "
+        "`model-rescore` a logistic regression over match features (similarity, gap to "
+        "the second candidate, crowding, differing numbers and names, token overlap, "
+        "lengths) refit every 2,000 labels from a bounded log, with the same rule over "
+        "its predicted P(right); `/L` bounds wrong serves per lookup instead of per "
+        "serve. Columns: share served, wrong serves per lookup, wrong among serves, "
+        "correct serves against an oracle.\n\n```\n" + out.getvalue() + "```"
+    )
+    write_section(
+        args.section,
+        "Match features against similarity alone under a bound (match_features.py)",
+        body,
+    )
+
+
+def run(args: argparse.Namespace) -> None:
 
     if args.features and Path(args.features).exists():
         z = np.load(args.features, allow_pickle=True)
@@ -504,8 +646,14 @@ def main() -> None:
     else:
         X, y, info, ex = build(args.subset, args.emb_dir, args.closure)
         if args.features:
-            np.savez(args.features, X=X, y=y, info=np.array(info, dtype=object),
-                     cand=ex["cand"], qb=ex["qb"])
+            np.savez(
+                args.features,
+                X=X,
+                y=y,
+                info=np.array(info, dtype=object),
+                cand=ex["cand"],
+                qb=ex["qb"],
+            )
     if args.truth != "base":
         y = truth(z["cand"], z["qb"], args.truth, args.subset)
         info = dict(info, right=int(y.sum()), truth=args.truth)
@@ -531,10 +679,9 @@ def main() -> None:
         print(f"{f:<16} {a:6.3f}  {X[y, j].mean():10.3f}  {X[~y, j].mean():10.3f}")
     full_model = fit_logreg(X[tr], y[tr].astype(float), args.lam)
     p_te = predict(full_model, X[te])
-    print(f"\nAUC on 2nd half: similarity {auc(X[te, 0], y[te]):.4f}, "
-          f"model {auc(p_te, y[te]):.4f}")
+    print(f"\nAUC on 2nd half: similarity {auc(X[te, 0], y[te]):.4f}, model {auc(p_te, y[te]):.4f}")
     print("standardised coefficients (fit on 1st half):")
-    for f, c in zip(["(intercept)"] + FEATURES, full_model[2]):
+    for f, c in zip(["(intercept)", *FEATURES], full_model[2], strict=False):
         print(f"  {f:<14} {c:+.3f}")
     print("\nhindsight, 2nd half: share served / correct vs oracle at error among serves <= delta")
     print("  score            " + "  ".join(f"d={d:.0%}".rjust(15) for d in deltas))
@@ -549,16 +696,19 @@ def main() -> None:
             sh, vo = hindsight(sc, y[te], d)
             cells.append(f"{sh:6.3f}/{vo:6.3f}")
         print(f"  {name:<16} " + "  ".join(c.rjust(15) for c in cells))
-    for name, cols in (("s,gap,crowd", ["s", "gap", "crowd"]),
-                       ("s+text only", [f for f in FEATURES if f not in ("gap", "crowd")])):
+    for name, cols in (
+        ("s,gap,crowd", ["s", "gap", "crowd"]),
+        ("s+text only", [f for f in FEATURES if f not in ("gap", "crowd")]),
+    ):
         keep = [FEATURES.index(c) for c in cols if c in FEATURES]
         m = fit_logreg(X[tr][:, keep], y[tr].astype(float), args.lam)
         rows.append((name, predict(m, X[te][:, keep])))
     print("\nhindsight, 2nd half: correct serves vs oracle at wrong serves per lookup <= delta")
     print("  score            " + "  ".join(f"d={d:.0%}".rjust(8) for d in deltas))
     for name, sc in rows:
-        print(f"  {name:<16} " + "  ".join(f"{hindsight_lookups(sc, y[te], d):8.3f}"
-                                           for d in deltas))
+        print(
+            f"  {name:<16} " + "  ".join(f"{hindsight_lookups(sc, y[te], d):8.3f}" for d in deltas)
+        )
 
     # --- the online comparison ------------------------------------------------------------
     results = {}
@@ -568,17 +718,32 @@ def main() -> None:
     for d in deltas:
         for pol in args.policies.split(","):
             t0 = time.time()
-            served = run_stream(X, y, order, pol, d, args.mode, args.refit, args.log,
-                                args.cand_floor, react, args.lam, args.window)
+            served = run_stream(
+                X,
+                y,
+                order,
+                pol,
+                d,
+                args.mode,
+                args.refit,
+                args.log,
+                args.cand_floor,
+                react,
+                args.lam,
+                args.window,
+            )
             res = summarise(served, ys)
             results[f"{pol}@{d}"] = res
             for part, r in res.items():
-                print(f"{pol:<17}{d:>6.0%}{part:>10}{r['served']:>9.3f}"
-                      f"{r['err_lookups']:>13.4f}{r['err_serves']:>12.4f}"
-                      f"{r['vs_oracle']:>11.3f}   ({time.time() - t0:.0f}s)")
+                print(
+                    f"{pol:<17}{d:>6.0%}{part:>10}{r['served']:>9.3f}"
+                    f"{r['err_lookups']:>13.4f}{r['err_serves']:>12.4f}"
+                    f"{r['vs_oracle']:>11.3f}   ({time.time() - t0:.0f}s)"
+                )
     if args.out:
-        json.dump(dict(info=info, results=results, args=vars(args)), open(args.out, "w"),
-                  indent=1)
+        Path(args.out).write_text(
+            json.dumps(dict(info=info, results=results, args=vars(args)), indent=1)
+        )
 
 
 if __name__ == "__main__":
