@@ -30,6 +30,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from zerda_cache.errors import InvalidSettingError
+
 #: Width of a similarity bin.
 BIN_WIDTH = 0.005
 #: Bins cover similarities from this up to 1 (below it, everything shares the first).
@@ -128,7 +130,7 @@ def check_error_rate(value: object, name: str = "max_error_rate") -> float | Non
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
-        raise ValueError(f"{name} must be a number in (0, 1) or None, got {value!r}")
+        raise InvalidSettingError(f"{name} must be a number in (0, 1) or None, got {value!r}")
     return float(value)
 
 

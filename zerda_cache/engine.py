@@ -384,7 +384,7 @@ class CacheEngine:
 
         Raises:
             InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
-            DimensionMismatchError: bad input; ``ValueError``: a bound not in (0, 1).
+            DimensionMismatchError: bad input; InvalidSettingError: a bound not in (0, 1).
         """
         keys = self.storage.keys(tenant)
         query = check_query(query, self.config.max_query_chars)
@@ -583,7 +583,7 @@ class CacheEngine:
         ``policy_refresh_s``.
 
         Raises:
-            ValueError: an unknown setting or a refused value; nothing is written.
+            InvalidSettingError: an unknown setting or a refused value; nothing is written.
         """
         yield from self.storage._set_tenant_policy(tenant, changes)
         return (yield from self._tenant_policy(tenant, fresh=True))

@@ -41,6 +41,11 @@ class InvalidEntryError(ZerdaError, ValueError):
     """Bad content for an entry: empty query, oversized answer, bad metadata, ..."""
 
 
+class InvalidSettingError(ZerdaError, ValueError):
+    """A setting out of range: a tenant policy value (``set_tenant_policy``), or a
+    per-call option such as ``lookup(max_error_rate=...)``."""
+
+
 class EntryNotFoundError(ZerdaError, KeyError):
     """The entry does not exist in that tenant (never did, was evicted, or belongs to
     another tenant: keys are per tenant, so the two cannot be told apart)."""

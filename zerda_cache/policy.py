@@ -36,6 +36,7 @@ from typing import Any
 
 from zerda_cache.calibration import Calibration
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
+from zerda_cache.errors import InvalidSettingError
 
 log = logging.getLogger(__name__)
 
@@ -191,12 +192,30 @@ def check_changes(
     is ``stored``, against ``base``; return them in their stored form ('' = clear).
 
     Raises:
+        InvalidSettingError: an unknown name, a value that does not parse, or a policy
+            that ``CacheConfig`` refuses (the message names the field).
+    """
+    try:
+        return _check_changes(base, stored, changes)
+    except InvalidSettingError:
+        raise
+    except ValueError as exc:
+        raise InvalidSettingError(str(exc)) from exc
+
+
+def _check_changes(
+    base: CacheConfig, stored: Mapping[str, str], changes: Mapping[str, object]
+) -> dict[str, str]:
+    """Validate ``changes`` (name -> value, ``None`` clears the override) on top of what
+    is ``stored``, against ``base``; return them in their stored form ('' = clear).
+
+    Raises:
         ValueError: an unknown name, a value that does not parse, or a policy that
             ``CacheConfig`` refuses (the message names the field).
     """
     unknown = sorted(set(changes) - set(POLICY_FIELDS))
     if unknown:
-        raise ValueError(
+        raise InvalidSettingError(
             f"unknown tenant settings {unknown}; known: {', '.join(sorted(POLICY_FIELDS))}"
         )
     encoded: dict[str, str] = {}

@@ -23,7 +23,13 @@ from zerda_cache.apikeys import ApiKey
 from zerda_cache.calibration import Calibration
 from zerda_cache.config import CacheConfig, RLConfig
 from zerda_cache.entry import IntelligentCacheEntry
-from zerda_cache.errors import CorruptEntryError, InvalidEntryError, StorageError, ZerdaError
+from zerda_cache.errors import (
+    CorruptEntryError,
+    InvalidEntryError,
+    InvalidSettingError,
+    StorageError,
+    ZerdaError,
+)
 from zerda_cache.policy import POLICY_FIELDS, RESERVED, TenantPolicy, check_changes
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
@@ -530,13 +536,13 @@ class Storage(StoragePlans):
         worker applies it within ``policy_refresh_s``. Returns the new version.
 
         Raises:
-            ValueError: an unknown name or a value the configuration refuses, validated
+            InvalidSettingError: an unknown name or a value the configuration refuses, validated
                 with what is stored on top of this storage's configuration; nothing is
                 written.
         """
         k = self.keys(tenant)
         if not changes:
-            raise ValueError("no settings to change")
+            raise InvalidSettingError("no settings to change")
         raw = yield from self._command("tenant_settings", "hgetall", k.cfg)
         stored = {text(n): text(v) for n, v in raw.items()}
         encoded = check_changes(self.config, stored, changes)
