@@ -361,7 +361,7 @@ def main() -> None:
     )  # fmt: skip
     body += (
         "\n\nA fresh replica process, default `CacheConfig` (threshold 0.85, HNSW above "
-        "20,000 entries per scope, `redis_timeout_s` 0.5), Redis 7 from Debian. Times are "
+        "5,000 entries per scope, `redis_timeout_s` 0.5), Redis 7 from Debian. Times are "
         "from the manager's creation. \"Index ready\": the replica's index is built and in "
         "use. During the build, near-copy lookups run back to back; with the inline build "
         "of the baseline there are none (its first lookup is the build, so the first exact "

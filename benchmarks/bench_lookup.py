@@ -277,7 +277,7 @@ def main() -> None:
         "trip (new log events, exact-match digest and the hit script); with several "
         "candidates, two (their state, then the hit script). The rest is Python: "
         "redis-py's command packing and reply parsing, the search, the ranking. The index "
-        "is exact below 20,000 entries per scope and HNSW above (usearch with float16 "
+        "is exact below 5,000 entries per scope and HNSW above (usearch with float16 "
         "vectors by default, M=16, ef=64); the build column is the replica's first sync "
         "(fetch every vector from Redis, then insert). Index memory is the index's own "
         "account: the library-reported graph memory (usearch) or hnswlib's layout, plus "

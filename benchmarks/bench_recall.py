@@ -123,7 +123,7 @@ def main() -> None:
     )  # fmt: skip
     body += (
         f"\n\nReal all-MiniLM-L6-v2 embeddings (int8 ONNX) of distinct QQP questions, one "
-        f"tenant, default CacheConfig (threshold 0.85, HNSW above 20,000 entries), "
+        f"tenant, default CacheConfig (threshold 0.85, HNSW above 5,000 entries), "
         f"{args.lookups:,} sampled cached questions. A near-copy is another text with the "
         f"embedding moved to cosine {COSINE} of the original; right means the source entry "
         "came back. Target (issue 'Serve only what is likely right'): exact repeats always, "

@@ -502,7 +502,7 @@ class IndexPolicy:
         m / ef_construction / ef_search: hnswlib's M, construction and search widths.
     """
 
-    ann_threshold: int | None = 20_000
+    ann_threshold: int | None = 5_000
     backend: str = "usearch"
     m: int = 16
     ef_construction: int = 64
