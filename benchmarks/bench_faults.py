@@ -1,6 +1,6 @@
 """The fault campaign: each fault once, under several replica processes, with its figures.
 
-Every fault runs against real local processes (``zerda_cache.faultkit``, the code the
+Every fault runs against real local processes (``zerda_cache.testing_faults``, the code the
 fault tests in ``tests/test_fault_campaign.py`` run): three app-replica processes, each a
 ``CacheManager`` doing puts, exact and near-copy lookups and feedback against one tenant
 and recording what Redis acknowledged and what it served; and, for the worker faults,
@@ -39,18 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import table, write_section
 
-from zerda_cache import faultkit
+from zerda_cache import testing_faults as faults
 from zerda_cache.testing import SERVER_KINDS, RedisSentinelGroup, RedisServer, find_server_binary
 
 TIMEOUT_S = 0.25
 
 
 def replica_fault(
-    name: str, kind: str, replicas: int, work: Path, run: Callable[..., faultkit.FaultResult]
+    name: str, kind: str, replicas: int, work: Path, run: Callable[..., faults.FaultResult]
 ) -> dict[str, Any]:
     aof = ["--appendonly", "yes", "--appendfsync", "always"] if "AOF" in name else []
     with RedisServer(kind, aof) as server:
-        fleet = faultkit.ReplicaFleet(server.url, work, count=replicas, redis_timeout_s=TIMEOUT_S)
+        fleet = faults.ReplicaFleet(server.url, work, count=replicas, redis_timeout_s=TIMEOUT_S)
         with fleet:
             result = run(server, fleet)
     return result.as_dict()
@@ -58,33 +58,33 @@ def replica_fault(
 
 def sentinel_fault(kind: str, replicas: int, work: Path) -> dict[str, Any]:
     with RedisSentinelGroup(kind=kind) as group:
-        fleet = faultkit.ReplicaFleet(group.url, work, count=replicas, redis_timeout_s=TIMEOUT_S)
+        fleet = faults.ReplicaFleet(group.url, work, count=replicas, redis_timeout_s=TIMEOUT_S)
         with fleet:
-            result = faultkit.sentinel_failover(group, fleet)
+            result = faults.sentinel_failover(group, fleet)
     return result.as_dict()
 
 
 def leader_fault(kind: str, sig: signal.Signals, work: Path) -> dict[str, Any]:
     with RedisServer(kind) as server:
-        return faultkit.leader_fault(server.url, work, sig).as_dict()
+        return faults.leader_fault(server.url, work, sig).as_dict()
 
 
 def plans(kind: str, replicas: int, root: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
-    def on_server(name: str, run: Callable[..., faultkit.FaultResult]) -> Any:
+    def on_server(name: str, run: Callable[..., faults.FaultResult]) -> Any:
         return lambda: replica_fault(name, kind, replicas, root / name, run)
 
     return [
         (
             "Redis SIGKILL, empty restart",
-            on_server("empty", lambda s, f: faultkit.redis_kill_restart(s, f, persistent=False)),
+            on_server("empty", lambda s, f: faults.redis_kill_restart(s, f, persistent=False)),
         ),
         (
             "Redis SIGKILL, AOF restart",
-            on_server("AOF", lambda s, f: faultkit.redis_kill_restart(s, f, persistent=True)),
+            on_server("AOF", lambda s, f: faults.redis_kill_restart(s, f, persistent=True)),
         ),
-        ("Redis SIGSTOP", on_server("stop", faultkit.redis_pause)),
-        ("FLUSHALL", on_server("flush", faultkit.redis_flushall)),
-        ("maxmemory", on_server("full", faultkit.redis_full)),
+        ("Redis SIGSTOP", on_server("stop", faults.redis_pause)),
+        ("FLUSHALL", on_server("flush", faults.redis_flushall)),
+        ("maxmemory", on_server("full", faults.redis_full)),
         ("Sentinel", lambda: sentinel_fault(kind, replicas, root / "sentinel")),
         ("leader SIGKILL", lambda: leader_fault(kind, signal.SIGKILL, root / "leader-kill")),
         ("leader SIGTERM", lambda: leader_fault(kind, signal.SIGTERM, root / "leader-term")),
@@ -136,9 +136,9 @@ def _lost(r: dict[str, Any]) -> tuple[int, int]:
 
 
 def render(results: list[dict[str, Any]], kinds: list[str], replicas: int) -> str:
-    faults = list(dict.fromkeys(r["fault"] for r in results))
+    names = list(dict.fromkeys(r["fault"] for r in results))
     summary = []
-    for fault in faults:
+    for fault in names:
         runs = [r for r in results if r["fault"] == fault]
         lost = [_lost(r) for r in runs]
         outage = [r for r in runs if r.get("outage") and "outage_worst_s" in r]

@@ -2,7 +2,7 @@
 three replica processes, and the worker leader killed or terminated mid-cycle with a
 standby worker process taking over.
 
-Every process is real (``zerda_cache.faultkit``: the replicas record what Redis
+Every process is real (``zerda_cache.testing_faults``: the replicas record what Redis
 acknowledged and what they served; ``benchmarks/bench_faults.py`` runs the same code
 and reports its figures, lookup latency included). Assertions are about behaviour: what
 was lost, what was served, whether the replicas recovered; never about how long anything
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import unit
 
-from zerda_cache import faultkit
+from zerda_cache import testing_faults as faults
 
 
 @pytest.mark.slow
@@ -36,9 +36,9 @@ def test_redis_sigkill_under_traffic_from_replica_processes(
     holds exactly the ids Redis holds (the ghosts of an empty restart are purged)."""
     aof = ["--appendonly", "yes", "--appendfsync", "always"] if restart == "aof" else []
     server = redis_server_factory(aof)
-    fleet = faultkit.ReplicaFleet(server.url, tmp_path / "fleet", count=3)
+    fleet = faults.ReplicaFleet(server.url, tmp_path / "fleet", count=3)
     with fleet:
-        result = faultkit.redis_kill_restart(server, fleet, persistent=restart == "aof")
+        result = faults.redis_kill_restart(server, fleet, persistent=restart == "aof")
     notes = "\n".join(result.notes[:20])
     assert result.acked_puts > 0 and result.lookups > 0 and result.hits > 0, notes
     assert result.lost == 0, notes  # AOF: all of it; empty: everything put since
@@ -96,7 +96,7 @@ def test_the_worker_leader_dies_mid_cycle_and_the_standby_process_takes_over(
     removed (nothing evicted twice); and every arm with evidence was decayed after the
     fault to exactly the value time-based decay gives (no decay lost, none doubled)."""
     server = redis_server_factory()
-    result = faultkit.leader_fault(server.url, tmp_path, sig)
+    result = faults.leader_fault(server.url, tmp_path, sig)
     notes = "\n".join(result.notes)
     assert result.mid_cycle and 0 < result.tenants_done_at_fault < result.tenants
     assert result.took_over and not result.overlap, notes

@@ -877,8 +877,12 @@ class CacheEngine:
         ti.install(index, info)
         ti.job = None  # done: a rebuild the replay finds necessary starts a new job
         self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
-        delta = yield from self.storage._read_log(tenant, ti.last_id)
-        yield from self._apply_locked(ti, delta, paced=True)
+        ti.replaying = True  # not "ready" before the events that raced the build are in
+        try:
+            delta = yield from self.storage._read_log(tenant, ti.last_id)
+            yield from self._apply_locked(ti, delta, paced=True)
+        finally:
+            ti.replaying = False
         if not ti.built:
             log.warning(
                 "tenant %s: the log was trimmed during the build; raise index_log_maxlen "
@@ -920,7 +924,7 @@ class CacheEngine:
         """Is this replica's index of ``tenant`` built (lookups search all of it)? False
         before its first lookup and while a build runs; ``index_progress`` says how far."""
         ti = self._indexes.get(validate_tenant(tenant))
-        return ti is not None and ti.built
+        return ti is not None and ti.built and not ti.replaying
 
     def index_progress(self, tenant: str) -> tuple[int, int]:
         """The running build of ``tenant``'s index: (entries scanned, entries counted
@@ -1117,18 +1121,26 @@ class CacheEngine:
         yield from st._reset_tenant(tenant)
         return removed
 
-    def stop_jobs(self) -> None:
+    def stop_jobs(self) -> list[Job]:
         """Stop the index builds, and start no more (``close`` does this first; a manager
-        whose client belongs to someone else, as the worker's snapshotter's, stops here)."""
+        whose client belongs to someone else, as the worker's snapshotter's, stops here).
+        Returns the jobs that were running."""
         self._closed = True
         with self._jobs_lock:
             jobs = list(self._jobs)
         for job in jobs:
             job.cancel()  # a task; a thread stops at its next batch
+        return jobs
 
     def _close(self) -> Flow[None]:
         """Stop the index builds, flush the pending miss counts, then close the client."""
-        self.stop_jobs()
+        jobs = self.stop_jobs()
+        if self.is_async:
+            # A cancelled task runs its cleanup (its connection back to the pool) only
+            # when the loop runs it: before the client closes, not after the loop did.
+            for job in jobs:
+                if not job.done():
+                    yield job.wait(1.0)
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)

@@ -65,6 +65,8 @@ class TenantIndex:
         self.progress = (0, 0)  # the current build: (entries scanned, entries counted)
         self.finished_at = 0.0  # monotonic time the last build ended
         self.failures = 0  # builds failed in a row (the retry delay doubles)
+        #: A new index is in use and the log since its scan is being replayed into it.
+        self.replaying = False
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:

@@ -1,10 +1,12 @@
 """Fault campaigns against real processes: app replicas and workers under a fault.
 
+Test tooling beside ``zerda_cache/testing.py`` (the throwaway servers), not part of the
+cache: it reads and checks raw Redis state on purpose, to judge what the library did.
 The fault-injection tests (``tests/test_fault_campaign.py``) and the fault benchmark
 (``benchmarks/bench_faults.py``) share this module, so the figures the benchmark reports
 come from the very runs the tests assert on.
 
-**Replica processes.** ``python -m zerda_cache.faultkit replica ...`` is one app replica:
+**Replica processes.** ``python -m zerda_cache.testing_faults replica ...`` is one app replica:
 a ``CacheManager`` in its own OS process doing puts, lookups (the exact question, or a
 near copy of its embedding) and feedback against one tenant, until a stop file appears.
 It appends one JSON line per call to its record file (flushed at once, so a record
@@ -213,7 +215,7 @@ class ReplicaFleet:
         self.stop_file.with_name(self.stop_file.name + ".sync").unlink(missing_ok=True)
         for i in range(self.count):
             cmd = [
-                sys.executable, "-m", "zerda_cache.faultkit", "replica",
+                sys.executable, "-m", "zerda_cache.testing_faults", "replica",
                 "--url", self.url,
                 "--tenant", self.tenant,
                 "--replica", str(i),
@@ -925,7 +927,7 @@ def _log(workdir: Path, worker_id: str) -> str:
 
 
 def _main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m zerda_cache.faultkit")
+    parser = argparse.ArgumentParser(prog="python -m zerda_cache.testing_faults")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("replica", help="one replica process of a fault campaign")
     rep.add_argument("--url", required=True)
