@@ -591,6 +591,10 @@ def test_a_trimmed_log_makes_a_reader_rebuild(
     rebuilds = metric(registry, "zerda_cache_index_rebuilds_total", tenant="t")
     for i in range(1, 400):  # far past the log's cap: the reader's position is trimmed away
         writer.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(500 + i))
+    # This lookup finds the position trimmed away and starts the rebuild; it waits for it
+    # at most redis_timeout_s (a loaded machine may take longer: then it misses).
+    reader.lookup("q7 again", tenant="t", embedding=near(unit(507), 0.97))
+    reader.sync_index("t")
     hit = reader.lookup("q7 again", tenant="t", embedding=near(unit(507), 0.97))
     assert hit is not None and hit.response == "a7"
     assert metric(registry, "zerda_cache_index_rebuilds_total", tenant="t") == rebuilds + 1
