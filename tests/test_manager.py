@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from conftest import Blocking, Clock, near, unit
+from conftest import Blocking, Clock, close_loop, near, unit
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import (
@@ -504,7 +504,7 @@ def test_sync_and_async_give_the_same_results(redis_client: redis.Redis, redis_u
     try:
         sync_out, async_out = run("sync"), run("async")
     finally:
-        loop.close()
+        close_loop(loop)
     assert sync_out == async_out
     assert sum(1 for x in sync_out[:-1] if isinstance(x, tuple)) > 20  # it really served
 

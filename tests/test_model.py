@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio
-from conftest import Blocking, Clock, near, unit
+from conftest import Blocking, Clock, close_loop, near, unit
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -153,7 +153,7 @@ class TwoReplicasAndAWorker(RuleBasedStateMachine):
             r.close()
         self.storage.close()
         self.admin.close()
-        self.loop.close()
+        close_loop(self.loop)
 
     # -- the model's view of time ------------------------------------------------------------
     def _live(self, q: str) -> Entry | None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio
-from conftest import Blocking, Clock
+from conftest import Blocking, Clock, close_loop
 
 from zerda_cache import (
     CacheConfig,
@@ -59,7 +59,7 @@ def storage(
     st = AsyncRedisStorage(redis.asyncio.Redis.from_url(redis_url), cfg, clock=clock)
     yield Blocking(st, loop)  # type: ignore[misc]
     loop.run_until_complete(st.aclose())
-    loop.close()
+    close_loop(loop)
 
 
 def put(st: RedisStorage, i: int, tenant: str = "acme", **kw: Any) -> str:
