@@ -250,3 +250,16 @@ def test_verification_survives_the_candidate_being_replaced(make_manager: Any) -
     assert m.storage.calibration("t").labels == 1
     m.clear("t")  # a cleared tenant starts its calibration again
     assert m.storage.calibration("t").labels == 0
+
+
+def test_a_verification_at_a_similarity_a_hair_over_one_is_labelled(make_manager: Any) -> None:
+    """An HNSW index re-scores from float16 vectors, so a match can come out at
+    1.00005: the put that verifies it crashed on the feedback signal's range check (found
+    by the full QQP run). The similarity is clamped to 1 for the label."""
+    m = make_manager(CacheConfig(max_error_rate=0.02))
+    held = m.put("held question", "the cached answer", tenant="t", embedding=unit(1)).entry_id
+    engine = m.target if hasattr(m, "target") else m
+    engine._tickets.put(engine._ticket_key("t", "asked", ""), (held, 1.0000551490042169))
+    result = m.put("asked", "the cached answer", tenant="t", embedding=unit(2))
+    assert result and result.verified is True
+    assert m.storage.get_entry("t", held).bandit_arm.alpha == pytest.approx(2.0)

@@ -1032,7 +1032,9 @@ class CacheEngine:
         except Exception as exc:  # the answer is stored: a failing judge labels nothing
             log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
             return None
-        signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=similarity)
+        # An HNSW index re-scores from float16 vectors: a match can come out a hair over 1.
+        sim = min(1.0, max(-1.0, similarity))
+        signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
         yield from self._learn(signal, label=True)
         return right
 
