@@ -202,23 +202,21 @@ class Storage(StoragePlans):
         signals: Sequence[FeedbackSignal],
         *,
         batch: int = FEEDBACK_BATCH,
-        policy: Callable[[str], RLConfig | None] | None = None,
     ) -> Flow[list[FeedbackOutcome | ZerdaError]]:
         """Apply many signals; one script call per tenant and ``batch`` signals.
 
         Returns, per signal and in order, the new state or the error for it (unknown
         entry, corrupt state): one bad signal does not stop the others. Each call is
         atomic; signals of different calls are not applied together. Works unchanged on
-        Redis Cluster (a call touches one tenant, so one slot). ``policy`` gives each
-        tenant's bandit parameters (default: the configuration's for every tenant).
+        Redis Cluster (a call touches one tenant, so one slot). The bandit parameters are
+        the configuration's (the manager's feedback applies each tenant's policy).
         """
         out: list[FeedbackOutcome | ZerdaError | None] = [None] * len(signals)
-        for tenant, positions in _group_by_tenant(signals).items():
-            rl = policy(tenant) if policy is not None else None
+        for positions in _group_by_tenant(signals).values():
             for i in range(0, len(positions), batch):
                 chunk = positions[i : i + batch]
                 sigs = [signals[j] for j in chunk]
-                results = yield from self._run(self.plan_feedback(sigs, rl=rl))
+                results = yield from self._run(self.plan_feedback(sigs))
                 for j, res in zip(chunk, results, strict=True):
                     out[j] = res
         return [r for r in out if r is not None]
