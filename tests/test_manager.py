@@ -685,6 +685,7 @@ def test_large_scope_uses_hnsw_and_stays_consistent(
         writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(1000 + i)).entry_id
         for i in range(300)
     ]
+    reader.sync_index("big")  # the build's wait is bounded: a loaded machine may miss first
     hit = reader.lookup("q7 again", tenant="big", embedding=near(unit(1007), 0.97))
     assert hit is not None and hit.response == "a7"
     assert reader._indexes["big"].index.kind("") == "hnsw"  # type: ignore[union-attr]
