@@ -3,6 +3,7 @@ drivers against real servers."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -72,11 +73,38 @@ def test_threshold_is_the_lowest_safe_similarity() -> None:
     assert few.threshold(0.5) is None
 
 
+def with_traffic(cal: Calibration, other: float, **by_sim: float) -> Calibration:
+    """``cal`` with lookup counts: ``other`` without a near candidate, the rest per bin."""
+    traffic = [0.0] * N_BINS
+    for sim, n in by_sim.items():
+        traffic[bin_of(float(sim))] += n
+    return Calibration(cal.right, cal.wrong, cal.max_error_rate, tuple(traffic), other)
+
+
+def test_the_bound_is_on_wrong_serves_per_request() -> None:
+    # 5% of the labelled matches at 0.93 are wrong: too many among serves at δ = 2%...
+    cal = counts(**{"0.93": (380, 20)})
+    assert cal.threshold(0.02) is None
+    # ...but if only a tenth of the requests have a match that close, serving them all
+    # serves a wrong answer to ~0.5% of the requests.
+    busy = with_traffic(cal, 9_000, **{"0.93": 1_000})
+    assert busy.threshold(0.02) == pytest.approx(0.93)
+    assert busy.wrong_per_request(0.93) == pytest.approx(0.1 * 0.05)
+    # Half the requests: 2.5%, over the bound; the upper bounds of both factors count.
+    assert with_traffic(cal, 1_000, **{"0.93": 1_000}).threshold(0.02) is None
+    assert with_traffic(cal, 9, **{"0.93": 1}).threshold(0.02) is None  # 10 lookups: unsure
+    # Lookups below the lowest labelled bin are requests too, never served by similarity.
+    low = with_traffic(counts(**{"0.97": (400, 20)}), 0, **{"0.97": 100, "0.90": 1_900})
+    assert low.threshold(0.02) == pytest.approx(0.97) and low.lookups == 2_000
+
+
 def test_parse_ignores_what_is_not_a_count() -> None:
     cal = Calibration.parse(
         {b"r:10": b"3", b"w:10": b"1", b"n": b"4", b"r:x": b"1", b"w:5": b"nan"}, b"0.05"
     )
     assert (cal.right[10], cal.wrong[10], cal.wrong[5], cal.max_error_rate) == (3.0, 1.0, 0.0, 0.05)
+    cal = Calibration.parse({b"t:10": b"7", b"t:x": b"2", b"tn": b"9", b"t:y": b"1"}, None)
+    assert (cal.traffic[10], cal.traffic_other, cal.lookups) == (7.0, 2.0, 9.0)
     assert Calibration.parse({}, b"2").max_error_rate is None  # out of range: not a bound
     with pytest.raises(ValueError, match="max_error_rate"):
         check_error_rate(0)
@@ -104,6 +132,52 @@ def test_labels_are_counted_and_halved_past_the_window(redis_client: redis.Redis
     assert st.calibration("t").max_error_rate == 0.02
     with pytest.raises(ValueError, match="max_error_rate"):
         st.set_tenant_settings("t", max_error_rate=2)
+
+
+def test_lookups_are_counted_per_bin_and_halved_apart_from_labels(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    m = make_manager(CacheConfig(label_window=10))
+    v = unit(40)
+    m.put("q", "a", tenant="t", embedding=v)
+    for i in range(5):
+        m.lookup(f"close {i}", tenant="t", embedding=near(v, 0.952, 300 + i))
+    m.lookup("q", tenant="t", embedding=v)  # the question itself: no near candidate
+    m.lookup("far", tenant="t", embedding=unit(41))  # nothing above the search threshold
+    m.stats("t")  # writes the pending counts
+    cal = m.storage.calibration("t")
+    assert (cal.traffic[bin_of(0.95)], cal.traffic_other, cal.lookups) == (5.0, 2.0, 7.0)
+    st = RedisStorage(redis_client, CacheConfig(label_window=10))
+    st.label("t", 0.95, True)
+    # Past ten label windows of lookups the counts are halved, the labels left alone.
+    for i in range(100):
+        m.lookup(f"close {i}", tenant="t", embedding=near(v, 0.952, 400 + i))
+    m.stats("t")
+    cal = m.storage.calibration("t")
+    assert 50 <= cal.lookups <= 100 and cal.right[bin_of(0.95)] == 1.0
+    for _ in range(10):  # and past the label window, the labels are, not the lookups
+        st.label("t", 0.95, True)
+    after = m.storage.calibration("t")
+    assert after.lookups == cal.lookups and after.right[bin_of(0.95)] == pytest.approx(5.5)
+
+
+def test_exact_repeats_in_the_traffic_let_a_near_match_be_served(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    teach(redis_client, "t", {0.95: (380, 20)})  # 5% wrong among matches that close
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0, policy_refresh_s=0.05))
+    v = unit(42)
+    cached = m.put("q", "a", tenant="t", embedding=v)
+    assert m.lookup("close", tenant="t", embedding=near(v, 0.955, 500)) is None  # verify
+    for _ in range(400):  # most requests are the question itself
+        assert m.lookup("q", tenant="t", embedding=v) is not None
+    m.stats("t")
+    cal = m.storage.calibration("t")
+    assert cal.threshold(0.02) == pytest.approx(0.95)
+    time.sleep(0.1)  # the replica's policy (and its counts) is read again
+    m.lookup("q", tenant="t", embedding=v)
+    hit = m.lookup("close again", tenant="t", embedding=near(v, 0.955, 501))
+    assert hit is not None and hit.entry_id == cached.entry_id
 
 
 # --- serve, miss or verify --------------------------------------------------------------------

@@ -97,8 +97,14 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 7], 0.97))
     assert hit is not None and hit.entry_id == late[7].entry_id
     assert fresh.lookup("q1?", tenant="t", embedding=x[1]) is None  # invalidated
-    hit = fresh.lookup("q3?", tenant="t", embedding=near(x[3], 0.97))  # an HNSW scope
-    assert hit is not None and hit.entry_id == ids[3]
+    # The HNSW scope: approximate, so one near-copy in a rare graph may miss (seen once
+    # in a loaded CI run, never alone); a restore that lost the graph misses them all.
+    own = [
+        (hit := fresh.lookup(f"q{i}?", tenant="t", embedding=near(x[i], 0.97))) is not None
+        and hit.entry_id == ids[i]
+        for i in range(3, 300, 30)
+    ]
+    assert sum(own) >= 9, own
     hit = fresh.lookup("q10?", tenant="t", embedding=near(x[10], 0.97), scope="other")
     assert hit is not None and hit.entry_id == ids[10]  # an exact scope
 

@@ -9,16 +9,25 @@ similarity it was served at. Labels are counted per similarity bin of width
 replica learns from every other; when a tenant's count passes its window, every bin is
 halved, so old evidence fades and the threshold follows a drift.
 
-The serving threshold for an error bound δ is the lowest bin edge ``t`` such that the
-matches at ``s >= t`` were wrong at most δ of the time, at 95% confidence: the Wilson
-upper bound of their error rate is at most δ, over at least ``MIN_LABELS`` labels.
-Serving only at ``s >= t`` then keeps the share of wrong answers among served ones under
-δ, as far as the labels are representative of the traffic. Without enough labels there
-is no threshold: only exact repeats are served, and every other candidate is verified,
-which costs nothing the app would not pay for a miss (it calls its LLM either way). The
-shape of the rule is vCache's (Schroeder et al., arXiv 2502.03771), learned per tenant
-rather than per entry; an entry's own history still counts through its arm, its serving
-bar and its similarity bar.
+The bound is on wrong serves per request: of all the tenant's lookups, at most δ may be
+served a wrong answer. Replicas also count their lookups (``traffic.lua``, in batches),
+per bin of the best near candidate's similarity, and apart the lookups with no near
+candidate (an exact repeat, or nothing above the search threshold). Serving every near
+match at ``s >= t`` then serves a wrong answer to a share of requests of
+
+    P(best near candidate at s >= t) x P(wrong | s >= t)
+
+The first factor comes from the traffic counts, the second from the labels; the
+serving threshold for δ is the lowest labelled bin edge ``t`` at which the product of
+both factors' one-sided 95% Wilson upper bounds is at most δ, with at least
+``MIN_LABELS`` labels at or above ``t``. Without traffic counts (a tenant whose
+replicas predate them) the first factor is taken as 1: the bound is then on the error
+among serves, which is stricter. Without enough labels there is no threshold: only
+exact repeats are served, and every other candidate is verified, which costs nothing
+the app would not pay for a miss (it calls its LLM either way). The shape of the rule
+is vCache's (Schroeder et al., arXiv 2502.03771), learned per tenant rather than per
+entry; an entry's own history still counts through its arm, its serving bar and its
+similarity bar.
 
 Labels at similarity 1 (the question itself, or the fresh answer's own entry) say
 nothing about near matches and are not counted.
@@ -73,46 +82,83 @@ class Calibration:
     wrong: tuple[float, ...] = field(default=(0.0,) * N_BINS)
     #: The tenant's ``max_error_rate`` setting (``None``: not set in Redis).
     max_error_rate: float | None = None
+    #: Lookups per bin of their best near candidate's similarity (``t:<bin>``).
+    traffic: tuple[float, ...] = field(default=(0.0,) * N_BINS)
+    #: Lookups without a near candidate (``t:x``): exact repeats and misses.
+    traffic_other: float = 0.0
 
     @classmethod
     def parse(cls, fields: Mapping[bytes | str, bytes | str], bound: object) -> Calibration:
-        """From the ``cal`` hash (``r:<bin>``, ``w:<bin>`` counts) and the tenant's stored
-        ``max_error_rate`` (anything unparsable counts as absent)."""
-        right, wrong = [0.0] * N_BINS, [0.0] * N_BINS
+        """From the ``cal`` hash (``r:<bin>``, ``w:<bin>`` label counts, ``t:<bin>`` and
+        ``t:x`` lookup counts) and the tenant's stored ``max_error_rate`` (anything
+        unparsable counts as absent)."""
+        counts = {"r": [0.0] * N_BINS, "w": [0.0] * N_BINS, "t": [0.0] * N_BINS}
+        other = 0.0
         for raw_name, raw_value in fields.items():
             name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
             kind, _, index = name.partition(":")
             try:
-                i, value = int(index), float(raw_value)
+                value = float(raw_value)
             except ValueError:
                 continue
-            if 0 <= i < N_BINS and math.isfinite(value) and value >= 0:
-                if kind == "r":
-                    right[i] = value
-                elif kind == "w":
-                    wrong[i] = value
-        return cls(tuple(right), tuple(wrong), _rate(bound))
+            if not math.isfinite(value) or value < 0 or kind not in counts:
+                continue
+            if kind == "t" and index == "x":
+                other = value
+                continue
+            try:
+                i = int(index)
+            except ValueError:
+                continue
+            if 0 <= i < N_BINS:
+                counts[kind][i] = value
+        return cls(tuple(counts["r"]), tuple(counts["w"]), _rate(bound), tuple(counts["t"]), other)
 
     @property
     def labels(self) -> float:
         return sum(self.right) + sum(self.wrong)
 
+    @property
+    def lookups(self) -> float:
+        """The lookups counted (halved past the window as the labels are)."""
+        return sum(self.traffic) + self.traffic_other
+
     def threshold(self, max_error_rate: float, min_labels: int = MIN_LABELS) -> float | None:
-        """The lowest edge of a labelled bin at and above which the matches' error rate
-        is at most ``max_error_rate`` at 95% confidence; ``None`` when none qualifies.
-        Only bins with labels of their own are candidates: below the lowest labelled
+        """The lowest edge of a labelled bin such that serving every near match at or
+        above it serves a wrong answer to at most ``max_error_rate`` of the requests, at
+        95% confidence (see the module's docstring); ``None`` when none qualifies. Only
+        bins with labels of their own are candidates: below the lowest labelled
         similarity nothing is known, and nothing is served by similarity there."""
         best: float | None = None
-        right = wrong = 0.0
+        right = wrong = near = 0.0
+        total = self.lookups
         for i in range(N_BINS - 1, -1, -1):  # from the top: cumulative counts at s >= edge
+            near += self.traffic[i]
             if not self.right[i] and not self.wrong[i]:
                 continue
             right += self.right[i]
             wrong += self.wrong[i]
             n = right + wrong
-            if n >= min_labels and wilson_upper(wrong, n) <= max_error_rate:
+            if n < min_labels:
+                continue
+            # Requests whose best near candidate is at s >= edge (an upper bound; 1
+            # without lookup counts: the bound is then on the error among serves).
+            share = wilson_upper(near, total) if total > 0 else 1.0
+            if share * wilson_upper(wrong, n) <= max_error_rate:
                 best = bin_floor(i)
         return best
+
+    def wrong_per_request(self, edge: float) -> float | None:
+        """The point estimate of wrong serves per request when serving near matches at
+        ``s >= edge`` (``None`` without labels there): for reports and tests."""
+        i0 = bin_of(edge)
+        wrong = sum(self.wrong[i0:])
+        n = wrong + sum(self.right[i0:])
+        if n <= 0:
+            return None
+        total = self.lookups
+        share = sum(self.traffic[i0:]) / total if total > 0 else 1.0
+        return share * wrong / n
 
 
 def _rate(value: object) -> float | None:

@@ -740,6 +740,10 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
                 "max_error_rate": bound,
                 "near_match_threshold": threshold,
                 "labels": cal.labels,
+                "lookups_counted": cal.lookups,
+                "wrong_per_request": (
+                    cal.wrong_per_request(threshold) if threshold is not None else None
+                ),
                 "dim": int(settings["dim"]) if "dim" in settings else None,
                 "entries": st.count(name),
                 "effective": {
@@ -771,7 +775,12 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
             if threshold is not None
             else "nothing yet (exact repeats only; near matches are verified)",
         )
+        if threshold is not None:
+            wrong = cal.wrong_per_request(threshold)
+            if wrong is not None:
+                table.add_row("wrong serves per request (estimate)", f"{wrong:.2%}")
     table.add_row("labelled outcomes", f"{cal.labels:,.0f}")
+    table.add_row("lookups counted", f"{cal.lookups:,.0f}")
     shown = {"max_entries", "max_bytes", "ttl", "max_error_rate"}
     for setting in sorted(policy.stored):
         if setting not in shown:

@@ -29,13 +29,14 @@ import threading
 import time
 import unicodedata
 import weakref
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
 import numpy as np
 
-from zerda_cache.calibration import check_error_rate
+from zerda_cache.calibration import bin_of, check_error_rate
 from zerda_cache.config import CacheConfig
 from zerda_cache.context import (
     AdaptiveLearningSystem,
@@ -98,6 +99,13 @@ _BUILD_RETRY_S = 1.0
 _REBUILD_EVERY_S = 5.0
 _BATCH_ATTEMPTS = 3
 _BUILD_SLOTS = 2
+#: Lookups are counted in Redis (for the error bound's share of requests, see
+#: ``calibration.py``) by a later lookup's pipeline, once this many are pending or the
+#: oldest pending one is this old; the tenant's counts are halved past this many label
+#: windows of lookups.
+_TRAFFIC_BATCH = 32
+_TRAFFIC_FLUSH_S = 1.0
+_TRAFFIC_WINDOWS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +333,9 @@ class CacheEngine:
         # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
         # of their own); at most one count is pending per tenant, and stats() flushes it.
         self._pending_misses: dict[str, int] = {}
+        # Lookups per similarity bin of their best near candidate ("x": none), per tenant,
+        # with the monotonic time the oldest pending one was counted (``_TRAFFIC_*``).
+        self._traffic: dict[str, tuple[float, Counter[int | str]]] = {}
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
         self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
@@ -434,6 +445,10 @@ class CacheEngine:
         if report is not None:
             parts.append(report)
         mono = time.monotonic()
+        traffic = self._due_traffic(tenant, mono)
+        if traffic:
+            traffic_at = len(parts)
+            parts.append(st.count_traffic(tenant, traffic))
         if refresh:  # read the policy again for the next lookups, in this round trip
             policy_at = len(parts)
             parts.append(st.read_policy(tenant))
@@ -454,6 +469,9 @@ class CacheEngine:
         exact_id: str | None = replies[1]
         if refresh:
             self._policies[tenant] = (mono, replies[policy_at])
+        self._count_lookup(tenant, found, exact_id, mono)
+        if traffic and replies[traffic_at] > policy.config.label_window * _TRAFFIC_WINDOWS:
+            yield from self._halve_traffic(tenant, policy)
         changed = False
         if live:
             changed = yield from self._catch_up(ti, replies[0], position)
@@ -1098,6 +1116,7 @@ class CacheEngine:
         """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
         entries, bytes), its hit rate, and this replica's index size."""
         yield from self._flush_misses(tenant)
+        yield from self._flush_traffic(tenant)
         out: dict[str, Any] = dict((yield from self.storage._stats(tenant)))
         lookups = out.get("hits", 0) + out.get("misses", 0)
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
@@ -1146,6 +1165,9 @@ class CacheEngine:
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)
+        for tenant in list(self._traffic):
+            with contextlib.suppress(StorageError):
+                yield from self._flush_traffic(tenant)
         yield from self.storage._close()
 
     lookup = op(_lookup)
@@ -1173,6 +1195,40 @@ class CacheEngine:
         vec = codec.normalize_vector((yield call(self.embed_fn, query)))
         self.embeddings.put(key, vec)
         return vec
+
+    def _count_lookup(
+        self, tenant: str, found: list[tuple[str, float]], exact_id: str | None, mono: float
+    ) -> None:
+        """Count one lookup under the similarity bin of its best near candidate (the
+        question's own entry is not one), or under "x" without one."""
+        best = max((sim for eid, sim in found if eid != exact_id), default=None)
+        pending = self._traffic.get(tenant)
+        if pending is None:
+            pending = self._traffic[tenant] = (mono, Counter())
+        pending[1][bin_of(best) if best is not None else "x"] += 1
+
+    def _due_traffic(self, tenant: str, mono: float) -> Counter[int | str] | None:
+        """The tenant's pending lookup counts, taken, if they are due to be written."""
+        pending = self._traffic.get(tenant)
+        if pending is None:
+            return None
+        since, counts = pending
+        if counts.total() < _TRAFFIC_BATCH and mono - since < _TRAFFIC_FLUSH_S:
+            return None
+        self._traffic.pop(tenant, None)
+        return counts
+
+    def _flush_traffic(self, tenant: str) -> Flow[None]:
+        pending = self._traffic.pop(tenant, None)
+        if pending is not None:
+            yield from self.storage._read(self.storage.count_traffic(tenant, pending[1]))
+
+    def _halve_traffic(self, tenant: str, policy: TenantPolicy) -> Flow[None]:
+        window = policy.config.label_window * _TRAFFIC_WINDOWS
+        try:
+            yield from self.storage._run(self.storage.plan_halve_traffic(tenant, window))
+        except StorageError as exc:  # the next batch past the window tries again
+            log.debug("tenant %s: lookup counts not halved: %s", tenant, exc)
 
     def _flush_misses(self, tenant: str) -> Flow[None]:
         pending = self._pending_misses.pop(tenant, 0)
@@ -1358,6 +1414,9 @@ def _reset_after_fork() -> None:
     the build threads did not survive the fork and their locks may be held for good.
     Fresh locks, and a tenant whose build was running is built again on first use."""
     for engine in list(_after_fork):
+        # Counts pending in the parent are the parent's to write.
+        engine._pending_misses = {}
+        engine._traffic = {}
         engine._jobs_lock = threading.Lock()
         engine._jobs = weakref.WeakSet()
         engine._build_slots = engine.semaphore_factory(_BUILD_SLOTS)

@@ -17,7 +17,8 @@ key                    type     holds
 ``p:{t}:fb``           stream   the rolling feedback log (exact cap)
 ``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl,
                                 max_error_rate, ... (policy.py); ver, fence, evx
-``p:{t}:cal``          hash     labelled outcomes of near matches per similarity bin
+``p:{t}:cal``          hash     labelled outcomes of near matches, and lookups, per
+                                similarity bin (calibration.py)
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
 ``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
 ``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size

@@ -821,6 +821,32 @@ class StoragePlans:
         args = [bin_of(similarity), "1" if right else "0", window]
         return ScriptCall("label", [self.keys(tenant).cal], args, lambda res: float(res))
 
+    def count_traffic(self, tenant: str, counts: Mapping[int | str, float]) -> ReadPlan[float]:
+        """Count a batch of lookups (``calibration.py``): ``counts`` maps a similarity bin
+        of the best near candidate, or ``"x"`` (no near candidate), to lookups. Plain
+        HINCRBYFLOATs, each atomic, like the miss counter; a full server's refusal only
+        loses these counts. Parses to the tenant's lookup count (0 when refused)."""
+        cal = self.keys(tenant).cal
+        items = list(counts.items())
+
+        def queue(pipe: Any) -> None:
+            for bin_, n in items:
+                pipe.hincrbyfloat(cal, f"t:{bin_}", n)
+            pipe.hincrbyfloat(cal, "tn", sum(n for _, n in items))
+
+        def parse(res: list[Any]) -> float:
+            if isinstance(res[-1], Exception):
+                log.warning("tenant %s: lookups not counted: %s", tenant, res[-1])
+                return 0.0
+            return float(res[-1])
+
+        size = len(items) + 1
+        return ReadPlan("count traffic", queue, parse, size, tolerant=tuple(range(size)))
+
+    def plan_halve_traffic(self, tenant: str, window: int) -> ScriptCall[float]:
+        """Plan halving the tenant's lookup counts if they passed ``window``."""
+        return ScriptCall("traffic", [self.keys(tenant).cal], [window], lambda res: float(res))
+
     def read_policy(self, tenant: str) -> ReadPlan[TenantPolicy]:
         """The tenant's policy: this configuration with the tenant's stored settings on
         top, and its labelled outcomes (``zerda_cache.policy``)."""

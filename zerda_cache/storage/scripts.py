@@ -34,6 +34,9 @@ FLAGS = {
     "lease_release": "allow-oom",
     "lease_acquire": "allow-oom",
     "label": "allow-oom",
+    # A batch of lookup counts: a few fields of a fixed set, on a full server too (the
+    # lookups it counts were served there).
+    "traffic": "allow-oom",
     # A policy change writes a few bytes, and an operator lowering max_entries on a full
     # server must be able to.
     "settings": "allow-oom",
@@ -58,6 +61,7 @@ SCRIPT_NAMES = (
     "lease_release",
     "lease_acquire",
     "label",
+    "traffic",
     "settings",
     "adopt",
     "snapshot",
@@ -96,6 +100,7 @@ class Scripts:
     lease_release: Any
     lease_acquire: Any
     label: Any
+    traffic: Any
     settings: Any
     adopt: Any
     snapshot: Any
