@@ -333,7 +333,7 @@ def test_a_verification_at_a_similarity_a_hair_over_one_is_labelled(make_manager
     m = make_manager(CacheConfig(max_error_rate=0.02))
     held = m.put("held question", "the cached answer", tenant="t", embedding=unit(1)).entry_id
     engine = m.target if hasattr(m, "target") else m
-    engine._tickets.put(engine._ticket_key("t", "asked", ""), (held, 1.0000551490042169))
+    engine._tickets.put(engine._ticket_key("t", "asked", ""), (held, 1.0000551490042169, None))
     result = m.put("asked", "the cached answer", tenant="t", embedding=unit(2))
     assert result and result.verified is True
     assert m.storage.get_entry("t", held).bandit_arm.alpha == pytest.approx(2.0)

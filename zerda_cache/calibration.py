@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zerda_cache.errors import InvalidSettingError
+from zerda_cache.match_model import MatchModel
 
 #: Width of a similarity bin.
 BIN_WIDTH = 0.005
@@ -86,17 +87,36 @@ class Calibration:
     traffic: tuple[float, ...] = field(default=(0.0,) * N_BINS)
     #: Lookups without a near candidate (``t:x``): exact repeats and misses.
     traffic_other: float = 0.0
+    #: The tenant's match model (``match_model.py``), whose scores the bins count;
+    #: ``None``: the bins are similarity bins (model version 0).
+    model: MatchModel | None = None
+
+    @property
+    def model_version(self) -> int:
+        return 0 if self.model is None else self.model.version
 
     @classmethod
     def parse(cls, fields: Mapping[bytes | str, bytes | str], bound: object) -> Calibration:
         """From the ``cal`` hash (``r:<bin>``, ``w:<bin>`` label counts, ``t:<bin>`` and
-        ``t:x`` lookup counts) and the tenant's stored ``max_error_rate`` (anything
-        unparsable counts as absent)."""
+        ``t:x`` lookup counts; with a model of version v, ``r<v>:<bin>`` and so on, and
+        the model itself, ``model``) and the tenant's stored ``max_error_rate``
+        (anything unparsable counts as absent)."""
+        text = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+        model = MatchModel.decode(text.get("model"))
+        try:
+            version = int(text.get("mv", 0))
+        except ValueError:
+            version = 0
+        if model is not None and model.version != version:
+            model = None  # a model that is not the one the counts are in
+        tag = str(version) if model is not None else ""
         counts = {"r": [0.0] * N_BINS, "w": [0.0] * N_BINS, "t": [0.0] * N_BINS}
         other = 0.0
-        for raw_name, raw_value in fields.items():
-            name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
-            kind, _, index = name.partition(":")
+        for name, raw_value in text.items():
+            prefix, _, index = name.partition(":")
+            kind = prefix[:1]
+            if prefix[1:] != tag:
+                continue
             try:
                 value = float(raw_value)
             except ValueError:
@@ -112,7 +132,9 @@ class Calibration:
                 continue
             if 0 <= i < N_BINS:
                 counts[kind][i] = value
-        return cls(tuple(counts["r"]), tuple(counts["w"]), _rate(bound), tuple(counts["t"]), other)
+        return cls(
+            tuple(counts["r"]), tuple(counts["w"]), _rate(bound), tuple(counts["t"]), other, model
+        )
 
     @property
     def labels(self) -> float:

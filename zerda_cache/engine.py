@@ -57,6 +57,7 @@ from zerda_cache.errors import (
     StorageError,
 )
 from zerda_cache.index import IndexPolicy, ScopedIndex
+from zerda_cache.match_model import Features, candidate_features, score_of
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
 from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
@@ -335,7 +336,7 @@ class CacheEngine:
         self._pending_misses: dict[str, int] = {}
         # Lookups per similarity bin of their best near candidate ("x": none), per tenant,
         # with the monotonic time the oldest pending one was counted (``_TRAFFIC_*``).
-        self._traffic: dict[str, tuple[float, Counter[int | str]]] = {}
+        self._traffic: dict[str, tuple[float, Counter[tuple[int, int | str]], list[Any]]] = {}
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
         self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
@@ -446,18 +447,24 @@ class CacheEngine:
             parts.append(report)
         mono = time.monotonic()
         traffic = self._due_traffic(tenant, mono)
-        if traffic:
+        if traffic is not None:
             traffic_at = len(parts)
-            parts.append(st.count_traffic(tenant, traffic))
+            parts.append(st.count_traffic(tenant, *traffic))
         if refresh:  # read the policy again for the next lookups, in this round trip
             policy_at = len(parts)
             parts.append(st.read_policy(tenant))
             parts.append(st.register(tenant))
         explore = self._explore.random() < policy.config.verify_rate
         bound, threshold = policy.bound(override), policy.threshold(override)
+        model = policy.calibration.model
+        # Each candidate's features and score (its similarity without a match model).
+        feats = self._features(found, policy)
         spec: tuple[str, float] | None = None
         safe = bound is None or (
-            threshold is not None and not explore and bool(found) and found[0][1] >= threshold
+            threshold is not None
+            and not explore
+            and bool(found)
+            and score_of(model, feats[found[0][0]]) >= threshold
         )
         if self._speculate and len(found) == 1 and safe:
             # The common lookup: serve the only candidate in the same round trip.
@@ -469,8 +476,11 @@ class CacheEngine:
         exact_id: str | None = replies[1]
         if refresh:
             self._policies[tenant] = (mono, replies[policy_at])
-        self._count_lookup(tenant, found, exact_id, mono)
-        if traffic and replies[traffic_at] > policy.config.label_window * _TRAFFIC_WINDOWS:
+        self._count_lookup(tenant, found, feats, exact_id, mono, policy, bound is not None)
+        if (
+            traffic is not None
+            and replies[traffic_at] > policy.config.label_window * _TRAFFIC_WINDOWS
+        ):
             yield from self._halve_traffic(tenant, policy)
         changed = False
         if live:
@@ -497,6 +507,7 @@ class CacheEngine:
         self._check_dim(tenant, ti, vec)
         if changed:
             found = self._search(ti, vec, scope, policy)
+            feats = self._features(found, policy)
         tried = {spec[0]} if spec is not None else set()
         found = [(eid, sim) for eid, sim in found if eid not in tried]
         if exact_id in tried:
@@ -509,7 +520,7 @@ class CacheEngine:
                 return cands
             if threshold is None or explore:
                 return []
-            return [c for c in cands if c[1] >= threshold]
+            return [c for c in cands if c[0] in feats and score_of(model, feats[c[0]]) >= threshold]
 
         near = servable(found)
         hit = None
@@ -533,7 +544,9 @@ class CacheEngine:
             # in the top-k that live entries should have: forget them and search again.
             log.debug("tenant %s: %d ids gone from Redis left the index", tenant, len(ghosts))
             ti.forget(ghosts)
-            found = [f for f in self._search(ti, vec, scope, policy) if f[0] not in tried]
+            again = self._search(ti, vec, scope, policy)
+            feats = self._features(again, policy)
+            found = [f for f in again if f[0] not in tried]
             if found:
                 hit = yield from self._serve_best(
                     tenant, servable(found), None, states, now, ghosts, tried, policy
@@ -552,7 +565,7 @@ class CacheEngine:
         if not ranked:
             return None, n_found, False
         (eid, sim, _), _, _ = ranked[0]
-        self._tickets.put(self._ticket_key(tenant, query, scope), (eid, sim))
+        self._tickets.put(self._ticket_key(tenant, query, scope), (eid, sim, feats.get(eid)))
         return None, n_found, True
 
     def _lookup_policy(self, tenant: str) -> Flow[tuple[TenantPolicy, bool]]:
@@ -1035,11 +1048,14 @@ class CacheEngine:
                 yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
             return result
 
-    def _verify(self, tenant: str, ticket: tuple[str, float], fresh: str) -> Flow[bool | None]:
+    def _verify(
+        self, tenant: str, ticket: tuple[str, float, Features | None], fresh: str
+    ) -> Flow[bool | None]:
         """Compare the fresh answer with the candidate a lookup held back, and learn from
-        it: one label of the tenant's calibration, one signal on the entry's arm (at the
-        similarity it was matched at). ``None`` when the candidate is gone meanwhile."""
-        entry_id, similarity = ticket
+        it: one label of the tenant's calibration (with the match's features), one signal
+        on the entry's arm (at the similarity it was matched at). ``None`` when the
+        candidate is gone meanwhile."""
+        entry_id, similarity, features = ticket
         try:
             cached = yield from self.storage._get_entry(tenant, entry_id, with_vector=False)
         except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
@@ -1053,7 +1069,9 @@ class CacheEngine:
         # An HNSW index re-scores from float16 vectors: a match can come out a hair over 1.
         sim = min(1.0, max(-1.0, similarity))
         signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
-        yield from self._learn(signal, label=True)
+        if features is not None:
+            features = (sim, *features[1:])
+        yield from self._learn(signal, label=True, features=features)
         return right
 
     def _put_done(
@@ -1090,7 +1108,9 @@ class CacheEngine:
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
 
-    def _learn(self, signal: FeedbackSignal, *, label: bool = False) -> Flow[None]:
+    def _learn(
+        self, signal: FeedbackSignal, *, label: bool = False, features: Features | None = None
+    ) -> Flow[None]:
         """Apply a signal to the entry's arm and count it as a labelled outcome of a near
         match (at the similarity it carries, below 1) when ``label`` (a verification) or
         when an error bound is known for the tenant (this replica's cached policy or the
@@ -1100,8 +1120,15 @@ class CacheEngine:
         label = label or policy.bound() is not None
         yield from self.storage._feedback(signal, rl=policy.rl)
         if label and sim is not None and sim < 1.0:
-            window = policy.config.label_window
-            yield from self.storage._label(tenant, sim, signal.positive, window=window)
+            plan = self.storage.plan_label(
+                tenant,
+                sim,
+                signal.positive,
+                window=policy.config.label_window,
+                features=features,
+                model=policy.calibration.model,
+            )
+            yield from self.storage._run(plan)
         self.learner.note_feedback(signal)
 
     def _invalidate(self, entry_id: str, *, tenant: str) -> Flow[bool]:
@@ -1196,32 +1223,57 @@ class CacheEngine:
         self.embeddings.put(key, vec)
         return vec
 
+    @staticmethod
+    def _features(found: list[tuple[str, float]], policy: TenantPolicy) -> dict[str, Features]:
+        """The match features of every candidate of a search (``match_model.py``)."""
+        floor = policy.config.similarity_threshold
+        return {eid: f for (eid, _), f in zip(found, candidate_features(found, floor), strict=True)}
+
     def _count_lookup(
-        self, tenant: str, found: list[tuple[str, float]], exact_id: str | None, mono: float
+        self,
+        tenant: str,
+        found: list[tuple[str, float]],
+        feats: Mapping[str, Features],
+        exact_id: str | None,
+        mono: float,
+        policy: TenantPolicy,
+        sample: bool,
     ) -> None:
-        """Count one lookup under the similarity bin of its best near candidate (the
-        question's own entry is not one), or under "x" without one."""
-        best = max((sim for eid, sim in found if eid != exact_id), default=None)
+        """Count one lookup under the score bin of its best near candidate (the
+        question's own entry is not one), or under "x" without one; under a bound
+        (``sample``), keep that candidate's features for the worker's next fit."""
+        model = policy.calibration.model
+        best: Features | None = None
+        best_score = -math.inf
+        for eid, _ in found:
+            if eid != exact_id and eid in feats:
+                score = score_of(model, feats[eid])
+                if score > best_score:
+                    best, best_score = feats[eid], score
         pending = self._traffic.get(tenant)
         if pending is None:
-            pending = self._traffic[tenant] = (mono, Counter())
-        pending[1][bin_of(best) if best is not None else "x"] += 1
+            pending = self._traffic[tenant] = (mono, Counter(), [])
+        version = policy.calibration.model_version
+        pending[1][(version, bin_of(best_score) if best is not None else "x")] += 1
+        if sample:
+            pending[2].append(best)
 
-    def _due_traffic(self, tenant: str, mono: float) -> Counter[int | str] | None:
+    def _due_traffic(self, tenant: str, mono: float) -> _PendingTraffic | None:
         """The tenant's pending lookup counts, taken, if they are due to be written."""
         pending = self._traffic.get(tenant)
         if pending is None:
             return None
-        since, counts = pending
+        since, counts, sample = pending
         if counts.total() < _TRAFFIC_BATCH and mono - since < _TRAFFIC_FLUSH_S:
             return None
         self._traffic.pop(tenant, None)
-        return counts
+        return counts, sample
 
     def _flush_traffic(self, tenant: str) -> Flow[None]:
         pending = self._traffic.pop(tenant, None)
         if pending is not None:
-            yield from self.storage._read(self.storage.count_traffic(tenant, pending[1]))
+            plan = self.storage.count_traffic(tenant, pending[1], pending[2])
+            yield from self.storage._read(plan)
 
     def _halve_traffic(self, tenant: str, policy: TenantPolicy) -> Flow[None]:
         window = policy.config.label_window * _TRAFFIC_WINDOWS
@@ -1404,6 +1456,9 @@ class CacheEngine:
         key = self._ticket_key(tenant, query, check_scope(scope))
         return self._tickets.get(key) is not None
 
+
+#: Lookup counts by (model version, score bin or "x"), and the sampled features.
+_PendingTraffic = tuple[Counter[tuple[int, int | str]], list[Features | None]]
 
 #: Every engine of the process, for ``_reset_after_fork``.
 _after_fork: weakref.WeakSet[CacheEngine] = weakref.WeakSet()

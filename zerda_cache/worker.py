@@ -12,7 +12,8 @@ Jobs (APScheduler 3.x ``BlockingScheduler``; coalesce, max_instances=1, misfire 
   when Redis answered.
 * ``decay`` every ``decay_job_interval_s`` (leader only): persist every arm's decay.
 * ``evict`` every ``eviction_interval_s`` (leader only): expired, below the minimum
-  reward, then over capacity.
+  reward, then over capacity; then each tenant's match model is fitted where 500
+  labels were logged since its last fit (``Maintenance.calibrate_tenant``).
 * ``metrics`` every ``metrics_interval_s``: read each tenant's counters and sizes.
 * ``snapshot`` every ``snapshot_interval_s`` (leader only, its own thread): publish the
   index snapshot of each tenant of ``snapshot_min_entries`` or more once it is due
@@ -188,6 +189,7 @@ class Worker:
                     for reason, n in report.removed.items():
                         self.metrics.evicted.labels(reason).inc(n)
                 self._maybe_sweep()
+                self.maintenance.run_calibration()
         except Exception:
             self.metrics.errors.labels(job).inc()
             self.metrics.cycles.labels(job, "error").inc()

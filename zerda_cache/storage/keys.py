@@ -19,6 +19,10 @@ key                    type     holds
                                 max_error_rate, ... (policy.py); ver, fence, evx
 ``p:{t}:cal``          hash     labelled outcomes of near matches, and lookups, per
                                 similarity bin (calibration.py)
+``p:{t}:lab``          list     the label log: [similarity, gap, crowd, right] JSON rows,
+                                newest first, capped at label_window (match_model.py)
+``p:{t}:seen``         list     under a bound: lookups' features in batches (msgpack), for
+                                rescoring the lookup counts under a new model (capped)
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
 ``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
 ``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size
@@ -51,6 +55,8 @@ class TenantKeys:
     fb: str
     cfg: str
     cal: str
+    lab: str
+    seen: str
     bad: str
     ev: str
     snap: str
@@ -80,6 +86,8 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         fb=base + "fb",
         cfg=base + "cfg",
         cal=base + "cal",
+        lab=base + "lab",
+        seen=base + "seen",
         bad=base + "bad",
         ev=base + "ev",
         snap=base + "snap",

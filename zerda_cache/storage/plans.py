@@ -10,6 +10,7 @@ through a driver (``driver.py``), so the sync and asyncio flavours share every l
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack, get_args
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 
 from zerda_cache.calibration import bin_of
 from zerda_cache.config import CacheConfig, RLConfig
@@ -35,6 +37,7 @@ from zerda_cache.errors import (
     SchemaVersionError,
     ZerdaError,
 )
+from zerda_cache.match_model import MatchModel, score_of
 from zerda_cache.policy import TenantPolicy, warn_rejected
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
@@ -271,6 +274,69 @@ class LogDelta:
     @property
     def empty(self) -> bool:
         return not self.adds and not self.dels and self.last_id is None
+
+
+#: Batches of lookups' features a tenant's lookup sample keeps (``seen``; ~32 each).
+SEEN_BATCHES = 500
+
+
+@dataclass(slots=True)
+class LabelLogs:
+    """What the worker fits a match model from: the labels' features and outcomes, the
+    sampled lookups' best near candidates' features (NaN rows: none), the model version
+    the counts are in, and the labels ever logged (``ln``) and at the last fit."""
+
+    x: npt.NDArray[np.float64]
+    y: npt.NDArray[np.bool_]
+    seen: npt.NDArray[np.float64]
+    version: int
+    logged: int
+    fitted: int
+
+    @classmethod
+    def parse(cls, labels: list[Any], seen: list[Any], counters: list[Any]) -> LabelLogs:
+        rows: list[list[float]] = []
+        outcomes: list[bool] = []
+        for raw in reversed(labels):  # oldest first
+            try:
+                row = json.loads(raw)
+                feats = [math.nan if v is None else float(v) for v in row[:-1]]
+                ok = bool(row[-1])
+            except (ValueError, TypeError, IndexError):
+                continue
+            if len(feats) == 3:
+                rows.append(feats)
+                outcomes.append(ok)
+        looked: list[list[float]] = []
+        for raw in reversed(seen):
+            try:
+                batch = msgpack.unpackb(raw)
+            except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+                continue
+            for r in batch if isinstance(batch, list) else []:
+                if r is None:
+                    looked.append([math.nan] * 3)
+                elif isinstance(r, list) and len(r) == 3:
+                    try:
+                        looked.append([float(v) for v in r])
+                    except (TypeError, ValueError):
+                        continue
+        mv, ln, fit_ln = (_int(v) for v in counters)
+        return cls(
+            np.array(rows, dtype=np.float64).reshape(-1, 3),
+            np.array(outcomes, dtype=bool),
+            np.array(looked, dtype=np.float64).reshape(-1, 3),
+            mv,
+            ln,
+            fit_ln,
+        )
+
+
+def _int(raw: Any) -> int:
+    try:
+        return int(float(raw))
+    except (TypeError, ValueError):
+        return 0
 
 
 def _stream_id(raw: bytes | str) -> tuple[int, int]:
@@ -813,25 +879,89 @@ class StoragePlans:
         return ReadPlan("exact_match", queue, parse, 1)
 
     def plan_label(
-        self, tenant: str, similarity: float, right: bool, *, window: int | None = None
+        self,
+        tenant: str,
+        similarity: float,
+        right: bool,
+        *,
+        window: int | None = None,
+        features: Sequence[float] | None = None,
+        model: MatchModel | None = None,
     ) -> ScriptCall[float]:
-        """Plan counting one labelled outcome of a near match (``calibration.py``);
-        ``window``: the tenant's ``label_window`` (default: the configuration's)."""
+        """Plan counting one labelled outcome of a near match (``calibration.py``) and
+        logging it for the worker's fit (``match_model.py``): ``features`` of the match
+        (default: its similarity only), ``model``: the tenant's model the replica knows
+        (its score bins the label; the script counts it only if that is still the
+        tenant's); ``window``: the tenant's ``label_window`` (default: the
+        configuration's), which is also the log's length."""
         window = self.config.label_window if window is None else window
-        args = [bin_of(similarity), "1" if right else "0", window]
-        return ScriptCall("label", [self.keys(tenant).cal], args, lambda res: float(res))
+        row = list(features) if features is not None else [similarity, math.nan, math.nan]
+        score = score_of(model, row)
+        logged = ",".join("null" if not math.isfinite(x) else repr(float(x)) for x in row)
+        version = 0 if model is None else model.version
+        args = [bin_of(score), "1" if right else "0", window, version, logged, window]
+        keys = [self.keys(tenant).cal, self.keys(tenant).lab]
+        return ScriptCall("label", keys, args, lambda res: float(res))
 
-    def count_traffic(self, tenant: str, counts: Mapping[int | str, float]) -> ReadPlan[float]:
-        """Count a batch of lookups (``calibration.py``): ``counts`` maps a similarity bin
-        of the best near candidate, or ``"x"`` (no near candidate), to lookups. Plain
-        HINCRBYFLOATs, each atomic, like the miss counter; a full server's refusal only
-        loses these counts. Parses to the tenant's lookup count (0 when refused)."""
-        cal = self.keys(tenant).cal
-        items = list(counts.items())
+    def plan_calibrate(
+        self,
+        tenant: str,
+        fitted_against: int,
+        model: MatchModel | None,
+        label_count: int,
+        counts: Mapping[str, float],
+    ) -> ScriptCall[bool]:
+        """Plan publishing a fitted model with its rescored counts (``calibrate.lua``):
+        refused (False) if another model was published since ``fitted_against``.
+        ``model`` None: record the fit (``label_count``) without publishing anything."""
+        if model is None:
+            args: list[Any] = [fitted_against, "", "", label_count]
+        else:
+            args = [fitted_against, model.version, model.encode(), label_count]
+        for name, value in counts.items():
+            args += [name, repr(float(value))]
+        keys = [self.keys(tenant).cal]
+        return ScriptCall("calibrate", keys, args, lambda res: bool(int(res)))
+
+    def read_label_logs(self, tenant: str) -> ReadPlan[LabelLogs]:
+        """The tenant's label log, its sample of lookups and the fit counters."""
+        k = self.keys(tenant)
 
         def queue(pipe: Any) -> None:
-            for bin_, n in items:
-                pipe.hincrbyfloat(cal, f"t:{bin_}", n)
+            pipe.lrange(k.lab, 0, -1)
+            pipe.lrange(k.seen, 0, -1)
+            pipe.hmget(k.cal, "mv", "ln", "fit_ln")
+
+        def parse(res: list[Any]) -> LabelLogs:
+            return LabelLogs.parse(res[0], res[1], res[2])
+
+        return ReadPlan("label logs", queue, parse, 3)
+
+    def count_traffic(
+        self,
+        tenant: str,
+        counts: Mapping[tuple[int, int | str], float],
+        sample: Sequence[Sequence[float] | None] = (),
+    ) -> ReadPlan[float]:
+        """Count a batch of lookups (``calibration.py``): ``counts`` maps (model version,
+        score bin of the best near candidate, or ``"x"`` without one) to lookups; under a
+        bound, ``sample`` holds the features of the lookups' best near candidates
+        (``None``: none), logged for rescoring under the next model. Plain commands,
+        each atomic, like the miss counter; a full server's refusal only loses these
+        counts. Parses to the tenant's lookup count (0 when refused)."""
+        k = self.keys(tenant)
+        cal = k.cal
+        items = list(counts.items())
+        blob = (
+            msgpack.packb([list(r) if r is not None else None for r in sample]) if sample else None
+        )
+
+        def queue(pipe: Any) -> None:
+            for (version, bin_), n in items:
+                pipe.hincrbyfloat(cal, f"t{version or ''}:{bin_}", n)
+            if blob is not None:
+                pipe.lpush(k.seen, blob)
+                pipe.ltrim(k.seen, 0, SEEN_BATCHES - 1)
             pipe.hincrbyfloat(cal, "tn", sum(n for _, n in items))
 
         def parse(res: list[Any]) -> float:
@@ -840,7 +970,7 @@ class StoragePlans:
                 return 0.0
             return float(res[-1])
 
-        size = len(items) + 1
+        size = len(items) + 1 + (2 if blob is not None else 0)
         return ReadPlan("count traffic", queue, parse, size, tolerant=tuple(range(size)))
 
     def plan_halve_traffic(self, tenant: str, window: int) -> ScriptCall[float]:

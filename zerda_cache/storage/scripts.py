@@ -37,6 +37,8 @@ FLAGS = {
     # A batch of lookup counts: a few fields of a fixed set, on a full server too (the
     # lookups it counts were served there).
     "traffic": "allow-oom",
+    # A fitted match model and its rescored counts: a few kB; it replaces counts.
+    "calibrate": "allow-oom",
     # A policy change writes a few bytes, and an operator lowering max_entries on a full
     # server must be able to.
     "settings": "allow-oom",
@@ -62,6 +64,7 @@ SCRIPT_NAMES = (
     "lease_acquire",
     "label",
     "traffic",
+    "calibrate",
     "settings",
     "adopt",
     "snapshot",
@@ -101,6 +104,7 @@ class Scripts:
     lease_acquire: Any
     label: Any
     traffic: Any
+    calibrate: Any
     settings: Any
     adopt: Any
     snapshot: Any

@@ -30,6 +30,7 @@ from zerda_cache.errors import (
     StorageError,
     ZerdaError,
 )
+from zerda_cache.match_model import MatchModel
 from zerda_cache.policy import POLICY_FIELDS, RESERVED, TenantPolicy, check_changes
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.storage import codec
@@ -560,7 +561,7 @@ class Storage(StoragePlans):
         k = self.keys(tenant)
 
         def queue(pipe: Any) -> None:
-            pipe.unlink(k.stats, k.fb, k.cal, k.bad, k.ev)
+            pipe.unlink(k.stats, k.fb, k.cal, k.lab, k.seen, k.bad, k.ev)
             pipe.hdel(k.cfg, "dim")
 
         yield from self._read(ReadPlan("reset_tenant", queue, _ignore, 2))
@@ -592,6 +593,18 @@ class Storage(StoragePlans):
     ) -> Flow[float]:
         """Count one labelled outcome of a near match; returns the tenant's label count."""
         return (yield from self._run(self.plan_label(tenant, similarity, right, window=window)))
+
+    def _calibrate(
+        self,
+        tenant: str,
+        fitted_against: int,
+        model: MatchModel | None,
+        label_count: int,
+        counts: Mapping[str, float],
+    ) -> Flow[bool]:
+        """Publish a fitted match model with its rescored counts (see ``plan_calibrate``)."""
+        plan = self.plan_calibrate(tenant, fitted_against, model, label_count, counts)
+        return (yield from self._run(plan))
 
     def _calibration(self, tenant: str) -> Flow[Calibration]:
         """The tenant's labelled outcomes and stored error bound."""
@@ -637,6 +650,7 @@ class Storage(StoragePlans):
     feedback_log = op(_feedback_log)
     log_info = op(_log_info)
     label = op(_label)
+    calibrate = op(_calibrate)
     calibration = op(_calibration)
     suspects = op(_suspects)
     forget_suspects = op(_forget_suspects)

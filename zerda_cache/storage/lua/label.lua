@@ -1,12 +1,26 @@
--- KEYS[1] the tenant's calibration hash (cal)
--- ARGV[1] similarity bin (0-based)  ARGV[2] 1 = the cached answer was right, 0 = wrong
+-- KEYS[1] the tenant's calibration hash (cal)  KEYS[2] its label log (lab)
+-- ARGV[1] score bin (0-based)  ARGV[2] 1 = the cached answer was right, 0 = wrong
 -- ARGV[3] window: when the label count passes it, every count is halved
+-- ARGV[4] the model version the score was computed with (0: similarity, no model)
+-- ARGV[5] the match's features, JSON [similarity, gap, crowd] (null: unknown)
+-- ARGV[6] labels the log keeps
 -- returns the tenant's label count after this one (halving included)
--- Counts one labelled outcome of a near match (zerda_cache/calibration.py). Halving keeps
--- the last ~window labels' weight, so the serving threshold follows a drift; counts
--- under 0.01 after halving are dropped. Only the label counts (r:, w:) are halved here:
--- the lookup counts (t:, tn) have their own window (traffic.lua).
-local field = (ARGV[2] == '1' and 'r:' or 'w:') .. ARGV[1]
+-- Counts one labelled outcome of a near match (zerda_cache/calibration.py) in the bins of
+-- the tenant's model version, and logs it with its features for the worker's next fit
+-- (zerda_cache/match_model.py). A label scored under another version (the worker
+-- published a model meanwhile) is logged, not counted: the new bins were rescored from
+-- the log. Halving keeps the last ~window labels' weight, so the serving threshold
+-- follows a drift; counts under 0.01 after halving are dropped. Only the label counts are
+-- halved here: the lookup counts (t...) have their own window (traffic.lua).
+local version = tonumber(redis.call('HGET', KEYS[1], 'mv') or '0') or 0
+redis.call('LPUSH', KEYS[2], '[' .. ARGV[5] .. ',' .. ARGV[2] .. ']')
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[6]) - 1)
+redis.call('HINCRBY', KEYS[1], 'ln', 1)
+if version ~= tonumber(ARGV[4]) then
+  return tostring(tonumber(redis.call('HGET', KEYS[1], 'n') or '0') or 0)
+end
+local tag = version > 0 and tostring(version) or ''
+local field = (ARGV[2] == '1' and 'r' or 'w') .. tag .. ':' .. ARGV[1]
 redis.call('HINCRBYFLOAT', KEYS[1], field, 1)
 local total = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], 'n', 1))
 if total > tonumber(ARGV[3]) then
@@ -14,8 +28,7 @@ if total > tonumber(ARGV[3]) then
   total = 0
   for i = 1, #all, 2 do
     local name, value = all[i], tonumber(all[i + 1])
-    local kind = string.sub(name, 1, 2)
-    if kind == 'r:' or kind == 'w:' then
+    if string.find(name, '^[rw]%d*:') then
       if value == nil or value * 0.5 < 0.01 then
         redis.call('HDEL', KEYS[1], name)
       else

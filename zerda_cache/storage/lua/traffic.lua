@@ -2,7 +2,8 @@
 -- ARGV[1] window: lookups kept at full weight
 -- returns the tenant's lookup count after this (halved or not)
 -- Replicas count their lookups in the cal hash with plain HINCRBYFLOATs (t:<bin> per
--- similarity bin of the best near candidate, t:x without one, tn in all; see
+-- score bin of the best near candidate, t:x without one, tn in all; t<v>: under a
+-- model of version v; see
 -- zerda_cache/calibration.py). When a replica sees tn past the window it runs this: every
 -- lookup count is halved, so the shares follow the recent traffic. The check is inside,
 -- so two replicas that both saw the count past the window halve it once. The label
@@ -15,7 +16,7 @@ local all = redis.call('HGETALL', KEYS[1])
 total = 0
 for i = 1, #all, 2 do
   local name, value = all[i], tonumber(all[i + 1])
-  if string.sub(name, 1, 2) == 't:' then
+  if string.find(name, '^t%d*:') then
     if value == nil or value * 0.5 < 0.01 then
       redis.call('HDEL', KEYS[1], name)
     else

@@ -1,0 +1,197 @@
+"""The match model (``match_model.py``): features of a candidate list, the fit, the
+label log, the worker's publication with rescored counts, and replicas serving by the
+model's score (real servers)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from conftest import near
+from conftest import unit as _unit
+
+from zerda_cache import CacheConfig
+from zerda_cache.calibration import Calibration, bin_of
+from zerda_cache.maintenance import Maintenance
+from zerda_cache.match_model import (
+    MIN_FIT_LABELS,
+    MatchModel,
+    auc,
+    candidate_features,
+    fit,
+    score_of,
+)
+from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import tenant_keys
+
+DIM = 64
+
+
+def unit(seed: int) -> np.ndarray:
+    return _unit(seed, DIM)
+
+
+# --- without a server ------------------------------------------------------------------------
+def test_features_of_a_candidate_list() -> None:
+    found = [("a", 0.95), ("b", 0.94), ("c", 0.90)]
+    feats = candidate_features(found, 0.85)
+    assert feats[0] == pytest.approx((0.95, 0.01, 1.0))  # b is within 0.02 of it
+    assert feats[1] == pytest.approx((0.94, 0.01, 1.0))  # the nearest other: above it
+    assert feats[2] == pytest.approx((0.90, 0.04, 0.0))
+    assert candidate_features([("a", 0.9)], 0.85)[0] == pytest.approx((0.9, 0.05, 0.0))
+    assert candidate_features([], 0.85) == []
+
+
+def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Matches whose answer is right when the candidate is alone (gap >= 0.04), at any
+    similarity: what similarity alone cannot tell, and the gap can (1% noise)."""
+    rng = np.random.default_rng(seed)
+    s = rng.uniform(0.86, 0.99, n)
+    gap = rng.uniform(0, 1, n) * (s - 0.85)
+    crowd = np.where(gap < 0.02, rng.integers(1, 4, n), 0).astype(float)
+    right = (gap >= 0.04) ^ (rng.random(n) < 0.01)
+    return np.column_stack([s, gap, crowd]), right
+
+
+def test_the_fit_learns_what_similarity_alone_misses() -> None:
+    x, y = synthetic(2_000)
+    model = fit(x, y, version=1)
+    p = np.array([model.p_right(r) for r in x])
+    assert auc(p, y) > 0.97 > auc(x[:, 0], y) + 0.1
+    assert model.p_right((0.90, 0.05, 0.0)) > 0.8 > 0.1 > model.p_right((0.95, 0.005, 2.0))
+    # an unknown feature (feedback carries the similarity only) weighs nothing
+    assert math.isfinite(model.p_right((0.9, math.nan, math.nan)))
+    assert score_of(None, (0.91, 0.0, 0.0)) == 0.91
+    assert 0.5 <= score_of(model, (0.91, 0.0, 0.0)) <= 1.0
+
+
+def test_a_model_round_trips_and_damage_reads_as_none() -> None:
+    model = fit(*synthetic(500), version=3)
+    assert MatchModel.decode(model.encode()) == model
+    bad = json.loads(model.encode())
+    for broken in (
+        "{",
+        json.dumps({**bad, "v": 0}),
+        json.dumps({**bad, "w": bad["w"][:2]}),
+        json.dumps({**bad, "sd": [0.0, 1.0, 1.0]}),
+        json.dumps({**bad, "mu": [float("nan"), 0.0, 0.0]}),
+    ):
+        assert MatchModel.decode(broken) is None
+    assert MatchModel.decode(None) is None
+
+
+# --- the label log and the worker's fit --------------------------------------------------------
+def teach(st: RedisStorage, tenant: str, x: np.ndarray, y: np.ndarray, model: Any = None) -> None:
+    pipe = st.client.pipeline(transaction=False)
+    for row, ok in zip(x, y, strict=True):
+        plan = st.plan_label(tenant, row[0], bool(ok), features=tuple(row), model=model)
+        st.scripts.label(keys=plan.keys, args=plan.args, client=pipe)
+    pipe.execute()
+
+
+def test_labels_are_logged_with_their_features_and_capped(redis_client: redis.Redis) -> None:
+    st = RedisStorage(redis_client, CacheConfig(label_window=50))
+    x, y = synthetic(80)
+    teach(st, "t", x, y)
+    st.label("t", 0.93, True)  # feedback: the similarity only
+    logs = st.read(st.read_label_logs("t"))
+    assert len(logs.y) == 50 and logs.logged == 81 and logs.fitted == 0
+    assert logs.x[-1, 0] == 0.93 and np.isnan(logs.x[-1, 1:]).all()
+    assert np.allclose(logs.x[-2], x[-1]) and logs.y[-2] == y[-1]
+    assert st.calibration("t").labels <= 50  # the counts halve past the window too
+
+
+def test_the_worker_publishes_a_better_model_with_rescored_counts(
+    redis_client: redis.Redis,
+) -> None:
+    st = RedisStorage(redis_client)
+    x, y = synthetic(MIN_FIT_LABELS * 2)
+    teach(st, "t", x, y)
+    maint = Maintenance(st)
+    report = maint.calibrate_tenant("t")
+    assert report is not None and report.published and report.version == 1
+    assert report.auc_model > report.auc_similarity
+    assert maint.calibrate_tenant("t") is None  # not due: no new labels
+    cal = st.calibration("t")
+    assert cal.model is not None and cal.model.version == 1
+    assert cal.labels == pytest.approx(len(y))  # rescored: every logged label, in score bins
+    fields = redis_client.hgetall(tenant_keys("t").cal)
+    assert not [f for f in fields if f[:2] in (b"r:", b"w:")]  # no similarity bin is left
+    # A label scored under the old version (a replica that has not read the model yet)
+    # is logged, not counted; one under the new version is counted.
+    teach(st, "t", x[:1], y[:1])
+    assert st.calibration("t").labels == pytest.approx(len(y))
+    teach(st, "t", x[:1], y[:1], model=cal.model)
+    assert st.calibration("t").labels == pytest.approx(len(y) + 1)
+    assert st.read(st.read_label_logs("t")).logged == len(y) + 2
+    # Publication is refused if another fit was published since the logs were read.
+    assert not st.calibrate("t", 0, cal.model, 0, {})
+
+
+def test_a_model_no_better_than_similarity_is_not_published(redis_client: redis.Redis) -> None:
+    st = RedisStorage(redis_client)
+    rng = np.random.default_rng(5)
+    s = rng.uniform(0.86, 0.99, 700)
+    x = np.column_stack([s, rng.uniform(0, 0.05, 700), rng.integers(0, 3, 700)])
+    teach(st, "t", x, rng.random(700) < (s - 0.8) * 5)  # the similarity says it all
+    report = Maintenance(st).calibrate_tenant("t")
+    assert report is not None and not report.published and report.version == 0
+    assert st.calibration("t").model is None
+    assert Maintenance(st).calibrate_tenant("t") is None  # the fit is recorded: not due
+
+
+def test_too_few_labels_or_of_one_kind_fit_nothing(redis_client: redis.Redis) -> None:
+    st = RedisStorage(redis_client)
+    x, _ = synthetic(600)
+    teach(st, "t", x, np.ones(600, dtype=bool))
+    assert Maintenance(st).calibrate_tenant("t", force=True) is None
+    x, y = synthetic(100)
+    teach(st, "u", x, y)
+    assert Maintenance(st).calibrate_tenant("u", force=True) is None
+
+
+# --- replicas serve by the model ----------------------------------------------------------------
+def test_replicas_serve_a_lone_match_and_verify_a_crowded_one_once_a_model_is_in(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    st = RedisStorage(redis_client)
+    x, y = synthetic(1_500, seed=3)
+    teach(st, "t", x, y)
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0, policy_refresh_s=0.05))
+    q_alone, q_crowd = unit(1), unit(2)
+    alone = m.put("alone", "a", tenant="t", embedding=near(q_alone, 0.91, 10))
+    for i in range(2):  # two different cached questions, equally close to q_crowd
+        m.put(f"crowd {i}", f"c{i}", tenant="t", embedding=near(q_crowd, 0.95, 20 + i))
+    # Similarity bins alone: 0.91 is not safe (half the matches that close were crowded).
+    assert m.lookup("lone question", tenant="t", embedding=q_alone) is None
+    assert m.awaiting_verification("lone question", tenant="t")
+    report = Maintenance(st).calibrate_tenant("t")
+    assert report is not None and report.published
+    time.sleep(0.1)  # the replicas' policy (with the model) is read again
+    m.lookup("warm", tenant="t", embedding=unit(3))
+    hit = m.lookup("lone question", tenant="t", embedding=q_alone)
+    assert hit is not None and hit.entry_id == alone.entry_id
+    assert m.lookup("crowded question", tenant="t", embedding=q_crowd) is None
+    assert m.awaiting_verification("crowded question", tenant="t")
+    # The verification's label carries the crowded match's features, under the model.
+    m.put("crowded question", "c0", tenant="t", embedding=q_crowd)
+    logs = st.read(st.read_label_logs("t"))
+    assert logs.x[-1, 2] == 1.0 and logs.x[-1, 1] < 0.02  # crowd 1, small gap
+    # Lookups are counted in the model's bins, and sampled under the bound.
+    m.stats("t")
+    cal = st.calibration("t")
+    assert cal.model is not None
+    lone = cal.model.score(candidate_features([(alone.entry_id, hit.similarity)], 0.85)[0])
+    assert cal.traffic[bin_of(lone)] >= 1 and cal.traffic_other >= 1  # "warm": no candidate
+    assert len(st.read(st.read_label_logs("t")).seen) == 4  # every lookup under the bound
+
+
+def test_a_damaged_model_means_similarity_bins_again() -> None:
+    fields = {b"mv": b"2", b"model": b"{", b"r2:90": b"5", b"r:90": b"7"}
+    cal = Calibration.parse(fields, None)
+    assert cal.model is None and cal.right[90] == 7.0

@@ -1,0 +1,170 @@
+"""A tenant-level model of P(the cached answer is right | this match), over features of
+the match that the index search gives for free, and the score the error bound's bins are
+kept in (``calibration.py``).
+
+Features of a candidate, from the lookup's candidate list (similarities, best first):
+
+- ``similarity``: its cosine similarity to the question asked;
+- ``gap``: how far it is from the nearest other candidate, above or below (for the best
+  one: its lead over the second), or above the search threshold when it is the only
+  one: a match alone in its neighbourhood is more often right;
+- ``crowd``: how many other candidates are within ``CROWD_EPS`` of it: a crowded
+  neighbourhood (many close but different cached questions) is more often wrong.
+
+Without a model (version 0) a match's score is its similarity, and the bins are
+similarity bins. Once a tenant has enough labels of both kinds, the worker fits a
+logistic regression over the standardised features on the tenant's bounded label log
+(``Maintenance.calibrate_tenant``), checks that it ranks the newest labels better than
+similarity alone, and publishes it with the label and lookup counts rescored
+(``calibrate.lua``): from then on a match's score is ``0.5 + 0.5 * P(right)``, which
+keeps the bins' range, and replicas read the model with the rest of the policy.
+Measured on QQP before building it (``benchmarks/match_features.py``): over similarity,
+gap and crowd, 1.2-2.5x the correct serves of similarity alone at the same bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+#: The features, in the order of every row.
+FEATURES = ("similarity", "gap", "crowd")
+#: Candidates within this similarity of another crowd it.
+CROWD_EPS = 0.02
+#: Labels (and of each kind) the worker needs before it fits a model.
+MIN_FIT_LABELS = 300
+MIN_EACH_KIND = 20
+#: Labels logged between two fits of a tenant's model.
+REFIT_EVERY = 500
+#: Share of the newest labels held out to check the model against similarity alone.
+HOLDOUT = 0.2
+#: L2 penalty of the fit (on standardised features; the intercept is free).
+RIDGE = 1.0
+
+Features = tuple[float, float, float]
+
+
+def candidate_features(found: Sequence[tuple[str, float]], floor: float) -> list[Features]:
+    """The features of every candidate of a lookup, in the order of ``found`` (which is
+    best first, as the index returns it); ``floor``: the search threshold."""
+    sims = [sim for _, sim in found]
+    out: list[Features] = []
+    for i, s in enumerate(sims):
+        others = [abs(x - s) for j, x in enumerate(sims) if j != i]
+        gap = min(others) if others else max(0.0, s - floor)
+        crowd = sum(1 for d in others if d <= CROWD_EPS)
+        out.append((float(s), float(gap), float(crowd)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MatchModel:
+    """A fitted logistic regression: ``P(right) = sigmoid(w0 + w . (x - mu) / sd)``."""
+
+    version: int
+    mu: tuple[float, ...]
+    sd: tuple[float, ...]
+    w: tuple[float, ...]  # intercept first
+
+    def p_right(self, features: Features | Sequence[float]) -> float:
+        z = self.w[0]
+        for x, m, s, w in zip(features, self.mu, self.sd, self.w[1:], strict=True):
+            if not math.isfinite(x):  # unknown (feedback carries the similarity only)
+                continue
+            z += w * (x - m) / s
+        return 1.0 / (1.0 + math.exp(-min(30.0, max(-30.0, z))))
+
+    def score(self, features: Features | Sequence[float]) -> float:
+        return 0.5 + 0.5 * self.p_right(features)
+
+    def encode(self) -> str:
+        return json.dumps({"v": self.version, "mu": self.mu, "sd": self.sd, "w": self.w})
+
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> MatchModel | None:
+        """The stored model, or ``None`` if absent or not a model of these features."""
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            model = cls(
+                int(data["v"]),
+                tuple(float(x) for x in data["mu"]),
+                tuple(float(x) for x in data["sd"]),
+                tuple(float(x) for x in data["w"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+        n = len(FEATURES)
+        values = (*model.mu, *model.sd, *model.w)
+        if (
+            model.version < 1
+            or (len(model.mu), len(model.sd), len(model.w)) != (n, n, n + 1)
+            or not all(math.isfinite(x) for x in values)
+            or min(model.sd) <= 0
+        ):
+            return None
+        return model
+
+
+def score_of(model: MatchModel | None, features: Features | Sequence[float]) -> float:
+    """The score a match is binned and served by: its similarity without a model."""
+    return float(features[0]) if model is None else model.score(features)
+
+
+def fit(
+    x: npt.NDArray[np.float64], y: npt.NDArray[np.bool_], version: int, ridge: float = RIDGE
+) -> MatchModel:
+    """Fit by Newton's method (IRLS) on standardised features; unknown values (NaN) are
+    replaced by their column's mean, so they weigh nothing."""
+    x = np.array(x, dtype=np.float64)
+    mu = np.nanmean(x, axis=0)
+    mu = np.where(np.isfinite(mu), mu, 0.0)
+    x = np.where(np.isfinite(x), x, mu)
+    sd = x.std(axis=0)
+    sd = np.where(sd > 1e-9, sd, 1.0)
+    z = np.column_stack([np.ones(len(x)), (x - mu) / sd])
+    w = np.zeros(z.shape[1])
+    reg = np.full(z.shape[1], ridge)
+    reg[0] = 0.0
+    target = y.astype(np.float64)
+    for _ in range(50):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -30, 30)))
+        grad = z.T @ (p - target) + reg * w
+        hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(reg + 1e-9)
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return MatchModel(version, tuple(mu.tolist()), tuple(sd.tolist()), tuple(w.tolist()))
+
+
+def auc(score: npt.NDArray[np.float64], y: npt.NDArray[np.bool_]) -> float:
+    """Area under the ROC curve of ``score`` for ``y`` (ties count half); 0.5 if one
+    kind is missing."""
+    pos = int(y.sum())
+    neg = len(y) - pos
+    if pos == 0 or neg == 0:
+        return 0.5
+    order = np.argsort(score, kind="stable")
+    ranks = np.empty(len(score))
+    ranks[order] = np.arange(1, len(score) + 1)
+    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+    ranks = (np.bincount(inverse, weights=ranks) / counts)[inverse]
+    return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+__all__ = [
+    "CROWD_EPS",
+    "FEATURES",
+    "MatchModel",
+    "auc",
+    "candidate_features",
+    "fit",
+    "score_of",
+]
