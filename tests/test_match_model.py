@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from click.testing import CliRunner
 from conftest import near
 from conftest import unit as _unit
 
 from zerda_cache import CacheConfig
 from zerda_cache.calibration import Calibration, bin_of
+from zerda_cache.cli import cli
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.match_model import (
     MIN_FIT_LABELS,
@@ -131,6 +133,21 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     assert st.read(st.read_label_logs("t")).logged == len(y) + 2
     # Publication is refused if another fit was published since the logs were read.
     assert not st.calibrate("t", 0, cal.model, 0, {})
+
+
+def test_tenant_show_names_the_model(redis_client: redis.Redis, redis_url: str) -> None:
+    st = RedisStorage(redis_client)
+    st.set_tenant_settings("t", max_error_rate=0.02)
+    x, y = synthetic(MIN_FIT_LABELS * 2)
+    teach(st, "t", x, y)
+    runner = CliRunner()
+    before = runner.invoke(cli, ["--redis-url", redis_url, "tenant", "show", "t", "--json"])
+    assert before.exit_code == 0 and json.loads(before.output)["match_model_version"] == 0
+    assert Maintenance(st).calibrate_tenant("t") is not None
+    shown = runner.invoke(cli, ["--redis-url", redis_url, "tenant", "show", "t", "--json"])
+    assert json.loads(shown.output)["match_model_version"] == 1
+    table = runner.invoke(cli, ["--redis-url", redis_url, "tenant", "show", "t"])
+    assert table.exit_code == 0 and "version 1" in table.output, table.output
 
 
 def test_a_model_no_better_than_similarity_is_not_published(redis_client: redis.Redis) -> None:

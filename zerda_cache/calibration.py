@@ -90,6 +90,10 @@ class Calibration:
     #: The tenant's match model (``match_model.py``), whose scores the bins count;
     #: ``None``: the bins are similarity bins (model version 0).
     model: MatchModel | None = None
+    #: Thresholds computed so far, by bound (a lookup asks for one every time).
+    _memo: dict[tuple[float, int], float | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def model_version(self) -> int:
@@ -151,6 +155,14 @@ class Calibration:
         95% confidence (see the module's docstring); ``None`` when none qualifies. Only
         bins with labels of their own are candidates: below the lowest labelled
         similarity nothing is known, and nothing is served by similarity there."""
+        key = (max_error_rate, min_labels)
+        if key not in self._memo:
+            if len(self._memo) >= 64:  # per-call bounds are the caller's: keep a few
+                self._memo.clear()
+            self._memo[key] = self._threshold(max_error_rate, min_labels)
+        return self._memo[key]
+
+    def _threshold(self, max_error_rate: float, min_labels: int) -> float | None:
         best: float | None = None
         right = wrong = near = 0.0
         total = self.lookups

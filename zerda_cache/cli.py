@@ -741,6 +741,7 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
                 "near_match_threshold": threshold,
                 "labels": cal.labels,
                 "lookups_counted": cal.lookups,
+                "match_model_version": cal.model_version,
                 "wrong_per_request": (
                     cal.wrong_per_request(threshold) if threshold is not None else None
                 ),
@@ -781,6 +782,12 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
                 table.add_row("wrong serves per request (estimate)", f"{wrong:.2%}")
     table.add_row("labelled outcomes", f"{cal.labels:,.0f}")
     table.add_row("lookups counted", f"{cal.lookups:,.0f}")
+    table.add_row(
+        "match model",
+        f"version {cal.model_version} (similarity, gap, crowd)"
+        if cal.model is not None
+        else "none yet (scores are similarities)",
+    )
     shown = {"max_entries", "max_bytes", "ttl", "max_error_rate"}
     for setting in sorted(policy.stored):
         if setting not in shown:
