@@ -98,6 +98,20 @@ def test_vectors_are_normalised_float32() -> None:
     np.testing.assert_allclose(vec, [0.6, 0.8], rtol=1e-6)
 
 
+def test_float16_storage_is_marked_half_the_size_and_close() -> None:
+    v = np.random.default_rng(1).normal(size=384)
+    raw32, raw16 = codec.encode_vector(v), codec.encode_vector(v, "float16")
+    assert (len(raw32), len(raw16)) == (1536, 769) and raw16[:1] == b"h"
+    assert codec.vector_dim(raw32) == codec.vector_dim(raw16) == 384
+    a, b = codec.decode_vector(raw32), codec.decode_vector(raw16)
+    assert b.dtype == np.float32 and abs(float(np.linalg.norm(b)) - 1) < 1e-6
+    assert float(a @ b) > 1 - 1e-6  # the same direction
+    u = codec.decode_vector(codec.encode_vector(np.random.default_rng(2).normal(size=384)))
+    assert abs(float(a @ u) - float(b @ u)) < 1e-3  # cosines move by less than 1e-3
+    with pytest.raises(ValueError, match="vector_storage"):
+        CacheConfig(vector_storage="int8")
+
+
 @pytest.mark.parametrize(
     "bad",
     [[], [[1.0, 2.0]], [1.0, math.nan], [math.inf, 1.0], [0.0, 0.0], "abc", None],
@@ -107,7 +121,18 @@ def test_bad_embeddings(bad: object) -> None:
         codec.normalize_vector(bad)
 
 
-@pytest.mark.parametrize("raw", [b"", b"abc", np.array([np.nan], np.float32).tobytes(), None])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"abc",
+        b"h",
+        b"x" + np.ones(2, np.float16).tobytes(),
+        b"h" + np.array([np.inf, 1.0], np.float16).tobytes(),
+        np.array([np.nan], np.float32).tobytes(),
+        None,
+    ],
+)
 def test_corrupt_vectors(raw: object) -> None:
     with pytest.raises(CorruptEntryError):
         codec.decode_vector(raw)  # type: ignore[arg-type]

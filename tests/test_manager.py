@@ -809,3 +809,30 @@ def test_concurrent_lookups_build_once_and_agree(redis_client: redis.Redis, redi
         return list(out)
 
     check(asyncio.run(run()))
+
+
+def test_float16_vectors_are_served_to_every_replica_in_less_memory(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    half = make_manager(CacheConfig(vector_storage="float16"))
+    full = make_manager()
+    v, w = unit(50, 384), unit(51, 384)
+    small = half.put("q16", "a16", tenant="t", embedding=v)
+    big = full.put("q32", "a32", tenant="t", embedding=w)
+    keys = tenant_keys("t")
+    raw16 = redis_client.hget(keys.entry(small.entry_id), "vec")
+    assert raw16 is not None and len(raw16) == 769  # marked float16
+    mem16 = redis_client.memory_usage(keys.entry(small.entry_id))
+    mem32 = redis_client.memory_usage(keys.entry(big.entry_id))
+    assert mem16 is not None and mem32 is not None and mem16 < 0.8 * mem32
+    # A fresh replica of either storage builds its index from both kinds and serves both.
+    for config in (CacheConfig(), CacheConfig(vector_storage="float16")):
+        reader = make_manager(config)
+        assert reader.sync_index("t") == 2
+        hit = reader.lookup("near q16", tenant="t", embedding=near(v, 0.97))
+        assert hit is not None and hit.entry_id == small.entry_id
+        assert abs(hit.similarity - 0.97) < 2e-3
+        hit = reader.lookup("near q32", tenant="t", embedding=near(w, 0.97))
+        assert hit is not None and hit.entry_id == big.entry_id
+    entry = full.storage.get_entry("t", small.entry_id, with_vector=True)
+    assert entry.embedding is not None and float(entry.embedding @ v) > 1 - 1e-6

@@ -118,6 +118,12 @@ DEFAULT_MAX_TENANT_LABELS = 50
 DEFAULT_ANN_THRESHOLD = 5_000
 #: usearch (float16, ~0.9x the raw vector bytes) or hnswlib (float32, faster, ~1.4x).
 DEFAULT_ANN_BACKEND = "usearch"
+#: How a put stores its vector in Redis: ``float32`` (4 bytes a dimension, exact) or
+#: ``float16`` (2 bytes and a marker byte: ~0.7x the memory of an entry at 384-d, a
+#: cosine off by at most ~1e-3). Readers tell them apart by the length, so a tenant may
+#: hold both; versions before float16 storage read a float16 vector as corrupt, so turn
+#: it on once every replica and worker runs this version.
+VECTOR_STORAGES = ("float32", "float16")
 ANN_BACKENDS = ("usearch", "hnswlib")
 DEFAULT_ANN_M = 16
 DEFAULT_ANN_EF_CONSTRUCTION = 64
@@ -347,6 +353,7 @@ class CacheConfig:
             dependency); ``None`` keeps every index exact.
         ann_backend: ``usearch`` (default) or ``hnswlib``; see docs/BENCHMARKS.md.
         ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
+        vector_storage: ``float32`` (default) or ``float16``: see ``VECTOR_STORAGES``.
         max_error_rate: the error bound δ of every tenant without its own
             ``max_error_rate`` setting: serve a near match only where labelled outcomes
             say matches that close were wrong at most this often (95% confidence);
@@ -370,6 +377,7 @@ class CacheConfig:
     feedback_log_maxlen: int = DEFAULT_FEEDBACK_LOG_MAXLEN
     index_log_maxlen: int = DEFAULT_INDEX_LOG_MAXLEN
     refresh_ttl_on_hit: bool = False
+    vector_storage: str = "float32"
     dedup_threshold: float | None = None
     redis_timeout_s: float = DEFAULT_REDIS_TIMEOUT_S
     embedding_cache_size: int = DEFAULT_EMBEDDING_CACHE_SIZE
@@ -412,6 +420,10 @@ class CacheConfig:
         _check_count("index_log_maxlen", self.index_log_maxlen)
         if not isinstance(self.index_snapshots, bool):
             raise ValueError(f"index_snapshots must be a bool, got {self.index_snapshots!r}")
+        if self.vector_storage not in VECTOR_STORAGES:
+            raise ValueError(
+                f"vector_storage must be one of {VECTOR_STORAGES}, got {self.vector_storage!r}"
+            )
         if not isinstance(self.refresh_ttl_on_hit, bool):
             raise ValueError(f"refresh_ttl_on_hit must be a bool, got {self.refresh_ttl_on_hit!r}")
         if self.dedup_threshold is not None:

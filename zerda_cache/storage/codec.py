@@ -8,7 +8,8 @@ Entry hash fields (see ``storage/keys.py`` for the keys):
 
 ========  ==========================================================================
 ``doc``   msgpack ``{v, q: query, r: response, m: metadata}`` (written by Python)
-``vec``   the L2-normalised embedding as little-endian float32 bytes
+``vec``   the L2-normalised embedding as little-endian float32 bytes, or (``float16``
+          storage) ``h`` then little-endian float16 bytes
 ``meta``  msgpack ``{v, ct: created_at, ttl, sc: scope, dim}`` (written by the put script)
 ``arm``   msgpack ``{a: alpha, b: beta, n: pulls, r: reward_sum, t: decayed_at}``
 ``use``   msgpack ``{n: usage_count, la: last_access, c: confidence, v: version,
@@ -45,6 +46,8 @@ from zerda_cache.validation import check_text
 
 SCHEMA_VERSION = 1
 _VEC_DTYPE = np.dtype("<f4")
+_VEC16_DTYPE = np.dtype("<f2")
+_F16_MARK = b"h"
 
 Vector = npt.NDArray[np.float32]
 
@@ -90,15 +93,33 @@ def normalize_vector(embedding: object) -> Vector:
     return (arr / float(np.linalg.norm(arr))).astype(np.float32)
 
 
-def encode_vector(embedding: object) -> bytes:
-    """``normalize_vector`` then raw little-endian float32 bytes."""
-    return normalize_vector(embedding).astype(_VEC_DTYPE, copy=False).tobytes()
+def encode_vector(embedding: object, storage: str = "float32") -> bytes:
+    """``normalize_vector`` then raw little-endian float32 bytes, or (``storage``
+    ``"float16"``) the marker byte ``h`` and little-endian float16 bytes: an odd length,
+    which no float32 vector has."""
+    vec = normalize_vector(embedding)
+    if storage == "float16":
+        return _F16_MARK + vec.astype(_VEC16_DTYPE).tobytes()
+    return vec.astype(_VEC_DTYPE, copy=False).tobytes()
+
+
+def vector_dim(raw: bytes) -> int:
+    """The dimension of an encoded vector (either storage)."""
+    return (len(raw) - 1) // 2 if len(raw) % 2 else len(raw) // 4
 
 
 def decode_vector(raw: bytes, *, key: str = "?") -> Vector:
-    if not isinstance(raw, bytes | bytearray) or len(raw) == 0 or len(raw) % 4:
-        raise CorruptEntryError(key, "vec is not a whole number of float32 values")
-    vec = np.frombuffer(raw, dtype=_VEC_DTYPE).astype(np.float32)
+    if not isinstance(raw, bytes | bytearray) or len(raw) == 0:
+        raise CorruptEntryError(key, "vec is empty or not bytes")
+    if len(raw) % 2 and raw[:1] == _F16_MARK and len(raw) > 1:
+        vec = np.frombuffer(raw, dtype=_VEC16_DTYPE, offset=1).astype(np.float32)
+        norm = float(np.linalg.norm(vec))
+        if np.isfinite(norm) and norm > 0:
+            vec /= norm  # rounding to float16 moved it off the unit sphere a little
+    elif len(raw) % 4 == 0:
+        vec = np.frombuffer(raw, dtype=_VEC_DTYPE).astype(np.float32)
+    else:
+        raise CorruptEntryError(key, "vec is neither float32 nor marked float16 values")
     if not np.all(np.isfinite(vec)):
         raise CorruptEntryError(key, "vec holds NaN or infinite values")
     return vec

@@ -482,8 +482,8 @@ class StoragePlans:
             raise InvalidEntryError(f"ttl_s must be a finite number > 0, got {ttl!r}")
         q = _unit_score("quality", DEFAULT_QUALITY if quality is None else quality)
         s = _unit_score("similarity", DEFAULT_SIMILARITY if similarity is None else similarity)
-        vec = codec.encode_vector(embedding)
-        dim = len(vec) // 4
+        vec = codec.encode_vector(embedding, cfg.vector_storage)
+        dim = codec.vector_dim(vec)
         doc = codec.pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
         eid = new_entry_id() if entry_id is None else validate_entry_id(entry_id)
         args: list[Any] = [
