@@ -888,6 +888,15 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     default=None,
     help="Socket timeout (s) of Redis calls; default 0.5 (lookups fail open past it).",
 )
+@click.option(
+    "--vector-storage",
+    type=click.Choice(["float32", "float16"]),
+    envvar="ZERDA_VECTOR_STORAGE",
+    default="float32",
+    show_default=True,
+    help="How puts store vectors (float16: ~0.7x the memory; only once every replica and "
+    "worker reads it, see docs/operations.md).",
+)
 @pass_state
 def serve(
     state: CliState,
@@ -901,6 +910,7 @@ def serve(
     warm_tenant: tuple[str, ...],
     similarity_threshold: float | None,
     redis_timeout: float | None,
+    vector_storage: str,
 ) -> None:
     """Run the HTTP service and the OpenAI-compatible caching proxy (needs the service
     extra: pip install 'zerda-cache[service]')."""
@@ -925,6 +935,7 @@ def serve(
             cfg = replace(cfg, similarity_threshold=similarity_threshold)
         if redis_timeout is not None:
             cfg = replace(cfg, redis_timeout_s=redis_timeout)
+        cfg = replace(cfg, vector_storage=vector_storage)
         try:
             embed_fn = make_embedder(
                 embedder,
