@@ -445,9 +445,9 @@ class Maintenance:
         it with the label and lookup counts rescored, if it ranks the newest labels
         better than similarity alone. ``None``: not due, or too few labels."""
         st = self.storage
-        logs = st.read(st.read_label_logs(tenant))
-        if not force and logs.logged - logs.fitted < REFIT_EVERY:
+        if not force and st.read(st.read_fit_due(tenant)) < REFIT_EVERY:
             return None
+        logs = st.read(st.read_label_logs(tenant))
         n = len(logs.y)
         right = int(logs.y.sum())
         if n < MIN_FIT_LABELS or min(right, n - right) < MIN_EACH_KIND:

@@ -278,6 +278,8 @@ class LogDelta:
 
 #: Batches of lookups' features a tenant's lookup sample keeps (``seen``; ~32 each).
 SEEN_BATCHES = 500
+#: The longest label log (``lab``; label_window if shorter): ~60 bytes a label.
+MAX_LABEL_LOG = 50_000
 
 
 @dataclass(slots=True)
@@ -893,13 +895,14 @@ class StoragePlans:
         (default: its similarity only), ``model``: the tenant's model the replica knows
         (its score bins the label; the script counts it only if that is still the
         tenant's); ``window``: the tenant's ``label_window`` (default: the
-        configuration's), which is also the log's length."""
+        configuration's), which is also the log's length (at most ``MAX_LABEL_LOG``)."""
         window = self.config.label_window if window is None else window
+        log_size = min(window, MAX_LABEL_LOG)
         row = list(features) if features is not None else [similarity, math.nan, math.nan]
         score = score_of(model, row)
         logged = ",".join("null" if not math.isfinite(x) else repr(float(x)) for x in row)
         version = 0 if model is None else model.version
-        args = [bin_of(score), "1" if right else "0", window, version, logged, window]
+        args = [bin_of(score), "1" if right else "0", window, version, logged, log_size]
         keys = [self.keys(tenant).cal, self.keys(tenant).lab]
         return ScriptCall("label", keys, args, lambda res: float(res))
 
@@ -922,6 +925,19 @@ class StoragePlans:
             args += [name, repr(float(value))]
         keys = [self.keys(tenant).cal]
         return ScriptCall("calibrate", keys, args, lambda res: bool(int(res)))
+
+    def read_fit_due(self, tenant: str) -> ReadPlan[int]:
+        """Labels logged since the tenant's last fit (the worker's cheap check)."""
+        cal = self.keys(tenant).cal
+
+        def queue(pipe: Any) -> None:
+            pipe.hmget(cal, "ln", "fit_ln")
+
+        def parse(res: list[Any]) -> int:
+            logged, fitted = (_int(v) for v in res[0])
+            return logged - fitted
+
+        return ReadPlan("fit due", queue, parse, 1)
 
     def read_label_logs(self, tenant: str) -> ReadPlan[LabelLogs]:
         """The tenant's label log, its sample of lookups and the fit counters."""
