@@ -20,7 +20,8 @@ key                    type     holds
 ``p:{t}:cal``          hash     labelled outcomes of near matches, and lookups, per
                                 similarity bin (calibration.py)
 ``p:{t}:lab``          list     the label log: [similarity, gap, crowd, right] JSON rows,
-                                newest first, capped at label_window (match_model.py)
+                                newest first, capped at label_window or 50,000
+                                (match_model.py)
 ``p:{t}:seen``         list     under a bound: lookups' features in batches (msgpack), for
                                 rescoring the lookup counts under a new model (capped)
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
