@@ -1,9 +1,10 @@
 """Learning quality on real questions: zerda-cache against the caches users pick today.
 
-The workload (``workload.py``): Quora Question Pairs, cached ``text_a`` questions, Zipf
-requests for ``text_b`` questions (duplicates and hard near-misses), planted wrong
-answers, a drift halfway where right answers go stale, and sparse, noisy users who react
-to served and fresh answers alike.
+The workload (``workload.py``): labelled question pairs (``--dataset``: Quora Question
+Pairs by default, or fow-cache's customer-support style pairs shipped in ``data/``), cached
+``text_a`` questions, Zipf requests for ``text_b`` questions (duplicates and hard
+near-misses), planted wrong answers, a drift halfway where right answers go stale, and
+sparse, noisy users who react to served and fresh answers alike.
 
 The policies (``policies.py``), at equal capacity, on the same stream: zerda-cache (the
 real system on a real Redis server, the worker's maintenance cycle every 500 requests on
@@ -16,6 +17,7 @@ an oracle that knows the labels (an upper bound). Thresholds are swept.
     make bench-quality                               # the sampled run (docs: "quality")
     make bench-quality QUALITY_ARGS=--full           # every pair (docs: "quality-full")
     make bench-quality QUALITY_ARGS=--quick          # a smoke run; writes nothing
+    make bench-quality QUALITY_ARGS="--dataset fow"  # fow-cache's pairs (docs: "quality-fow")
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import policies as P  # noqa: E402
 from _report import git_rev, provenance, table, write_section  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from workload import (  # noqa: E402
+    DATASETS,
     Answer,
     Workload,
     is_right,
@@ -358,6 +361,11 @@ def bound_name(delta: float) -> str:
     return f"{ZERDA} (max_error_rate {delta:.0%})"
 
 
+def default_label(dataset: str, full: bool) -> str:
+    """The docs section (and JSON name) of a run: quality[-<dataset>][-full]."""
+    return "quality" + ("" if dataset == "qqp" else f"-{dataset}") + ("-full" if full else "")
+
+
 def build(
     key: str, w: Workload, thr: float, capacity: int, args: argparse.Namespace,
     servers: dict[str, RedisServer],
@@ -390,8 +398,12 @@ def build(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=2_000)
-    parser.add_argument("--full", action="store_true", help="every QQP pair (80,854)")
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="qqp",
+                        help="qqp (../shared/data) or fow (data/, 592 pairs)")  # fmt: skip
+    parser.add_argument(
+        "--pairs", type=int, default=2_000, help="sampled pairs (more than the data set: all)"
+    )
+    parser.add_argument("--full", action="store_true", help="every pair (QQP: 80,854)")
     parser.add_argument(
         "--requests", type=int, default=None, help="default: 10x the pairs; 60,000 with --full"
     )
@@ -403,12 +415,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny run; writes nothing")
     parser.add_argument("--replot", action="store_true", help="redraw from the saved JSON")
     parser.add_argument(
-        "--section", default=None, help="docs section and JSON name (default: quality[-full])"
+        "--section",
+        default=None,
+        help="docs section and JSON name (default: quality[-<dataset> unless qqp][-full])",
     )
     args = parser.parse_args()
     # A kill stops the Redis servers too (the finally below), not only this process.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    label = args.section or ("quality-full" if args.full else "quality")
+    label = args.section or default_label(args.dataset, args.full)
     out_dir = ROOT / "docs" / "quality"
     if args.replot:
         render(json.loads((out_dir / f"{label}.json").read_text()), label, replot=True)
@@ -430,7 +444,7 @@ def main() -> None:
     args.thresholds = args.thresholds or SWEEP
     args.policies = args.policies or ",".join(POLICIES)
     n_pairs = None if args.full else args.pairs
-    w = load_workload(n_pairs, args.requests or 10 * n_pairs, args.seed)
+    w = load_workload(n_pairs, args.requests, args.seed, args.dataset)
     capacity = int(len(w.seed_ids) * args.capacity)
     thresholds = [float(x) for x in args.thresholds.split(",")]
     chosen = [p for p in args.policies.split(",") if p]
@@ -467,9 +481,12 @@ def main() -> None:
         for server in servers.values():
             server.stop()
     summary = {
+        "dataset": args.dataset,
         "args": vars(args),
         "origin": provenance(),
         "pairs": len(w.seed_ids),
+        # every pair of the data set: --full, or more --pairs than it has
+        "every_pair": bool(args.full or len(w.seed_ids) < args.pairs),
         "requests": len(w.queries),
         "capacity": capacity,
         "duplicate_share": sum(w.pair_label.values()) / len(w.pair_label),
@@ -495,12 +512,15 @@ def render(summary: dict[str, Any], label: str, *, replot: bool = False) -> None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{label}.json").write_text(json.dumps(summary, indent=1))
     plot(rows, out_dir / f"{label}.png", summary["requests"])
-    title = (
-        "every QQP pair" if summary["args"].get("full") else f"{summary['pairs']:,} sampled pairs"
-    )
-    if label not in ("quality", "quality-full"):
+    dataset, full = summary.get("dataset", "qqp"), bool(summary["args"].get("full"))
+    name = DATASETS[dataset][1]
+    every = summary.get("every_pair", full)
+    title = f"every {name} pair" if every else f"{summary['pairs']:,} sampled pairs"
+    if every and not full:
+        title += f" ({summary['pairs']:,})"
+    if label != default_label(dataset, full):
         title += f" ({label})"
-    write_section(label, f"Learning quality on QQP, {title} (benchmarks/quality/run.py)", body,
+    write_section(label, f"Learning quality on {name}, {title} (benchmarks/quality/run.py)", body,
                   summary.get("origin"))  # fmt: skip
 
 
@@ -529,7 +549,8 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
         return any(name.startswith(prefix) for name in ran)
 
     notes = [
-        f"{s['pairs']:,} QQP pairs ({s['duplicate_share']:.0%} labelled duplicates), "
+        f"{s['pairs']:,} {DATASETS[s.get('dataset', 'qqp')][1]} pairs "
+        f"({s['duplicate_share']:.0%} labelled duplicates), "
         f"{s['requests']:,} Zipf requests, capacity {s['capacity']:,} entries "
         f"({a['capacity']:.0%} of the seeded ones), seed {a['seed']}. 10% of the seeded "
         "answers planted wrong; 20% of the seeded answers of duplicate pairs (not planted "

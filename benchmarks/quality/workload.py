@@ -1,4 +1,6 @@
-"""The quality benchmark's workload and its ground truth (Quora Question Pairs).
+"""The quality benchmark's workload and its ground truth, on one of two data sets of labelled
+question pairs (``DATASETS``): Quora Question Pairs (``qqp``, the default) or fow-cache's
+customer-support style question pairs (``fow``, ``data/README.md``).
 
 * The cache starts with the ``text_a`` question of every sampled pair; each cached
   question's answer is right for itself and for its labelled duplicates only. A fraction
@@ -6,7 +8,8 @@
 * Requests ask ``text_b`` questions, with Zipf popularity so that questions come back:
   label-1 pairs (the cached ``text_a`` is a real duplicate) and label-0 pairs (hard
   near-misses: serving the ``text_a`` answer is wrong). Pairs are sampled in the data's
-  own ratio (37% duplicates); ``--full`` takes every pair.
+  own ratio (QQP: 37% duplicates, fow: 51%); ``--full``, or more pairs than the data set
+  has, takes every pair.
 * A miss calls the "LLM" (right 95% of the time) and caches its answer.
 * Users react to an answer sometimes (30%), served from the cache or fresh from the LLM,
   and 10% of reactions are wrong.
@@ -17,9 +20,9 @@
 * The random outcomes of each request (does the LLM get it right, does the user react,
   is the reaction wrong) are drawn once per request, so every policy sees the same ones.
 
-The data is read from ``../shared/data`` and never copied; embeddings (all-MiniLM-L6-v2,
-int8 ONNX, offline) of every distinct question are computed once and kept in
-``.cache/quality``.
+QQP is read from ``../shared/data`` and never copied; fow ships in ``data/`` (592 pairs,
+CC BY 4.0). Embeddings (all-MiniLM-L6-v2, int8 ONNX, offline) of every distinct question
+of the data set are computed once and kept in ``.cache/quality``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ from rich.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data" / "qqp_pairs.jsonl.gz"
+#: name -> (file, what the reports call it)
+DATASETS = {
+    "qqp": (DATA, "QQP"),
+    "fow": (Path(__file__).resolve().parent / "data" / "fow_pairs.jsonl.gz", "fow-cache"),
+}
 CACHE_DIR = ROOT / ".cache" / "quality"
 
 PLANTED_WRONG_SHARE = 0.10
@@ -46,10 +54,12 @@ REACTION_NOISE = 0.10
 ZIPF_S = 0.8
 
 
-def read_pairs() -> list[dict[str, Any]]:
-    if not DATA.exists():
-        raise SystemExit(f"{DATA} is missing: the benchmark reads QQP from ../shared/data")
-    with gzip.open(DATA, "rt") as f:
+def read_pairs(dataset: str = "qqp") -> list[dict[str, Any]]:
+    """Every pair of ``dataset`` (a key of ``DATASETS``), in file order."""
+    path, name = DATASETS[dataset]
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: the benchmark reads {name} from there")
+    with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]
 
 
@@ -65,10 +75,10 @@ def corpus(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, int]]:
     return texts, index
 
 
-def embed_corpus(texts: list[str]) -> np.ndarray:
+def embed_corpus(texts: list[str], dataset: str = "qqp") -> np.ndarray:
     """MiniLM embeddings of ``texts`` (normalised float32), cached on disk by content."""
     key = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
-    path = CACHE_DIR / f"qqp-minilm-{key}.npy"
+    path = CACHE_DIR / f"{dataset}-minilm-{key}.npy"
     if path.exists():
         vecs = np.load(path)
         if vecs.shape[0] == len(texts):
@@ -79,7 +89,8 @@ def embed_corpus(texts: list[str]) -> np.ndarray:
     order = np.argsort([len(t) for t in texts], kind="stable")  # batches of like length:
     vecs = np.zeros((len(texts), 384), dtype=np.float32)  # half the padding work
     with Progress() as progress:
-        task = progress.add_task("embedding QQP (all-MiniLM-L6-v2)", total=len(texts))
+        name = DATASETS[dataset][1]
+        task = progress.add_task(f"embedding {name} (all-MiniLM-L6-v2)", total=len(texts))
         for i in range(0, len(texts), 256):
             rows = order[i : i + 256]
             vecs[rows] = model.embed_many([texts[j] for j in rows])
@@ -109,15 +120,19 @@ class Workload:
     noisy: np.ndarray  # per request: the reaction is the wrong one
 
 
-def load_workload(n_pairs: int | None, n_requests: int, seed: int) -> Workload:
-    """``n_pairs`` sampled pairs (None: all of them), ``n_requests`` Zipf requests."""
+def load_workload(
+    n_pairs: int | None, n_requests: int | None, seed: int, dataset: str = "qqp"
+) -> Workload:
+    """``n_pairs`` sampled pairs of ``dataset`` (None, or more than it has: all of them),
+    ``n_requests`` Zipf requests (None: ten per pair)."""
     rng = np.random.default_rng(seed)
-    rows = read_pairs()
+    rows = read_pairs(dataset)
     texts, index = corpus(rows)
     if n_pairs is None or n_pairs >= len(rows):
         pick = rows
     else:
         pick = [rows[i] for i in sorted(rng.choice(len(rows), n_pairs, replace=False))]
+    n_requests = n_requests or 10 * len(pick)
     seed_ids = [index[r["text_a"]] for r in pick]
     b_ids = [index[r["text_b"]] for r in pick]
     pairs = [r["id"] for r in pick]
@@ -137,7 +152,7 @@ def load_workload(n_pairs: int | None, n_requests: int, seed: int) -> Workload:
             dups.setdefault(a, set()).add(b)
             dups.setdefault(b, set()).add(a)
     draws = np.random.default_rng(seed + 1).random((3, n_requests))
-    vecs = embed_corpus(texts)
+    vecs = embed_corpus(texts, dataset)
     return Workload(
         texts=texts,
         vecs=vecs,
