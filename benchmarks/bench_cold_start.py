@@ -287,6 +287,9 @@ def main() -> None:
         action="store_true",
         help="also a replica that loads the worker's index snapshot",
     )
+    parser.add_argument(
+        "--section", default="cold-start", help="docs section (e.g. cold-start-1m for --n 1000000)"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind,url
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
@@ -400,8 +403,10 @@ def main() -> None:
         )
     print(body)
     if not args.quick:
-        write_section("cold-start", "A new replica against a large tenant (bench_cold_start.py)",
-                      body)  # fmt: skip
+        title = "A new replica against a large tenant (bench_cold_start.py)"
+        if args.section != "cold-start":
+            title += f", {args.n:,} entries"
+        write_section(args.section, title, body)
 
 
 if __name__ == "__main__":
