@@ -142,11 +142,12 @@ def test_lookups_are_counted_per_bin_and_halved_apart_from_labels(
     m.put("q", "a", tenant="t", embedding=v)
     for i in range(5):
         m.lookup(f"close {i}", tenant="t", embedding=near(v, 0.952, 300 + i))
-    m.lookup("q", tenant="t", embedding=v)  # the question itself: no near candidate
+    m.lookup("q", tenant="t", embedding=v)  # the question itself: counted apart
     m.lookup("far", tenant="t", embedding=unit(41))  # nothing above the search threshold
     m.stats("t")  # writes the pending counts
     cal = m.storage.calibration("t")
-    assert (cal.traffic[bin_of(0.95)], cal.traffic_other, cal.lookups) == (5.0, 2.0, 7.0)
+    assert (cal.traffic[bin_of(0.95)], cal.traffic_exact, cal.traffic_other) == (5.0, 1.0, 1.0)
+    assert cal.lookups == 7.0
     st = RedisStorage(redis_client, CacheConfig(label_window=10))
     st.label("t", 0.95, True)
     # Past ten label windows of lookups the counts are halved, the labels left alone.
@@ -168,6 +169,7 @@ def test_exact_repeats_in_the_traffic_let_a_near_match_be_served(
     m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0, policy_refresh_s=0.05))
     v = unit(42)
     cached = m.put("q", "a", tenant="t", embedding=v)
+    m.feedback(FeedbackSignal(cached.entry_id, "t", True))  # confirmed: its repeats are served
     assert m.lookup("close", tenant="t", embedding=near(v, 0.955, 500)) is None  # verify
     for _ in range(400):  # most requests are the question itself
         assert m.lookup("q", tenant="t", embedding=v) is not None
@@ -197,13 +199,21 @@ def test_cold_start_verifies_and_the_put_teaches(
     registry = CollectorRegistry()
     m = make_manager(CacheConfig(max_error_rate=0.05), metrics=ReplicaMetrics(registry))
     v = unit(1)
-    m.put("What is the capital of France?", "Paris.", tenant="t", embedding=v)
-    # the exact question is served at once, labels or not
-    exact = m.lookup("What is the capital of France?", tenant="t", embedding=v)
-    assert exact is not None and exact.exact
+    question = "What is the capital of France?"
+    first = m.put(question, "Paris.", tenant="t", embedding=v)
+    # The question itself: its entry is not confirmed yet (no positive signal), so its
+    # answer is as likely wrong as a fresh one: verified, not served.
+    assert m.lookup(question, tenant="t", embedding=v) is None
+    assert m.awaiting_verification(question, tenant="t")
+    again = m.put(question, "paris", tenant="t", embedding=v)
+    assert again.verified is True and again.replaced_id == first.entry_id
+    assert m.storage.calibration("t").exact_right == 1  # an exact label, counted apart
+    # The answers agreed, so the fresh entry is confirmed: its exact repeats are served.
+    exact = m.lookup(question, tenant="t", embedding=v)
+    assert exact is not None and exact.exact and exact.entry_id == again.entry_id
     # a near match is not: no label says matches that close are right yet
     assert m.lookup("capital of france?", tenant="t", embedding=near(v, 0.95, 2)) is None
-    assert metric(registry, "zerda_cache_lookups_total", tenant="t", result="verify") == 1
+    assert metric(registry, "zerda_cache_lookups_total", tenant="t", result="verify") == 2
     # that None was a verify, not a plain miss; in its own scope only
     assert m.awaiting_verification("capital of france?", tenant="t")
     assert not m.awaiting_verification("capital of france?", tenant="t", scope="other")
@@ -248,7 +258,8 @@ def test_the_bound_per_call_and_per_tenant(make_manager: Any, redis_client: redi
     plain = make_manager()  # no bound anywhere
     v = unit(7)
     for tenant in ("a", "b"):
-        plain.put("q", "x", tenant=tenant, embedding=v)
+        put = plain.put("q", "x", tenant=tenant, embedding=v)
+        plain.feedback(FeedbackSignal(put.entry_id, tenant, True))  # confirmed
     copy = near(v, 0.95, 8)
     assert plain.lookup("q2", tenant="a", embedding=copy) is not None
     assert plain.lookup("q2", tenant="a", embedding=copy, max_error_rate=0.01) is None
@@ -258,7 +269,7 @@ def test_the_bound_per_call_and_per_tenant(make_manager: Any, redis_client: redi
     fresh = make_manager()  # reads tenant b's bound with its first lookup
     assert fresh.lookup("q2", tenant="b", embedding=copy) is None
     assert fresh.lookup("q2", tenant="a", embedding=copy) is not None
-    assert fresh.lookup("q", tenant="b", embedding=v) is not None  # exact: served
+    assert fresh.lookup("q", tenant="b", embedding=v) is not None  # exact, confirmed: served
 
 
 def test_exploration_verifies_some_servable_matches(
@@ -267,9 +278,11 @@ def test_exploration_verifies_some_servable_matches(
     teach(redis_client, "t", {0.96: (300, 0)})
     always = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=1.0))
     v = unit(9)
-    always.put("q", "a", tenant="t", embedding=v)
+    put = always.put("q", "a", tenant="t", embedding=v)
     assert always.lookup("q2", tenant="t", embedding=near(v, 0.98, 10)) is None  # verified
-    assert always.lookup("q", tenant="t", embedding=v) is not None  # exact: never explored
+    assert always.lookup("q", tenant="t", embedding=v) is None  # exact, unconfirmed: too
+    always.feedback(FeedbackSignal(put.entry_id, "t", True))
+    assert always.lookup("q", tenant="t", embedding=v) is not None  # confirmed: never explored
 
 
 def test_feedback_under_a_bound_labels_the_match(
@@ -277,7 +290,8 @@ def test_feedback_under_a_bound_labels_the_match(
 ) -> None:
     m = make_manager(CacheConfig(max_error_rate=0.5, verify_rate=0.0))
     v = unit(11)
-    m.put("q", "a", tenant="t", embedding=v)
+    put = m.put("q", "a", tenant="t", embedding=v)
+    m.feedback(FeedbackSignal(put.entry_id, "t", True))  # confirmed (no similarity: no label)
     hit = m.lookup("q", tenant="t", embedding=v)
     m.feedback(hit.feedback(False))  # similarity 1: the question itself, not a near match
     assert m.storage.calibration("t").labels == 0
@@ -285,14 +299,15 @@ def test_feedback_under_a_bound_labels_the_match(
     m.feedback(FeedbackSignal(hit.entry_id, "t", True, similarity=0.9))
     cal = m.storage.calibration("t")
     assert (cal.right[bin_of(0.9)], cal.wrong[bin_of(0.9)]) == (1.0, 1.0)
-    assert m.stats("t")["negative"] == 2
+    assert m.stats("t")["negative"] == 2 and m.stats("t")["positive"] == 2
     assert redis_client.hget(tenant_keys("t").cal, "n") == b"2"  # the tenant's cal hash
 
 
 def test_an_exact_repeat_is_never_a_near_match_label(make_manager: Any) -> None:
     m = make_manager(CacheConfig(max_error_rate=0.05))
     v = unit(12)
-    m.put("What is 2 + 2?", "4", tenant="t", embedding=v)
+    put = m.put("What is 2 + 2?", "4", tenant="t", embedding=v)
+    m.feedback(FeedbackSignal(put.entry_id, "t", True))
     for _ in range(5):  # the fast path (one candidate) too
         hit = m.lookup("What is 2 + 2?", tenant="t", embedding=v)
         assert hit is not None and hit.exact and hit.similarity == 1.0
@@ -337,3 +352,80 @@ def test_a_verification_at_a_similarity_a_hair_over_one_is_labelled(make_manager
     result = m.put("asked", "the cached answer", tenant="t", embedding=unit(2))
     assert result and result.verified is True
     assert m.storage.get_entry("t", held).bandit_arm.alpha == pytest.approx(2.0)
+
+
+# --- exact repeats under a bound ---------------------------------------------------------------
+def test_exact_error_spends_the_bound_only_once_proven() -> None:
+    few = Calibration(exact_right=20.0)
+    assert few.exact_error(0.05) is None  # under MIN_LABELS
+    clean = Calibration(exact_right=400.0)
+    assert clean.exact_error(0.05) == pytest.approx(wilson_upper(0, 400))  # no counts: share 1
+    assert clean.exact_error(0.01) is None  # 0.7% is more than half of 1%
+    # A tenth of the requests are exact repeats: what they cost is a tenth as much.
+    cheap = Calibration(
+        exact_right=380.0, exact_wrong=20.0, traffic_exact=1_000, traffic_other=9_000
+    )
+    spent = cheap.exact_error(0.05)
+    assert spent is not None and spent < 0.011
+    # ...and the near matches work with what is left of the bound.
+    base = counts(**{"0.93": (380, 20)})
+    near_only = with_traffic(base, 9_000, **{"0.93": 1_000})
+    both = Calibration(
+        near_only.right, near_only.wrong, None, near_only.traffic, 8_000, None, 390.0, 10.0, 1_000
+    )
+    need = wilson_upper(1_000, 10_000) * wilson_upper(20, 400)  # the near matches' cost
+    assert near_only.threshold(need * 1.01) == pytest.approx(0.93)
+    assert near_only.threshold(need * 0.99) is None
+    spent = both.exact_error(1.0)
+    assert spent is not None and spent < need  # both fit in a bound of their sum...
+    assert both.threshold(spent + need * 1.01) == pytest.approx(0.93)
+    assert both.threshold(spent + need * 0.99) is None  # ...and not in less
+    # Where the exact repeats are not proven within half the bound, they are verified
+    # (they spend nothing) and the near matches have all of it.
+    assert both.exact_error(need) is None and both.threshold(need * 1.01) == pytest.approx(0.93)
+
+
+def test_a_wrong_exact_verification_keeps_verifying_the_fresh_answer(make_manager: Any) -> None:
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(60)
+    m.put("q", "wrong answer", tenant="t", embedding=v)
+    assert m.lookup("q", tenant="t", embedding=v) is None
+    fresh = m.put("q", "right answer", tenant="t", embedding=v)
+    assert fresh.verified is False
+    cal = m.storage.calibration("t")
+    assert (cal.exact_right, cal.exact_wrong, cal.labels) == (0.0, 1.0, 0.0)
+    # Two answers that disagree confirm neither: the fresh one is verified in its turn.
+    assert m.lookup("q", tenant="t", embedding=v) is None
+    assert m.put("q", "right answer", tenant="t", embedding=v).verified is True
+    hit = m.lookup("q", tenant="t", embedding=v)
+    assert hit is not None and hit.response == "right answer"
+
+
+def test_proven_exact_labels_serve_unconfirmed_entries(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    st = RedisStorage(redis_client)
+    for _ in range(400):
+        st.run(st.plan_label("t", 1.0, True, exact=True))
+    m = make_manager(CacheConfig(max_error_rate=0.05, verify_rate=0.0))
+    v = unit(61)
+    put = m.put("q", "a", tenant="t", embedding=v)
+    hit = m.lookup("q", tenant="t", embedding=v)  # unconfirmed, but proven safe enough
+    assert hit is not None and hit.entry_id == put.entry_id
+    assert m.lookup("q", tenant="t", embedding=v, max_error_rate=0.01) is None  # not at 1%
+
+
+def test_an_exact_repeat_is_never_served_another_question_instead(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    teach(redis_client, "t", {0.96: (400, 0)})  # near matches at 0.96 are safe
+    m = make_manager(CacheConfig(max_error_rate=0.05, verify_rate=0.0))
+    v = unit(62)
+    other = m.put("other question", "other answer", tenant="t", embedding=near(v, 0.965, 63))
+    m.feedback(FeedbackSignal(other.entry_id, "t", True))
+    own = m.put("q", "own answer", tenant="t", embedding=v)
+    assert m.lookup("q", tenant="t", embedding=v) is None  # its own entry is unconfirmed
+    assert m.awaiting_verification("q", tenant="t")
+    assert m.put("q", "own answer", tenant="t", embedding=v).replaced_id == own.entry_id
+    hit = m.lookup("q", tenant="t", embedding=v)
+    assert hit is not None and hit.response == "own answer" and hit.exact

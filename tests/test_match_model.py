@@ -114,6 +114,7 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     st = RedisStorage(redis_client)
     x, y = synthetic(MIN_FIT_LABELS * 2)
     teach(st, "t", x, y)
+    st.run(st.plan_label("t", 1.0, False, exact=True))  # an exact repeat's: no score
     maint = Maintenance(st)
     report = maint.calibrate_tenant("t")
     assert report is not None and report.published and report.version == 1
@@ -122,8 +123,10 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     cal = st.calibration("t")
     assert cal.model is not None and cal.model.version == 1
     assert cal.labels == pytest.approx(len(y))  # rescored: every logged label, in score bins
+    assert cal.exact_wrong == 1.0  # kept as it was
     fields = redis_client.hgetall(tenant_keys("t").cal)
-    assert not [f for f in fields if f[:2] in (b"r:", b"w:")]  # no similarity bin is left
+    left = [f for f in fields if f[:2] in (b"r:", b"w:") and not f.endswith(b":e")]
+    assert not left  # no similarity bin is left
     # A label scored under the old version (a replica that has not read the model yet)
     # is logged, not counted; one under the new version is counted.
     teach(st, "t", x[:1], y[:1])

@@ -128,10 +128,12 @@ def test_lookup_tells_a_verification_from_a_miss(
     service.storage.set_tenant_settings("acme", max_error_rate=0.05)  # globex: no bound
     v = np.array(vec(1))
     close = [float(x) for x in near(v, 0.97, 5)]
+    ids = {}
     for tenant in ("acme", "globex"):
         body = {"query": "What is the capital of France?", "response": "Paris."}
         put = post(http, service, tenant, "/v1/put", {**body, "embedding": vec(1)})
         assert put.json()["stored"]
+        ids[tenant] = put.json()["entry_id"]
 
     def lookup(tenant: str, query: str, embedding: list[float], **extra: Any) -> dict[str, Any]:
         body = {"query": query, "embedding": embedding, **extra}
@@ -148,7 +150,11 @@ def test_lookup_tells_a_verification_from_a_miss(
     assert lookup("acme", "How tall is Everest?", vec(7))["decision"] == "miss"
     # another scope has no candidate, and the pending verification is of this scope only
     assert lookup("acme", "capital of france?", close, scope="formal")["decision"] == "miss"
-    # the exact question is served its own answer, bound or not
+    # the exact question: under a bound, its entry is verified until confirmed...
+    assert lookup("acme", "What is the capital of France?", vec(1))["decision"] == "verify"
+    confirm = {"entry_id": ids["acme"], "positive": True}
+    assert post(http, service, "acme", "/v1/feedback", confirm).status_code == 200
+    # ...then served its own answer
     assert lookup("acme", "What is the capital of France?", vec(1))["decision"] == "hit"
 
     put = post(

@@ -10,27 +10,33 @@ replica learns from every other; when a tenant's count passes its window, every 
 halved, so old evidence fades and the threshold follows a drift.
 
 The bound is on wrong serves per request: of all the tenant's lookups, at most δ may be
-served a wrong answer. Replicas also count their lookups (``traffic.lua``, in batches),
-per bin of the best near candidate's similarity, and apart the lookups with no near
-candidate (an exact repeat, or nothing above the search threshold). Serving every near
-match at ``s >= t`` then serves a wrong answer to a share of requests of
+served a wrong answer, whether the match was wrong (another question's answer) or the
+answer itself (wrong for its own question: an LLM's mistake, or stale). Replicas count
+their lookups (in batches, plain ``HINCRBYFLOAT``s): per bin of the best near
+candidate's similarity (``t:<bin>``), the lookups that asked a cached question itself
+(``t:e``), and the others (``t:x``). Serving every near match at ``s >= t`` serves a
+wrong answer to a share of requests of
 
     P(best near candidate at s >= t) x P(wrong | s >= t)
 
-The first factor comes from the traffic counts, the second from the labels; the
-serving threshold for δ is the lowest labelled bin edge ``t`` at which the product of
-both factors' one-sided 95% Wilson upper bounds is at most δ, with at least
-``MIN_LABELS`` labels at or above ``t``. Without traffic counts (a tenant whose
-replicas predate them) the first factor is taken as 1: the bound is then on the error
-among serves, which is stricter. Without enough labels there is no threshold: only
-exact repeats are served, and every other candidate is verified, which costs nothing
-the app would not pay for a miss (it calls its LLM either way). The shape of the rule
-is vCache's (Schroeder et al., arXiv 2502.03771), learned per tenant rather than per
-entry; an entry's own history still counts through its arm, its serving bar and its
-similarity bar.
+The first factor comes from the lookup counts, the second from the labels (a
+verification compares the cached answer with the app's fresh one, so a wrong answer
+counts as a wrong match too). The serving threshold for δ is the lowest labelled bin
+edge ``t`` at which the product of both factors' one-sided 95% Wilson upper bounds is
+at most δ, with at least ``MIN_LABELS`` labels at or above ``t``. Without lookup counts
+(a tenant whose replicas predate them) the first factor is 1: the bound is then on the
+error among serves, which is stricter. Without enough labels there is no threshold:
+every near candidate is verified, which costs nothing the app would not pay for a miss
+(it calls its LLM either way). The shape of the rule is vCache's (Schroeder et al.,
+arXiv 2502.03771), learned per tenant rather than per entry.
 
-Labels at similarity 1 (the question itself, or the fresh answer's own entry) say
-nothing about near matches and are not counted.
+An exact repeat (the question itself) is served its entry if the entry is *confirmed*
+(expected reward at least ``CONFIRMED_REWARD``: a user's positive signal, or a
+verification whose fresh answer agreed). An unconfirmed entry's answer is as likely
+wrong as a fresh LLM answer, so its exact repeats are verified too (``r:e``, ``w:e``),
+until those labels prove that serving them costs at most half the bound
+(``exact_error``); then they are served and the near-match threshold works with what is
+left. Labels at similarity 1 are never counted in the similarity bins.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ N_BINS = round((1.0 - BIN_FLOOR) / BIN_WIDTH)
 Z_95 = 1.6448536269514722
 #: Labels a threshold needs at or above it before anything is served by similarity.
 MIN_LABELS = 30
+#: Under a bound, an entry counts as confirmed when its arm's expected reward is at least
+#: this (the prior's mean is 0.5: one positive signal, a user's or an agreeing
+#: verification, confirms an entry without negatives).
+CONFIRMED_REWARD = 0.55
 
 
 def bin_of(similarity: float) -> int:
@@ -85,11 +95,17 @@ class Calibration:
     max_error_rate: float | None = None
     #: Lookups per bin of their best near candidate's similarity (``t:<bin>``).
     traffic: tuple[float, ...] = field(default=(0.0,) * N_BINS)
-    #: Lookups without a near candidate (``t:x``): exact repeats and misses.
+    #: Lookups without a near candidate nor the question's own entry (``t:x``).
     traffic_other: float = 0.0
     #: The tenant's match model (``match_model.py``), whose scores the bins count;
     #: ``None``: the bins are similarity bins (model version 0).
     model: MatchModel | None = None
+    #: Verifications of exact repeats of unconfirmed entries (``r:e``, ``w:e``), and the
+    #: lookups that asked a cached question itself (``t:e``): never tagged with the
+    #: model version, and kept by a new model's publication.
+    exact_right: float = 0.0
+    exact_wrong: float = 0.0
+    traffic_exact: float = 0.0
     #: Thresholds computed so far, by bound (a lookup asks for one every time).
     _memo: dict[tuple[float, int], float | None] = field(
         default_factory=dict, compare=False, repr=False
@@ -116,16 +132,21 @@ class Calibration:
         tag = str(version) if model is not None else ""
         counts = {"r": [0.0] * N_BINS, "w": [0.0] * N_BINS, "t": [0.0] * N_BINS}
         other = 0.0
+        exact = {"r": 0.0, "w": 0.0, "t": 0.0}
         for name, raw_value in text.items():
             prefix, _, index = name.partition(":")
             kind = prefix[:1]
-            if prefix[1:] != tag:
-                continue
             try:
                 value = float(raw_value)
             except ValueError:
                 continue
             if not math.isfinite(value) or value < 0 or kind not in counts:
+                continue
+            if index == "e":
+                if prefix[1:] == "":
+                    exact[kind] = value
+                continue
+            if prefix[1:] != tag:
                 continue
             if kind == "t" and index == "x":
                 other = value
@@ -137,7 +158,15 @@ class Calibration:
             if 0 <= i < N_BINS:
                 counts[kind][i] = value
         return cls(
-            tuple(counts["r"]), tuple(counts["w"]), _rate(bound), tuple(counts["t"]), other, model
+            tuple(counts["r"]),
+            tuple(counts["w"]),
+            _rate(bound),
+            tuple(counts["t"]),
+            other,
+            model,
+            exact["r"],
+            exact["w"],
+            exact["t"],
         )
 
     @property
@@ -146,8 +175,23 @@ class Calibration:
 
     @property
     def lookups(self) -> float:
-        """The lookups counted (halved past the window as the labels are)."""
-        return sum(self.traffic) + self.traffic_other
+        """The lookups counted (halved past their window)."""
+        return sum(self.traffic) + self.traffic_other + self.traffic_exact
+
+    def exact_error(self, max_error_rate: float) -> float | None:
+        """The share of requests that serving unconfirmed entries to exact repeats would
+        serve wrong (their answer is wrong for the question itself), an upper bound at
+        95% confidence; ``None`` unless it is proven within half of ``max_error_rate``
+        (over ``MIN_LABELS`` verifications at least). Until then, under a bound, an exact
+        repeat is served only an entry confirmed by a positive signal, and the others
+        are verified."""
+        n = self.exact_right + self.exact_wrong
+        if n < MIN_LABELS:
+            return None
+        total = self.lookups
+        share = wilson_upper(self.traffic_exact, total) if total > 0 else 1.0
+        term = share * wilson_upper(self.exact_wrong, n)
+        return term if term <= max_error_rate / 2 else None
 
     def threshold(self, max_error_rate: float, min_labels: int = MIN_LABELS) -> float | None:
         """The lowest edge of a labelled bin such that serving every near match at or
@@ -163,6 +207,8 @@ class Calibration:
         return self._memo[key]
 
     def _threshold(self, max_error_rate: float, min_labels: int) -> float | None:
+        # What serving unconfirmed exact repeats spends of the bound, when it is allowed.
+        max_error_rate -= self.exact_error(max_error_rate) or 0.0
         best: float | None = None
         right = wrong = near = 0.0
         total = self.lookups
@@ -216,6 +262,7 @@ def check_error_rate(value: object, name: str = "max_error_rate") -> float | Non
 
 __all__ = [
     "BIN_WIDTH",
+    "CONFIRMED_REWARD",
     "MIN_LABELS",
     "Calibration",
     "bin_of",

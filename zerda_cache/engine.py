@@ -36,7 +36,7 @@ from typing import Any, Protocol, Self
 
 import numpy as np
 
-from zerda_cache.calibration import bin_of, check_error_rate
+from zerda_cache.calibration import CONFIRMED_REWARD, bin_of, check_error_rate
 from zerda_cache.config import CacheConfig
 from zerda_cache.context import (
     AdaptiveLearningSystem,
@@ -107,6 +107,8 @@ _BUILD_SLOTS = 2
 _TRAFFIC_BATCH = 32
 _TRAFFIC_FLUSH_S = 1.0
 _TRAFFIC_WINDOWS = 10
+#: A candidate at this similarity or more is taken for the question's own entry.
+_SAME = 1.0 - 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +461,9 @@ class CacheEngine:
         model = policy.calibration.model
         # Each candidate's features and score (its similarity without a match model).
         feats = self._features(found, policy)
+        # Under a bound, an exact repeat is served only a confirmed entry, unless the
+        # labels prove unconfirmed ones safe enough (``calibration.exact_error``).
+        confirm = bound is not None and (explore or policy.calibration.exact_error(bound) is None)
         spec: tuple[str, float] | None = None
         safe = bound is None or (
             threshold is not None
@@ -467,9 +472,10 @@ class CacheEngine:
             and score_of(model, feats[found[0][0]]) >= threshold
         )
         if self._speculate and len(found) == 1 and safe:
-            # The common lookup: serve the only candidate in the same round trip.
+            # The common lookup: serve the only candidate in the same round trip (at
+            # similarity 1 it is likely the question itself: a confirmed entry then).
             spec = found[0]
-            parts.append(self._plan_hit(tenant, *spec, policy))
+            parts.append(self._plan_hit(tenant, *spec, policy, confirm and spec[1] >= _SAME))
         if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
@@ -491,6 +497,7 @@ class CacheEngine:
             raise DimensionMismatchError(tenant, replies[0], len(vec))
         states = StateBatch()
         ghosts: set[str] = set()  # ids this replica indexes that Redis no longer has
+        asked = exact_id  # the question's own entry, if cached
         if spec is not None:
             outcome: HitOutcome = replies[-1]
             if outcome.served is not None:
@@ -501,6 +508,8 @@ class CacheEngine:
                 return served, n_found, False
             if outcome.status is HitStatus.GONE:
                 ghosts.add(spec[0])
+            elif confirm and spec[0] == exact_id:  # unconfirmed: verify it
+                return self._verify_exact(tenant, query, scope, exact_id, n_found)
         elif found:
             states = replies[-1]
             ghosts.update(states.missing)
@@ -529,16 +538,22 @@ class CacheEngine:
             # embedding far from the cached question's): nothing to rank, so the hit
             # script alone decides, without reading the entry's state first.
             tried.add(exact_id)
-            outcome = yield from st._run(self._plan_hit(tenant, exact_id, 1.0, policy))
+            plan = self._plan_hit(tenant, exact_id, 1.0, policy, confirm)
+            outcome = yield from st._run(plan)
             if outcome.served is not None:
                 hit = self._spec_hit(tenant, (exact_id, 1.0), outcome.served, True, policy)
             elif outcome.status is HitStatus.GONE:
                 ghosts.add(exact_id)
+            elif confirm:
+                return self._verify_exact(tenant, query, scope, exact_id, n_found)
             exact_id = None
         if hit is None:
+            refused: set[str] = set()
             hit = yield from self._serve_best(
-                tenant, near, exact_id, states, now, ghosts, tried, policy
+                tenant, near, exact_id, states, now, ghosts, tried, policy, confirm, refused
             )
+            if asked is not None and asked in refused:
+                return self._verify_exact(tenant, query, scope, asked, n_found)
         if hit is None and ghosts:
             # Ghosts (left by a FLUSHALL, an empty restart, a lost log event) take places
             # in the top-k that live entries should have: forget them and search again.
@@ -633,9 +648,14 @@ class CacheEngine:
         ghosts: set[str],
         tried: set[str],
         policy: TenantPolicy,
+        confirm: bool = False,
+        refused: set[str] | None = None,
     ) -> Flow[CacheHit | None]:
         """Rank the candidates and serve the best one the hit script accepts; ids found
-        gone from Redis are added to ``ghosts``, every id tried to ``tried``."""
+        gone from Redis are added to ``ghosts``, every id tried to ``tried``. With
+        ``confirm``, the question's own entry is served only if it is confirmed; if it is
+        not (or not servable), nothing else is tried and its id goes to ``refused``: an
+        exact repeat is never served another question's answer instead."""
         missing = [eid for eid, _ in found if eid not in states.entries]
         if exact_id is not None and exact_id not in states.entries:
             missing.append(exact_id)
@@ -643,27 +663,57 @@ class CacheEngine:
             more = yield from self.storage._load_states(tenant, missing)
             states.entries.update(more.entries)
             ghosts.update(more.missing)
-        for cand, score, exact in self._candidates(found, exact_id, states, now, policy):
+        ranked = self._candidates(found, exact_id, states, now, policy)
+        own_first = bool(ranked) and ranked[0][2]
+        if confirm and exact_id is not None and exact_id not in ghosts and not own_first:
+            # the question's own entry is not servable: nothing else is served instead
+            if refused is not None:
+                refused.add(exact_id)
+            return None
+        for cand, score, exact in ranked:
             tried.add(cand[0])
-            plan = self._plan_hit(tenant, cand[0], cand[1], policy)
+            plan = self._plan_hit(tenant, cand[0], cand[1], policy, confirm and exact)
             outcome = yield from self.storage._run(plan)
             if outcome.served is not None:
                 return self._hit(tenant, cand, score, exact, outcome.served)
             if outcome.status is HitStatus.GONE:
                 ghosts.add(cand[0])
+            elif confirm and exact:
+                if refused is not None:
+                    refused.add(cand[0])
+                return None
         return None
 
     def _plan_hit(
-        self, tenant: str, entry_id: str, similarity: float, policy: TenantPolicy
+        self,
+        tenant: str,
+        entry_id: str,
+        similarity: float,
+        policy: TenantPolicy,
+        confirmed: bool = False,
     ) -> ScriptCall[HitOutcome]:
+        """The hit script's call; ``confirmed``: serve only a confirmed entry (under a
+        bound, the question's own entry until unconfirmed ones are proven safe)."""
+        bar = policy.rl.serve_bar
+        if confirmed:
+            bar = max(bar if bar is not None else 0.0, CONFIRMED_REWARD)
         return self.storage.plan_hit(
             tenant,
             entry_id,
             refresh_ttl=policy.config.refresh_ttl_on_hit,
-            min_reward=policy.rl.serve_bar,
+            min_reward=bar,
             similarity=similarity,
             rl=policy.rl,
         )
+
+    def _verify_exact(
+        self, tenant: str, query: str, scope: str, entry_id: str, n_found: int
+    ) -> tuple[CacheHit | None, int, bool]:
+        """Not served: the question's own entry is unconfirmed under a bound. The app's
+        next put of the question verifies it (``_verify``: an exact label)."""
+        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
+        self._tickets.put(self._ticket_key(tenant, query, scope), (entry_id, 1.0, None))
+        return None, n_found, True
 
     @staticmethod
     def _search(
@@ -1044,6 +1094,11 @@ class CacheEngine:
             if ticket is not None:
                 verified = yield from self._verify(tenant, ticket, response)
                 result = dataclasses.replace(result, verified=verified)
+                if verified and out.entry_id != ticket[0]:
+                    # Two answers agree: the fresh one is confirmed too (under a bound,
+                    # its exact repeats are then served without another verification).
+                    agree = FeedbackSignal(out.entry_id, tenant, True, source="verify")
+                    yield from self.storage._feedback(agree, rl=policy.rl)
             if replaced:
                 yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
             return result
@@ -1119,7 +1174,10 @@ class CacheEngine:
         policy = yield from self._tenant_policy(tenant)
         label = label or policy.bound() is not None
         yield from self.storage._feedback(signal, rl=policy.rl)
-        if label and sim is not None and sim < 1.0:
+        # A label of a near match (below similarity 1); at 1, only a verification of an
+        # exact repeat (an unconfirmed entry) is one, counted apart.
+        exact = sim is not None and sim >= 1.0
+        if label and sim is not None and (not exact or signal.source == "verify"):
             plan = self.storage.plan_label(
                 tenant,
                 sim,
@@ -1127,6 +1185,7 @@ class CacheEngine:
                 window=policy.config.label_window,
                 features=features,
                 model=policy.calibration.model,
+                exact=exact,
             )
             yield from self.storage._run(plan)
         self.learner.note_feedback(signal)
@@ -1239,9 +1298,15 @@ class CacheEngine:
         policy: TenantPolicy,
         sample: bool,
     ) -> None:
-        """Count one lookup under the score bin of its best near candidate (the
-        question's own entry is not one), or under "x" without one; under a bound
+        """Count one lookup: "e" if it asked a cached question itself, else under the
+        score bin of its best near candidate, or "x" without one; under a bound
         (``sample``), keep that candidate's features for the worker's next fit."""
+        pending = self._traffic.get(tenant)
+        if pending is None:
+            pending = self._traffic[tenant] = (mono, Counter(), [])
+        if exact_id is not None:
+            pending[1][(0, "e")] += 1
+            return
         model = policy.calibration.model
         best: Features | None = None
         best_score = -math.inf
@@ -1250,9 +1315,6 @@ class CacheEngine:
                 score = score_of(model, feats[eid])
                 if score > best_score:
                     best, best_score = feats[eid], score
-        pending = self._traffic.get(tenant)
-        if pending is None:
-            pending = self._traffic[tenant] = (mono, Counter(), [])
         version = policy.calibration.model_version
         pending[1][(version, bin_of(best_score) if best is not None else "x")] += 1
         if sample:

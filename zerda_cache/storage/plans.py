@@ -889,20 +889,24 @@ class StoragePlans:
         window: int | None = None,
         features: Sequence[float] | None = None,
         model: MatchModel | None = None,
+        exact: bool = False,
     ) -> ScriptCall[float]:
         """Plan counting one labelled outcome of a near match (``calibration.py``) and
         logging it for the worker's fit (``match_model.py``): ``features`` of the match
         (default: its similarity only), ``model``: the tenant's model the replica knows
         (its score bins the label; the script counts it only if that is still the
         tenant's); ``window``: the tenant's ``label_window`` (default: the
-        configuration's), which is also the log's length (at most ``MAX_LABEL_LOG``)."""
+        configuration's), which is also the log's length (at most ``MAX_LABEL_LOG``).
+        ``exact``: a verification of an exact repeat (``calibration.exact_error``):
+        counted apart, not logged."""
         window = self.config.label_window if window is None else window
         log_size = min(window, MAX_LABEL_LOG)
         row = list(features) if features is not None else [similarity, math.nan, math.nan]
         score = score_of(model, row)
         logged = ",".join("null" if not math.isfinite(x) else repr(float(x)) for x in row)
         version = 0 if model is None else model.version
-        args = [bin_of(score), "1" if right else "0", window, version, logged, log_size]
+        bin_: int | str = "e" if exact else bin_of(score)
+        args = [bin_, "1" if right else "0", window, version, logged, 0 if exact else log_size]
         keys = [self.keys(tenant).cal, self.keys(tenant).lab]
         return ScriptCall("label", keys, args, lambda res: float(res))
 
@@ -974,7 +978,8 @@ class StoragePlans:
 
         def queue(pipe: Any) -> None:
             for (version, bin_), n in items:
-                pipe.hincrbyfloat(cal, f"t{version or ''}:{bin_}", n)
+                tag = version if version and bin_ != "e" else ""  # exact: never tagged
+                pipe.hincrbyfloat(cal, f"t{tag}:{bin_}", n)
             if blob is not None:
                 pipe.lpush(k.seen, blob)
                 pipe.ltrim(k.seen, 0, SEEN_BATCHES - 1)

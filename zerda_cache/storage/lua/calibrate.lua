@@ -6,7 +6,8 @@
 -- (a fit that was not better than what is in force) it only records ARGV[4] as fit_ln
 -- Publishes a match model fitted by the worker (zerda_cache/match_model.py) with the
 -- label and lookup counts rescored under it, in one step: every count of older
--- versions goes, so no replica ever reads a model with counts of another.
+-- versions goes, so no replica ever reads a model with counts of another. The exact
+-- repeats' counts (r:e, w:e, t:e) involve no score and stay.
 if ARGV[2] == '' then
   redis.call('HSET', KEYS[1], 'fit_ln', ARGV[4])
   return 0
@@ -17,7 +18,7 @@ if current ~= tonumber(ARGV[1]) then
 end
 local all = redis.call('HKEYS', KEYS[1])
 for _, name in ipairs(all) do
-  if string.find(name, '^[rwt]%d*:') then
+  if string.find(name, '^[rwt]%d*:') and not string.find(name, ':e$') then
     redis.call('HDEL', KEYS[1], name)
   end
 end
@@ -30,6 +31,9 @@ for i = 5, #ARGV, 2 do
     labels = labels + tonumber(ARGV[i + 1])
   end
 end
+local kept = redis.call('HMGET', KEYS[1], 'r:e', 'w:e', 't:e')
+labels = labels + (tonumber(kept[1]) or 0) + (tonumber(kept[2]) or 0)
+lookups = lookups + (tonumber(kept[3]) or 0)
 redis.call('HSET', KEYS[1], 'mv', ARGV[2], 'model', ARGV[3], 'fit_ln', ARGV[4],
   'n', string.format('%.17g', labels), 'tn', string.format('%.17g', lookups))
 return 1
