@@ -154,6 +154,10 @@ class Zerda(Policy):
     def resident(self) -> int | None:
         return int(self.m.stats(TENANT).get("entries", 0)) or None
 
+    def model_version(self) -> int:
+        """The tenant's match model version (0: none published)."""
+        return self.m.storage.calibration(TENANT).model_version
+
     def close(self) -> None:
         self.m.close()
         self.client.close()

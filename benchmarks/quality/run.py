@@ -73,6 +73,7 @@ class Result:
     wrong_answer_serves: int = 0  # the right question, a wrong (planted or LLM) answer
     resident: int | None = None
     verifications: int = 0  # misses whose fresh answer was compared with a held-back one
+    model_version: int | None = None  # the tenant's match model at the end (0: none)
     curve: list[tuple[int, int, int, int]] = field(default_factory=list)  # n, hits, wrong, stale
     lookup_ms: list[float] = field(default_factory=list)
 
@@ -95,6 +96,7 @@ class Result:
             # answer the cache compares): LLM calls per request = 1 - hit rate.
             "llm_calls_per_request": (self.requests - self.hits) / n,
             "verifications": self.verifications,
+            "match_model_version": self.model_version,
             "lookup_p99_ms": float(np.percentile(self.lookup_ms, 99)) if self.lookup_ms else 0.0,
             "curve": self.curve,
         }
@@ -149,6 +151,7 @@ def drive(policy: P.Policy, w: Workload, progress: Progress) -> Result:
             progress.update(task, completed=t)
     out.resident = policy.resident()
     out.verifications = getattr(policy, "verifications", 0)
+    out.model_version = policy.model_version() if hasattr(policy, "model_version") else None
     progress.update(task, completed=len(w.queries), visible=False)
     return out
 
@@ -587,6 +590,16 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
             "Verifications are LLM calls, counted with the misses. The realised error's "
             "tolerance is 1.645 binomial standard deviations over the run's requests."
         )
+        models = [
+            f"{r['policy']}: v{r['match_model_version']}"
+            for r in rows
+            if r.get("match_model_version") is not None and "max_error_rate" in r["policy"]
+        ]
+        if models:
+            notes[-1] += (
+                " The tenant's match model at the end of each bounded run (v0: none was "
+                "published, scores stayed similarities): " + "; ".join(models) + "."
+            )
     if has("GPTCache"):
         notes.append(
             "GPTCache runs with clean_size = 1% of max_size (its default, 20%, would hold "
