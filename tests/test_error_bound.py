@@ -23,7 +23,7 @@ from zerda_cache.calibration import (
     check_error_rate,
     wilson_upper,
 )
-from zerda_cache.engine import same_text
+from zerda_cache.engine import same_meaning, same_text
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
@@ -429,3 +429,13 @@ def test_an_exact_repeat_is_never_served_another_question_instead(
     assert m.put("q", "own answer", tenant="t", embedding=v).replaced_id == own.entry_id
     hit = m.lookup("q", tenant="t", embedding=v)
     assert hit is not None and hit.response == "own answer" and hit.exact
+
+
+def test_same_meaning_compares_answer_embeddings() -> None:
+    vectors = {"Paris.": unit(70), "It is Paris": near(unit(70), 0.95, 71), "Lyon": unit(72)}
+    judge = same_meaning(vectors.__getitem__, 0.9)
+    assert judge("Paris.", "paris")  # the same text: no embedding needed
+    assert judge("Paris.", "It is Paris") and not judge("Paris.", "Lyon")
+    assert not same_meaning(vectors.__getitem__, 0.99)("Paris.", "It is Paris")
+    with pytest.raises(ValueError, match="threshold"):
+        same_meaning(vectors.__getitem__, 0)

@@ -7,6 +7,7 @@ Thompson draw plus confidence.
 
 from zerda_cache.aio import AsyncCacheManager
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
+from zerda_cache.engine import same_meaning, same_text
 from zerda_cache.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.errors import (
     CorruptEntryError,
@@ -58,4 +59,6 @@ __all__ = [
     "ZerdaError",
     "__version__",
     "prompt_scope",
+    "same_meaning",
+    "same_text",
 ]

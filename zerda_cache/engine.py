@@ -217,6 +217,25 @@ def same_text(cached: str, fresh: str) -> bool:
     return _canonical(cached) == _canonical(fresh)
 
 
+def same_meaning(embed: Callable[[str], Any], threshold: float = 0.9) -> SameAnswer:
+    """An answer equivalence for LLMs that word an answer differently from call to call:
+    the same text (``same_text``), or embeddings of the two answers (``embed``: any sync
+    text -> vector function, e.g. ``MiniLMEmbedder().embed``) at cosine ``threshold`` or
+    more. Looser than ``same_text``: answers that differ in one name or number can embed
+    close, so check the threshold on your own answers (under an error bound, a
+    verification it gets wrong is a wrong label)."""
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+
+    def compare(cached: str, fresh: str) -> bool:
+        if same_text(cached, fresh):
+            return True
+        a, b = codec.normalize_vector(embed(cached)), codec.normalize_vector(embed(fresh))
+        return float(a @ b) >= threshold
+
+    return compare
+
+
 def _canonical(text: str) -> str:
     folded = unicodedata.normalize("NFKC", text).casefold()
     return " ".join("".join(c if c.isalnum() else " " for c in folded).split())
