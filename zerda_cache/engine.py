@@ -406,8 +406,11 @@ class CacheEngine:
 
         With an error bound (``max_error_rate`` here, else the tenant's setting, else
         ``CacheConfig.max_error_rate``), a near match is served only where labelled
-        outcomes say matches that close were wrong at most that often; the question
-        asked exactly is served its own answer. A candidate that is not served is to be
+        outcomes and the tenant's lookup counts say that serving matches scored that
+        high serves a wrong answer to at most that share of requests; the question asked
+        exactly is served its own answer once that answer is confirmed (a positive
+        signal), or once unconfirmed answers are proven safe enough (see
+        ``calibration.py``). A candidate that is not served is to be
         *verified*: this returns ``None`` as for a miss, and the next ``put`` of this
         question (the fresh answer of the app's LLM) is compared with the candidate's
         answer (``same_answer``), which teaches the cache (``PutResult.verified``).
