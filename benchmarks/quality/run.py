@@ -267,6 +267,16 @@ def targets(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
                       f"{r['llm_calls_per_request']:.3f} LLM calls/request",
                       ok(r["error_rate"] <= delta + tolerance)])  # fmt: skip
         out[f"bound_{delta}"] = {"error": r["error_rate"], "hits": r["hit_rate"]}
+        halves = _halves(r)  # the drift comes halfway through the requests
+        if halves is not None:
+            (n1, e1), (n2, e2) = halves
+            t1 = 1.645 * (delta * (1 - delta) / n1) ** 0.5
+            t2 = 1.645 * (delta * (1 - delta) / n2) ** 0.5
+            lines.append([f"realised error at max_error_rate {delta:.0%}, before / after "
+                          "the drift", f"<= {delta:.0%} + {t1:.2%} / {t2:.2%}",
+                          f"{e1:.2%} / {e2:.2%}",
+                          ok(e1 <= delta + t1 and e2 <= delta + t2)])  # fmt: skip
+            out[f"bound_{delta}"]["halves"] = [e1, e2]
         if delta == 0.02 and oracle:
             ratio = r["correct_hit_rate"] / oracle["correct_hit_rate"]
             lines.append(["correct hits at max_error_rate 2% / oracle's", ">= 0.85",
@@ -290,6 +300,26 @@ def targets(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
                           ok(flag)])  # fmt: skip
     return table(["target", "wanted", f"measured (zerda-cache @ {DEFAULT_THRESHOLD} unless "
                   "noted)", ""], lines), out  # fmt: skip
+
+
+def _halves(row: dict[str, Any]) -> tuple[tuple[int, float], tuple[int, float]] | None:
+    """(requests, error rate) of the first and the second half of a run, from its learning
+    curve's windows (the drift is at the half)."""
+    curve = row.get("curve") or []
+    total = sum(c[0] for c in curve)
+    if not curve or total < 2:
+        return None
+    first = second = (0, 0)
+    seen = 0
+    for n, _, wrong, _ in curve:
+        if seen + n / 2 <= total / 2:
+            first = (first[0] + n, first[1] + wrong)
+        else:
+            second = (second[0] + n, second[1] + wrong)
+        seen += n
+    if not first[0] or not second[0]:
+        return None
+    return (first[0], first[1] / first[0]), (second[0], second[1] / second[0])
 
 
 # --- plots ----------------------------------------------------------------------------------------
