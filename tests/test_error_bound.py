@@ -98,6 +98,16 @@ def test_the_bound_is_on_wrong_serves_per_request() -> None:
     assert low.threshold(0.02) == pytest.approx(0.97) and low.lookups == 2_000
 
 
+def test_busy_bins_weigh_by_their_requests_not_their_labels() -> None:
+    # A thousand labels say matches at 0.99 are right, thirty that a third of those at
+    # 0.90 are wrong; nine requests in ten have their best match at 0.90.
+    labels = counts(**{"0.99": (1_000, 0), "0.90": (20, 10)})
+    assert labels.threshold(0.05) == pytest.approx(0.90)  # pooled labels: 1% wrong
+    busy = with_traffic(labels, 0, **{"0.99": 100, "0.90": 900})
+    assert busy.threshold(0.05) == pytest.approx(0.99)  # per request: ~30% at 0.90
+    assert busy.wrong_per_request(0.90) == pytest.approx(0.9 * 10 / 30)
+
+
 def test_parse_ignores_what_is_not_a_count() -> None:
     cal = Calibration.parse(
         {b"r:10": b"3", b"w:10": b"1", b"n": b"4", b"r:x": b"1", b"w:5": b"nan"}, b"0.05"

@@ -21,9 +21,11 @@ wrong answer to a share of requests of
 
 The first factor comes from the lookup counts, the second from the labels (a
 verification compares the cached answer with the app's fresh one, so a wrong answer
-counts as a wrong match too). The serving threshold for δ is the lowest labelled bin
-edge ``t`` at which the product of both factors' one-sided 95% Wilson upper bounds is
-at most δ, with at least ``MIN_LABELS`` labels at or above ``t``. Without lookup counts
+counts as a wrong match too), weighted by the requests of each bin rather than by its
+labels (strata of ``STRATUM_LABELS`` labels: see ``Calibration._error_above``). The
+serving threshold for δ is the lowest labelled bin edge ``t`` at which the product of
+both factors' one-sided 95% Wilson upper bounds is at most δ, with at least
+``MIN_LABELS`` labels at or above ``t``. Without lookup counts
 (a tenant whose replicas predate them) the first factor is 1: the bound is then on the
 error among serves, which is stricter. Without enough labels there is no threshold:
 every near candidate is verified, which costs nothing the app would not pay for a miss
@@ -57,6 +59,8 @@ N_BINS = round((1.0 - BIN_FLOOR) / BIN_WIDTH)
 Z_95 = 1.6448536269514722
 #: Labels a threshold needs at or above it before anything is served by similarity.
 MIN_LABELS = 30
+#: Labels per stratum of the near-match error estimate (``Calibration._error_above``).
+STRATUM_LABELS = 10
 #: Under a bound, an entry counts as confirmed when its arm's expected reward is at least
 #: this (the prior's mean is 0.5: one positive signal, a user's or an agreeing
 #: verification, confirms an entry without negatives).
@@ -210,35 +214,73 @@ class Calibration:
         # What serving unconfirmed exact repeats spends of the bound, when it is allowed.
         max_error_rate -= self.exact_error(max_error_rate) or 0.0
         best: float | None = None
-        right = wrong = near = 0.0
+        labels = near = 0.0
         total = self.lookups
-        for i in range(N_BINS - 1, -1, -1):  # from the top: cumulative counts at s >= edge
+        for i in range(N_BINS - 1, -1, -1):  # from the top: counts at s >= edge
             near += self.traffic[i]
+            labels += self.right[i] + self.wrong[i]
             if not self.right[i] and not self.wrong[i]:
                 continue
-            right += self.right[i]
-            wrong += self.wrong[i]
-            n = right + wrong
-            if n < min_labels:
+            if labels < min_labels:
                 continue
             # Requests whose best near candidate is at s >= edge (an upper bound; 1
             # without lookup counts: the bound is then on the error among serves).
             share = wilson_upper(near, total) if total > 0 else 1.0
-            if share * wilson_upper(wrong, n) <= max_error_rate:
+            if share * self._error_above(i, near)[1] <= max_error_rate:
                 best = bin_floor(i)
         return best
+
+    def _error_above(self, edge: int, near: float) -> tuple[float, float]:
+        """An upper bound (95%) of P(wrong | a request's best near candidate is at or
+        above bin ``edge``), weighting the bins by their requests, not their labels:
+        labels are not spread like the traffic (a served match is labelled only by
+        feedback and exploration, a held-back one by every verification), so pooling
+        the labels of all bins would let well-labelled bins speak for busy ones. Bins
+        are grouped from the top into strata of ``STRATUM_LABELS`` labels or more; the
+        estimate is the requests-weighted mean of the strata's error rates, and its
+        bound a Wilson bound over Kish's effective number of labels. Without lookup
+        counts the labels weigh themselves (the pooled rate). Returns (estimate, bound)."""
+        strata: list[list[float]] = []  # [right, wrong, requests]
+        cur = [0.0, 0.0, 0.0]
+        for i in range(N_BINS - 1, edge - 1, -1):
+            cur[0] += self.right[i]
+            cur[1] += self.wrong[i]
+            cur[2] += self.traffic[i]
+            if cur[0] + cur[1] >= STRATUM_LABELS:
+                strata.append(cur)
+                cur = [0.0, 0.0, 0.0]
+        if cur[0] + cur[1] > 0 or cur[2] > 0:  # too few labels to stand alone: merged
+            if strata:
+                strata[-1] = [a + b for a, b in zip(strata[-1], cur, strict=True)]
+            else:
+                strata.append(cur)
+        if near <= 0:  # no lookup counts: the pooled rate
+            right = sum(st[0] for st in strata)
+            wrong = sum(st[1] for st in strata)
+            pooled = wrong / (right + wrong) if right + wrong > 0 else 1.0
+            return pooled, wilson_upper(wrong, right + wrong)
+        mean = inverse = 0.0
+        for right, wrong, requests in strata:
+            n = right + wrong
+            if n <= 0:
+                continue
+            weight = requests / near
+            mean += weight * wrong / n
+            inverse += weight * weight / n
+        if inverse <= 0:
+            return 1.0, 1.0
+        n_eff = 1.0 / inverse
+        return mean, wilson_upper(mean * n_eff, n_eff)
 
     def wrong_per_request(self, edge: float) -> float | None:
         """The point estimate of wrong serves per request when serving near matches at
         ``s >= edge`` (``None`` without labels there): for reports and tests."""
         i0 = bin_of(edge)
-        wrong = sum(self.wrong[i0:])
-        n = wrong + sum(self.right[i0:])
-        if n <= 0:
+        if sum(self.wrong[i0:]) + sum(self.right[i0:]) <= 0:
             return None
-        total = self.lookups
-        share = sum(self.traffic[i0:]) / total if total > 0 else 1.0
-        return share * wrong / n
+        total, near = self.lookups, sum(self.traffic[i0:])
+        share = near / total if total > 0 else 1.0
+        return share * self._error_above(i0, near)[0]
 
 
 def _rate(value: object) -> float | None:
