@@ -215,3 +215,18 @@ def test_a_damaged_model_means_similarity_bins_again() -> None:
     fields = {b"mv": b"2", b"model": b"{", b"r2:90": b"5", b"r:90": b"7"}
     cal = Calibration.parse(fields, None)
     assert cal.model is None and cal.right[90] == 7.0
+
+
+def test_the_lookup_sample_keeps_the_exact_repeats_share() -> None:
+    import msgpack
+
+    from zerda_cache.maintenance import _rescored
+    from zerda_cache.storage.plans import LabelLogs
+
+    blob = msgpack.packb([[0.9, 0.05, 0.0], None, "e", "e", [0.95, 0.0, 1.0]])
+    logs = LabelLogs.parse([], [blob], [b"1", b"0", b"0"])
+    assert (len(logs.seen), logs.seen_exact) == (3, 2)
+    model = fit(*synthetic(500), version=2)
+    counts = _rescored(model, logs)
+    assert counts["t:e"] == 2 and counts["t2:x"] == 1  # one window for every share
+    assert sum(v for k, v in counts.items() if k.startswith("t2:")) == 3

@@ -107,6 +107,9 @@ _BUILD_SLOTS = 2
 _TRAFFIC_BATCH = 32
 _TRAFFIC_FLUSH_S = 1.0
 _TRAFFIC_WINDOWS = 10
+#: The lookup sample's marker of an exact repeat (a row is features, or None: no
+#: candidate).
+_EXACT = "e"
 #: A candidate at this similarity or more is taken for the question's own entry.
 _SAME = 1.0 - 1e-6
 
@@ -1328,6 +1331,8 @@ class CacheEngine:
             pending = self._traffic[tenant] = (mono, Counter(), [])
         if exact_id is not None:
             pending[1][(0, "e")] += 1
+            if sample:  # the sample keeps the shares: the exact repeats' too
+                pending[2].append(_EXACT)
             return
         model = policy.calibration.model
         best: Features | None = None
@@ -1542,7 +1547,7 @@ class CacheEngine:
 
 
 #: Lookup counts by (model version, score bin or "x"), and the sampled features.
-_PendingTraffic = tuple[Counter[tuple[int, int | str]], list[Features | None]]
+_PendingTraffic = tuple[Counter[tuple[int, int | str]], list[Features | str | None]]
 
 #: Every engine of the process, for ``_reset_after_fork``.
 _after_fork: weakref.WeakSet[CacheEngine] = weakref.WeakSet()

@@ -683,6 +683,10 @@ def _rescored(model: MatchModel, logs: LabelLogs) -> dict[str, float]:
     for row in logs.seen:
         near = math.isfinite(row[0])
         counts[f"t{tag}:{bin_of(model.score(row)) if near else 'x'}"] += 1
+    if len(logs.seen) or logs.seen_exact:
+        # From the same sample, so that the shares are of one window (untagged: exact
+        # repeats have no score). Without a sample the old counts stay.
+        counts["t:e"] = logs.seen_exact
     return dict(counts)
 
 

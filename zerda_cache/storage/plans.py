@@ -294,6 +294,8 @@ class LabelLogs:
     version: int
     logged: int
     fitted: int
+    #: Sampled lookups that asked a cached question itself.
+    seen_exact: int = 0
 
     @classmethod
     def parse(cls, labels: list[Any], seen: list[Any], counters: list[Any]) -> LabelLogs:
@@ -310,13 +312,16 @@ class LabelLogs:
                 rows.append(feats)
                 outcomes.append(ok)
         looked: list[list[float]] = []
+        exact = 0
         for raw in reversed(seen):
             try:
                 batch = msgpack.unpackb(raw)
             except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
                 continue
             for r in batch if isinstance(batch, list) else []:
-                if r is None:
+                if r == "e":
+                    exact += 1
+                elif r is None:
                     looked.append([math.nan] * 3)
                 elif isinstance(r, list) and len(r) == 3:
                     try:
@@ -331,6 +336,7 @@ class LabelLogs:
             mv,
             ln,
             fit_ln,
+            exact,
         )
 
 
@@ -961,7 +967,7 @@ class StoragePlans:
         self,
         tenant: str,
         counts: Mapping[tuple[int, int | str], float],
-        sample: Sequence[Sequence[float] | None] = (),
+        sample: Sequence[Sequence[float] | str | None] = (),
     ) -> ReadPlan[float]:
         """Count a batch of lookups (``calibration.py``): ``counts`` maps (model version,
         score bin of the best near candidate, or ``"x"`` without one) to lookups; under a
@@ -972,9 +978,8 @@ class StoragePlans:
         k = self.keys(tenant)
         cal = k.cal
         items = list(counts.items())
-        blob = (
-            msgpack.packb([list(r) if r is not None else None for r in sample]) if sample else None
-        )
+        rows = [list(r) if isinstance(r, tuple | list) else r for r in sample]
+        blob = msgpack.packb(rows) if sample else None
 
         def queue(pipe: Any) -> None:
             for (version, bin_), n in items:

@@ -7,7 +7,8 @@
 -- Publishes a match model fitted by the worker (zerda_cache/match_model.py) with the
 -- label and lookup counts rescored under it, in one step: every count of older
 -- versions goes, so no replica ever reads a model with counts of another. The exact
--- repeats' counts (r:e, w:e, t:e) involve no score and stay.
+-- repeats' labels (r:e, w:e) involve no score and stay; their lookups (t:e) come with
+-- the rescored lookups, from the same sample, so that the shares are of one window.
 if ARGV[2] == '' then
   redis.call('HSET', KEYS[1], 'fit_ln', ARGV[4])
   return 0
@@ -18,7 +19,7 @@ if current ~= tonumber(ARGV[1]) then
 end
 local all = redis.call('HKEYS', KEYS[1])
 for _, name in ipairs(all) do
-  if string.find(name, '^[rwt]%d*:') and not string.find(name, ':e$') then
+  if string.find(name, '^[rwt]%d*:') and not string.find(name, '^[rw]:e$') then
     redis.call('HDEL', KEYS[1], name)
   end
 end
@@ -31,9 +32,8 @@ for i = 5, #ARGV, 2 do
     labels = labels + tonumber(ARGV[i + 1])
   end
 end
-local kept = redis.call('HMGET', KEYS[1], 'r:e', 'w:e', 't:e')
+local kept = redis.call('HMGET', KEYS[1], 'r:e', 'w:e')
 labels = labels + (tonumber(kept[1]) or 0) + (tonumber(kept[2]) or 0)
-lookups = lookups + (tonumber(kept[3]) or 0)
 redis.call('HSET', KEYS[1], 'mv', ARGV[2], 'model', ARGV[3], 'fit_ln', ARGV[4],
   'n', string.format('%.17g', labels), 'tn', string.format('%.17g', lookups))
 return 1
