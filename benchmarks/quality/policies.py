@@ -159,20 +159,6 @@ class Zerda(Policy):
         return self.m.storage.calibration(TENANT).model_version
 
     def close(self) -> None:
-        import os
-        if os.environ.get("ZDIAG"):
-            from zerda_cache.calibration import bin_of
-            pol = self.m.storage.tenant_policy(TENANT)
-            cal = pol.calibration
-            b = pol.config.max_error_rate
-            t = cal.threshold(b) if b else None
-            print("DIAG", self.name, "model", cal.model_version, "t", t, "lookups", cal.lookups,
-                  "exact", cal.traffic_exact, "other", cal.traffic_other, "near", sum(cal.traffic),
-                  "exact_error", cal.exact_error(b) if b else None)
-            if t is not None:
-                i0 = bin_of(t)
-                near = sum(cal.traffic[i0:])
-                print("DIAG share", near / cal.lookups, "err", cal._error_above(i0, near))
         self.m.close()
         self.client.close()
 
