@@ -1,5 +1,5 @@
 -- KEYS: none. ARGV: none. returns: nothing. Not a script: scripts.py prepends this library
--- to put, hit, feedback, decay and state, so that each formula of zerda_cache/entry.py exists once
+-- to put, hit, feedback, decay, state, evict, label and traffic, so that each formula of zerda_cache/entry.py exists once
 -- in Lua. Arms are msgpack maps {a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at}.
 
 -- The one clock: the caller's injected time (tests) or the Redis server's TIME.
@@ -112,4 +112,25 @@ local function zc_confidence(arm, use)
     return 1.0
   end
   return raw
+end
+
+-- Halve every count of a calibration hash whose field matches `pattern` (the labels'
+-- r:/w:, or the lookups' t:), dropping those under 0.01, and store their new sum in
+-- `total_field`; returns that sum. Old evidence fades, so the bound follows a drift.
+local function zc_halve(key, pattern, total_field)
+  local all = redis.call('HGETALL', key)
+  local total = 0
+  for i = 1, #all, 2 do
+    local name, value = all[i], tonumber(all[i + 1])
+    if string.find(name, pattern) then
+      if value == nil or value * 0.5 < 0.01 then
+        redis.call('HDEL', key, name)
+      else
+        redis.call('HSET', key, name, string.format('%.17g', value * 0.5))
+        total = total + value * 0.5
+      end
+    end
+  end
+  redis.call('HSET', key, total_field, string.format('%.17g', total))
+  return total
 end

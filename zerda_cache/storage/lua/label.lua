@@ -27,19 +27,6 @@ local field = (ARGV[2] == '1' and 'r' or 'w') .. tag .. ':' .. ARGV[1]
 redis.call('HINCRBYFLOAT', KEYS[1], field, 1)
 local total = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], 'n', 1))
 if total > tonumber(ARGV[3]) then
-  local all = redis.call('HGETALL', KEYS[1])
-  total = 0
-  for i = 1, #all, 2 do
-    local name, value = all[i], tonumber(all[i + 1])
-    if string.find(name, '^[rw]%d*:') then
-      if value == nil or value * 0.5 < 0.01 then
-        redis.call('HDEL', KEYS[1], name)
-      else
-        redis.call('HSET', KEYS[1], name, string.format('%.17g', value * 0.5))
-        total = total + value * 0.5
-      end
-    end
-  end
-  redis.call('HSET', KEYS[1], 'n', string.format('%.17g', total))
+  total = zc_halve(KEYS[1], '^[rw]%d*:', 'n')
 end
 return tostring(total)

@@ -12,18 +12,4 @@ local total = tonumber(redis.call('HGET', KEYS[1], 'tn') or '0') or 0
 if total <= tonumber(ARGV[1]) then
   return tostring(total)
 end
-local all = redis.call('HGETALL', KEYS[1])
-total = 0
-for i = 1, #all, 2 do
-  local name, value = all[i], tonumber(all[i + 1])
-  if string.find(name, '^t%d*:') then
-    if value == nil or value * 0.5 < 0.01 then
-      redis.call('HDEL', KEYS[1], name)
-    else
-      redis.call('HSET', KEYS[1], name, string.format('%.17g', value * 0.5))
-      total = total + value * 0.5
-    end
-  end
-end
-redis.call('HSET', KEYS[1], 'tn', string.format('%.17g', total))
-return tostring(total)
+return tostring(zc_halve(KEYS[1], '^t%d*:', 'tn'))
