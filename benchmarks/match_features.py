@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
 from workload import CACHE_DIR, corpus, read_pairs  # noqa: E402
 
 from zerda_cache import calibration as cal  # noqa: E402
+from zerda_cache import match_model as mm  # noqa: E402
 
 DELTAS = (0.01, 0.02, 0.05)
 TOP_K = 8  # zerda-cache's DEFAULT_TOP_K: crowding can only be seen within these
@@ -327,21 +328,11 @@ def truth(cand: np.ndarray, qb: np.ndarray, kind: str, subset: str | None) -> np
 
 # ------------------------------------------------------------------ models
 def fit_logreg(X: np.ndarray, y: np.ndarray, lam: float = 1.0, iters: int = 25):
-    mu, sd = X.mean(0), X.std(0)
-    sd[sd == 0] = 1.0
-    Z = np.column_stack([np.ones(len(X)), (X - mu) / sd])
-    w = np.zeros(Z.shape[1])
-    reg = np.full(Z.shape[1], lam)
-    reg[0] = 0.0
-    for _ in range(iters):
-        p = 1 / (1 + np.exp(-np.clip(Z @ w, -30, 30)))
-        g = Z.T @ (p - y) + reg * w
-        H = (Z * (p * (1 - p))[:, None]).T @ Z + np.diag(reg + 1e-9)
-        step = np.linalg.solve(H, g)
-        w -= step
-        if np.abs(step).max() < 1e-8:
-            break
-    return mu, sd, w
+    """The library's fit (``match_model.fit``: IRLS, ridge ``lam``) as (mu, sd, w) arrays,
+    over any number of feature columns. ``iters`` is kept for the command line's sake:
+    the library iterates to convergence (at most 50 steps)."""
+    model = mm.fit(X, np.asarray(y).astype(bool), version=1, ridge=lam)
+    return np.array(model.mu), np.array(model.sd), np.array(model.w)
 
 
 def predict(model, X: np.ndarray) -> np.ndarray:
@@ -350,16 +341,7 @@ def predict(model, X: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-np.clip(z, -30, 30)))
 
 
-def auc(score: np.ndarray, y: np.ndarray) -> float:
-    order = np.argsort(score, kind="stable")
-    ranks = np.empty(len(score))
-    ranks[order] = np.arange(1, len(score) + 1)
-    # average ties
-    _, inv, counts = np.unique(score, return_inverse=True, return_counts=True)
-    sums = np.bincount(inv, weights=ranks)
-    ranks = (sums / counts)[inv]
-    pos = y.sum()
-    return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos)))
+auc = mm.auc  # the library's (ties count half)
 
 
 # ------------------------------------------------------------------ the Wilson-bin rule
