@@ -16,14 +16,18 @@ from prometheus_client import CollectorRegistry
 from zerda_cache import CacheConfig, EntryNotFoundError, FeedbackSignal
 from zerda_cache.calibration import (
     BIN_WIDTH,
+    CONFIRMED_REWARD,
+    EXACT_LEVELS,
     MIN_LABELS,
     N_BINS,
+    NEVER,
     Calibration,
     bin_of,
     check_error_rate,
+    exact_level,
     wilson_upper,
 )
-from zerda_cache.engine import same_meaning, same_text
+from zerda_cache.engine import _Ticket, same_meaning, same_text
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
@@ -207,7 +211,9 @@ def test_cold_start_verifies_and_the_put_teaches(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:
     registry = CollectorRegistry()
-    m = make_manager(CacheConfig(max_error_rate=0.05), metrics=ReplicaMetrics(registry))
+    m = make_manager(
+        CacheConfig(max_error_rate=0.05, verify_rate=0.0), metrics=ReplicaMetrics(registry)
+    )
     v = unit(1)
     question = "What is the capital of France?"
     first = m.put(question, "Paris.", tenant="t", embedding=v)
@@ -216,9 +222,13 @@ def test_cold_start_verifies_and_the_put_teaches(
     assert m.lookup(question, tenant="t", embedding=v) is None
     assert m.awaiting_verification(question, tenant="t")
     again = m.put(question, "paris", tenant="t", embedding=v)
-    assert again.verified is True and again.replaced_id == first.entry_id
+    # The answers agree: the cached entry stays, confirmed by the verification.
+    assert again.verified is True and again.entry_id == first.entry_id
+    assert again.replaced_id is None
+    assert metric(registry, "zerda_cache_puts_total", tenant="t", result="kept") == 1
+    assert m.storage.get_entry("t", first.entry_id).response == "Paris."
     assert m.storage.calibration("t").exact_right == 1  # an exact label, counted apart
-    # The answers agreed, so the fresh entry is confirmed: its exact repeats are served.
+    # Its exact repeats are served from then on.
     exact = m.lookup(question, tenant="t", embedding=v)
     assert exact is not None and exact.exact and exact.entry_id == again.entry_id
     # a near match is not: no label says matches that close are right yet
@@ -276,7 +286,7 @@ def test_the_bound_per_call_and_per_tenant(make_manager: Any, redis_client: redi
     with pytest.raises(ValueError, match="max_error_rate"):
         plain.lookup("q2", tenant="a", embedding=copy, max_error_rate=0.0)
     plain.storage.set_tenant_settings("b", max_error_rate=0.01)
-    fresh = make_manager()  # reads tenant b's bound with its first lookup
+    fresh = make_manager(CacheConfig(verify_rate=0.0))  # reads tenant b's bound first
     assert fresh.lookup("q2", tenant="b", embedding=copy) is None
     assert fresh.lookup("q2", tenant="a", embedding=copy) is not None
     assert fresh.lookup("q", tenant="b", embedding=v) is not None  # exact, confirmed: served
@@ -292,7 +302,15 @@ def test_exploration_verifies_some_servable_matches(
     assert always.lookup("q2", tenant="t", embedding=near(v, 0.98, 10)) is None  # verified
     assert always.lookup("q", tenant="t", embedding=v) is None  # exact, unconfirmed: too
     always.feedback(FeedbackSignal(put.entry_id, "t", True))
-    assert always.lookup("q", tenant="t", embedding=v) is not None  # confirmed: never explored
+    # A confirmed entry's exact repeat is explored too: the label its level needs (one
+    # positive signal: expected reward 2/3, level 2).
+    assert always.lookup("q", tenant="t", embedding=v) is None
+    assert always.awaiting_verification("q", tenant="t")
+    assert always.put("q", "a", tenant="t", embedding=v).verified is True
+    cal = always.storage.calibration("t")
+    assert exact_level(2 / 3) == 2 and cal.level_right[2 - 1] == 1.0
+    never = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    assert never.lookup("q", tenant="t", embedding=v) is not None  # confirmed: served
 
 
 def test_feedback_under_a_bound_labels_the_match(
@@ -314,7 +332,7 @@ def test_feedback_under_a_bound_labels_the_match(
 
 
 def test_an_exact_repeat_is_never_a_near_match_label(make_manager: Any) -> None:
-    m = make_manager(CacheConfig(max_error_rate=0.05))
+    m = make_manager(CacheConfig(max_error_rate=0.05, verify_rate=0.0))
     v = unit(12)
     put = m.put("What is 2 + 2?", "4", tenant="t", embedding=v)
     m.feedback(FeedbackSignal(put.entry_id, "t", True))
@@ -358,7 +376,8 @@ def test_a_verification_at_a_similarity_a_hair_over_one_is_labelled(make_manager
     m = make_manager(CacheConfig(max_error_rate=0.02))
     held = m.put("held question", "the cached answer", tenant="t", embedding=unit(1)).entry_id
     engine = m.target if hasattr(m, "target") else m
-    engine._tickets.put(engine._ticket_key("t", "asked", ""), (held, 1.0000551490042169, None))
+    ticket = _Ticket(held, 1.0000551490042169)
+    engine._tickets.put(engine._ticket_key("t", "asked", ""), ticket)
     result = m.put("asked", "the cached answer", tenant="t", embedding=unit(2))
     assert result and result.verified is True
     assert m.storage.get_entry("t", held).bandit_arm.alpha == pytest.approx(2.0)
@@ -393,6 +412,101 @@ def test_exact_error_spends_the_bound_only_once_proven() -> None:
     # Where the exact repeats are not proven within half the bound, they are verified
     # (they spend nothing) and the near matches have all of it.
     assert both.exact_error(need) is None and both.threshold(need * 1.01) == pytest.approx(0.93)
+
+
+def test_exact_levels_follow_the_expected_reward() -> None:
+    assert [exact_level(r) for r in (0.5, 0.549, 0.55, 2 / 3, 0.75, 0.8, 0.95)] == [
+        0, 0, 1, 2, 3, 4, 5,
+    ]  # fmt: skip
+    assert EXACT_LEVELS[0] == CONFIRMED_REWARD
+
+
+def levels(**by_level: tuple[float, float, float]) -> Calibration:
+    """A calibration with exact-repeat labels and lookups per level ("l0".."l5": right,
+    wrong, lookups) and 10,000 lookups in all."""
+    right, wrong, traffic = [0.0] * 5, [0.0] * 5, [0.0] * 5
+    r0 = w0 = t_all = 0.0
+    for name, (r, w, t) in by_level.items():
+        k = int(name[1:])
+        t_all += t
+        if k == 0:
+            r0, w0 = r, w
+        else:
+            right[k - 1], wrong[k - 1], traffic[k - 1] = r, w, t
+    return Calibration(
+        traffic_other=10_000 - t_all,
+        exact_right=r0,
+        exact_wrong=w0,
+        traffic_exact=t_all,
+        level_right=tuple(right),
+        level_wrong=tuple(wrong),
+        level_traffic=tuple(traffic),
+    )
+
+
+def test_exact_repeats_are_served_from_the_lowest_level_within_half_the_bound() -> None:
+    # A new tenant: entries confirmed by a positive signal are trusted, nothing is spent.
+    assert Calibration().exact_plan(0.02) == (CONFIRMED_REWARD, 0.0)
+    # One positive signal (level 2) is wrong 10% of the time, two (level 3) never in 200.
+    cal = levels(l0=(50, 50, 1_000), l2=(90, 10, 2_000), l3=(200, 0, 1_000))
+    bar, spend = cal.exact_plan(0.02)
+    assert bar == EXACT_LEVELS[3 - 1]  # level 3 and up only
+    expected = wilson_upper(1_000, 10_000) * wilson_upper(0, 200)
+    assert spend == pytest.approx(expected) and spend <= 0.01
+    # A looser bound takes level 2 in as well; a tighter one, nothing.
+    assert cal.exact_plan(0.08)[0] == CONFIRMED_REWARD  # level 1 has none: as level 2
+    assert cal.exact_plan(0.3)[0] == 0.0  # every level, unconfirmed too
+    assert cal.exact_plan(0.002) == (NEVER, 0.0)  # labelled, none within: all verified
+    # What the exact repeats spend, the near matches do without.
+    near = with_traffic(counts(**{"0.93": (380, 20)}), 9_000, **{"0.93": 1_000})
+    both = Calibration(
+        near.right,
+        near.wrong,
+        None,
+        near.traffic,
+        cal.traffic_other - 1_000,  # the same 10,000 lookups
+        None,
+        cal.exact_right,
+        cal.exact_wrong,
+        cal.traffic_exact,
+        cal.level_right,
+        cal.level_wrong,
+        cal.level_traffic,
+    )
+    need = wilson_upper(1_000, 10_000) * wilson_upper(20, 400)  # the near matches' cost
+    assert both.lookups == near.lookups == 10_000
+    fits, short = need + spend * 1.01, need + spend * 0.99
+    assert both.exact_plan(fits) == both.exact_plan(short) == (bar, spend)
+    assert both.threshold(fits) == pytest.approx(0.93)
+    assert both.threshold(short) is None
+    assert near.threshold(short) == pytest.approx(0.93)  # without exact repeats it fits
+
+
+def test_an_exact_repeat_is_served_at_the_level_its_labels_prove(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    st = RedisStorage(redis_client)
+    for _ in range(400):  # entries with two positive signals (level 3) were right
+        st.label("t", 1.0, True, level=3)
+    for _ in range(100):  # with one (level 2), half of them were wrong
+        st.label("t", 1.0, True, level=2)
+        st.label("t", 1.0, False, level=2)
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    assert m.tenant_policy("t").exact_bar() == EXACT_LEVELS[3 - 1]
+    v = unit(70)
+    put = m.put("q", "a", tenant="t", embedding=v)
+    m.feedback(FeedbackSignal(put.entry_id, "t", True))  # one positive: level 2
+    assert m.lookup("q", tenant="t", embedding=v) is None  # not proven: verified
+    fresh = m.put("q", "a", tenant="t", embedding=v)
+    assert fresh.verified is True  # agreed: the fresh entry has one positive signal
+    assert m.storage.calibration("t").level_right[2 - 1] == 101.0  # labelled at level 2
+    m.feedback(FeedbackSignal(fresh.entry_id, "t", True))  # two: level 3
+    hit = m.lookup("q", tenant="t", embedding=v)
+    assert hit is not None and hit.exact and hit.entry_id == fresh.entry_id
+    m.stats("t")  # writes the pending lookup counts: each at its entry's level
+    cal = m.storage.calibration("t")
+    assert cal.traffic_exact == 2.0
+    assert (cal.level_traffic[2 - 1], cal.level_traffic[3 - 1]) == (1.0, 1.0)
 
 
 def test_a_wrong_exact_verification_keeps_verifying_the_fresh_answer(make_manager: Any) -> None:
@@ -436,7 +550,7 @@ def test_an_exact_repeat_is_never_served_another_question_instead(
     own = m.put("q", "own answer", tenant="t", embedding=v)
     assert m.lookup("q", tenant="t", embedding=v) is None  # its own entry is unconfirmed
     assert m.awaiting_verification("q", tenant="t")
-    assert m.put("q", "own answer", tenant="t", embedding=v).replaced_id == own.entry_id
+    assert m.put("q", "own answer", tenant="t", embedding=v).entry_id == own.entry_id  # kept
     hit = m.lookup("q", tenant="t", embedding=v)
     assert hit is not None and hit.response == "own answer" and hit.exact
 

@@ -147,7 +147,7 @@ def test_a_strict_threshold_keeps_the_near_duplicate_a_miss(make_cache: Any) -> 
 def test_an_error_bound_verifies_near_duplicates_before_serving_them(make_cache: Any) -> None:
     """The cache's policy decides: with ``max_error_rate`` and no labels yet, a near
     duplicate is verified (the model is asked) rather than served; the exact repeat is."""
-    make_cache(CacheConfig(similarity_threshold=0.8, max_error_rate=0.02))
+    make_cache(CacheConfig(similarity_threshold=0.8, max_error_rate=0.02, verify_rate=0.0))
     chat = FakeListChatModel(responses=["Settings > Security.", "Settings > Security.", "x"])
     chat.invoke(QUESTION)
     assert chat.invoke(REPHRASED).content == "Settings > Security."

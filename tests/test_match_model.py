@@ -115,6 +115,7 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     x, y = synthetic(MIN_FIT_LABELS * 2)
     teach(st, "t", x, y)
     st.run(st.plan_label("t", 1.0, False, exact=True))  # an exact repeat's: no score
+    st.run(st.plan_label("t", 1.0, True, exact=True, level=3))  # at a confirmed level
     maint = Maintenance(st)
     report = maint.calibrate_tenant("t")
     assert report is not None and report.published and report.version == 1
@@ -123,9 +124,10 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     cal = st.calibration("t")
     assert cal.model is not None and cal.model.version == 1
     assert cal.labels == pytest.approx(len(y))  # rescored: every logged label, in score bins
-    assert cal.exact_wrong == 1.0  # kept as it was
+    assert cal.exact_wrong == 1.0 and cal.level_right[3 - 1] == 1.0  # kept as they were
+    assert redis_client.hget(tenant_keys("t").cal, "n") == str(len(y) + 2).encode()
     fields = redis_client.hgetall(tenant_keys("t").cal)
-    left = [f for f in fields if f[:2] in (b"r:", b"w:") and not f.endswith(b":e")]
+    left = [f for f in fields if f[:2] in (b"r:", b"w:") and f[2:3] != b"e"]
     assert not left  # no similarity bin is left
     # A label scored under the old version (a replica that has not read the model yet)
     # is logged, not counted; one under the new version is counted.
@@ -223,10 +225,12 @@ def test_the_lookup_sample_keeps_the_exact_repeats_share() -> None:
     from zerda_cache.maintenance import _rescored
     from zerda_cache.storage.plans import LabelLogs
 
-    blob = msgpack.packb([[0.9, 0.05, 0.0], None, "e", "e", [0.95, 0.0, 1.0]])
+    blob = msgpack.packb([[0.9, 0.05, 0.0], None, "e", "e", [0.95, 0.0, 1.0], "e2", "e9"])
     logs = LabelLogs.parse([], [blob], [b"1", b"0", b"0"])
-    assert (len(logs.seen), logs.seen_exact) == (3, 2)
+    assert (len(logs.seen), logs.seen_exact) == (3, 4)  # "e9": no such level, level 0
+    assert logs.seen_levels[2] == 1 and sum(logs.seen_levels) == 1
     model = fit(*synthetic(500), version=2)
     counts = _rescored(model, logs)
-    assert counts["t:e"] == 2 and counts["t2:x"] == 1  # one window for every share
+    assert counts["t:e"] == 4 and counts["t:e2"] == 1  # the exact repeats' levels too
+    assert counts["t2:x"] == 1  # one window for every share
     assert sum(v for k, v in counts.items() if k.startswith("t2:")) == 3

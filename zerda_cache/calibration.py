@@ -22,7 +22,7 @@ wrong answer to a share of requests of
 The first factor comes from the lookup counts, the second from the labels (a
 verification compares the cached answer with the app's fresh one, so a wrong answer
 counts as a wrong match too), weighted by the requests of each bin rather than by its
-labels (strata of ``STRATUM_LABELS`` labels: see ``Calibration._error_above``). The
+labels (strata of ``STRATUM_LABELS`` labels: see ``weighted_error``). The
 serving threshold for δ is the lowest labelled bin edge ``t`` at which the product of
 both factors' one-sided 95% Wilson upper bounds is at most δ, with at least
 ``MIN_LABELS`` labels at or above ``t``. Without lookup counts
@@ -32,20 +32,29 @@ every near candidate is verified, which costs nothing the app would not pay for 
 (it calls its LLM either way). The shape of the rule is vCache's (Schroeder et al.,
 arXiv 2502.03771), learned per tenant rather than per entry.
 
-An exact repeat (the question itself) is served its entry if the entry is *confirmed*
-(expected reward at least ``CONFIRMED_REWARD``: a user's positive signal, or a
-verification whose fresh answer agreed). An unconfirmed entry's answer is as likely
-wrong as a fresh LLM answer, so its exact repeats are verified too (``r:e``, ``w:e``),
-until those labels prove that serving them costs at most half the bound
-(``exact_error``); then they are served and the near-match threshold works with what is
-left. Labels at similarity 1 are never counted in the similarity bins.
+An exact repeat (the question itself) is judged by its entry's own history: the arm's
+expected reward puts it in a *level* (``exact_level``: 0 below ``CONFIRMED_REWARD``,
+which one positive signal clears, then one level per edge of ``EXACT_LEVELS``). Its
+answer may be wrong all the same (an LLM's mistake a user praised by error, an answer
+gone stale since), so exact repeats have a budget of their own, half the bound: labels
+per level (verifications of exact repeats: ``r:e``/``w:e`` for level 0, ``r:e<k>``/
+``w:e<k>``) and lookups per level (``t:e`` counts them all, ``t:e<k>`` those of level
+k >= 1) give the wrong serves per request of serving every level from ``k`` up, by the
+same requests-weighted, Wilson-bounded estimate as near matches; the lowest level
+within the budget is served (``exact_plan``), the others are verified, and the
+near-match threshold works with what is left. Until the confirmed levels have
+``MIN_LABELS`` labels, confirmed entries are served and unconfirmed ones verified (a new
+tenant's exploration at ``verify_rate`` labels the confirmed levels meanwhile). Labels
+at similarity 1 are never counted in the similarity bins.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from zerda_cache.errors import InvalidSettingError
 from zerda_cache.match_model import MatchModel
@@ -59,12 +68,25 @@ N_BINS = round((1.0 - BIN_FLOOR) / BIN_WIDTH)
 Z_95 = 1.6448536269514722
 #: Labels a threshold needs at or above it before anything is served by similarity.
 MIN_LABELS = 30
-#: Labels per stratum of the near-match error estimate (``Calibration._error_above``).
+#: Labels per stratum of the error estimates (``weighted_error``).
 STRATUM_LABELS = 10
 #: Under a bound, an entry counts as confirmed when its arm's expected reward is at least
 #: this (the prior's mean is 0.5: one positive signal, a user's or an agreeing
 #: verification, confirms an entry without negatives).
 CONFIRMED_REWARD = 0.55
+#: The expected-reward edges of an exact repeat's levels: level k >= 1 is an entry whose
+#: arm's expected reward is at least ``EXACT_LEVELS[k - 1]``, level 0 an unconfirmed one.
+#: With the default Beta(1, 1) prior one positive signal gives 0.67 (level 2), two 0.75
+#: (level 3), three 0.8 (level 4), nine 0.91 (level 5); decay pulls an arm back down.
+EXACT_LEVELS = (CONFIRMED_REWARD, 0.6, 0.7, 0.8, 0.9)
+N_LEVELS = len(EXACT_LEVELS) + 1
+#: A reward bar no arm reaches: every exact repeat is verified.
+NEVER = 2.0
+
+
+def exact_level(reward: float) -> int:
+    """The level (0 .. N_LEVELS - 1) of an entry whose expected reward is ``reward``."""
+    return bisect.bisect_right(EXACT_LEVELS, reward + 1e-12)
 
 
 def bin_of(similarity: float) -> int:
@@ -110,10 +132,13 @@ class Calibration:
     exact_right: float = 0.0
     exact_wrong: float = 0.0
     traffic_exact: float = 0.0
+    #: The same for the confirmed levels 1 .. N_LEVELS - 1 (index 0 is level 1):
+    #: ``r:e<k>``, ``w:e<k>``, and ``t:e<k>`` (a part of ``traffic_exact``).
+    level_right: tuple[float, ...] = field(default=(0.0,) * (N_LEVELS - 1))
+    level_wrong: tuple[float, ...] = field(default=(0.0,) * (N_LEVELS - 1))
+    level_traffic: tuple[float, ...] = field(default=(0.0,) * (N_LEVELS - 1))
     #: Thresholds computed so far, by bound (a lookup asks for one every time).
-    _memo: dict[tuple[float, int], float | None] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    _memo: dict[tuple[float, int], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def model_version(self) -> int:
@@ -137,6 +162,11 @@ class Calibration:
         counts = {"r": [0.0] * N_BINS, "w": [0.0] * N_BINS, "t": [0.0] * N_BINS}
         other = 0.0
         exact = {"r": 0.0, "w": 0.0, "t": 0.0}
+        levels = {
+            "r": [0.0] * (N_LEVELS - 1),
+            "w": [0.0] * (N_LEVELS - 1),
+            "t": [0.0] * (N_LEVELS - 1),
+        }
         for name, raw_value in text.items():
             prefix, _, index = name.partition(":")
             kind = prefix[:1]
@@ -146,9 +176,13 @@ class Calibration:
                 continue
             if not math.isfinite(value) or value < 0 or kind not in counts:
                 continue
-            if index == "e":
-                if prefix[1:] == "":
+            if index[:1] == "e":
+                if prefix[1:] != "":
+                    continue
+                if index == "e":
                     exact[kind] = value
+                elif index[1:].isdigit() and 1 <= int(index[1:]) < N_LEVELS:
+                    levels[kind][int(index[1:]) - 1] = value
                 continue
             if prefix[1:] != tag:
                 continue
@@ -171,6 +205,9 @@ class Calibration:
             exact["r"],
             exact["w"],
             exact["t"],
+            tuple(levels["r"]),
+            tuple(levels["w"]),
+            tuple(levels["t"]),
         )
 
     @property
@@ -182,20 +219,60 @@ class Calibration:
         """The lookups counted (halved past their window)."""
         return sum(self.traffic) + self.traffic_other + self.traffic_exact
 
-    def exact_error(self, max_error_rate: float) -> float | None:
-        """The share of requests that serving unconfirmed entries to exact repeats would
-        serve wrong (their answer is wrong for the question itself), an upper bound at
-        95% confidence; ``None`` unless it is proven within half of ``max_error_rate``
-        (over ``MIN_LABELS`` verifications at least). Until then, under a bound, an exact
-        repeat is served only an entry confirmed by a positive signal, and the others
-        are verified."""
-        n = self.exact_right + self.exact_wrong
-        if n < MIN_LABELS:
-            return None
+    def exact_plan(self, max_error_rate: float) -> tuple[float, float]:
+        """How exact repeats are served under ``max_error_rate``: ``(bar, spend)``, the
+        expected reward an entry needs for its exact repeats to be served (0: any
+        servable entry; ``NEVER``: none, all are verified) and the share of requests
+        that serving them may serve wrong, an upper bound at 95% confidence, which the
+        near matches' threshold leaves to them.
+
+        The bar is the lowest level's edge at which serving every level from there up
+        costs at most half the bound, with ``MIN_LABELS`` labels at or above it. Without
+        that many labels on the confirmed levels yet, the bar is ``CONFIRMED_REWARD``
+        with no spend (an entry a positive signal confirmed is trusted until its level's
+        labels speak); with them and no level within the budget, ``NEVER``."""
+        key = (max_error_rate, -1)
+        if key not in self._memo:
+            self._remember(key, self._exact_plan(max_error_rate))
+        plan: tuple[float, float] = self._memo[key]
+        return plan
+
+    def _exact_plan(self, max_error_rate: float) -> tuple[float, float]:
+        budget = max_error_rate / 2
+        right = (self.exact_right, *self.level_right)
+        wrong = (self.exact_wrong, *self.level_wrong)
+        # t:e counts every exact repeat; level 0 is what the confirmed levels leave.
+        traffic = (max(self.traffic_exact - sum(self.level_traffic), 0.0), *self.level_traffic)
         total = self.lookups
-        share = wilson_upper(self.traffic_exact, total) if total > 0 else 1.0
-        term = share * wilson_upper(self.exact_wrong, n)
-        return term if term <= max_error_rate / 2 else None
+        best: tuple[float, float] | None = None
+        labels = requests = 0.0
+        for level in range(N_LEVELS - 1, -1, -1):
+            labels += right[level] + wrong[level]
+            requests += traffic[level]
+            if labels < MIN_LABELS:
+                continue
+            share = wilson_upper(requests, total) if total > 0 else 1.0
+            rows = [(right[k], wrong[k], traffic[k]) for k in range(N_LEVELS - 1, level - 1, -1)]
+            cost = share * weighted_error(rows)[1]
+            if cost <= budget:
+                best = (EXACT_LEVELS[level - 1] if level else 0.0, cost)
+        if best is not None:
+            return best
+        if sum(self.level_right) + sum(self.level_wrong) < MIN_LABELS:
+            return CONFIRMED_REWARD, 0.0
+        return NEVER, 0.0
+
+    def exact_error(self, max_error_rate: float) -> float | None:
+        """What serving every exact repeat (confirmed or not) spends of the bound, when
+        the labels prove it within half of it (``exact_plan`` with a bar of 0); else
+        ``None``."""
+        bar, spend = self.exact_plan(max_error_rate)
+        return spend if bar == 0.0 else None
+
+    def _remember(self, key: tuple[float, int], value: object) -> None:
+        if len(self._memo) >= 64:  # per-call bounds are the caller's: keep a few
+            self._memo.clear()
+        self._memo[key] = value
 
     def threshold(self, max_error_rate: float, min_labels: int = MIN_LABELS) -> float | None:
         """The lowest edge of a labelled bin such that serving every near match at or
@@ -205,14 +282,13 @@ class Calibration:
         similarity nothing is known, and nothing is served by similarity there."""
         key = (max_error_rate, min_labels)
         if key not in self._memo:
-            if len(self._memo) >= 64:  # per-call bounds are the caller's: keep a few
-                self._memo.clear()
-            self._memo[key] = self._threshold(max_error_rate, min_labels)
-        return self._memo[key]
+            self._remember(key, self._threshold(max_error_rate, min_labels))
+        threshold: float | None = self._memo[key]
+        return threshold
 
     def _threshold(self, max_error_rate: float, min_labels: int) -> float | None:
-        # What serving unconfirmed exact repeats spends of the bound, when it is allowed.
-        max_error_rate -= self.exact_error(max_error_rate) or 0.0
+        # What serving exact repeats spends of the bound.
+        max_error_rate -= self.exact_plan(max_error_rate)[1]
         best: float | None = None
         labels = near = 0.0
         total = self.lookups
@@ -226,51 +302,18 @@ class Calibration:
             # Requests whose best near candidate is at s >= edge (an upper bound; 1
             # without lookup counts: the bound is then on the error among serves).
             share = wilson_upper(near, total) if total > 0 else 1.0
-            if share * self._error_above(i, near)[1] <= max_error_rate:
+            if share * self._error_above(i)[1] <= max_error_rate:
                 best = bin_floor(i)
         return best
 
-    def _error_above(self, edge: int, near: float) -> tuple[float, float]:
+    def _error_above(self, edge: int) -> tuple[float, float]:
         """An upper bound (95%) of P(wrong | a request's best near candidate is at or
-        above bin ``edge``), weighting the bins by their requests, not their labels:
-        labels are not spread like the traffic (a served match is labelled only by
-        feedback and exploration, a held-back one by every verification), so pooling
-        the labels of all bins would let well-labelled bins speak for busy ones. Bins
-        are grouped from the top into strata of ``STRATUM_LABELS`` labels or more; the
-        estimate is the requests-weighted mean of the strata's error rates, and its
-        bound a Wilson bound over Kish's effective number of labels. Without lookup
-        counts the labels weigh themselves (the pooled rate). Returns (estimate, bound)."""
-        strata: list[list[float]] = []  # [right, wrong, requests]
-        cur = [0.0, 0.0, 0.0]
-        for i in range(N_BINS - 1, edge - 1, -1):
-            cur[0] += self.right[i]
-            cur[1] += self.wrong[i]
-            cur[2] += self.traffic[i]
-            if cur[0] + cur[1] >= STRATUM_LABELS:
-                strata.append(cur)
-                cur = [0.0, 0.0, 0.0]
-        if cur[0] + cur[1] > 0 or cur[2] > 0:  # too few labels to stand alone: merged
-            if strata:
-                strata[-1] = [a + b for a, b in zip(strata[-1], cur, strict=True)]
-            else:
-                strata.append(cur)
-        if near <= 0:  # no lookup counts: the pooled rate
-            right = sum(st[0] for st in strata)
-            wrong = sum(st[1] for st in strata)
-            pooled = wrong / (right + wrong) if right + wrong > 0 else 1.0
-            return pooled, wilson_upper(wrong, right + wrong)
-        mean = inverse = 0.0
-        for right, wrong, requests in strata:
-            n = right + wrong
-            if n <= 0:
-                continue
-            weight = requests / near
-            mean += weight * wrong / n
-            inverse += weight * weight / n
-        if inverse <= 0:
-            return 1.0, 1.0
-        n_eff = 1.0 / inverse
-        return mean, wilson_upper(mean * n_eff, n_eff)
+        above bin ``edge``): ``weighted_error`` over the bins from the top. Returns
+        (estimate, bound)."""
+        rows = [
+            (self.right[i], self.wrong[i], self.traffic[i]) for i in range(N_BINS - 1, edge - 1, -1)
+        ]
+        return weighted_error(rows)
 
     def wrong_per_request(self, edge: float) -> float | None:
         """The point estimate of wrong serves per request when serving near matches at
@@ -280,7 +323,51 @@ class Calibration:
             return None
         total, near = self.lookups, sum(self.traffic[i0:])
         share = near / total if total > 0 else 1.0
-        return share * self._error_above(i0, near)[0]
+        return share * self._error_above(i0)[0]
+
+
+def weighted_error(rows: Iterable[tuple[float, float, float]]) -> tuple[float, float]:
+    """The error rate of the requests of ``rows`` (right labels, wrong labels, requests;
+    from the most to the least trusted, bins or levels), and its upper bound at 95%:
+    labels are not spread like the traffic (a served match is labelled only by feedback
+    and exploration, a held-back one by every verification), so pooling them would let
+    well-labelled rows speak for busy ones. Rows are grouped from the top into strata
+    of ``STRATUM_LABELS`` labels or more; the estimate is the requests-weighted mean of
+    the strata's error rates, its bound a Wilson bound over Kish's effective number of
+    labels. Without requests the labels weigh themselves (the pooled rate). Returns
+    (estimate, bound)."""
+    strata: list[list[float]] = []  # [right, wrong, requests]
+    cur = [0.0, 0.0, 0.0]
+    for right, wrong, requests in rows:
+        cur[0] += right
+        cur[1] += wrong
+        cur[2] += requests
+        if cur[0] + cur[1] >= STRATUM_LABELS:
+            strata.append(cur)
+            cur = [0.0, 0.0, 0.0]
+    if cur[0] + cur[1] > 0 or cur[2] > 0:  # too few labels to stand alone: merged
+        if strata:
+            strata[-1] = [a + b for a, b in zip(strata[-1], cur, strict=True)]
+        else:
+            strata.append(cur)
+    near = sum(st[2] for st in strata)
+    if near <= 0:  # no lookup counts: the pooled rate
+        right = sum(st[0] for st in strata)
+        wrong = sum(st[1] for st in strata)
+        pooled = wrong / (right + wrong) if right + wrong > 0 else 1.0
+        return pooled, wilson_upper(wrong, right + wrong)
+    mean = inverse = 0.0
+    for right, wrong, requests in strata:
+        n = right + wrong
+        if n <= 0:
+            continue
+        weight = requests / near
+        mean += weight * wrong / n
+        inverse += weight * weight / n
+    if inverse <= 0:
+        return 1.0, 1.0
+    n_eff = 1.0 / inverse
+    return mean, wilson_upper(mean * n_eff, n_eff)
 
 
 def _rate(value: object) -> float | None:
@@ -305,9 +392,13 @@ def check_error_rate(value: object, name: str = "max_error_rate") -> float | Non
 __all__ = [
     "BIN_WIDTH",
     "CONFIRMED_REWARD",
+    "EXACT_LEVELS",
     "MIN_LABELS",
+    "NEVER",
     "Calibration",
     "bin_of",
     "check_error_rate",
+    "exact_level",
+    "weighted_error",
     "wilson_upper",
 ]

@@ -32,11 +32,11 @@ import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self
+from typing import Any, NamedTuple, Protocol, Self
 
 import numpy as np
 
-from zerda_cache.calibration import CONFIRMED_REWARD, bin_of, check_error_rate
+from zerda_cache.calibration import NEVER, bin_of, check_error_rate, exact_level
 from zerda_cache.config import CacheConfig
 from zerda_cache.context import (
     AdaptiveLearningSystem,
@@ -107,8 +107,8 @@ _BUILD_SLOTS = 2
 _TRAFFIC_BATCH = 32
 _TRAFFIC_FLUSH_S = 1.0
 _TRAFFIC_WINDOWS = 10
-#: The lookup sample's marker of an exact repeat (a row is features, or None: no
-#: candidate).
+#: The lookup sample's marker of an exact repeat, followed by its level when above 0 (a
+#: row is features, or None: no candidate).
 _EXACT = "e"
 #: A candidate at this similarity or more is taken for the question's own entry.
 _SAME = 1.0 - 1e-6
@@ -161,7 +161,10 @@ class PutResult:
 
     Attributes:
         stored: the answer is now cached.
-        entry_id: its id when stored.
+        entry_id: its id when stored. Under an error bound, when the lookup before held
+            back the question's own cached entry and this answer is the same
+            (``same_answer``), that entry is kept (with the verification's positive
+            signal) and this is its id.
         reason: why it was not stored (the admission check's verdict).
         warnings: the admission check's warnings, stored or not.
         replaced_id: an entry this one replaced (same question, or a near-duplicate when
@@ -411,9 +414,10 @@ class CacheEngine:
         ``CacheConfig.max_error_rate``), a near match is served only where labelled
         outcomes and the tenant's lookup counts say that serving matches scored that
         high serves a wrong answer to at most that share of requests; the question asked
-        exactly is served its own answer once that answer is confirmed (a positive
-        signal), or once unconfirmed answers are proven safe enough (see
-        ``calibration.py``). A candidate that is not served is to be
+        exactly is served its own answer when the labels of exact repeats at its entry's
+        level (its expected reward: one positive signal confirms it) prove them within
+        half the bound, and until the tenant has such labels, once a positive signal
+        confirmed it (see ``calibration.py``). A candidate that is not served is to be
         *verified*: this returns ``None`` as for a miss, and the next ``put`` of this
         question (the fresh answer of the app's LLM) is compared with the candidate's
         answer (``same_answer``), which teaches the cache (``PutResult.verified``).
@@ -432,11 +436,15 @@ class CacheEngine:
         vec = yield from self._embedding(query, embedding)
         started = time.perf_counter()  # the latency metric excludes the embedding
         try:
-            hit, candidates, verify = yield from self._find(keys, query, vec, scope, override)
+            hit, candidates, verify, level = yield from self._find(
+                keys, query, vec, scope, override
+            )
         except StorageError as exc:
             self._fail_open(tenant, exc)
             return None
         self._recovered()
+        if level is not None:  # an exact repeat: counted at its entry's level
+            self._count_exact(tenant, level, override)
         self._record_lookup(tenant, query, hit, started, candidates, verify)
         return hit
 
@@ -447,9 +455,10 @@ class CacheEngine:
         vec: Vector | None,
         scope: str,
         override: float | None,
-    ) -> Flow[tuple[CacheHit | None, int, bool]]:
-        """The hit (or None), how many candidates the index found, and whether a
-        verification was asked for."""
+    ) -> Flow[tuple[CacheHit | None, int, bool, int | None]]:
+        """The hit (or None), how many candidates the index found, whether a
+        verification was asked for, and for an exact repeat, its entry's level at this
+        lookup as far as it is known (``calibration.exact_level``; 0 when it is not)."""
         tenant, st, cfg = keys.tenant, self.storage, self.config
         ti = self._tenant_index(keys)
         if not ti.built:  # built in the background: wait a bounded time for it
@@ -486,9 +495,12 @@ class CacheEngine:
         model = policy.calibration.model
         # Each candidate's features and score (its similarity without a match model).
         feats = self._features(found, policy)
-        # Under a bound, an exact repeat is served only a confirmed entry, unless the
-        # labels prove unconfirmed ones safe enough (``calibration.exact_error``).
-        confirm = bound is not None and (explore or policy.calibration.exact_error(bound) is None)
+        # Under a bound, an exact repeat is served only an entry whose level the labels
+        # prove safe enough (``Calibration.exact_plan``): the bar its arm's expected
+        # reward must reach, and an exact repeat refused is verified, never served
+        # another question's answer instead. None: no bound, or any servable entry.
+        bar = None if bound is None else (NEVER if explore else policy.exact_bar(override))
+        exact_bar = bar if bar else None
         spec: tuple[str, float] | None = None
         safe = bound is None or (
             threshold is not None
@@ -500,14 +512,17 @@ class CacheEngine:
             # The common lookup: serve the only candidate in the same round trip (at
             # similarity 1 it is likely the question itself: a confirmed entry then).
             spec = found[0]
-            parts.append(self._plan_hit(tenant, *spec, policy, confirm and spec[1] >= _SAME))
+            parts.append(
+                self._plan_hit(tenant, *spec, policy, exact_bar if spec[1] >= _SAME else None)
+            )
         if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
         exact_id: str | None = replies[1]
         if refresh:
             self._policies[tenant] = (mono, replies[policy_at])
-        self._count_lookup(tenant, found, feats, exact_id, mono, policy, bound is not None)
+        if exact_id is None:  # an exact repeat is counted once its level is known
+            self._count_lookup(tenant, found, feats, mono, policy, bound is not None)
         if (
             traffic is not None
             and replies[traffic_at] > policy.config.label_window * _TRAFFIC_WINDOWS
@@ -530,11 +545,12 @@ class CacheEngine:
                     spec = (spec[0], 1.0)
                 exact = spec[0] == exact_id
                 served = self._spec_hit(tenant, spec, outcome.served, exact, policy)
-                return served, n_found, False
+                return served, n_found, False, self._asked(exact_id, served)
             if outcome.status is HitStatus.GONE:
                 ghosts.add(spec[0])
-            elif confirm and spec[0] == exact_id:  # unconfirmed: verify it
-                return self._verify_exact(tenant, query, scope, exact_id, n_found)
+            elif exact_bar is not None and spec[0] == exact_id:  # under its bar: verify
+                level = exact_level(outcome.reward) if outcome.reward is not None else 0
+                return self._verify_exact(tenant, query, scope, exact_id, n_found, level)
         elif found:
             states = replies[-1]
             ghosts.update(states.missing)
@@ -563,22 +579,24 @@ class CacheEngine:
             # embedding far from the cached question's): nothing to rank, so the hit
             # script alone decides, without reading the entry's state first.
             tried.add(exact_id)
-            plan = self._plan_hit(tenant, exact_id, 1.0, policy, confirm)
+            plan = self._plan_hit(tenant, exact_id, 1.0, policy, exact_bar)
             outcome = yield from st._run(plan)
             if outcome.served is not None:
                 hit = self._spec_hit(tenant, (exact_id, 1.0), outcome.served, True, policy)
             elif outcome.status is HitStatus.GONE:
                 ghosts.add(exact_id)
-            elif confirm:
-                return self._verify_exact(tenant, query, scope, exact_id, n_found)
+            elif exact_bar is not None:
+                level = exact_level(outcome.reward) if outcome.reward is not None else 0
+                return self._verify_exact(tenant, query, scope, exact_id, n_found, level)
             exact_id = None
         if hit is None:
-            refused: set[str] = set()
+            refused: dict[str, int] = {}
             hit = yield from self._serve_best(
-                tenant, near, exact_id, states, now, ghosts, tried, policy, confirm, refused
+                tenant, near, exact_id, states, now, ghosts, tried, policy, exact_bar, refused
             )
             if asked is not None and asked in refused:
-                return self._verify_exact(tenant, query, scope, asked, n_found)
+                level = refused[asked]
+                return self._verify_exact(tenant, query, scope, asked, n_found, level)
         if hit is None and ghosts:
             # Ghosts (left by a FLUSHALL, an empty restart, a lost log event) take places
             # in the top-k that live entries should have: forget them and search again.
@@ -592,10 +610,10 @@ class CacheEngine:
                     tenant, servable(found), None, states, now, ghosts, tried, policy
                 )
         if hit is not None:
-            return hit, n_found, False
+            return hit, n_found, False, self._asked(asked, hit)
         self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
         if bound is None or not found:
-            return None, n_found, False
+            return None, n_found, False, self._asked(asked, None)
         # Not served: ask the app's next put of this question to verify the best candidate.
         rest = [f for f in found if f[0] not in ghosts]
         missing = [eid for eid, _ in rest if eid not in states.entries]
@@ -603,10 +621,11 @@ class CacheEngine:
             states.entries.update((yield from st._load_states(tenant, missing)).entries)
         ranked = self._candidates(rest, None, states, now, policy)
         if not ranked:
-            return None, n_found, False
+            return None, n_found, False, self._asked(asked, None)
         (eid, sim, _), _, _ = ranked[0]
-        self._tickets.put(self._ticket_key(tenant, query, scope), (eid, sim, feats.get(eid)))
-        return None, n_found, True
+        ticket = _Ticket(eid, sim, feats.get(eid))
+        self._tickets.put(self._ticket_key(tenant, query, scope), ticket)
+        return None, n_found, True, self._asked(asked, None)
 
     def _lookup_policy(self, tenant: str) -> Flow[tuple[TenantPolicy, bool]]:
         """The tenant's policy for a lookup, and whether the lookup should read it again
@@ -673,14 +692,15 @@ class CacheEngine:
         ghosts: set[str],
         tried: set[str],
         policy: TenantPolicy,
-        confirm: bool = False,
-        refused: set[str] | None = None,
+        exact_bar: float | None = None,
+        refused: dict[str, int] | None = None,
     ) -> Flow[CacheHit | None]:
         """Rank the candidates and serve the best one the hit script accepts; ids found
         gone from Redis are added to ``ghosts``, every id tried to ``tried``. With
-        ``confirm``, the question's own entry is served only if it is confirmed; if it is
-        not (or not servable), nothing else is tried and its id goes to ``refused``: an
-        exact repeat is never served another question's answer instead."""
+        ``exact_bar``, the question's own entry is served only if its expected reward
+        reaches it; if it does not (or the entry is not servable), nothing else is tried
+        and its id goes to ``refused`` with its level: an exact repeat is never served
+        another question's answer instead."""
         missing = [eid for eid, _ in found if eid not in states.entries]
         if exact_id is not None and exact_id not in states.entries:
             missing.append(exact_id)
@@ -690,22 +710,28 @@ class CacheEngine:
             ghosts.update(more.missing)
         ranked = self._candidates(found, exact_id, states, now, policy)
         own_first = bool(ranked) and ranked[0][2]
-        if confirm and exact_id is not None and exact_id not in ghosts and not own_first:
-            # the question's own entry is not servable: nothing else is served instead
+
+        def refuse(eid: str) -> None:
+            entry = states.entries.get(eid)
             if refused is not None:
-                refused.add(exact_id)
+                arm = entry.bandit_arm.at(now, policy.rl) if entry is not None else None
+                refused[eid] = exact_level(arm.expected_reward) if arm is not None else 0
+
+        exact_asked = exact_bar is not None and exact_id is not None and exact_id not in ghosts
+        if exact_asked and not own_first and exact_id is not None:
+            # the question's own entry is not servable: nothing else is served instead
+            refuse(exact_id)
             return None
         for cand, score, exact in ranked:
             tried.add(cand[0])
-            plan = self._plan_hit(tenant, cand[0], cand[1], policy, confirm and exact)
+            plan = self._plan_hit(tenant, cand[0], cand[1], policy, exact_bar if exact else None)
             outcome = yield from self.storage._run(plan)
             if outcome.served is not None:
                 return self._hit(tenant, cand, score, exact, outcome.served)
             if outcome.status is HitStatus.GONE:
                 ghosts.add(cand[0])
-            elif confirm and exact:
-                if refused is not None:
-                    refused.add(cand[0])
+            elif exact_bar is not None and exact:
+                refuse(cand[0])
                 return None
         return None
 
@@ -715,13 +741,13 @@ class CacheEngine:
         entry_id: str,
         similarity: float,
         policy: TenantPolicy,
-        confirmed: bool = False,
+        exact_bar: float | None = None,
     ) -> ScriptCall[HitOutcome]:
-        """The hit script's call; ``confirmed``: serve only a confirmed entry (under a
-        bound, the question's own entry until unconfirmed ones are proven safe)."""
+        """The hit script's call; ``exact_bar``: the expected reward the question's own
+        entry needs under a bound (``Calibration.exact_plan``), over the serving bar."""
         bar = policy.rl.serve_bar
-        if confirmed:
-            bar = max(bar if bar is not None else 0.0, CONFIRMED_REWARD)
+        if exact_bar is not None:
+            bar = max(bar if bar is not None else 0.0, exact_bar)
         return self.storage.plan_hit(
             tenant,
             entry_id,
@@ -732,13 +758,25 @@ class CacheEngine:
         )
 
     def _verify_exact(
-        self, tenant: str, query: str, scope: str, entry_id: str, n_found: int
-    ) -> tuple[CacheHit | None, int, bool]:
-        """Not served: the question's own entry is unconfirmed under a bound. The app's
-        next put of the question verifies it (``_verify``: an exact label)."""
+        self, tenant: str, query: str, scope: str, entry_id: str, n_found: int, level: int
+    ) -> tuple[CacheHit | None, int, bool, int | None]:
+        """Not served: the question's own entry is under its bar under a bound (its
+        ``level`` is not proven safe enough, or this lookup explores). The app's next
+        put of the question verifies it (``_verify``: an exact label at that level)."""
         self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
-        self._tickets.put(self._ticket_key(tenant, query, scope), (entry_id, 1.0, None))
-        return None, n_found, True
+        ticket = _Ticket(entry_id, 1.0, None, level, exact=True)
+        self._tickets.put(self._ticket_key(tenant, query, scope), ticket)
+        return None, n_found, True, level
+
+    @staticmethod
+    def _asked(exact_id: str | None, hit: CacheHit | None) -> int | None:
+        """The level of an exact repeat's entry (``None``: the lookup was not one),
+        known when it was served; 0 when not (a near match served instead)."""
+        if exact_id is None:
+            return None
+        if hit is not None and hit.exact:
+            return exact_level(hit.expected_reward)
+        return 0
 
     @staticmethod
     def _search(
@@ -1088,6 +1126,21 @@ class CacheEngine:
                     warnings=tuple(warnings),
                     tenant=tenant,
                 )
+            # The question's own entry, held back by the lookup before: when the fresh
+            # answer is the same, that entry stays, with this verification's positive
+            # signal on top of its evidence (replaced by the fresh entry, its arm would
+            # start again from one signal, and its exact repeats' level with it).
+            ticket_key = self._ticket_key(tenant, query, scope)
+            own: bool | None = None
+            held = self._tickets.get(ticket_key)
+            if held is not None and held.exact:
+                self._tickets.pop(ticket_key)
+                own = yield from self._verify(tenant, held, response)
+                if own:
+                    self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
+                    return PutResult(
+                        True, held.entry_id, warnings=tuple(warnings), tenant=tenant, verified=True
+                    )
             near: str | None = None
             if dedup is not None:
                 # Near duplicates are found in the replica's index: while it is being
@@ -1114,8 +1167,10 @@ class CacheEngine:
                 rl=policy.rl,
             )
             replaced, result = self._put_done(tenant, warnings, out, near)
+            if own is not None:
+                result = dataclasses.replace(result, verified=own)
             # Verify before the replaced entries go: the candidate may be one of them.
-            ticket = self._tickets.pop(self._ticket_key(tenant, query, scope))
+            ticket = self._tickets.pop(ticket_key)
             if ticket is not None:
                 verified = yield from self._verify(tenant, ticket, response)
                 result = dataclasses.replace(result, verified=verified)
@@ -1128,14 +1183,12 @@ class CacheEngine:
                 yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
             return result
 
-    def _verify(
-        self, tenant: str, ticket: tuple[str, float, Features | None], fresh: str
-    ) -> Flow[bool | None]:
+    def _verify(self, tenant: str, ticket: _Ticket, fresh: str) -> Flow[bool | None]:
         """Compare the fresh answer with the candidate a lookup held back, and learn from
         it: one label of the tenant's calibration (with the match's features), one signal
         on the entry's arm (at the similarity it was matched at). ``None`` when the
         candidate is gone meanwhile."""
-        entry_id, similarity, features = ticket
+        entry_id, similarity, features, level, _ = ticket
         try:
             cached = yield from self.storage._get_entry(tenant, entry_id, with_vector=False)
         except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
@@ -1151,7 +1204,7 @@ class CacheEngine:
         signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
         if features is not None:
             features = (sim, *features[1:])
-        yield from self._learn(signal, label=True, features=features)
+        yield from self._learn(signal, label=True, features=features, level=level)
         return right
 
     def _put_done(
@@ -1189,18 +1242,24 @@ class CacheEngine:
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
 
     def _learn(
-        self, signal: FeedbackSignal, *, label: bool = False, features: Features | None = None
+        self,
+        signal: FeedbackSignal,
+        *,
+        label: bool = False,
+        features: Features | None = None,
+        level: int = 0,
     ) -> Flow[None]:
         """Apply a signal to the entry's arm and count it as a labelled outcome of a near
         match (at the similarity it carries, below 1) when ``label`` (a verification) or
         when an error bound is known for the tenant (this replica's cached policy or the
-        config). The label is counted only once the signal was applied."""
+        config). The label is counted only once the signal was applied. ``level``: a
+        verified exact repeat's entry's level at its lookup."""
         tenant, sim = signal.tenant_id, signal.similarity
         policy = yield from self._tenant_policy(tenant)
         label = label or policy.bound() is not None
         yield from self.storage._feedback(signal, rl=policy.rl)
         # A label of a near match (below similarity 1); at 1, only a verification of an
-        # exact repeat (an unconfirmed entry) is one, counted apart.
+        # exact repeat is one, counted apart at its entry's level.
         exact = sim is not None and sim >= 1.0
         if label and sim is not None and (not exact or signal.source == "verify"):
             plan = self.storage.plan_label(
@@ -1211,6 +1270,7 @@ class CacheEngine:
                 features=features,
                 model=policy.calibration.model,
                 exact=exact,
+                level=level,
             )
             yield from self.storage._run(plan)
         self.learner.note_feedback(signal)
@@ -1313,32 +1373,42 @@ class CacheEngine:
         floor = policy.config.similarity_threshold
         return {eid: f for (eid, _), f in zip(found, candidate_features(found, floor), strict=True)}
 
+    def _pending_traffic(self, tenant: str, mono: float) -> _Pending:
+        pending = self._traffic.get(tenant)
+        if pending is None:
+            pending = self._traffic[tenant] = (mono, Counter(), [])
+        return pending
+
+    def _count_exact(self, tenant: str, level: int, override: float | None) -> None:
+        """Count one lookup that asked a cached question itself: "e", and "e<level>"
+        for a confirmed level; under a bound, mark it in the lookup sample (the sample
+        keeps the shares: the exact repeats' too)."""
+        pending = self._pending_traffic(tenant, time.monotonic())
+        pending[1][(0, _EXACT)] += 1
+        if level:
+            pending[1][(0, f"{_EXACT}{level}")] += 1
+        cached = self._policies.get(tenant)
+        if cached is not None and cached[1].bound(override) is not None:
+            pending[2].append(f"{_EXACT}{level}" if level else _EXACT)
+
     def _count_lookup(
         self,
         tenant: str,
         found: list[tuple[str, float]],
         feats: Mapping[str, Features],
-        exact_id: str | None,
         mono: float,
         policy: TenantPolicy,
         sample: bool,
     ) -> None:
-        """Count one lookup: "e" if it asked a cached question itself, else under the
-        score bin of its best near candidate, or "x" without one; under a bound
-        (``sample``), keep that candidate's features for the worker's next fit."""
-        pending = self._traffic.get(tenant)
-        if pending is None:
-            pending = self._traffic[tenant] = (mono, Counter(), [])
-        if exact_id is not None:
-            pending[1][(0, "e")] += 1
-            if sample:  # the sample keeps the shares: the exact repeats' too
-                pending[2].append(_EXACT)
-            return
+        """Count one lookup that did not ask a cached question itself under the score
+        bin of its best near candidate, or "x" without one; under a bound (``sample``),
+        keep that candidate's features for the worker's next fit."""
+        pending = self._pending_traffic(tenant, mono)
         model = policy.calibration.model
         best: Features | None = None
         best_score = -math.inf
         for eid, _ in found:
-            if eid != exact_id and eid in feats:
+            if eid in feats:
                 score = score_of(model, feats[eid])
                 if score > best_score:
                     best, best_score = feats[eid], score
@@ -1548,6 +1618,20 @@ class CacheEngine:
 
 #: Lookup counts by (model version, score bin or "x"), and the sampled features.
 _PendingTraffic = tuple[Counter[tuple[int, int | str]], list[Features | str | None]]
+_Pending = tuple[float, Counter[tuple[int, int | str]], list[Features | str | None]]
+
+
+class _Ticket(NamedTuple):
+    """A verification a lookup asked for: the candidate it held back, the similarity it
+    matched at (1: the question's own entry), its match features (near matches) and its
+    entry's level (exact repeats)."""
+
+    entry_id: str
+    similarity: float
+    features: Features | None = None
+    level: int = 0
+    exact: bool = False
+
 
 #: Every engine of the process, for ``_reset_after_fork``.
 _after_fork: weakref.WeakSet[CacheEngine] = weakref.WeakSet()

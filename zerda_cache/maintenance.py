@@ -687,6 +687,9 @@ def _rescored(model: MatchModel, logs: LabelLogs) -> dict[str, float]:
         # From the same sample, so that the shares are of one window (untagged: exact
         # repeats have no score). Without a sample the old counts stay.
         counts["t:e"] = logs.seen_exact
+        for level, n in enumerate(logs.seen_levels):
+            if level and n:
+                counts[f"t:e{level}"] = n
     return dict(counts)
 
 

@@ -104,7 +104,7 @@ class ReplicaMetrics:
         )
         self.puts = Counter(
             "zerda_cache_puts",
-            "Puts by result: stored or rejected.",
+            "Puts by result: stored, kept (the same answer as a held-back cached one) or rejected.",
             ["tenant", "result"],
             registry=reg,
         )

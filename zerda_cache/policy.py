@@ -284,6 +284,12 @@ class TenantPolicy:
         bound = self.bound(override)
         return None if bound is None else self.calibration.threshold(bound)
 
+    def exact_bar(self, override: float | None = None) -> float | None:
+        """The expected reward an entry needs for its exact repeats to be served under
+        the bound (``Calibration.exact_plan``; ``None``: no bound, the usual bars)."""
+        bound = self.bound(override)
+        return None if bound is None else self.calibration.exact_plan(bound)[0]
+
     @classmethod
     def parse(
         cls,

@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from zerda_cache.calibration import bin_of
+from zerda_cache.calibration import N_LEVELS, bin_of
 from zerda_cache.config import CacheConfig, RLConfig
 from zerda_cache.entry import (
     DEFAULT_QUALITY,
@@ -85,10 +85,12 @@ class HitStatus(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class HitOutcome:
-    """Result of the hit script: ``entry`` (full content, arm at now) when served."""
+    """Result of the hit script: ``entry`` (full content, arm at now) when served;
+    ``reward``, the arm's expected reward at now, when it was under the bar."""
 
     status: HitStatus
     entry: IntelligentCacheEntry | None = None
+    reward: float | None = None
 
     @property
     def served(self) -> IntelligentCacheEntry | None:
@@ -294,8 +296,10 @@ class LabelLogs:
     version: int
     logged: int
     fitted: int
-    #: Sampled lookups that asked a cached question itself.
+    #: Sampled lookups that asked a cached question itself, and of those, the ones at
+    #: each confirmed level (``seen_levels[k]``: level k; index 0 unused).
     seen_exact: int = 0
+    seen_levels: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, labels: list[Any], seen: list[Any], counters: list[Any]) -> LabelLogs:
@@ -313,14 +317,17 @@ class LabelLogs:
                 outcomes.append(ok)
         looked: list[list[float]] = []
         exact = 0
+        levels = [0] * N_LEVELS
         for raw in reversed(seen):
             try:
                 batch = msgpack.unpackb(raw)
             except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
                 continue
             for r in batch if isinstance(batch, list) else []:
-                if r == "e":
+                if isinstance(r, str) and r[:1] == "e":
                     exact += 1
+                    if r[1:].isdigit() and 0 < int(r[1:]) < N_LEVELS:
+                        levels[int(r[1:])] += 1
                 elif r is None:
                     looked.append([math.nan] * 3)
                 elif isinstance(r, list) and len(r) == 3:
@@ -337,6 +344,7 @@ class LabelLogs:
             ln,
             fit_ln,
             exact,
+            tuple(levels),
         )
 
 
@@ -565,7 +573,8 @@ class StoragePlans:
                 log.warning("corrupt entry %s not served", key)
                 return HitOutcome(HitStatus.CORRUPT)
             if code == -4:
-                return HitOutcome(HitStatus.UNSERVABLE)
+                reward = float(res[1]) if len(res) > 1 else None
+                return HitOutcome(HitStatus.UNSERVABLE, reward=reward)
             if code == -5:
                 return HitOutcome(HitStatus.BELOW_BAR)
             try:
@@ -896,6 +905,7 @@ class StoragePlans:
         features: Sequence[float] | None = None,
         model: MatchModel | None = None,
         exact: bool = False,
+        level: int = 0,
     ) -> ScriptCall[float]:
         """Plan counting one labelled outcome of a near match (``calibration.py``) and
         logging it for the worker's fit (``match_model.py``): ``features`` of the match
@@ -903,15 +913,16 @@ class StoragePlans:
         (its score bins the label; the script counts it only if that is still the
         tenant's); ``window``: the tenant's ``label_window`` (default: the
         configuration's), which is also the log's length (at most ``MAX_LABEL_LOG``).
-        ``exact``: a verification of an exact repeat (``calibration.exact_error``):
-        counted apart, not logged."""
+        ``exact``: a verification of an exact repeat whose entry was at ``level``
+        (``Calibration.exact_plan``): counted apart (``r:e``, ``r:e<level>``), not
+        logged."""
         window = self.config.label_window if window is None else window
         log_size = min(window, MAX_LABEL_LOG)
         row = list(features) if features is not None else [similarity, math.nan, math.nan]
         score = score_of(model, row)
         logged = ",".join("null" if not math.isfinite(x) else repr(float(x)) for x in row)
         version = 0 if model is None else model.version
-        bin_: int | str = "e" if exact else bin_of(score)
+        bin_: int | str = (f"e{level}" if level else "e") if exact else bin_of(score)
         args = [bin_, "1" if right else "0", window, version, logged, 0 if exact else log_size]
         keys = [self.keys(tenant).cal, self.keys(tenant).lab]
         return ScriptCall("label", keys, args, lambda res: float(res))
@@ -983,7 +994,8 @@ class StoragePlans:
 
         def queue(pipe: Any) -> None:
             for (version, bin_), n in items:
-                tag = version if version and bin_ != "e" else ""  # exact: never tagged
+                exact = isinstance(bin_, str) and bin_.startswith("e")
+                tag = version if version and not exact else ""  # exact: never tagged
                 pipe.hincrbyfloat(cal, f"t{tag}:{bin_}", n)
             if blob is not None:
                 pipe.lpush(k.seen, blob)

@@ -589,10 +589,21 @@ class Storage(StoragePlans):
         return (yield from self._read(self.read_log(tenant, after)))
 
     def _label(
-        self, tenant: str, similarity: float, right: bool, *, window: int | None = None
+        self,
+        tenant: str,
+        similarity: float,
+        right: bool,
+        *,
+        window: int | None = None,
+        level: int | None = None,
     ) -> Flow[float]:
-        """Count one labelled outcome of a near match; returns the tenant's label count."""
-        return (yield from self._run(self.plan_label(tenant, similarity, right, window=window)))
+        """Count one labelled outcome of a near match, or with ``level``, of an exact
+        repeat whose entry was at that level; returns the tenant's label count."""
+        exact = level is not None
+        plan = self.plan_label(
+            tenant, similarity, right, window=window, exact=exact, level=level or 0
+        )
+        return (yield from self._run(plan))
 
     def _calibrate(
         self,

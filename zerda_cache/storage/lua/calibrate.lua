@@ -7,8 +7,9 @@
 -- Publishes a match model fitted by the worker (zerda_cache/match_model.py) with the
 -- label and lookup counts rescored under it, in one step: every count of older
 -- versions goes, so no replica ever reads a model with counts of another. The exact
--- repeats' labels (r:e, w:e) involve no score and stay; their lookups (t:e) come with
--- the rescored lookups, from the same sample, so that the shares are of one window.
+-- repeats' labels (r:e, w:e, and r:e<k>, w:e<k> per confirmed level) involve no score
+-- and stay; their lookups (t:e, t:e<k>) come with the rescored lookups, from the same
+-- sample, so that the shares are of one window.
 if ARGV[2] == '' then
   redis.call('HSET', KEYS[1], 'fit_ln', ARGV[4])
   return 0
@@ -17,13 +18,16 @@ local current = tonumber(redis.call('HGET', KEYS[1], 'mv') or '0') or 0
 if current ~= tonumber(ARGV[1]) then
   return 0
 end
-local all = redis.call('HKEYS', KEYS[1])
-for _, name in ipairs(all) do
-  if string.find(name, '^[rwt]%d*:') and not string.find(name, '^[rw]:e$') then
+local labels, lookups = 0, 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local name = all[i]
+  if string.find(name, '^[rw]:e%d*$') then
+    labels = labels + (tonumber(all[i + 1]) or 0)
+  elseif string.find(name, '^[rwt]%d*:') then
     redis.call('HDEL', KEYS[1], name)
   end
 end
-local labels, lookups = 0, 0
 for i = 5, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   if string.sub(ARGV[i], 1, 1) == 't' then
@@ -32,8 +36,6 @@ for i = 5, #ARGV, 2 do
     labels = labels + tonumber(ARGV[i + 1])
   end
 end
-local kept = redis.call('HMGET', KEYS[1], 'r:e', 'w:e')
-labels = labels + (tonumber(kept[1]) or 0) + (tonumber(kept[2]) or 0)
 redis.call('HSET', KEYS[1], 'mv', ARGV[2], 'model', ARGV[3], 'fit_ln', ARGV[4],
   'n', string.format('%.17g', labels), 'tn', string.format('%.17g', lookups))
 return 1

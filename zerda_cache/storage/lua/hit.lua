@@ -4,8 +4,9 @@
 -- ARGV[8] the serving bar of the expected reward ('' = serve whatever the reward)
 -- ARGV[9] the similarity this entry matched at ('' = unknown)
 -- returns {1, arm, use, doc, meta} served (msgpack values); {0} gone; {-1} expired;
--- {-3} corrupt state; {-4} expected reward below the bar; {-5} similarity below the
--- entry's own learned bar (nothing written, not served, for -4 and -5).
+-- {-3} corrupt state; {-4, expected reward at now} expected reward below the bar; {-5}
+-- similarity below the entry's own learned bar (nothing written, not served, for -4
+-- and -5).
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
 local now = zc_now(ARGV[1])
@@ -23,8 +24,9 @@ if not arm then
   return {-3}
 end
 zc_decay(arm, now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
-if ARGV[8] ~= '' and arm.a / (arm.a + arm.b) < tonumber(ARGV[8]) then
-  return {-4}
+local reward = arm.a / (arm.a + arm.b)
+if ARGV[8] ~= '' and reward < tonumber(ARGV[8]) then
+  return {-4, string.format('%.17g', reward)}
 end
 if ARGV[9] ~= '' and tonumber(ARGV[9]) < use.sb then
   return {-5}

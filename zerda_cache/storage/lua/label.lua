@@ -3,7 +3,8 @@
 -- ARGV[3] window: when the label count passes it, every count is halved
 -- ARGV[4] the model version the score was computed with (0: similarity, no model)
 -- ARGV[5] the match's features, JSON [similarity, gap, crowd] (null: unknown)
--- ARGV[6] labels the log keeps (0: not logged; the exact repeats' labels, bin 'e')
+-- ARGV[6] labels the log keeps (0: not logged; the exact repeats' labels, bin 'e' for
+-- unconfirmed entries, 'e<k>' for an entry at confirmed level k)
 -- returns the tenant's label count after this one (halving included)
 -- Counts one labelled outcome of a near match (zerda_cache/calibration.py) in the bins of
 -- the tenant's model version, and logs it with its features for the worker's next fit
@@ -13,7 +14,7 @@
 -- follows a drift; counts under 0.01 after halving are dropped. Only the label counts are
 -- halved here: the lookup counts (t...) have their own window (traffic.lua).
 local version = tonumber(redis.call('HGET', KEYS[1], 'mv') or '0') or 0
-local exact = ARGV[1] == 'e'  -- never tagged with a model version: no score involved
+local exact = string.sub(ARGV[1], 1, 1) == 'e'  -- never tagged: no score involved
 if tonumber(ARGV[6]) > 0 then
   redis.call('LPUSH', KEYS[2], '[' .. ARGV[5] .. ',' .. ARGV[2] .. ']')
   redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[6]) - 1)
