@@ -240,11 +240,14 @@ def targets(rows: list[list[str]]) -> str:
     lines = ["Targets (issue 13), on this checkout:"]
     for r in mine:
         first = None if r[3] == "none" else num(r[3])
+        # a first hit within 2 s at 100k entries, within 15 s at 1M
+        limit = 15 if int(r[2].replace(",", "")) > 100_000 else 2
         lines.append(
-            f"- {r[0]}, {r[1]}: first hit within 2 s: {verdict(first is not None and first <= 2)} "
+            f"- {r[0]}, {r[1]}: first hit within {limit} s: "
+            f"{verdict(first is not None and first <= limit)} "
             f"for the question asked exactly ({r[3].strip('*')} s); near matches wait for "
             f"the index ({num(r[4]):.0f} s under back-to-back lookups, {num(r[5]):.0f} s "
-            f"alone): {verdict(num(r[4]) <= 2)}. No lookup waited for the build longer "
+            f"alone): {verdict(num(r[4]) <= limit)}. No lookup waited for the build longer "
             f"than redis_timeout_s (worst {r[7]} ms). Near-copy recall@1 >= 0.995: "
             f"{verdict(num(r[8]) >= 0.995)} ({r[8]}). p50 <= 5x PING: "
             f"{verdict(ratio(r[10]) <= 5)} ({ratio(r[10]):.1f}x); p99 <= 10x: "

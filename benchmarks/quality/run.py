@@ -177,7 +177,7 @@ def best_hit_at(rows: list[dict[str, Any]], max_error: float) -> dict[str, Any] 
     return max(ok, key=lambda r: r["hit_rate"]) if ok else None
 
 
-def targets(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+def targets(rows: list[dict[str, Any]], full_qqp: bool = False) -> tuple[str, dict[str, Any]]:
     # zerda-cache's trade-off curve: its thresholds, with both serving bars, and its
     # error bounds.
     settings = (ZERDA, f"{ZERDA} (confirm first)", *(bound_name(d) for d in BOUNDS.values()))
@@ -278,9 +278,11 @@ def targets(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
                           ok(e1 <= delta + t1 and e2 <= delta + t2)])  # fmt: skip
             out[f"bound_{delta}"]["halves"] = [e1, e2]
         if delta == 0.02 and oracle:
+            # issue 12: >= 0.6 of the oracle's on the full QQP run, >= 0.85 on the others
+            wanted = 0.6 if full_qqp else 0.85
             ratio = r["correct_hit_rate"] / oracle["correct_hit_rate"]
-            lines.append(["correct hits at max_error_rate 2% / oracle's", ">= 0.85",
-                          f"{ratio:.3f}", ok(ratio >= 0.85)])  # fmt: skip
+            lines.append(["correct hits at max_error_rate 2% / oracle's", f">= {wanted}",
+                          f"{ratio:.3f}", ok(ratio >= wanted)])  # fmt: skip
             base = best_hit_at(static, r["error_rate"])
             if base is None:
                 c = min(static, key=lambda x: x["error_rate"]) if static else None
@@ -527,16 +529,22 @@ def main() -> None:
         "rows": [r.row() for r in results],
     }
     if args.quick:
-        print(report(summary["rows"], summary, targets(summary["rows"])[0], label))
+        print(
+            report(summary["rows"], summary, targets(summary["rows"], _full_qqp(summary))[0], label)
+        )
         return
     render(summary, label)
+
+
+def _full_qqp(summary: dict[str, Any]) -> bool:
+    return summary.get("dataset", "qqp") == "qqp" and bool(summary["args"].get("full"))
 
 
 def render(summary: dict[str, Any], label: str, *, replot: bool = False) -> None:
     """Targets, table, plot and JSON from a run's results; ``replot`` re-renders saved
     results (the section keeps naming the run that measured them)."""
     rows = summary["rows"]
-    target_table, summary["targets"] = targets(rows)
+    target_table, summary["targets"] = targets(rows, _full_qqp(summary))
     body = report(rows, summary, target_table, label)
     if replot:
         body += f"\n\nTargets, table and plot re-rendered from the JSON at commit {git_rev()}."
