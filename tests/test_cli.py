@@ -54,7 +54,9 @@ def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: st
     code, _ = run(redis_url, "tenant", "set", "acme")
     assert code == 2  # nothing to set
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "0.02")
-    assert code == 0 and "2.00%" in out and "exact repeats only" in out, out
+    assert code == 0 and "2.00%" in out and "near matches are verified" in out, out
+    # a new tenant: exact repeats of entries a positive signal confirmed
+    assert "expected reward >= 0.55 (level 1)" in out, out
     assert st.calibration("acme").max_error_rate == 0.02
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "1.5")
     assert code == 2 and "max_error_rate" in out

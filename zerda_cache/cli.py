@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zerda_cache.calibration import exact_level
 from zerda_cache.config import (
     DEFAULT_HEALTH_FILE,
     DEFAULT_KEY_PREFIX,
@@ -719,6 +720,15 @@ def tenant_show(state: CliState, name: str, as_json: bool) -> None:
         _show_tenant(state, name, as_json)
 
 
+def _exact_bar_text(bar: float | None) -> str:
+    """What ``TenantPolicy.exact_bar`` means for the operator."""
+    if bar is None or bar == 0.0:
+        return "every servable entry"
+    if bar > 1.0:
+        return "no entry yet (every exact repeat is verified)"
+    return f"entries with expected reward >= {bar:.2f} (level {exact_level(bar)})"
+
+
 def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     st = state.storage()
     policy = st.tenant_policy(name)
@@ -726,7 +736,9 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     cfg, ev = policy.config, policy.eviction
     bound = cfg.max_error_rate
     threshold = policy.threshold()
+    exact_bar = policy.exact_bar()
     cal = policy.calibration
+    exact_labels = cal.exact_right + cal.exact_wrong + sum(cal.level_right) + sum(cal.level_wrong)
     if as_json:
         _print_json(
             {
@@ -739,7 +751,9 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
                 "ttl": cfg.default_ttl_s,
                 "max_error_rate": bound,
                 "near_match_threshold": threshold,
+                "exact_repeat_bar": exact_bar,
                 "labels": cal.labels,
+                "exact_repeat_labels": exact_labels,
                 "lookups_counted": cal.lookups,
                 "match_model_version": cal.model_version,
                 "wrong_per_request": (
@@ -774,13 +788,14 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
             "serves near matches from",
             f"similarity {threshold:.3f}"
             if threshold is not None
-            else "nothing yet (exact repeats only; near matches are verified)",
+            else "nothing yet (near matches are verified)",
         )
+        table.add_row("serves exact repeats of", _exact_bar_text(exact_bar))
         if threshold is not None:
             wrong = cal.wrong_per_request(threshold)
             if wrong is not None:
                 table.add_row("wrong serves per request (estimate)", f"{wrong:.2%}")
-    table.add_row("labelled outcomes", f"{cal.labels:,.0f}")
+    table.add_row("labelled outcomes", f"{cal.labels:,.0f} near matches, {exact_labels:,.0f} exact")
     table.add_row("lookups counted", f"{cal.lookups:,.0f}")
     table.add_row(
         "match model",
