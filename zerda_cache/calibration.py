@@ -226,11 +226,14 @@ class Calibration:
         that serving them may serve wrong, an upper bound at 95% confidence, which the
         near matches' threshold leaves to them.
 
-        The bar is the lowest level's edge at which serving every level from there up
-        costs at most half the bound, with ``MIN_LABELS`` labels at or above it. Without
-        that many labels on the confirmed levels yet, the bar is ``CONFIRMED_REWARD``
-        with no spend (an entry a positive signal confirmed is trusted until its level's
-        labels speak); with them and no level within the budget, ``NEVER``."""
+        Each level's edge whose exact repeats (every level from there up, with
+        ``MIN_LABELS`` labels at or above it) cost at most the bound is a candidate, and
+        so is serving none of them; the one that serves the most lookups wins, counting
+        the near matches the rest of the bound serves (the lookup counts per level and
+        per score bin tell both; without lookup counts, the lowest level within half the
+        bound). Without ``MIN_LABELS`` labels on the confirmed levels yet, serving none
+        means the bar ``CONFIRMED_REWARD`` with no spend (an entry a positive signal
+        confirmed is trusted until its level's labels speak); with them, ``NEVER``."""
         key = (max_error_rate, -1)
         if key not in self._memo:
             self._remember(key, self._exact_plan(max_error_rate))
@@ -238,13 +241,13 @@ class Calibration:
         return plan
 
     def _exact_plan(self, max_error_rate: float) -> tuple[float, float]:
-        budget = max_error_rate / 2
         right = (self.exact_right, *self.level_right)
         wrong = (self.exact_wrong, *self.level_wrong)
         # t:e counts every exact repeat; level 0 is what the confirmed levels leave.
         traffic = (max(self.traffic_exact - sum(self.level_traffic), 0.0), *self.level_traffic)
         total = self.lookups
-        best: tuple[float, float] | None = None
+        # (bar, cost bound, exact repeats it serves) of every level within the bound
+        options: list[tuple[float, float, float]] = []
         labels = requests = 0.0
         for level in range(N_LEVELS - 1, -1, -1):
             labels += right[level] + wrong[level]
@@ -254,13 +257,28 @@ class Calibration:
             share = wilson_upper(requests, total) if total > 0 else 1.0
             rows = [(right[k], wrong[k], traffic[k]) for k in range(N_LEVELS - 1, level - 1, -1)]
             cost = share * weighted_error(rows)[1]
-            if cost <= budget:
-                best = (EXACT_LEVELS[level - 1] if level else 0.0, cost)
-        if best is not None:
-            return best
+            if cost <= max_error_rate:
+                options.append((EXACT_LEVELS[level - 1] if level else 0.0, cost, requests))
         if sum(self.level_right) + sum(self.level_wrong) < MIN_LABELS:
-            return CONFIRMED_REWARD, 0.0
-        return NEVER, 0.0
+            fallback = (CONFIRMED_REWARD, 0.0)  # a new tenant: confirmed entries, unbudgeted
+        else:
+            fallback = (NEVER, 0.0)
+        if total <= 0:  # no lookup counts to weigh what each split serves: half each
+            within = [(bar, cost) for bar, cost, _ in options if cost <= max_error_rate / 2]
+            return within[-1] if within else fallback
+        # The split of the bound that serves the most requests: exact repeats from a
+        # level (what they spend, the near matches do without), or none of them.
+        best, served = fallback, self._near_served(max_error_rate)
+        for bar, cost, exact in options:  # from the top level down
+            more = exact + self._near_served(max_error_rate - cost)
+            if more >= served:
+                best, served = (bar, cost), more
+        return best
+
+    def _near_served(self, budget: float) -> float:
+        """The lookups whose best near candidate clears the threshold ``budget`` allows."""
+        edge = self._near_threshold(budget, MIN_LABELS)
+        return 0.0 if edge is None else sum(self.traffic[bin_of(edge) :])
 
     def exact_error(self, max_error_rate: float) -> float | None:
         """What serving every exact repeat (confirmed or not) spends of the bound, when
@@ -287,9 +305,25 @@ class Calibration:
         return threshold
 
     def _threshold(self, max_error_rate: float, min_labels: int) -> float | None:
-        # What serving exact repeats spends of the bound.
-        max_error_rate -= self.exact_plan(max_error_rate)[1]
+        # What serving exact repeats spends of the bound, the near matches do without.
+        return self._near_threshold(max_error_rate - self.exact_plan(max_error_rate)[1], min_labels)
+
+    def _near_threshold(self, budget: float, min_labels: int) -> float | None:
         best: float | None = None
+        for i, cost in self._near_costs(min_labels):  # from the top
+            if cost <= budget:
+                best = bin_floor(i)
+        return best
+
+    def _near_costs(self, min_labels: int) -> list[tuple[int, float]]:
+        """Per labelled bin with ``min_labels`` labels at or above it, from the top: the
+        bound of wrong serves per request of serving every near match at or above it
+        (the same whatever the budget: memoised)."""
+        key = (-1.0, min_labels)
+        if key in self._memo:
+            memo: list[tuple[int, float]] = self._memo[key]
+            return memo
+        out: list[tuple[int, float]] = []
         labels = near = 0.0
         total = self.lookups
         for i in range(N_BINS - 1, -1, -1):  # from the top: counts at s >= edge
@@ -302,9 +336,9 @@ class Calibration:
             # Requests whose best near candidate is at s >= edge (an upper bound; 1
             # without lookup counts: the bound is then on the error among serves).
             share = wilson_upper(near, total) if total > 0 else 1.0
-            if share * self._error_above(i)[1] <= max_error_rate:
-                best = bin_floor(i)
-        return best
+            out.append((i, share * self._error_above(i)[1]))
+        self._remember(key, out)
+        return out
 
     def _error_above(self, edge: int) -> tuple[float, float]:
         """An upper bound (95%) of P(wrong | a request's best near candidate is at or

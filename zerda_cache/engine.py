@@ -1132,10 +1132,11 @@ class CacheEngine:
             # start again from one signal, and its exact repeats' level with it).
             ticket_key = self._ticket_key(tenant, query, scope)
             own: bool | None = None
+            replaced_answer: str | None = None
             held = self._tickets.get(ticket_key)
             if held is not None and held.exact:
                 self._tickets.pop(ticket_key)
-                own = yield from self._verify(tenant, held, response)
+                own, replaced_answer = yield from self._verify(tenant, held, response)
                 if own:
                     self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
                     return PutResult(
@@ -1169,10 +1170,12 @@ class CacheEngine:
             replaced, result = self._put_done(tenant, warnings, out, near)
             if own is not None:
                 result = dataclasses.replace(result, verified=own)
+            if own is False and held is not None and replaced_answer is not None:
+                yield from self._dispute(tenant, out.entry_id, held.level, replaced_answer)
             # Verify before the replaced entries go: the candidate may be one of them.
             ticket = self._tickets.pop(ticket_key)
             if ticket is not None:
-                verified = yield from self._verify(tenant, ticket, response)
+                verified, _ = yield from self._verify(tenant, ticket, response)
                 result = dataclasses.replace(result, verified=verified)
                 if verified and out.entry_id != ticket[0]:
                     # Two answers agree: the fresh one is confirmed too (under a bound,
@@ -1183,29 +1186,54 @@ class CacheEngine:
                 yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
             return result
 
-    def _verify(self, tenant: str, ticket: _Ticket, fresh: str) -> Flow[bool | None]:
+    def _verify(
+        self, tenant: str, ticket: _Ticket, fresh: str
+    ) -> Flow[tuple[bool | None, str | None]]:
         """Compare the fresh answer with the candidate a lookup held back, and learn from
         it: one label of the tenant's calibration (with the match's features), one signal
-        on the entry's arm (at the similarity it was matched at). ``None`` when the
-        candidate is gone meanwhile."""
-        entry_id, similarity, features, level, _ = ticket
+        on the entry's arm (at the similarity it was matched at). Returns whether they
+        were the same (``None`` when the candidate is gone meanwhile or the judge
+        failed) and the candidate's answer.
+
+        The question's own entry may carry a dispute (``_dispute``): its answer replaced
+        one it disagreed with, counted wrong. This verification's answer breaks the tie:
+        the same as the entry's, the replaced answer stays wrong; the same as the
+        replaced one, its label turns right."""
+        entry_id, similarity, features, level, exact = ticket
+        st = self.storage
         try:
-            cached = yield from self.storage._get_entry(tenant, entry_id, with_vector=False)
+            cached = yield from st._get_entry(tenant, entry_id, with_vector=False)
+            dispute = (yield from st._read(st.read_dispute(tenant, entry_id))) if exact else None
         except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
             log.debug("tenant %s: verification of %s dropped: %s", tenant, entry_id, exc)
-            return None
+            return None, None
         try:  # a step: an async judge (an LLM call) is awaited by the async driver
             right = bool((yield call(self.same_answer, cached.response, fresh)))
+            replaced_right = False
+            if dispute is not None and not right:
+                replaced_right = bool((yield call(self.same_answer, dispute[1], fresh)))
         except Exception as exc:  # the answer is stored: a failing judge labels nothing
             log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
-            return None
+            return None, cached.response
         # An HNSW index re-scores from float16 vectors: a match can come out a hair over 1.
         sim = min(1.0, max(-1.0, similarity))
         signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
         if features is not None:
             features = (sim, *features[1:])
         yield from self._learn(signal, label=True, features=features, level=level)
-        return right
+        if dispute is not None:
+            yield from st._run(st.plan_resolve(tenant, entry_id, dispute[0], replaced_right))
+        return right, cached.response
+
+    def _dispute(self, tenant: str, entry_id: str, level: int, replaced: str) -> Flow[None]:
+        """Record on the fresh entry ``entry_id`` the answer it disagreed with (counted
+        wrong at ``level``), for its next verification to settle (``_verify``). A
+        refusal (a full server) leaves the label as it is: wrong, the safe side."""
+        plan = self.storage.plan_dispute(tenant, entry_id, level, replaced)
+        try:
+            yield from self.storage._run(plan)
+        except StorageError as exc:
+            log.debug("tenant %s: dispute not recorded: %s", tenant, exc)
 
     def _put_done(
         self, tenant: str, warnings: list[str], out: PutOutcome, near: str | None

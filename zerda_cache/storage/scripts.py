@@ -51,6 +51,10 @@ FLAGS = {
     # must work there too.
     "apikey_add": "",
     "apikey_revoke": "allow-oom",
+    # A dispute stores an answer's text: refused on a full server (the label stands as
+    # wrong, the conservative side). Resolving one frees it.
+    "dispute": "",
+    "resolve": "allow-oom",
 }
 SCRIPT_NAMES = (
     "put",
@@ -70,6 +74,8 @@ SCRIPT_NAMES = (
     "snapshot",
     "apikey_add",
     "apikey_revoke",
+    "dispute",
+    "resolve",
 )
 
 
@@ -110,6 +116,8 @@ class Scripts:
     snapshot: Any
     apikey_add: Any
     apikey_revoke: Any
+    dispute: Any
+    resolve: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:
