@@ -36,13 +36,15 @@ An exact repeat (the question itself) is judged by its entry's own history: the 
 expected reward puts it in a *level* (``exact_level``: 0 below ``CONFIRMED_REWARD``,
 which one positive signal clears, then one level per edge of ``EXACT_LEVELS``). Its
 answer may be wrong all the same (an LLM's mistake a user praised by error, an answer
-gone stale since), so exact repeats have a budget of their own, half the bound: labels
-per level (verifications of exact repeats: ``r:e``/``w:e`` for level 0, ``r:e<k>``/
-``w:e<k>``) and lookups per level (``t:e`` counts them all, ``t:e<k>`` those of level
-k >= 1) give the wrong serves per request of serving every level from ``k`` up, by the
-same requests-weighted, Wilson-bounded estimate as near matches; the lowest level
-within the budget is served (``exact_plan``), the others are verified, and the
-near-match threshold works with what is left. Until the confirmed levels have
+gone stale since), so exact repeats spend the bound too: labels per level
+(verifications of exact repeats: ``r:e``/``w:e`` for level 0, ``r:e<k>``/``w:e<k>``) and
+lookups per level (``t:e`` counts them all, ``t:e<k>`` those of level k >= 1) give the
+wrong serves per request of serving every level from ``k`` up, by the same
+requests-weighted, Wilson-bounded estimate as near matches. Exact repeats and near
+matches share the bound: of the levels that fit in it (and serving none), the split that
+serves the most lookups wins (``exact_plan``); lower levels are verified, and the
+near-match threshold works with what is left. A disagreeing verification counts the
+cached answer wrong until a third answer settles it (the engine's disputes). Until the confirmed levels have
 ``MIN_LABELS`` labels, confirmed entries are served and unconfirmed ones verified (a new
 tenant's exploration at ``verify_rate`` labels the confirmed levels meanwhile). Labels
 at similarity 1 are never counted in the similarity bins.
@@ -282,8 +284,7 @@ class Calibration:
 
     def exact_error(self, max_error_rate: float) -> float | None:
         """What serving every exact repeat (confirmed or not) spends of the bound, when
-        the labels prove it within half of it (``exact_plan`` with a bar of 0); else
-        ``None``."""
+        ``exact_plan`` serves them all (a bar of 0); else ``None``."""
         bar, spend = self.exact_plan(max_error_rate)
         return spend if bar == 0.0 else None
 
