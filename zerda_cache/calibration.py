@@ -44,10 +44,11 @@ requests-weighted, Wilson-bounded estimate as near matches. Exact repeats and ne
 matches share the bound: of the levels that fit in it (and serving none), the split that
 serves the most lookups wins (``exact_plan``); lower levels are verified, and the
 near-match threshold works with what is left. A disagreeing verification counts the
-cached answer wrong until a third answer settles it (the engine's disputes). Until the confirmed levels have
-``MIN_LABELS`` labels, confirmed entries are served and unconfirmed ones verified (a new
-tenant's exploration at ``verify_rate`` labels the confirmed levels meanwhile). Labels
-at similarity 1 are never counted in the similarity bins.
+cached answer wrong until a third answer settles it (the engine's disputes). Until the
+confirmed levels have ``MIN_LABELS`` labels, confirmed entries are served and
+unconfirmed ones verified (a new tenant's exploration at ``verify_rate`` labels the
+confirmed levels meanwhile). Labels at similarity 1 are never counted in the similarity
+bins.
 """
 
 from __future__ import annotations

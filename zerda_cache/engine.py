@@ -1202,8 +1202,12 @@ class CacheEngine:
         entry_id, similarity, features, level, exact = ticket
         st = self.storage
         try:
-            cached = yield from st._get_entry(tenant, entry_id, with_vector=False)
-            dispute = (yield from st._read(st.read_dispute(tenant, entry_id))) if exact else None
+            parts: list[ReadPlan[Any]] = [st.read_entry(tenant, entry_id, with_vector=False)]
+            if exact:  # in the same round trip
+                parts.append(st.read_dispute(tenant, entry_id))
+            replies = yield from st._read(st.batch("verify", parts))
+            cached: IntelligentCacheEntry = replies[0]
+            dispute: tuple[int, str] | None = replies[1] if exact else None
         except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
             log.debug("tenant %s: verification of %s dropped: %s", tenant, entry_id, exc)
             return None, None
