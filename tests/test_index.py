@@ -287,3 +287,24 @@ def test_exact_bulk_add_replaces_and_grows() -> None:
     for eid in (hex_id(0), hex_id(260), hex_id(699)):
         np.testing.assert_allclose(idx.vector(eid), both[eid], rtol=1e-6)
         assert idx.search(both[eid], 1, 0.999)[0][0] == eid
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hnsw_searches_wider_as_it_grows(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``WIDE_FROM`` entries the search width doubles each time the size does (a
+    graph of a million entries needs a wider search for the same recall)."""
+    import zerda_cache.index as index_module
+
+    monkeypatch.setattr(index_module, "WIDE_FROM", 100)
+    rng = np.random.default_rng(9)
+    ann = make_ann(backend, 16, 512)
+    widths = []
+    for size in (100, 150, 300, 500):
+        while len(ann) < size:
+            ann.add(hex_id(len(ann)), unit(rng, 16))
+        widths.append(ann.search_width())
+        q = unit(rng, 16)
+        assert ann.search(q, 3, -1.0)  # still finds
+    assert widths == [64, 128, 256, 512]
+    if backend == "usearch":  # the library's own width follows
+        assert ann._graph.expansion_search == 512

@@ -125,8 +125,13 @@ DEFAULT_ANN_BACKEND = "usearch"
 #: it on once every replica and worker runs this version.
 VECTOR_STORAGES = ("float32", "float16")
 ANN_BACKENDS = ("usearch", "hnswlib")
-DEFAULT_ANN_M = 16
-DEFAULT_ANN_EF_CONSTRUCTION = 64
+#: HNSW's M and construction width: at 1M clustered 384-d vectors, M=16/64 found a
+#: near-copy's source 79% of the time and M=32/128 99% (search width 64; 99.9% at 128,
+#: which the index takes past 500k entries: ``index.WIDE_FROM``), for 1.2x the index's
+#: bytes, 2.2x its build time and 1.5x its search (docs/BENCHMARKS.md, "HNSW
+#: parameters").
+DEFAULT_ANN_M = 32
+DEFAULT_ANN_EF_CONSTRUCTION = 128
 DEFAULT_ANN_EF_SEARCH = 64
 #: With an error bound set, this share of lookups that could be served by similarity is
 #: verified instead (the app calls its LLM and the cache compares answers), so that the
