@@ -4,6 +4,7 @@ drivers against real servers."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -407,9 +408,12 @@ def test_exact_error_spends_the_bound_only_once_proven() -> None:
     assert near_only.threshold(need * 1.01) == pytest.approx(0.93)
     assert near_only.threshold(need * 0.99) is None
     spent = both.exact_error(1.0)
-    assert spent is not None and spent < need  # both fit in a bound of their sum...
-    assert both.threshold(spent + need * 1.01) == pytest.approx(0.93)
-    assert both.threshold(spent + need * 0.99) is None  # ...and not in less
+    assert spent is not None and spent < need
+    # Both fit where their estimates and their margins, combined, do...
+    joint = combined(both, 1.0, wilson_upper(1_000, 10_000) * wilson_upper(20, 400), 0.1 * 0.05)
+    assert joint < spent + need  # (less than the sum of both bounds)
+    assert both.threshold(joint * 1.001) == pytest.approx(0.93)
+    assert both.threshold(joint * 0.999) is None  # ...and not in less
     # Where both do not fit, the bound goes where it serves more lookups: here the
     # exact repeats (1,000) and the near matches (1,000) tie, and the exact repeats keep it.
     assert both.exact_error(need) is not None and both.threshold(need) is None
@@ -420,6 +424,14 @@ def test_exact_levels_follow_the_expected_reward() -> None:
         0, 0, 1, 2, 3, 4, 5,
     ]  # fmt: skip
     assert EXACT_LEVELS[0] == CONFIRMED_REWARD
+
+
+def combined(cal: Calibration, bound: float, near_bound: float, near_estimate: float) -> float:
+    """The error bound the near matches' estimate and bound need beside the exact repeats
+    ``cal.exact_plan`` serves under ``bound``: both estimates plus their margins combined
+    as independent errors."""
+    _, estimate, spend = cal._exact_choice(bound)
+    return estimate + near_estimate + math.hypot(spend - estimate, near_bound - near_estimate)
 
 
 def levels(**by_level: tuple[float, float, float]) -> Calibration:
@@ -478,7 +490,8 @@ def test_exact_repeats_and_near_matches_split_the_bound_to_serve_the_most() -> N
     )
     need = wilson_upper(1_000, 10_000) * wilson_upper(20, 400)  # the near matches' cost
     assert both.lookups == near.lookups == 10_000
-    fits, short = need + spend * 1.01, need + spend * 0.99
+    joint = combined(both, 0.02, need, 0.1 * 0.05)
+    fits, short = joint * 1.001, joint * 0.999
     assert both.exact_plan(fits) == both.exact_plan(short) == (bar, spend)
     assert both.threshold(fits) == pytest.approx(0.93)
     assert both.threshold(short) is None
@@ -496,8 +509,10 @@ def test_exact_repeats_and_near_matches_split_the_bound_to_serve_the_most() -> N
     )
     assert busy.lookups == 10_000
     need3 = wilson_upper(3_000, 10_000) * wilson_upper(20, 400)
-    assert busy.exact_plan(need3 * 1.01) == (NEVER, 0.0)
-    assert busy.threshold(need3 * 1.01) == pytest.approx(0.93)
+    tight = need3 * 1.001
+    assert busy.exact_plan(tight) == (NEVER, 0.0)
+    assert combined(busy, 0.02, need3, 0.3 * 0.05) > tight  # both would not fit
+    assert busy.threshold(tight) == pytest.approx(0.93)
 
 
 def test_an_exact_repeat_is_served_at_the_level_its_labels_prove(

@@ -237,20 +237,26 @@ class Calibration:
         bound). Without ``MIN_LABELS`` labels on the confirmed levels yet, serving none
         means the bar ``CONFIRMED_REWARD`` with no spend (an entry a positive signal
         confirmed is trusted until its level's labels speak); with them, ``NEVER``."""
+        bar, _, spend = self._exact_choice(max_error_rate)
+        return bar, spend
+
+    def _exact_choice(self, max_error_rate: float) -> tuple[float, float, float]:
+        """``exact_plan`` with the estimate of the spend too: (bar, estimate, bound)."""
         key = (max_error_rate, -1)
         if key not in self._memo:
             self._remember(key, self._exact_plan(max_error_rate))
-        plan: tuple[float, float] = self._memo[key]
+        plan: tuple[float, float, float] = self._memo[key]
         return plan
 
-    def _exact_plan(self, max_error_rate: float) -> tuple[float, float]:
+    def _exact_plan(self, max_error_rate: float) -> tuple[float, float, float]:
         right = (self.exact_right, *self.level_right)
         wrong = (self.exact_wrong, *self.level_wrong)
         # t:e counts every exact repeat; level 0 is what the confirmed levels leave.
         traffic = (max(self.traffic_exact - sum(self.level_traffic), 0.0), *self.level_traffic)
         total = self.lookups
-        # (bar, cost bound, exact repeats it serves) of every level within the bound
-        options: list[tuple[float, float, float]] = []
+        # (bar, cost estimate, cost bound, exact repeats it serves) of every level whose
+        # exact repeats fit in the bound
+        options: list[tuple[float, float, float, float]] = []
         labels = requests = 0.0
         for level in range(N_LEVELS - 1, -1, -1):
             labels += right[level] + wrong[level]
@@ -259,28 +265,33 @@ class Calibration:
                 continue
             share = wilson_upper(requests, total) if total > 0 else 1.0
             rows = [(right[k], wrong[k], traffic[k]) for k in range(N_LEVELS - 1, level - 1, -1)]
-            cost = share * weighted_error(rows)[1]
+            error, bound = weighted_error(rows)
+            cost = share * bound
             if cost <= max_error_rate:
-                options.append((EXACT_LEVELS[level - 1] if level else 0.0, cost, requests))
+                estimate = (requests / total if total > 0 else 1.0) * error
+                bar = EXACT_LEVELS[level - 1] if level else 0.0
+                options.append((bar, estimate, cost, requests))
         if sum(self.level_right) + sum(self.level_wrong) < MIN_LABELS:
-            fallback = (CONFIRMED_REWARD, 0.0)  # a new tenant: confirmed entries, unbudgeted
+            # a new tenant: confirmed entries, unbudgeted
+            fallback = (CONFIRMED_REWARD, 0.0, 0.0)
         else:
-            fallback = (NEVER, 0.0)
+            fallback = (NEVER, 0.0, 0.0)
         if total <= 0:  # no lookup counts to weigh what each split serves: half each
-            within = [(bar, cost) for bar, cost, _ in options if cost <= max_error_rate / 2]
+            within = [o[:3] for o in options if o[2] <= max_error_rate / 2]
             return within[-1] if within else fallback
         # The split of the bound that serves the most requests: exact repeats from a
         # level (what they spend, the near matches do without), or none of them.
-        best, served = fallback, self._near_served(max_error_rate)
-        for bar, cost, exact in options:  # from the top level down
-            more = exact + self._near_served(max_error_rate - cost)
+        best, served = fallback, self._near_served(max_error_rate, 0.0, 0.0)
+        for bar, estimate, cost, exact in options:  # from the top level down
+            more = exact + self._near_served(max_error_rate, estimate, cost)
             if more >= served:
-                best, served = (bar, cost), more
+                best, served = (bar, estimate, cost), more
         return best
 
-    def _near_served(self, budget: float) -> float:
-        """The lookups whose best near candidate clears the threshold ``budget`` allows."""
-        edge = self._near_threshold(budget, MIN_LABELS)
+    def _near_served(self, max_error_rate: float, estimate: float, bound: float) -> float:
+        """The lookups whose best near candidate clears the threshold the bound allows
+        beside exact repeats that spend ``estimate`` (at most ``bound``)."""
+        edge = self._near_threshold(max_error_rate, estimate, bound, MIN_LABELS)
         return 0.0 if edge is None else sum(self.traffic[bin_of(edge) :])
 
     def exact_error(self, max_error_rate: float) -> float | None:
@@ -308,24 +319,33 @@ class Calibration:
 
     def _threshold(self, max_error_rate: float, min_labels: int) -> float | None:
         # What serving exact repeats spends of the bound, the near matches do without.
-        return self._near_threshold(max_error_rate - self.exact_plan(max_error_rate)[1], min_labels)
+        _, estimate, bound = self._exact_choice(max_error_rate)
+        return self._near_threshold(max_error_rate, estimate, bound, min_labels)
 
-    def _near_threshold(self, budget: float, min_labels: int) -> float | None:
+    def _near_threshold(
+        self, max_error_rate: float, exact_estimate: float, exact_bound: float, min_labels: int
+    ) -> float | None:
+        """The lowest edge whose near matches fit in the bound beside exact repeats that
+        spend ``exact_estimate`` (at most ``exact_bound``): the two estimates plus their
+        margins combined as independent errors (root of the sum of squares), so that the
+        sum is bounded at about 95% rather than each part."""
         best: float | None = None
-        for i, cost in self._near_costs(min_labels):  # from the top
-            if cost <= budget:
+        exact_margin = exact_bound - exact_estimate
+        for i, estimate, bound in self._near_costs(min_labels):  # from the top
+            margin = math.hypot(exact_margin, bound - estimate)
+            if exact_estimate + estimate + margin <= max_error_rate:
                 best = bin_floor(i)
         return best
 
-    def _near_costs(self, min_labels: int) -> list[tuple[int, float]]:
+    def _near_costs(self, min_labels: int) -> list[tuple[int, float, float]]:
         """Per labelled bin with ``min_labels`` labels at or above it, from the top: the
-        bound of wrong serves per request of serving every near match at or above it
-        (the same whatever the budget: memoised)."""
+        estimate and the bound of wrong serves per request of serving every near match at
+        or above it (the same whatever the budget: memoised)."""
         key = (-1.0, min_labels)
         if key in self._memo:
-            memo: list[tuple[int, float]] = self._memo[key]
+            memo: list[tuple[int, float, float]] = self._memo[key]
             return memo
-        out: list[tuple[int, float]] = []
+        out: list[tuple[int, float, float]] = []
         labels = near = 0.0
         total = self.lookups
         for i in range(N_BINS - 1, -1, -1):  # from the top: counts at s >= edge
@@ -338,7 +358,8 @@ class Calibration:
             # Requests whose best near candidate is at s >= edge (an upper bound; 1
             # without lookup counts: the bound is then on the error among serves).
             share = wilson_upper(near, total) if total > 0 else 1.0
-            out.append((i, share * self._error_above(i)[1]))
+            error, bound = self._error_above(i)
+            out.append((i, (near / total if total > 0 else 1.0) * error, share * bound))
         self._remember(key, out)
         return out
 

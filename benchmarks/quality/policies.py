@@ -107,6 +107,7 @@ class Zerda(Policy):
         self.by_response: dict[str, Answer] = {}
         self._request: tuple[int, int] = (0, 0)  # (query text, request index)
         self._fresh_right = True
+        self._puts = 0
         self.verifications = 0
 
     def _same_answer(self, cached: str, fresh: str) -> bool:
@@ -129,13 +130,19 @@ class Zerda(Policy):
 
     def store(self, text: int, ans: Answer) -> Any:
         self._fresh_right = ans.right
-        res = self.m.put(self.w.texts[text], f"a{text}", tenant=TENANT, embedding=self.w.vecs[text])
+        # Each answer its own text, so that a comparison with an answer that was
+        # replaced meanwhile (a dispute's) judges that answer, not the newest one.
+        self._puts += 1
+        response = f"a{text}.{self._puts}"
+        res = self.m.put(self.w.texts[text], response, tenant=TENANT, embedding=self.w.vecs[text])
         if res.verified is not None:
             self.verifications += 1
         if res.entry_id is None:
             return None
-        self.answers[res.entry_id] = ans
-        self.by_response[f"a{text}"] = ans
+        self.by_response[response] = ans
+        # A put whose answer agreed with the question's own cached entry keeps that entry
+        # (and its answer: the one served from then on).
+        self.answers.setdefault(res.entry_id, ans)
         return res.entry_id
 
     def feedback(self, handle: Any, positive: bool) -> None:
