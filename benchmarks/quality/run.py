@@ -228,6 +228,8 @@ def targets(rows: list[dict[str, Any]], full_qqp: bool = False) -> tuple[str, di
         zs = f"{z['hit_rate']:.3f} ({z['policy']} @{z['threshold']:.2f})" if z else "none"
         if b:
             bs = f"{b['hit_rate']:.3f} ({family(b)} @{b['threshold']:.2f})"
+        elif not static:  # a run without a static cache (--policies)
+            bs = "no static cache in this run"
         else:
             c = min(static, key=lambda r: r["error_rate"])
             bs = (f"none (its lowest error: {c['error_rate']:.2%} at {c['hit_rate']:.3f} hits, "
