@@ -540,6 +540,21 @@ def test_an_exact_repeat_is_served_at_the_level_its_labels_prove(
     cal = m.storage.calibration("t")
     assert cal.traffic_exact == 2.0
     assert (cal.level_traffic[2 - 1], cal.level_traffic[3 - 1]) == (1.0, 1.0)
+    assert redis_client.hget(tenant_keys("t").cal, "tn") == b"2"  # a level's: not twice
+
+
+def test_an_agreeing_put_with_settings_of_its_own_is_stored_anew(make_manager: Any) -> None:
+    """The question's own entry is kept when the fresh answer agrees, unless the put sets
+    a TTL, quality or metadata of its own: then the fresh entry replaces it, confirmed."""
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(71)
+    first = m.put("q", "a", tenant="t", embedding=v)
+    assert m.lookup("q", tenant="t", embedding=v) is None  # unconfirmed: verified
+    fresh = m.put("q", "a", tenant="t", embedding=v, metadata={"model": "v2"})
+    assert fresh.verified is True and fresh.entry_id != first.entry_id
+    assert fresh.replaced_id == first.entry_id
+    hit = m.lookup("q", tenant="t", embedding=v)  # confirmed by the agreement: served
+    assert hit is not None and hit.entry_id == fresh.entry_id and hit.metadata == {"model": "v2"}
 
 
 def test_a_third_answer_settles_which_of_two_disagreeing_answers_was_wrong(

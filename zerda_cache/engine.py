@@ -1129,15 +1129,19 @@ class CacheEngine:
             # The question's own entry, held back by the lookup before: when the fresh
             # answer is the same, that entry stays, with this verification's positive
             # signal on top of its evidence (replaced by the fresh entry, its arm would
-            # start again from one signal, and its exact repeats' level with it).
+            # start again from one signal, and its exact repeats' level with it) -- unless
+            # it has expired, or this put sets a TTL, quality or metadata of its own.
             ticket_key = self._ticket_key(tenant, query, scope)
             own: bool | None = None
             replaced_answer: str | None = None
             held = self._tickets.get(ticket_key)
             if held is not None and held.exact:
                 self._tickets.pop(ticket_key)
-                own, replaced_answer = yield from self._verify(tenant, held, response)
-                if own:
+                own, cached = yield from self._verify(tenant, held, response)
+                replaced_answer = cached.response if cached is not None else None
+                plain = ttl_s is None and quality is None and metadata is None
+                now = yield from self._now()
+                if own and plain and cached is not None and not cached.is_expired(now):
                     self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
                     return PutResult(
                         True, held.entry_id, warnings=tuple(warnings), tenant=tenant, verified=True
@@ -1172,6 +1176,11 @@ class CacheEngine:
                 result = dataclasses.replace(result, verified=own)
             if own is False and held is not None and replaced_answer is not None:
                 yield from self._dispute(tenant, out.entry_id, held.level, replaced_answer)
+            elif own and out.entry_id != (held.entry_id if held is not None else None):
+                # The same answer, stored anew (the old entry had expired, or this put
+                # sets its own TTL or metadata): the fresh entry is confirmed too.
+                agree = FeedbackSignal(out.entry_id, tenant, True, source="verify")
+                yield from self.storage._feedback(agree, rl=policy.rl)
             # Verify before the replaced entries go: the candidate may be one of them.
             ticket = self._tickets.pop(ticket_key)
             if ticket is not None:
@@ -1188,12 +1197,12 @@ class CacheEngine:
 
     def _verify(
         self, tenant: str, ticket: _Ticket, fresh: str
-    ) -> Flow[tuple[bool | None, str | None]]:
+    ) -> Flow[tuple[bool | None, IntelligentCacheEntry | None]]:
         """Compare the fresh answer with the candidate a lookup held back, and learn from
         it: one label of the tenant's calibration (with the match's features), one signal
         on the entry's arm (at the similarity it was matched at). Returns whether they
         were the same (``None`` when the candidate is gone meanwhile or the judge
-        failed) and the candidate's answer.
+        failed) and the candidate as read.
 
         The question's own entry may carry a dispute (``_dispute``): its answer replaced
         one it disagreed with, counted wrong. This verification's answer breaks the tie:
@@ -1218,7 +1227,7 @@ class CacheEngine:
                 replaced_right = bool((yield call(self.same_answer, dispute[1], fresh)))
         except Exception as exc:  # the answer is stored: a failing judge labels nothing
             log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
-            return None, cached.response
+            return None, cached
         # An HNSW index re-scores from float16 vectors: a match can come out a hair over 1.
         sim = min(1.0, max(-1.0, similarity))
         signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
@@ -1227,7 +1236,7 @@ class CacheEngine:
         yield from self._learn(signal, label=True, features=features, level=level)
         if dispute is not None:
             yield from st._run(st.plan_resolve(tenant, entry_id, dispute[0], replaced_right))
-        return right, cached.response
+        return right, cached
 
     def _dispute(self, tenant: str, entry_id: str, level: int, replaced: str) -> Flow[None]:
         """Record on the fresh entry ``entry_id`` the answer it disagreed with (counted

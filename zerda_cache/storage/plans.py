@@ -348,6 +348,11 @@ class LabelLogs:
         )
 
 
+def _level_bin(bin_: int | str) -> bool:
+    """A lookup count field of exact repeats at a confirmed level (``e<k>``)."""
+    return isinstance(bin_, str) and bin_.startswith("e") and bin_ != "e"
+
+
 def _int(raw: Any) -> int:
     try:
         return int(float(raw))
@@ -1041,7 +1046,8 @@ class StoragePlans:
             if blob is not None:
                 pipe.lpush(k.seen, blob)
                 pipe.ltrim(k.seen, 0, SEEN_BATCHES - 1)
-            pipe.hincrbyfloat(cal, "tn", sum(n for _, n in items))
+            # t:e<k> (exact repeats at level k) are a part of t:e: not counted twice
+            pipe.hincrbyfloat(cal, "tn", sum(n for (_, b), n in items if not _level_bin(b)))
 
         def parse(res: list[Any]) -> float:
             if isinstance(res[-1], Exception):

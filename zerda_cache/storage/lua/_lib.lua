@@ -117,7 +117,8 @@ end
 -- Halve every count of a calibration hash whose field matches `pattern` (the labels'
 -- r:/w:, or the lookups' t:), dropping those under 0.01, and store their new sum in
 -- `total_field`; returns that sum. Old evidence fades, so the bound follows a drift.
-local function zc_halve(key, pattern, total_field)
+local function zc_halve(key, pattern, total_field, part_of)
+  -- part_of: fields that are halved but not added to the total (a part of another)
   local all = redis.call('HGETALL', key)
   local total = 0
   for i = 1, #all, 2 do
@@ -127,7 +128,9 @@ local function zc_halve(key, pattern, total_field)
         redis.call('HDEL', key, name)
       else
         redis.call('HSET', key, name, string.format('%.17g', value * 0.5))
-        total = total + value * 0.5
+        if not (part_of and string.find(name, part_of)) then
+          total = total + value * 0.5
+        end
       end
     end
   end

@@ -30,7 +30,9 @@ for i = 1, #all, 2 do
 end
 for i = 5, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  if string.sub(ARGV[i], 1, 1) == 't' then
+  if string.find(ARGV[i], '^t:e%d+$') then
+    -- exact repeats at a level: a part of t:e, not counted twice
+  elseif string.sub(ARGV[i], 1, 1) == 't' then
     lookups = lookups + tonumber(ARGV[i + 1])
   else
     labels = labels + tonumber(ARGV[i + 1])

@@ -12,4 +12,5 @@ local total = tonumber(redis.call('HGET', KEYS[1], 'tn') or '0') or 0
 if total <= tonumber(ARGV[1]) then
   return tostring(total)
 end
-return tostring(zc_halve(KEYS[1], '^t%d*:', 'tn'))
+-- t:e<k> (exact repeats at level k) are a part of t:e: halved, not counted twice
+return tostring(zc_halve(KEYS[1], '^t%d*:', 'tn', '^t:e%d+$'))
