@@ -266,13 +266,8 @@ def test_bulk_add_matches_one_at_a_time_and_switches_once(backend: str) -> None:
         single.add(eid, v, scope)
     assert bulk.kind("s") == single.kind("s") == "hnsw" and bulk.kind("t") == "exact"
     assert bulk.ids() == single.ids() == set(vecs) and len(bulk) == 400
-    # Each vector finds itself; HNSW built on several threads may leave a rare node
-    # unreachable (seen once in a full run, M=32): one miss in the sample is tolerated.
-    sample = items[::37]
-    found = sum(
-        any(e == eid for e, _ in bulk.search(v, scope, 3, 0.99)) for eid, (v, scope) in sample
-    )
-    assert found >= len(sample) - 1
+    for eid, (v, scope) in items:  # each finds itself (small graphs insert on one thread)
+        assert bulk.search(v, scope, 1, 0.99)[0][0] == eid
     moved, fresh = hex_id(3), unit(rng, 16)  # was in "s"; now in "t", with a new vector
     skipped = bulk.add_many({moved: (fresh, "t"), hex_id(9999): (unit(rng, 8), "s")})
     assert skipped == 1 and hex_id(9999) not in bulk and len(bulk) == 400
