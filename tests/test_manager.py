@@ -72,7 +72,8 @@ def test_put_then_lookup_hit_and_miss(manager: Any, registry: CollectorRegistry)
     hit = manager.lookup("how to reset password", tenant="acme", embedding=near(v, 0.9))
     assert hit is not None and hit.entry_id == res.entry_id
     assert hit.response == "Settings > Security." and hit.metadata == {"model": "m1"}
-    assert hit.similarity == pytest.approx(0.9, abs=1e-5) and not hit.exact
+    # float16 storage (the default) moves a cosine by ~1e-4 at most at this dimension
+    assert hit.similarity == pytest.approx(0.9, abs=1e-3) and not hit.exact
     assert 0 < hit.score <= 1 and hit.expected_reward == 0.5
     assert manager.lookup("unrelated", tenant="acme", embedding=near(v, 0.5)) is None
     s = manager.stats("acme")
@@ -814,8 +815,8 @@ def test_concurrent_lookups_build_once_and_agree(redis_client: redis.Redis, redi
 def test_float16_vectors_are_served_to_every_replica_in_less_memory(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:
-    half = make_manager(CacheConfig(vector_storage="float16"))
-    full = make_manager()
+    half = make_manager()  # float16: the default
+    full = make_manager(CacheConfig(vector_storage="float32"))
     v, w = unit(50, 384), unit(51, 384)
     small = half.put("q16", "a16", tenant="t", embedding=v)
     big = full.put("q32", "a32", tenant="t", embedding=w)
@@ -826,7 +827,7 @@ def test_float16_vectors_are_served_to_every_replica_in_less_memory(
     mem32 = redis_client.memory_usage(keys.entry(big.entry_id), samples=0)
     assert mem16 is not None and mem32 is not None and mem16 < 0.8 * mem32
     # A fresh replica of either storage builds its index from both kinds and serves both.
-    for config in (CacheConfig(), CacheConfig(vector_storage="float16")):
+    for config in (CacheConfig(), CacheConfig(vector_storage="float32")):
         reader = make_manager(config)
         assert reader.sync_index("t") == 2
         hit = reader.lookup("near q16", tenant="t", embedding=near(v, 0.97))
