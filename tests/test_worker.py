@@ -120,7 +120,8 @@ def test_expired_corrupt_and_byte_capacity(redis_client: redis.Redis) -> None:
 
 def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.Redis) -> None:
     """Between whole scans, a tenant within its capacity is read incrementally: its
-    expired ids, the ids replicas reported, and its arms with evidence."""
+    expired ids, the ids replicas reported, and the arms that got a signal since the
+    last plan this process carried out (its feedback stream)."""
     clock = Clock(50_000.0)
     st = RedisStorage(redis_client, CacheConfig(), clock=clock)
     ids = bulk_put(st, "t", 60)
@@ -139,12 +140,27 @@ def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.
     clock.t += 10
     plan = m.plan_incremental("t")
     assert plan is not None and plan.incremental
-    assert plan.scanned == 2  # the two arms with evidence, not the 61 entries
+    assert plan.scanned == 2  # the two arms with a signal, not the 61 entries
     assert plan.expired == [short] and [e for e, _ in plan.low_reward] == [ids[0]]
     assert plan.corrupt == [] and plan.capacity == []
-    report = m.evict_tenant("t")
+    report = m.evict_tenant("t")  # a plan not carried out reads the same signals again
     assert report.removed == {"expired": 1, "low_reward": 1}
     assert st.count("t") == 59
+    # Carried out: the next plan reads only the signals after it.
+    plan = m.plan_incremental("t")
+    assert plan is not None and plan.scanned == 0 and plan.total == 0
+    st.feedback_many([FeedbackSignal(ids[3], "t", False, magnitude=40.0)])
+    plan = m.plan_incremental("t")
+    assert plan is not None and plan.scanned == 1
+    assert [e for e, _ in plan.low_reward] == [ids[3]]
+    # More signals than the stream keeps since then: every arm with evidence is read.
+    redis_client.xtrim(tenant_keys("t").fb, maxlen=0)
+    st.feedback_many([FeedbackSignal(ids[4], "t", True)])
+    plan = m.plan_incremental("t")
+    assert plan is not None and plan.scanned == 3  # ids[1], ids[3], ids[4]
+    assert [e for e, _ in plan.low_reward] == [ids[3]]
+    m.execute(plan)
+    assert st.count("t") == 58
 
     # Over capacity, the victims are the lowest scores of all: a whole scan.
     st.set_tenant_policy("t", {"max_entries": 50})
@@ -234,6 +250,35 @@ def test_decay_visits_only_arms_with_evidence_once_the_tenant_was_scanned(
     clock.t += 100
     assert Maintenance(st).decay_tenant("t").decayed == 9
     assert st.get_entry("t", ids[1]).bandit_arm.alpha == pytest.approx(1 + 8 * 0.125)
+
+
+def test_decay_job_persists_a_share_of_the_list_at_each_run(redis_client: redis.Redis) -> None:
+    """Each run of the decay job takes the next decay_job_interval_s / decay_sweep_s of
+    the arms with evidence (at least a batch), where the last run stopped: every arm is
+    persisted once a sweep, and a run costs a share of the list."""
+    clock = Clock(50_000.0)
+    eviction = EvictionConfig(scan_batch=10, decay_job_interval_s=300.0, decay_sweep_s=1200.0)
+    cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=100.0), eviction=eviction)
+    st = RedisStorage(redis_client, cfg, clock=clock)
+    ids = bulk_put(st, "t", 400)  # over 128 arms: a hash table, which SSCAN walks in steps
+    st.feedback_many([FeedbackSignal(e, "t", True, magnitude=8.0) for e in ids[:300]])
+    m = Maintenance(st)
+    m.decay_tenant("t")  # the list is not known yet: one whole scan fills it
+    assert st.evidence_complete("t")
+    clock.t += 100
+    runs = []
+    while not runs or not runs[-1].swept:
+        runs.append(m.decay_tenant("t"))
+        assert len(runs) <= 6
+    # A quarter of 300 per run (75; SSCAN may return a little more), all of them once.
+    assert 3 <= len(runs) <= 5 and all(r.decayed >= 75 for r in runs[:-1])
+    assert sum(r.decayed for r in runs) == 300
+    arms = st.load_states("t", ids[:300]).entries
+    assert all(a.bandit_arm.alpha == pytest.approx(1 + 8 * 0.5) for a in arms.values())
+    # The next sweep starts over: the first run again takes a share, not everything.
+    clock.t += 100
+    again = m.decay_tenant("t")
+    assert 75 <= again.decayed < 300 and not again.swept
 
 
 # --- the worker process ---------------------------------------------------------------------------

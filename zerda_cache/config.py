@@ -73,6 +73,12 @@ DEFAULT_METRICS_INTERVAL_S = 15.0
 #: its arms with evidence), and whole at least this often: corrupt learning state and the
 #: reward and confidence distributions of the metrics come from whole scans.
 DEFAULT_FULL_SCAN_INTERVAL_S = 3_600.0
+#: The decay job persists the decay of every arm with evidence at least this often: each
+#: run takes the next share of the tenant's list (``decay_job_interval_s`` / this), so
+#: its cost follows the list over the sweep, not the list at every run. An arm's value is
+#: the same whether or not its decay was persisted (every reader decays it to now from
+#: its ``decayed_at``); persisting folds the decay in and lets a faded arm leave the list.
+DEFAULT_DECAY_SWEEP_S = 3_600.0
 #: The worker publishes an index snapshot of every tenant with at least this many entries
 #: (a replica builds a smaller index from scratch in a few seconds); 0: no snapshots.
 DEFAULT_SNAPSHOT_MIN_ENTRIES = 50_000
@@ -282,9 +288,12 @@ class EvictionConfig:
             (``DEFAULT_SNAPSHOT_MIN_ENTRIES``; 0 turns them off).
         full_scan_interval_s: the eviction job scans a tenant that is within its
             capacity whole at least this often (in between it reads only the expired
-            ids and the arms with evidence). (``RLConfig.decay_interval_s`` is another thing: the
-            time unit of ``usage_decay``. The job period changes how often decay is
-            persisted, never how fast arms decay.)
+            ids and the arms that got a signal since its last run).
+        decay_sweep_s: the decay job persists the decay of every arm with evidence at
+            least this often, a share of the list at each run (``DEFAULT_DECAY_SWEEP_S``).
+            (``RLConfig.decay_interval_s`` is another thing: the time unit of
+            ``usage_decay``. How often decay is persisted never changes how fast arms
+            decay.)
     """
 
     reward_weight: float = DEFAULT_REWARD_WEIGHT
@@ -298,6 +307,7 @@ class EvictionConfig:
     decay_job_interval_s: float = DEFAULT_DECAY_JOB_INTERVAL_S
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
     full_scan_interval_s: float = DEFAULT_FULL_SCAN_INTERVAL_S
+    decay_sweep_s: float = DEFAULT_DECAY_SWEEP_S
     snapshot_min_entries: int = DEFAULT_SNAPSHOT_MIN_ENTRIES
     snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S
 
@@ -327,6 +337,7 @@ class EvictionConfig:
                 f"snapshot_min_entries must be an integer >= 0, got {self.snapshot_min_entries!r}"
             )
         _check_positive("snapshot_interval_s", self.snapshot_interval_s)
+        _check_positive("decay_sweep_s", self.decay_sweep_s)
         _check_finite("full_scan_interval_s", self.full_scan_interval_s)
         if self.full_scan_interval_s < 0:
             raise ValueError(

@@ -51,6 +51,7 @@ from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
 from zerda_cache.storage.plans import LabelLogs
+from zerda_cache.storage.store import FeedbackMark
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,12 @@ class EvictionPlan:
     #: Ids listed with no entry behind them (its hash was evicted by an allkeys-* policy,
     #: or deleted by hand): dropped from the ids, digest map and replicas' indexes.
     dangling: list[str] = field(default_factory=list)
-    #: True for a plan from the expired ids and the arms with evidence only (a tenant
-    #: within its capacity); its distributions are those of the last whole scan.
+    #: True for a plan from the expired ids and the arms that got a signal only (a
+    #: tenant within its capacity); its distributions are those of the last whole scan.
     incremental: bool = False
+    #: The tenant's feedback stream as far as this plan has read it: once the plan is
+    #: carried out whole, the next incremental plan reads the signals after it.
+    feedback_mark: FeedbackMark | None = None
 
     @property
     def total(self) -> int:
@@ -130,6 +134,8 @@ class DecayReport:
     missing: int = 0
     corrupt: int = 0
     seconds: float = 0.0
+    #: This run reached the end of the tenant's evidence list (a sweep ended).
+    swept: bool = True
 
 
 @dataclass(slots=True)
@@ -185,6 +191,13 @@ class Maintenance:
         self.last_plans: dict[str, EvictionPlan] = {}
         #: When this process last scanned each tenant whole (monotonic seconds).
         self._full_scans: dict[str, float] = {}
+        #: How far the eviction job has read each tenant's feedback stream: the arms
+        #: that got a signal since are the only ones that can have fallen under the
+        #: keeping bar (``plan_incremental``).
+        self._feedback_marks: dict[str, FeedbackMark] = {}
+        #: Where the decay job's sweep of each tenant's evidence list stands (an SSCAN
+        #: cursor; 0: the next run starts a sweep).
+        self._sweeps: dict[str, int] = {}
         self._claimed: int | None = None  # the lease epoch written into every fence
 
     def _halted(self) -> bool:
@@ -214,23 +227,37 @@ class Maintenance:
 
     # -- decay ---------------------------------------------------------------------------------
     def decay_tenant(self, tenant: str) -> DecayReport:
-        """Bring every arm of ``tenant`` that has evidence to now, persisted.
+        """Persist the decay of the next share of ``tenant``'s arms with evidence.
 
-        The scan reads the arms in columns and sends only those with evidence (not at
-        their prior) through the decay script: most arms of a cache never get feedback,
-        and decaying them would change nothing.
+        The scripts keep the list of arms with evidence (most arms of a cache never get
+        a signal, and decaying them would change nothing). Each run takes the next
+        ``decay_job_interval_s / decay_sweep_s`` of that list (at least one batch), where
+        the last run stopped, so every arm's decay is persisted at least every
+        ``decay_sweep_s`` and a run costs a share of the list, not all of it. Persisting
+        changes no arm's value (readers decay to now from ``decayed_at``); it folds the
+        decay in, and lets an arm whose evidence faded leave the list.
+
+        Data from before the list existed (or whose flag was lost) is scanned whole
+        once: that fills the list.
         """
         report = DecayReport(tenant)
         started = time.perf_counter()
         st, size = self.storage, self.eviction.scan_batch
         rl = self.policy(tenant).rl
         if st.evidence_complete(tenant):
-            # The scripts keep the list of arms with evidence: the cost follows the
-            # arms that ever got a signal, not the tenant's size.
-            for ids in st.iter_evidence(tenant, size):
-                self._decay_ids(tenant, ids, report, rl)
-                if self._halted():
+            ev = self.eviction
+            share = min(1.0, ev.decay_job_interval_s / ev.decay_sweep_s)
+            budget = max(size, math.ceil(st.evidence_count(tenant) * share))
+            cursor, done = self._sweeps.get(tenant, 0), 0
+            while True:
+                cursor, ids = st.scan_evidence(tenant, cursor, size)
+                if ids:
+                    self._decay_ids(tenant, ids, report, rl)
+                done += len(ids)
+                if cursor == 0 or done >= budget or self._halted():
                     break
+            self._sweeps[tenant] = cursor
+            report.swept = cursor == 0
         else:  # data from before the list existed, or its flag was lost: scan it all once
             for batch in st.iter_ids(tenant, size):
                 cols = st.state_arrays(tenant, [eid for eid, _ in batch])
@@ -289,6 +316,8 @@ class Maintenance:
         whole batch at once.
         """
         st = self.storage
+        # Signals from here on are read by the incremental plans that follow this scan.
+        mark = st.feedback_mark(tenant)
         now = st.now() if now is None else now
         policy = self.policy(tenant)
         plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant, policy))
@@ -338,6 +367,7 @@ class Maintenance:
         if decay is not None:  # every arm with evidence was seen: the list is complete
             self._decay_ids(tenant, [], decay, policy.rl, complete=True)
         self._full_scans[tenant] = time.monotonic()
+        plan.feedback_mark = mark
         self._choose_capacity(
             plan,
             keep_ids,
@@ -423,17 +453,25 @@ class Maintenance:
                 if self._halted():
                     report.seconds = time.perf_counter() - started
                     return report
+        if plan.feedback_mark is not None:  # carried out whole: read on from its mark
+            self._feedback_marks[plan.tenant] = plan.feedback_mark
         report.seconds = time.perf_counter() - started
         return report
 
     def maintain_tenant(self, tenant: str) -> tuple[DecayReport, EvictionReport]:
-        """Decay and eviction of one tenant in a single scan (what a full cycle costs),
-        then its match model's fit if one is due."""
+        """A full cycle of one tenant: a decay job's run and a whole-scan eviction, then
+        its match model's fit if one is due. A tenant whose evidence list is not complete
+        yet is decayed whole in the same scan (which completes the list); the report's
+        seconds are then the scan's."""
         self.recover_orphans(tenant)
-        decay = DecayReport(tenant)
-        started = time.perf_counter()
-        plan = self.plan_eviction(tenant, decay=decay)
-        decay.seconds = time.perf_counter() - started
+        if self.storage.evidence_complete(tenant):
+            decay = self.decay_tenant(tenant)
+            plan = self.plan_eviction(tenant)
+        else:
+            decay = DecayReport(tenant)
+            started = time.perf_counter()
+            plan = self.plan_eviction(tenant, decay=decay)
+            decay.seconds = time.perf_counter() - started
         report = self.execute(plan)
         self.calibrate_tenant(tenant)
         return decay, report
@@ -492,8 +530,11 @@ class Maintenance:
     def plan_incremental(self, tenant: str, *, now: float | None = None) -> EvictionPlan | None:
         """The eviction plan of a tenant within its capacity, from what can need
         evicting without a scan: the expired ids (a range of the ids zset), the ids
-        replicas reported corrupt, and the arms with evidence (the only ones that can
-        fall below ``min_reward_to_keep``: an arm at its prior stays at its prior mean).
+        replicas reported corrupt, and the arms that got a signal since this process
+        last read the tenant (its feedback stream; the only arms that can have fallen
+        below ``min_reward_to_keep``: with time alone an arm decays toward its prior,
+        whose mean is over the bar). If the stream cannot say (trimmed past that point:
+        more signals than ``feedback_log_maxlen``), every arm with evidence is read.
         ``None`` when a whole scan is needed instead: the tenant is over capacity (the
         victims are the lowest scores of all), its evidence list is not complete yet,
         the prior's mean is itself under the keeping bar, or this process has not
@@ -523,7 +564,15 @@ class Maintenance:
         seen: set[str] = set(plan.corrupt)
         plan.expired = [eid for eid in st.expired_ids(tenant, now) if eid not in seen]
         seen.update(plan.expired)
-        for ids in st.iter_evidence(tenant, self.eviction.scan_batch):
+        batch = self.eviction.scan_batch
+        mark = self._feedback_marks.get(tenant, (-1, "0-0"))  # unknown: reads them all
+        changed, mark = st.changed_arms(tenant, mark, limit=max(batch, limits.max_entries))
+        batches = (
+            st.iter_evidence(tenant, batch)
+            if changed is None
+            else (changed[i : i + batch] for i in range(0, len(changed), batch))
+        )
+        for ids in batches:
             cols = st.state_arrays(tenant, [eid for eid in ids if eid not in seen])
             seen.update(ids)
             plan.corrupt += cols.corrupt
@@ -535,6 +584,8 @@ class Maintenance:
             if self._halted():
                 plan.complete = False
                 break
+        if plan.complete:
+            plan.feedback_mark = mark
         return plan
 
     def recover_orphans(self, tenant: str) -> int:

@@ -73,6 +73,8 @@ SNAPSHOT_FORMAT = "1"
 TENANT_SETTINGS = tuple(POLICY_FIELDS)
 
 IdBatch = list[tuple[str, float]]
+#: A position in a tenant's feedback stream: (entries ever added, last id).
+FeedbackMark = tuple[int, str]
 
 
 S = TypeVar("S", bound="Storage")
@@ -453,6 +455,52 @@ class Storage(StoragePlans):
         chunks = [] if info is None else _chunk_keys(k, info)
         yield from self._run(ScriptCall("snapshot", [k.snap, *chunks], ["drop"], lambda r: None))
 
+    def _evidence_count(self, tenant: str) -> Flow[int]:
+        """How many arms have evidence (the size of the decay job's list)."""
+        return int((yield from self._command("evidence", "scard", self.keys(tenant).ev)))
+
+    def _feedback_mark(self, tenant: str) -> Flow[FeedbackMark]:
+        """Where the tenant's feedback stream stands now: ``(entries ever added, last
+        id)``; ``(0, "0-0")`` before its first signal. ``changed_arms`` reads from it."""
+        info = yield from self._stream_info(tenant)
+        return (info[0], info[2])
+
+    def _stream_info(self, tenant: str) -> Flow[tuple[int, int, str]]:
+        """``(entries ever added, length, last id)`` of the tenant's feedback stream."""
+        with wrap_errors("feedback stream"):
+            try:
+                info = yield call(self.client.xinfo_stream, self.keys(tenant).fb)
+            except redis.exceptions.ResponseError as exc:
+                if "no such key" not in str(exc).lower():
+                    raise
+                return (0, 0, "0-0")
+        return (int(info["entries-added"]), int(info["length"]), text(info["last-generated-id"]))
+
+    def _changed_arms(
+        self, tenant: str, mark: FeedbackMark, limit: int
+    ) -> Flow[tuple[list[str] | None, FeedbackMark]]:
+        """The ids of the arms that got a signal since ``mark`` (a ``feedback_mark``),
+        and the mark to read on from. ``None`` instead of the ids when the stream cannot
+        say: it was trimmed past ``mark`` (more signals than ``feedback_log_maxlen``
+        since), or re-created, or more than ``limit`` signals came since (the caller
+        then reads its whole evidence list). Every signal goes through the feedback
+        script, which appends it to the stream, so these are all the arms that changed
+        other than by the passing of time."""
+        added, length, last = yield from self._stream_info(tenant)
+        now = (added, last)
+        fresh = added - mark[0]
+        if fresh < 0 or added - length > mark[0] or fresh > limit:
+            return None, now  # re-created, trimmed past the mark, or too many to read
+        if fresh == 0:
+            return [], now
+        items = yield from self._command(
+            "feedback stream", "xrange", self.keys(tenant).fb, f"({mark[1]}", last, count=fresh
+        )
+        if len(items) != fresh or text(items[-1][0]) != last:
+            return None, now  # trimmed meanwhile, or not the stream the mark was taken of
+        ids = dict.fromkeys(text(fields[b"id"]) for _, fields in items if b"id" in fields)
+        return list(ids), now
+
     def _expired_ids(self, tenant: str, now: float, limit: int = 10_000) -> Flow[list[str]]:
         """Up to ``limit`` live ids whose expiry is at or before ``now`` (the ids zset is
         scored by expiry, so this is a range read, not a scan)."""
@@ -643,6 +691,10 @@ class Storage(StoragePlans):
     exact_match = op(_exact_match)
     count = op(_count)
     evidence_complete = op(_evidence_complete)
+    evidence_count = op(_evidence_count)
+    feedback_mark = op(_feedback_mark)
+    changed_arms = op(_changed_arms)
+    scan_evidence = op(_scan_evidence)
     expired_ids = op(_expired_ids)
     snapshot_info = op(_snapshot_info)
     read_snapshot = op(_read_snapshot)
