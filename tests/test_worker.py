@@ -514,3 +514,38 @@ def test_health_file_is_not_touched_while_redis_is_unreachable(
     problem = health_problem(str(health), 5)
     assert problem is not None and "cannot reach Redis" in problem
     w.close()
+
+
+def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Redis) -> None:
+    """The worker's scan decodes arms and use records itself (``decode_states``); what
+    it calls corrupt is what the scripts' ``zc_state`` calls corrupt (here: the decay
+    script's answer for the same entries)."""
+    import msgpack
+
+    st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))
+    ids = bulk_put(st, "t", 12)
+    keys = tenant_keys("t")
+    arm = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "arm"))
+    use = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "use"))
+    damage: list[tuple[str, bytes]] = [
+        ("arm", b"\xc1"),  # not msgpack
+        ("arm", msgpack.packb([1, 2])),  # not a map
+        ("arm", msgpack.packb({**arm, "a": True})),  # a boolean
+        ("arm", msgpack.packb({**arm, "b": -1.0})),  # not positive
+        ("arm", msgpack.packb({k: v for k, v in arm.items() if k != "r"})),  # a field missing
+        ("use", msgpack.packb({**use, "c": float("nan")})),
+        ("use", msgpack.packb({**use, "ns": 1.5})),  # not a whole number
+        ("use", msgpack.packb({**use, "ns": None})),  # nil: absent, fine
+        ("sz", b"lots"),
+    ]
+    for eid, (name, value) in zip(ids, damage, strict=False):
+        redis_client.hset(keys.entry(eid), name, value)
+    redis_client.hdel(keys.entry(ids[9]), "use")
+    redis_client.delete(keys.entry(ids[10]))  # gone: neither fine nor corrupt
+    cols = st.state_arrays("t", ids)
+    by_scripts = set(st.decay("t", ids).corrupt)
+    assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9)}
+    # The scan needs the size too (capacity in bytes): a bad one is corrupt there.
+    assert set(cols.corrupt) == by_scripts | {ids[8]}
+    assert cols.ids == [ids[7], ids[11]]
+    assert cols.alpha.tolist() == [arm["a"], arm["a"]]
