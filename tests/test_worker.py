@@ -517,9 +517,9 @@ def test_health_file_is_not_touched_while_redis_is_unreachable(
 
 
 def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Redis) -> None:
-    """The worker's scan decodes arms and use records itself (``decode_states``); what
-    it calls corrupt is what the scripts' ``zc_state`` calls corrupt (here: the decay
-    script's answer for the same entries)."""
+    """What the worker's scan (the ``state`` script) calls corrupt is what the scripts
+    that write an arm call corrupt (here: the decay script's answer for the same
+    entries), and the scan also needs a size."""
     import msgpack
 
     st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))

@@ -118,65 +118,6 @@ class StateArrays:
     corrupt: list[str] = field(default_factory=list)
 
 
-#: The fields of an arm and of a use record that must be finite numbers (the scripts'
-#: ZC_ARM_FIELDS and ZC_USE_FIELDS).
-_ARM_FIELDS = ("a", "b", "t", "n", "r")
-_USE_FIELDS = ("n", "la", "c", "v", "ss", "qs", "sb", "pm")
-_NUMBER = (int, float)
-
-
-def decode_states(ids: Sequence[str], raw: Sequence[Any]) -> StateArrays:
-    """The ``state`` script's reply (raw ``arm``, ``use``, ``sz`` per id) as columns,
-    with the checks of the scripts' ``zc_state``: an entry is corrupt unless both
-    records decode to maps whose fields are finite numbers, alpha and beta are
-    positive, its run of complaints is a whole number and its size a number. All three
-    fields missing: the entry is gone (left out)."""
-    rows: list[tuple[float, ...]] = []
-    kept: list[str] = []
-    corrupt: list[str] = []
-    unpack = msgpack.unpackb
-    for i, eid in enumerate(ids):
-        raw_arm, raw_use, raw_size = raw[3 * i], raw[3 * i + 1], raw[3 * i + 2]
-        if raw_arm is None and raw_use is None and raw_size is None:
-            continue  # gone
-        try:
-            arm, use = unpack(raw_arm), unpack(raw_use)
-            values = tuple(arm[f] for f in _ARM_FIELDS) + tuple(use[f] for f in _USE_FIELDS)
-            size = float(raw_size)
-            streak = use.get("ns")
-            streak = 0 if streak is None else streak  # nil in the script: absent
-        except Exception:  # missing, undecodable, not a map, a field missing
-            corrupt.append(eid)
-            continue
-        if (
-            not all(type(x) in _NUMBER for x in values)
-            or type(streak) not in _NUMBER
-            or not (0 <= streak < 1e9 and streak % 1 == 0)
-        ):
-            corrupt.append(eid)
-            continue
-        rows.append((*values, size))
-        kept.append(eid)
-    arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(_ARM_FIELDS) + len(_USE_FIELDS) + 1)
-    ok = np.isfinite(arr).all(axis=1) & (arr[:, 0] > 0) & (arr[:, 1] > 0)
-    if not ok.all():
-        corrupt += [kept[i] for i in np.flatnonzero(~ok).tolist()]
-        kept = [kept[i] for i in np.flatnonzero(ok).tolist()]
-        arr = arr[ok]
-    return StateArrays(
-        ids=kept,
-        alpha=arr[:, 0],
-        beta=arr[:, 1],
-        decayed_at=arr[:, 2],
-        usage_count=arr[:, 5],
-        last_access=arr[:, 6],
-        confidence=arr[:, 7],
-        version=arr[:, 8].astype(np.int64),
-        size=arr[:, 13].astype(np.int64),
-        corrupt=corrupt,
-    )
-
-
 class FeedbackOutcome:
     """An entry's learning state right after a feedback signal, decoded on first use
     (feedback is a hot path and most callers never look)."""
@@ -839,8 +780,24 @@ class StoragePlans:
         k = self.keys(tenant)
         ids = list(entry_ids)
 
-        def parse(raw: Any) -> StateArrays:
-            return decode_states(ids, raw or [])
+        def parse(packed: Any) -> StateArrays:
+            values = msgpack.unpackb(packed) if packed else []
+            arr = np.asarray(values, dtype=np.float64).reshape(-1, 9)
+            ok = arr[:, 0] == 1
+            bad = np.flatnonzero(arr[:, 0] == -1).tolist()
+            rows = arr[ok]
+            return StateArrays(
+                ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
+                alpha=rows[:, 1],
+                beta=rows[:, 2],
+                decayed_at=rows[:, 3],
+                usage_count=rows[:, 4],
+                last_access=rows[:, 5],
+                confidence=rows[:, 6],
+                version=rows[:, 7].astype(np.int64),
+                size=rows[:, 8].astype(np.int64),
+                corrupt=[ids[i] for i in bad],
+            )
 
         return ScriptCall("state", [k.entry(eid) for eid in ids], [], parse)
 
