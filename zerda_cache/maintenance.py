@@ -27,7 +27,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,6 +55,12 @@ from zerda_cache.storage.plans import LabelLogs
 from zerda_cache.storage.store import FeedbackMark, IdBatch
 
 log = logging.getLogger(__name__)
+
+#: Batches a whole scan reads ahead of the one it scores, each in its own thread: while
+#: one waits for Redis, another packs its call or parses its reply, so the server is
+#: never idle. Measured at 1M entries (2 cores): the scan took 9.5-10.4 s one batch at a
+#: time, ~10 s with one batch ahead, 6.8 s with two, 7.2 s with three.
+_READ_AHEAD = 2
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
 CycleOutcome = Literal["ok", "stopped", "error"]
@@ -393,15 +399,14 @@ class Maintenance:
             live = [eid for eid, expires_at in batch if expires_at > now and eid not in skip]
             return batch, st.state_arrays(tenant, live)
 
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerda-scan") as pool:
-            ahead: Future[tuple[IdBatch, StateArrays]] | None = None
+        with ThreadPoolExecutor(max_workers=_READ_AHEAD, thread_name_prefix="zerda-scan") as pool:
+            ahead: deque[Future[tuple[IdBatch, StateArrays]]] = deque()
             for batch in st.iter_ids(tenant, self.eviction.scan_batch):
-                job = pool.submit(read, batch)
-                if ahead is not None:
-                    yield ahead.result()
-                ahead = job
-            if ahead is not None:
-                yield ahead.result()
+                ahead.append(pool.submit(read, batch))
+                if len(ahead) > _READ_AHEAD:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
 
     def _scores(
         self, cols: StateArrays, now: float, policy: TenantPolicy
