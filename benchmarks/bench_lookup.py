@@ -278,7 +278,7 @@ def main() -> None:
         "candidates, two (their state, then the hit script). The rest is Python: "
         "redis-py's command packing and reply parsing, the search, the ranking. The index "
         "is exact below 5,000 entries per scope and HNSW above (usearch with float16 "
-        "vectors by default, M=16, ef=64); the build column is the replica's first sync "
+        "vectors by default, M=32, ef_construction 128, ef_search 64); the build column is the replica's first sync "
         "(fetch every vector from Redis, then insert). Index memory is the index's own "
         "account: the library-reported graph memory (usearch) or hnswlib's layout, plus "
         "our id maps (~116 bytes per entry)."
