@@ -122,7 +122,7 @@ DEFAULT_MAX_TENANT_LABELS = 50
 #: lookup at 10,000 entries took 2.1 ms p50 exact against 1.2 ms with HNSW, and at 3,000
 #: both 0.9 ms, recall@1 1.000 and 0.999 (one run, a loaded 2-core machine).
 DEFAULT_ANN_THRESHOLD = 5_000
-#: usearch (float16, ~0.9x the raw vector bytes) or hnswlib (float32, faster, ~1.4x).
+#: usearch (float16, ~0.8x the raw vector bytes at M=32) or hnswlib (float32, faster, ~1.4x).
 DEFAULT_ANN_BACKEND = "usearch"
 #: How a put stores its vector in Redis: ``float16`` (the default: 2 bytes a dimension
 #: and a marker byte, ~0.7x the memory of an entry at 384-d; a cosine moved by at most
