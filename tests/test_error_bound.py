@@ -386,17 +386,24 @@ def test_a_verification_at_a_similarity_a_hair_over_one_is_labelled(make_manager
 
 
 # --- exact repeats under a bound ---------------------------------------------------------------
+def exact_error(cal: Calibration, max_error_rate: float) -> float | None:
+    """What serving every exact repeat (confirmed or not) spends of the bound, when
+    ``exact_plan`` serves them all (a bar of 0); else ``None``."""
+    bar, spend = cal.exact_plan(max_error_rate)
+    return spend if bar == 0.0 else None
+
+
 def test_exact_error_spends_the_bound_only_once_proven() -> None:
     few = Calibration(exact_right=20.0)
-    assert few.exact_error(0.05) is None  # under MIN_LABELS
+    assert exact_error(few, 0.05) is None  # under MIN_LABELS
     clean = Calibration(exact_right=400.0)
-    assert clean.exact_error(0.05) == pytest.approx(wilson_upper(0, 400))  # no counts: share 1
-    assert clean.exact_error(0.01) is None  # 0.7% is more than half of 1%
+    assert exact_error(clean, 0.05) == pytest.approx(wilson_upper(0, 400))  # no counts: share 1
+    assert exact_error(clean, 0.01) is None  # 0.7% is more than half of 1%
     # A tenth of the requests are exact repeats: what they cost is a tenth as much.
     cheap = Calibration(
         exact_right=380.0, exact_wrong=20.0, traffic_exact=1_000, traffic_other=9_000
     )
-    spent = cheap.exact_error(0.05)
+    spent = exact_error(cheap, 0.05)
     assert spent is not None and spent < 0.011
     # ...and the near matches work with what is left of the bound.
     base = counts(**{"0.93": (380, 20)})
@@ -407,7 +414,7 @@ def test_exact_error_spends_the_bound_only_once_proven() -> None:
     need = wilson_upper(1_000, 10_000) * wilson_upper(20, 400)  # the near matches' cost
     assert near_only.threshold(need * 1.01) == pytest.approx(0.93)
     assert near_only.threshold(need * 0.99) is None
-    spent = both.exact_error(1.0)
+    spent = exact_error(both, 1.0)
     assert spent is not None and spent < need
     # Both fit where their estimates and their margins, combined, do...
     joint = combined(both, 1.0, wilson_upper(1_000, 10_000) * wilson_upper(20, 400), 0.1 * 0.05)
@@ -416,7 +423,7 @@ def test_exact_error_spends_the_bound_only_once_proven() -> None:
     assert both.threshold(joint * 0.999) is None  # ...and not in less
     # Where both do not fit, the bound goes where it serves more lookups: here the
     # exact repeats (1,000) and the near matches (1,000) tie, and the exact repeats keep it.
-    assert both.exact_error(need) is not None and both.threshold(need) is None
+    assert exact_error(both, need) is not None and both.threshold(need) is None
 
 
 def test_exact_levels_follow_the_expected_reward() -> None:

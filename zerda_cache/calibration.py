@@ -294,12 +294,6 @@ class Calibration:
         edge = self._near_threshold(max_error_rate, estimate, bound, MIN_LABELS)
         return 0.0 if edge is None else sum(self.traffic[bin_of(edge) :])
 
-    def exact_error(self, max_error_rate: float) -> float | None:
-        """What serving every exact repeat (confirmed or not) spends of the bound, when
-        ``exact_plan`` serves them all (a bar of 0); else ``None``."""
-        bar, spend = self.exact_plan(max_error_rate)
-        return spend if bar == 0.0 else None
-
     def _remember(self, key: tuple[float, int], value: object) -> None:
         if len(self._memo) >= 64:  # per-call bounds are the caller's: keep a few
             self._memo.clear()

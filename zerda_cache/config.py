@@ -357,7 +357,9 @@ class CacheConfig:
         default_ttl_s: TTL of entries put without one; ``None`` keeps them until evicted.
         max_query_chars / max_response_bytes / max_metadata_bytes: input size limits.
         feedback_log_maxlen: length of each tenant's feedback stream (an approximate cap:
-            Redis trims whole stream nodes, so up to 100 more may remain).
+            Redis trims whole stream nodes, so up to 100 more may remain). The worker's
+            eviction job reads the arms that changed from it: more signals than this
+            between two runs make it read every arm with evidence instead.
         index_log_maxlen: approximate length of each tenant's add/remove log.
         refresh_ttl_on_hit: a served entry's TTL starts again (off by default).
         dedup_threshold: when set, a put whose embedding has cosine >= this with an entry

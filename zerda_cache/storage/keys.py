@@ -14,7 +14,8 @@ key                    type     holds
 ``p:{t}:q``            hash     digest of (normalised query, scope) -> entry id
 ``p:{t}:log``          stream   add/del events that keep replicas' vector indexes current
 ``p:{t}:stats``        hash     counters (hits, misses, puts, bytes, evicted:<reason>, ...)
-``p:{t}:fb``           stream   the rolling feedback log (exact cap)
+``p:{t}:fb``           stream   the rolling feedback log (approximate cap); the worker
+                                reads the arms that changed from it
 ``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl,
                                 max_error_rate, ... (policy.py); ver, fence, evx
 ``p:{t}:cal``          hash     labelled outcomes of near matches, and lookups, per
