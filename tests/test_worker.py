@@ -549,3 +549,28 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
     assert set(cols.corrupt) == by_scripts | {ids[8]}
     assert cols.ids == [ids[7], ids[11]]
     assert cols.alpha.tolist() == [arm["a"], arm["a"]]
+
+
+def test_worker_jobs_on_a_redis_cluster(cluster_client: Any) -> None:
+    """The whole scan (batches read ahead in threads), the incremental plan (the
+    feedback stream) and the decay sweep on a Redis Cluster client."""
+    clock = Clock(50_000.0)
+    cfg = CacheConfig(eviction=EvictionConfig(scan_batch=20, max_entries=1_000))
+    st = RedisStorage(cluster_client, cfg, clock=clock)
+    rng = np.random.default_rng(0)
+    ids = [st.put("t", f"q{i}", f"a{i}", rng.normal(size=DIM)).entry_id for i in range(150)]
+    st.feedback_many([FeedbackSignal(e, "t", True) for e in ids[:30]])
+    m = Maintenance(st)
+    m.decay_tenant("t")  # fills the evidence list
+    st.set_tenant_policy("t", {"max_entries": 100})
+    report = m.evict_tenant("t")  # over capacity: a whole scan
+    assert report.removed == {"capacity": 55}  # down to 95% of 100
+    assert st.count("t") == 95
+    st.set_tenant_policy("t", {"max_entries": None})
+    survivor = next(e for e in ids if cluster_client.exists(tenant_keys("t").entry(e)))
+    st.feedback_many([FeedbackSignal(survivor, "t", False, magnitude=40.0)])
+    plan = m.plan_incremental("t")
+    assert plan is not None and plan.scanned == 1
+    assert [e for e, _ in plan.low_reward] == [survivor]
+    clock.t += 3_600
+    assert m.decay_tenant("t").decayed > 0
