@@ -495,3 +495,13 @@ def test_the_calls_the_async_flavour_lacked(storage: RedisStorage) -> None:
     assert storage.feedback_log("acme")[0]["id"] == a
     assert [eid for batch in storage.iter_ids("acme") for eid, _ in batch] != []
     assert storage.log_info("acme").added == 2 and storage.leader() is None
+
+
+def test_a_stream_holds_what_was_added_after_a_mark_until_trimmed_or_re_created() -> None:
+    from zerda_cache.storage.plans import LogInfo
+
+    now = LogInfo(last_id="9-0", added=100, length=40)  # the first 60 were trimmed
+    assert now.holds_since(60) and now.holds_since(100)
+    assert not now.holds_since(59)  # one added after the mark is gone
+    assert not now.holds_since(101)  # fewer ever added than at the mark: another stream
+    assert LogInfo().holds_since(0)

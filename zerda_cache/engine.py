@@ -935,7 +935,7 @@ class CacheEngine:
         if snap is None:
             return False
         now = yield from st._log_info(tenant)
-        if now.added < snap.added or now.added - now.length > snap.added:
+        if not now.holds_since(snap.added):
             log.info(
                 "tenant %s: index snapshot %s is older than the log (or the log is new): "
                 "scanning instead",

@@ -51,8 +51,8 @@ from zerda_cache.metrics import Distribution
 from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
-from zerda_cache.storage.plans import LabelLogs
-from zerda_cache.storage.store import FeedbackMark, IdBatch
+from zerda_cache.storage.plans import LabelLogs, LogInfo
+from zerda_cache.storage.store import IdBatch
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class EvictionPlan:
     incremental: bool = False
     #: The tenant's feedback stream as far as this plan has read it: once the plan is
     #: carried out whole, the next incremental plan reads the signals after it.
-    feedback_mark: FeedbackMark | None = None
+    feedback_mark: LogInfo | None = None
 
     @property
     def total(self) -> int:
@@ -201,7 +201,7 @@ class Maintenance:
         #: How far the eviction job has read each tenant's feedback stream: the arms
         #: that got a signal since are the only ones that can have fallen under the
         #: keeping bar (``plan_incremental``).
-        self._feedback_marks: dict[str, FeedbackMark] = {}
+        self._feedback_marks: dict[str, LogInfo] = {}
         #: Where the decay job's sweep of each tenant's evidence list stands (an SSCAN
         #: cursor; 0: the next run starts a sweep).
         self._sweeps: dict[str, int] = {}
@@ -233,7 +233,7 @@ class Maintenance:
         )
 
     # -- decay ---------------------------------------------------------------------------------
-    def decay_tenant(self, tenant: str) -> DecayReport:
+    def decay_tenant(self, tenant: str, *, complete: bool | None = None) -> DecayReport:
         """Persist the decay of the next share of ``tenant``'s arms with evidence.
 
         The scripts keep the list of arms with evidence (most arms of a cache never get
@@ -245,13 +245,16 @@ class Maintenance:
         decay in, and lets an arm whose evidence faded leave the list.
 
         Data from before the list existed (or whose flag was lost) is scanned whole
-        once: that fills the list.
+        once: that fills the list. ``complete``: whether the list is complete, if the
+        caller has just read it (``evidence_complete``).
         """
         report = DecayReport(tenant)
         started = time.perf_counter()
         st, size = self.storage, self.eviction.scan_batch
         rl = self.policy(tenant).rl
-        if st.evidence_complete(tenant):
+        if complete is None:
+            complete = st.evidence_complete(tenant)
+        if complete:
             ev = self.eviction
             share = min(1.0, ev.decay_job_interval_s / ev.decay_sweep_s)
             budget = max(size, math.ceil(st.evidence_count(tenant) * share))
@@ -340,7 +343,7 @@ class Maintenance:
         for batch, cols in self._states_ahead(tenant, now, set(plan.corrupt)):
             fresh = [(eid, exp) for eid, exp in batch if eid not in seen]
             if len(fresh) < len(batch):  # ids seen already (reported, or a ZSCAN repeat)
-                cols = _only(cols, {eid for eid, _ in fresh})
+                cols = cols.only({eid for eid, _ in fresh})
             seen.update(eid for eid, _ in fresh)
             live_ids = []
             for eid, expires_at in fresh:
@@ -495,7 +498,7 @@ class Maintenance:
         seconds are then the scan's."""
         self.recover_orphans(tenant)
         if self.storage.evidence_complete(tenant):
-            decay = self.decay_tenant(tenant)
+            decay = self.decay_tenant(tenant, complete=True)
             plan = self.plan_eviction(tenant)
         else:
             decay = DecayReport(tenant)
@@ -595,8 +598,9 @@ class Maintenance:
         plan.expired = [eid for eid in st.expired_ids(tenant, now) if eid not in seen]
         seen.update(plan.expired)
         batch = self.eviction.scan_batch
-        mark = self._feedback_marks.get(tenant, (-1, "0-0"))  # unknown: reads them all
-        changed, mark = st.changed_arms(tenant, mark, limit=max(batch, limits.max_entries))
+        changed, mark = st.changed_arms(
+            tenant, self._feedback_marks.get(tenant), limit=max(batch, limits.max_entries)
+        )
         batches = (
             st.iter_evidence(tenant, batch)
             if changed is None
@@ -753,23 +757,6 @@ class Maintenance:
 
     def recent_cycles(self, count: int = 50) -> list[dict[str, str]]:
         return self.storage.recent_cycles(count)
-
-
-def _only(cols: StateArrays, wanted: set[str]) -> StateArrays:
-    """The rows (and corrupt ids) of ``cols`` whose ids are in ``wanted``."""
-    rows = np.array([eid in wanted for eid in cols.ids], dtype=bool)
-    return StateArrays(
-        ids=[eid for eid in cols.ids if eid in wanted],
-        alpha=cols.alpha[rows],
-        beta=cols.beta[rows],
-        decayed_at=cols.decayed_at[rows],
-        usage_count=cols.usage_count[rows],
-        last_access=cols.last_access[rows],
-        confidence=cols.confidence[rows],
-        version=cols.version[rows],
-        size=cols.size[rows],
-        corrupt=[eid for eid in cols.corrupt if eid in wanted],
-    )
 
 
 def _rescored(model: MatchModel, logs: LabelLogs) -> dict[str, float]:

@@ -9,6 +9,7 @@ through a driver (``driver.py``), so the sync and asyncio flavours share every l
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -116,6 +117,20 @@ class StateArrays:
     version: np.ndarray
     size: np.ndarray
     corrupt: list[str] = field(default_factory=list)
+
+    def only(self, wanted: set[str]) -> StateArrays:
+        """The rows (and corrupt ids) whose ids are in ``wanted``."""
+        rows = np.fromiter((eid in wanted for eid in self.ids), dtype=bool, count=len(self.ids))
+        columns = {
+            f.name: getattr(self, f.name)[rows]
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), np.ndarray)
+        }
+        return StateArrays(
+            ids=[eid for eid in self.ids if eid in wanted],
+            corrupt=[eid for eid in self.corrupt if eid in wanted],
+            **columns,
+        )
 
 
 class FeedbackOutcome:
@@ -259,6 +274,12 @@ class LogInfo:
             added=int(info.get("entries-added") or 0),
             length=int(info.get("length") or 0),
         )
+
+    def holds_since(self, added: int) -> bool:
+        """Does the stream still hold every entry added after its first ``added``, and
+        is it the stream those were counted in? Not if more were trimmed than that, nor
+        if fewer were ever added (deleted and re-created)."""
+        return self.added >= added and self.added - self.length <= added
 
 
 @dataclass(slots=True)

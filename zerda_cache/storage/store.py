@@ -73,8 +73,6 @@ SNAPSHOT_FORMAT = "1"
 TENANT_SETTINGS = tuple(POLICY_FIELDS)
 
 IdBatch = list[tuple[str, float]]
-#: A position in a tenant's feedback stream: (entries ever added, last id).
-FeedbackMark = tuple[int, str]
 
 
 S = TypeVar("S", bound="Storage")
@@ -459,44 +457,36 @@ class Storage(StoragePlans):
         """How many arms have evidence (the size of the decay job's list)."""
         return int((yield from self._command("evidence", "scard", self.keys(tenant).ev)))
 
-    def _feedback_mark(self, tenant: str) -> Flow[FeedbackMark]:
-        """Where the tenant's feedback stream stands now: ``(entries ever added, last
-        id)``; ``(0, "0-0")`` before its first signal. ``changed_arms`` reads from it."""
-        info = yield from self._stream_info(tenant)
-        return (info[0], info[2])
-
-    def _stream_info(self, tenant: str) -> Flow[tuple[int, int, str]]:
-        """``(entries ever added, length, last id)`` of the tenant's feedback stream."""
-        with wrap_errors("feedback stream"):
-            try:
-                info = yield call(self.client.xinfo_stream, self.keys(tenant).fb)
-            except redis.exceptions.ResponseError as exc:
-                if "no such key" not in str(exc).lower():
-                    raise
-                return (0, 0, "0-0")
-        return (int(info["entries-added"]), int(info["length"]), text(info["last-generated-id"]))
+    def _feedback_mark(self, tenant: str) -> Flow[LogInfo]:
+        """Where the tenant's feedback stream stands now (``changed_arms`` reads on
+        from it)."""
+        return (yield from self._stream_info(self.keys(tenant).fb))
 
     def _changed_arms(
-        self, tenant: str, mark: FeedbackMark, limit: int
-    ) -> Flow[tuple[list[str] | None, FeedbackMark]]:
+        self, tenant: str, mark: LogInfo | None, limit: int
+    ) -> Flow[tuple[list[str] | None, LogInfo]]:
         """The ids of the arms that got a signal since ``mark`` (a ``feedback_mark``),
         and the mark to read on from. ``None`` instead of the ids when the stream cannot
-        say: it was trimmed past ``mark`` (more signals than ``feedback_log_maxlen``
-        since), or re-created, or more than ``limit`` signals came since (the caller
-        then reads its whole evidence list). Every signal goes through the feedback
-        script, which appends it to the stream, so these are all the arms that changed
-        other than by the passing of time."""
-        added, length, last = yield from self._stream_info(tenant)
-        now = (added, last)
-        fresh = added - mark[0]
-        if fresh < 0 or added - length > mark[0] or fresh > limit:
-            return None, now  # re-created, trimmed past the mark, or too many to read
+        say: no mark, the stream was trimmed past it (more signals than
+        ``feedback_log_maxlen`` since) or re-created, or more than ``limit`` signals
+        came since (the caller then reads its whole evidence list). Every signal goes
+        through the feedback script, which appends it to the stream, so these are all
+        the arms that changed other than by the passing of time."""
+        now = yield from self._stream_info(self.keys(tenant).fb)
+        if mark is None or not now.holds_since(mark.added) or now.added - mark.added > limit:
+            return None, now
+        fresh = now.added - mark.added
         if fresh == 0:
             return [], now
         items = yield from self._command(
-            "feedback stream", "xrange", self.keys(tenant).fb, f"({mark[1]}", last, count=fresh
+            "feedback stream",
+            "xrange",
+            self.keys(tenant).fb,
+            f"({mark.last_id}",
+            now.last_id,
+            count=fresh,
         )
-        if len(items) != fresh or text(items[-1][0]) != last:
+        if len(items) != fresh or text(items[-1][0]) != now.last_id:
             return None, now  # trimmed meanwhile, or not the stream the mark was taken of
         ids = dict.fromkeys(text(fields[b"id"]) for _, fields in items if b"id" in fields)
         return list(ids), now
@@ -624,8 +614,12 @@ class Storage(StoragePlans):
 
     def _log_info(self, tenant: str) -> Flow[LogInfo]:
         """``XINFO STREAM`` of the tenant's index log (zeros before its first event)."""
+        return (yield from self._stream_info(self.keys(tenant).log))
+
+    def _stream_info(self, key: str) -> Flow[LogInfo]:
+        """``XINFO STREAM`` of one of the tenant's streams (zeros before it exists)."""
         try:
-            reply = yield from self._command("xinfo", "xinfo_stream", self.keys(tenant).log)
+            reply = yield from self._command("xinfo", "xinfo_stream", key)
         except StorageError as exc:
             if "no such key" in str(exc).lower():
                 return LogInfo()
