@@ -122,6 +122,14 @@ def run_size(server: RedisServer, n: int) -> dict[str, float]:
     base_s = bare_scan(st)
     m = Maintenance(st)
     first = m.decay_tenant(TENANT)  # once in a tenant's life: fills the evidence list
+    # The whole scan alone (plan, no evictions), reading 0, 1 and 2 batches ahead.
+    scans = []
+    for ahead in (0, 1, 2):
+        probe = Maintenance(st)
+        probe.read_ahead = ahead
+        t0 = time.perf_counter()
+        probe.plan_eviction(TENANT)
+        scans.append(time.perf_counter() - t0)
     clock.t += 3_600  # an hour later: every arm with evidence has decay to persist
     t0 = time.perf_counter()
     decay, report = m.maintain_tenant(TENANT)
@@ -155,6 +163,7 @@ def run_size(server: RedisServer, n: int) -> dict[str, float]:
         "n": n,
         "base_s": base_s,
         "first_s": first.seconds,
+        "scans": scans,
         "first_decayed": first.decayed,
         "changed_s": changed_s,
         "changed_read": changed_read,
@@ -196,6 +205,7 @@ def main() -> None:
             f"{r['n']:,}",
             f"{r['base_s']:.2f}",
             f"{r['first_s']:.2f} ({r['first_decayed']:,.0f} arms)",
+            " / ".join(f"{s:.2f}" for s in r["scans"]),
             f"{r['decay_s']:.2f} ({r['decayed']:,.0f} arms)",
             f"{r['evict_s']:.2f} ({r['evicted']:,.0f} removed)",
             f"**{r['cycle_s']:.2f}**",
@@ -214,6 +224,7 @@ def main() -> None:
             "entries",
             "bare SCAN + HGETALL s",
             "first decay pass s (once)",
+            "whole scan alone s, 0 / 1 / 2 batches read ahead",
             "cycle: decay job s",
             "cycle: whole-scan eviction s",
             "full cycle s",
@@ -232,7 +243,9 @@ def main() -> None:
         "vector storage). One tenant, 384-d vectors, 10% of entries with one feedback "
         "signal; capacity 5% under the size. The first decay pass is a whole scan that "
         "fills the list of arms with evidence (`p:{t}:ev`), once in a tenant's life; the "
-        "scripts keep the list from then on. The full cycle, an hour later, is "
+        "scripts keep the list from then on. The whole scan alone is `plan_eviction` "
+        "(no evictions) reading 0, 1 or 2 batches ahead (`Maintenance.read_ahead`; 2 by "
+        "default). The full cycle, an hour later, is "
         "`Maintenance.maintain_tenant`: a decay job's run, which persists the decay of "
         "its share of that list (`decay_job_interval_s / decay_sweep_s`, 300 s / 1 h), "
         "then a whole-scan eviction (the worker's eviction job over capacity, and at "

@@ -58,9 +58,9 @@ log = logging.getLogger(__name__)
 
 #: Batches a whole scan reads ahead of the one it scores, each in its own thread: while
 #: one waits for Redis, another packs its call or parses its reply, so the server is
-#: never idle. Measured at 1M entries (2 cores): the scan took 9.5-10.4 s one batch at a
-#: time, ~10 s with one batch ahead, 6.8 s with two, 7.2 s with three.
-_READ_AHEAD = 2
+#: never idle (bench_worker times the scan at 0, 1 and 2 ahead; three measured no better
+#: than two). ``Maintenance.read_ahead``.
+READ_AHEAD = 2
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
 CycleOutcome = Literal["ok", "stopped", "error"]
@@ -206,6 +206,8 @@ class Maintenance:
         #: cursor; 0: the next run starts a sweep).
         self._sweeps: dict[str, int] = {}
         self._claimed: int | None = None  # the lease epoch written into every fence
+        #: Batches a whole scan reads ahead (``READ_AHEAD``; 0: one at a time).
+        self.read_ahead = READ_AHEAD
 
     def _halted(self) -> bool:
         return self.stop.is_set() or self.fenced or not self.active()
@@ -402,11 +404,12 @@ class Maintenance:
             live = [eid for eid, expires_at in batch if expires_at > now and eid not in skip]
             return batch, st.state_arrays(tenant, live)
 
-        with ThreadPoolExecutor(max_workers=_READ_AHEAD, thread_name_prefix="zerda-scan") as pool:
+        depth = self.read_ahead
+        with ThreadPoolExecutor(max(1, depth), thread_name_prefix="zerda-scan") as pool:
             ahead: deque[Future[tuple[IdBatch, StateArrays]]] = deque()
             for batch in st.iter_ids(tenant, self.eviction.scan_batch):
                 ahead.append(pool.submit(read, batch))
-                if len(ahead) > _READ_AHEAD:
+                if len(ahead) > depth:
                     yield ahead.popleft().result()
             while ahead:
                 yield ahead.popleft().result()
