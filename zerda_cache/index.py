@@ -39,6 +39,8 @@ WIDE_FROM = 500_000
 #: The graph size from which usearch inserts a batch on every core (see
 #: ``UsearchIndex._graph_add``).
 PARALLEL_INSERT_FROM = 20_000
+#: The first bytes of a format-2 index dump (``ScopedIndex.dump``).
+SNAPSHOT_MAGIC = b"ZCIX\x02\0\0\0"
 
 
 class ExactIndex:
@@ -406,6 +408,13 @@ class UsearchIndex(_SlottedAnn):
             expansion_add=ef_construction,
             expansion_search=ef_search,
         )
+        # A restored index serves the snapshot's graph in place (``view``): read-only,
+        # so what changes afterwards goes to ``_graph`` (new vectors) and ``_base_live``
+        # (the snapshot's vectors removed or replaced since). None: no base.
+        self._base: Any = None
+        self._base_buffer: Any = None  # the memory the view reads; kept alive with it
+        self._base_live: npt.NDArray[np.bool_] | None = None  # slot -> served from base
+        self._base_dead = 0
 
     def _graph_add(self, slots: npt.NDArray[np.int64], vectors: Vector) -> None:
         # usearch's parallel insert races: a node added beside another may end up with no
@@ -416,19 +425,60 @@ class UsearchIndex(_SlottedAnn):
         threads = 1 if len(self._graph) + len(slots) < PARALLEL_INSERT_FROM else 0
         self._graph.add(slots.astype(np.uint64), vectors, threads=threads)
 
+    def _in_base(self, slot: int) -> bool:
+        live = self._base_live
+        return live is not None and slot < len(live) and bool(live[slot])
+
     def _graph_remove(self, slot: int) -> None:
-        self._graph.remove(slot)
+        # A slot served from the base is never also in ``_graph``: ``add`` removes the
+        # old vector of a replaced id first, and a freed slot is dead in the base.
+        if self._in_base(slot):
+            assert self._base_live is not None
+            self._base_live[slot] = False
+            self._base_dead += 1
+        else:
+            self._graph.remove(slot)
 
     def _graph_search(self, query: Vector, k: int) -> npt.NDArray[np.int64]:
         width = self.search_width()
         if width != self._width:
             self._graph.expansion_search = self._width = width
-        found = self._graph.search(query, k, threads=1)  # one query: no thread pool
-        return np.asarray(found.keys, dtype=np.int64)
+            if self._base is not None:
+                self._base.expansion_search = width
+        if self._base is None:
+            found = self._graph.search(query, k, threads=1)  # one query: no thread pool
+            return np.asarray(found.keys, dtype=np.int64)
+        assert self._base_live is not None
+        # Vectors removed from the base still sit in its graph: ask it for more when
+        # there are any, drop them, and merge with the vectors added since.
+        wide = k if self._base_dead == 0 else min(len(self._base), max(2 * k, k + 8))
+        found = self._base.search(query, wide, threads=1)
+        keys = np.asarray(found.keys, dtype=np.int64)
+        dist = np.asarray(found.distances, dtype=np.float64)
+        live = self._base_live[keys]
+        keys, dist = keys[live], dist[live]
+        if len(self._graph):
+            more = self._graph.search(query, k, threads=1)
+            keys = np.concatenate([keys, np.asarray(more.keys, dtype=np.int64)])
+            dist = np.concatenate([dist, np.asarray(more.distances, dtype=np.float64)])
+        return keys[np.argsort(dist, kind="stable")[:k]]
 
     def _graph_vectors(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        got = self._graph.get(slots.astype(np.uint64))
-        return np.asarray(got, dtype=np.float64).reshape(len(slots), self.dim)
+        keys = slots.astype(np.uint64)
+        if self._base is None:
+            got = self._graph.get(keys)
+            return np.asarray(got, dtype=np.float64).reshape(len(slots), self.dim)
+        out = np.empty((len(slots), self.dim), dtype=np.float64)
+        new = (
+            np.asarray(self._graph.contains(keys), dtype=bool)
+            if len(self._graph)
+            else np.zeros(len(slots), dtype=bool)
+        )
+        for where, graph in ((new, self._graph), (~new, self._base)):
+            if where.any():
+                got = graph.get(keys[where])
+                out[where] = np.asarray(got, dtype=np.float64).reshape(-1, self.dim)
+        return out
 
     def _graph_nbytes(self) -> int:
         # usearch's memory_usage counts the arenas it reserved, touched or not (1,856
@@ -437,24 +487,96 @@ class UsearchIndex(_SlottedAnn):
         # plus per slot of its capacity (a power of two) the key table and node
         # pointers: ~64 bytes, fitted to the RSS growth measured at 20k, 100k and 200k
         # entries (1,226, 1,155, 1,136 bytes an entry; this gives 1,149, 1,128, 1,128).
-        return int(self._graph.serialized_length) + 64 * int(self._graph.capacity)
+        # A base view costs what it reads (its buffer) and ~75 bytes a node of offsets
+        # and key table (RSS growth of a 200k view, measured).
+        own = int(self._graph.serialized_length) + 64 * int(self._graph.capacity)
+        if self._base is not None:
+            own += len(self._base_buffer) + 75 * len(self._base)
+        return own
+
+    @property
+    def viewed(self) -> bool:
+        """Serving a snapshot's graph in place (see ``restore``)."""
+        return self._base is not None
+
+    def _materialize(self) -> None:
+        """Fold the base view and what changed since into one mutable graph: usearch
+        loads the base (holding the GIL for ~0.5 s a million vectors), drops the removed
+        vectors and adds the new ones. Only ``dump`` needs it (the worker)."""
+        if self._base is None:
+            return
+        assert self._base_live is not None
+        full = self._new_graph()
+        full.load(self._base_buffer)
+        base_keys = np.asarray(self._base.keys, dtype=np.int64)
+        dead = base_keys[~self._base_live[base_keys]]
+        if len(dead):
+            full.remove(dead.astype(np.uint64))
+        if len(self._graph):
+            keys = np.asarray(self._graph.keys, dtype=np.uint64)
+            full.add(keys, np.asarray(self._graph.get(keys), dtype=np.float16), threads=0)
+        full.expansion_search = self._width
+        self._graph = full
+        self._base = self._base_buffer = self._base_live = None
+        self._base_dead = 0
+
+    def _new_graph(self) -> Any:
+        return _import_usearch().Index(
+            ndim=self.dim,
+            metric="ip",
+            dtype="f16",
+            connectivity=self._graph.connectivity,
+            expansion_add=self._graph.expansion_add,
+            expansion_search=self._width,
+        )
+
+    def graph_bytes(self) -> Any:
+        """usearch's serialisation of the graph (a buffer): the base's own memory when
+        nothing changed since the snapshot it views, else the graph made whole first."""
+        if self._base is not None and self._base_dead == 0 and len(self._graph) == 0:
+            return self._base_buffer
+        self._materialize()
+        return self._graph.save()
 
     def dump(self) -> dict[str, Any]:
         """The index as plain data: usearch's own serialisation and the slot table."""
-        return {"kind": "usearch", "graph": bytes(self._graph.save()), **self._dump_slots()}
+        return {"kind": "usearch", "graph": bytes(self.graph_bytes()), **self._dump_slots()}
 
     @classmethod
-    def restore(cls, dim: int, data: Mapping[str, Any], policy: IndexPolicy) -> UsearchIndex:
+    def restore(
+        cls, dim: int, data: Mapping[str, Any], policy: IndexPolicy, graph: Any = None
+    ) -> UsearchIndex:
+        """The index ``dump`` made. Given ``graph`` (a buffer holding usearch's
+        serialisation, which must outlive the index), the graph is served in place as a
+        read-only view: ~0.2 s a million vectors, and no copy. Loading it instead holds
+        Python's GIL for the whole copy, ~0.5 s a million vectors, and so stalls every
+        lookup of the replica (``bench_snapshot_load.py``). Without ``graph``, the graph
+        in ``data`` (a format-1 snapshot) is loaded."""
         index = cls(
             dim, m=policy.m, ef_construction=policy.ef_construction, ef_search=policy.ef_search
         )
-        index._graph.load(bytes(data["graph"]))
-        if index._graph.ndim != dim:
-            raise ValueError(f"a usearch dump of dimension {index._graph.ndim}, not {dim}")
-        index._graph.expansion_search = index._width = policy.ef_search
+        if graph is None:
+            index._graph.load(bytes(data["graph"]))
+            loaded = index._graph
+        else:
+            loaded = index._new_graph()
+            try:
+                loaded.view(graph)
+            except Exception as exc:  # usearch raises RuntimeError or ValueError
+                raise ValueError(f"not a usearch graph: {exc}") from exc
+            index._base, index._base_buffer = loaded, graph
+        if loaded.ndim != dim:
+            raise ValueError(f"a usearch dump of dimension {loaded.ndim}, not {dim}")
+        loaded.expansion_search = index._width = policy.ef_search
         index._restore_slots(data)
-        if len(index._graph) != len(index._slot):
+        if len(loaded) != len(index._slot):
             raise ValueError("a usearch dump whose graph and slots do not agree")
+        if graph is not None:
+            used = np.frombuffer(bytes(data["slots"]), dtype=np.int64)
+            if not np.asarray(loaded.contains(used.astype(np.uint64)), dtype=bool).all():
+                raise ValueError("a usearch dump whose graph and slots do not agree")
+            index._base_live = np.zeros(index._cap, dtype=bool)
+            index._base_live[used] = True
         return index
 
 
@@ -707,43 +829,79 @@ class ScopedIndex:
             return sum(sub.nbytes() for sub in self._by_scope.values())
 
     def dump(self) -> bytes | None:
-        """The whole index as one msgpack blob (an index snapshot the worker stores in
-        Redis for new replicas), or ``None`` when a sub-index cannot be dumped (the
-        hnswlib backend, which serialises only to files)."""
+        """The whole index as one blob (an index snapshot the worker stores in Redis for
+        new replicas), or ``None`` when a sub-index cannot be dumped (the hnswlib
+        backend, which serialises only to files).
+
+        Format 2: ``SNAPSHOT_MAGIC``, the header's length (8 bytes, little-endian), a
+        msgpack header (the slot tables, exact scopes whole), then each HNSW scope's
+        usearch graph at a 64-byte aligned offset the header gives. The graphs stay out
+        of msgpack so that ``restore`` can serve them where they lie, with no copy."""
         import msgpack
 
         with self._lock:
             scopes: dict[str, Any] = {}
+            graphs: list[Any] = []
+            at = 0
             for scope, sub in self._by_scope.items():
                 if isinstance(sub, HnswIndex):
                     return None
-                scopes[scope] = sub.dump()
-            body = {"v": 1, "dim": self.dim, "scopes": scopes}
-            return bytes(msgpack.packb(body, use_bin_type=True))
+                if isinstance(sub, UsearchIndex):
+                    graph = memoryview(sub.graph_bytes()).cast("B")
+                    scopes[scope] = {"kind": "usearch", "graph": [at, len(graph)]}
+                    scopes[scope].update(sub._dump_slots())
+                    pad = -len(graph) % 64
+                    graphs += [graph, b"\0" * pad]
+                    at += len(graph) + pad
+                else:
+                    scopes[scope] = sub.dump()
+            head = bytes(msgpack.packb({"v": 2, "dim": self.dim, "scopes": scopes}))
+            lead = SNAPSHOT_MAGIC + len(head).to_bytes(8, "little") + head
+            return b"".join([lead, b"\0" * (-len(lead) % 64), *graphs])
 
     @classmethod
-    def restore(cls, blob: bytes, policy: IndexPolicy | None = None) -> ScopedIndex:
-        """The index ``dump`` made. Sub-indexes are restored as they were dumped (exact
-        or usearch), with this policy's search width.
+    def restore(cls, blob: Any, policy: IndexPolicy | None = None) -> ScopedIndex:
+        """The index ``dump`` made, from any buffer (``bytes``; a replica passes the
+        memory it read the snapshot into). Sub-indexes are restored as they were dumped
+        (exact or usearch), with this policy's search width. A format-2 blob's HNSW
+        graphs are served in place (``UsearchIndex.restore``): the blob must not be
+        changed afterwards. Format 1 (one msgpack document, from earlier versions) is
+        still read, with a copy.
 
         Raises:
-            ValueError: not a dump of this format, or one whose parts do not agree.
+            ValueError: not a dump of either format, or one whose parts do not agree.
         """
         import msgpack
 
+        mv = memoryview(blob).cast("B")
+        graphs: memoryview | None = None
         try:
-            body = msgpack.unpackb(blob, raw=False)
+            if mv[: len(SNAPSHOT_MAGIC)] == SNAPSHOT_MAGIC:
+                n = int.from_bytes(mv[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+                lead = len(SNAPSHOT_MAGIC) + 8 + n
+                if lead > len(mv):
+                    raise ValueError("its header is cut short")
+                body = msgpack.unpackb(mv[lead - n : lead], raw=False)
+                graphs = mv[lead + (-lead % 64) :]
+            else:
+                body = msgpack.unpackb(mv, raw=False)
         except Exception as exc:  # msgpack raises several types for bad input
             raise ValueError(f"not an index dump: {exc}") from exc
-        if not isinstance(body, dict) or body.get("v") != 1:
-            raise ValueError("not an index dump of format 1")
+        if not isinstance(body, dict) or body.get("v") != (1 if graphs is None else 2):
+            raise ValueError("not an index dump of format 1 or 2")
         dim = int(body["dim"])
         out = cls(dim, policy)
         for scope, data in body["scopes"].items():
             if data.get("kind") == "exact":
                 out._by_scope[scope] = ExactIndex.restore(dim, data)
             elif data.get("kind") == "usearch":
-                out._by_scope[scope] = UsearchIndex.restore(dim, data, out.policy)
+                graph = None
+                if graphs is not None:
+                    at, size = (int(v) for v in data["graph"])
+                    if at < 0 or size <= 0 or at + size > len(graphs):
+                        raise ValueError(f"scope {scope!r}: its graph lies outside the dump")
+                    graph = graphs[at : at + size]
+                out._by_scope[scope] = UsearchIndex.restore(dim, data, out.policy, graph)
             else:
                 raise ValueError(f"unknown sub-index kind {data.get('kind')!r}")
         return out
