@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,20 +120,20 @@ def main() -> None:
             size = f"{len(blob) / 1e6:,.0f}"
             del blob
             if fmt == "1":
-                got, s, stall = ticker.step(lambda: read_joined(st, "t", info))
+                got, s, stall = ticker.step(partial(read_joined, st, "t", info))
                 rows.append([fmt, size, "chunks read and joined", f"{s:.3f}", f"{stall * 1e3:.0f}"])
-                body, s, stall = ticker.step(lambda: msgpack.unpackb(got, raw=False))
+                body, s, stall = ticker.step(partial(msgpack.unpackb, got, raw=False))
                 rows.append([fmt, size, "msgpack.unpackb", f"{s:.3f}", f"{stall * 1e3:.0f}"])
                 graph = bytes(body["scopes"][""]["graph"])
                 del body
                 fresh = UsearchIndex(x.shape[1], m=policy.m, ef_construction=policy.ef_construction)
-                _, s, stall = ticker.step(lambda: fresh._graph.load(graph))
+                _, s, stall = ticker.step(partial(fresh._graph.load, graph))
                 rows.append([fmt, size, "usearch Index.load", f"{s:.3f}", f"{stall * 1e3:.0f}"])
                 del fresh, graph
             else:
-                got, s, stall = ticker.step(lambda: st.read_snapshot("t", info))
+                got, s, stall = ticker.step(partial(st.read_snapshot, "t", info))
                 rows.append([fmt, size, "read_snapshot", f"{s:.3f}", f"{stall * 1e3:.0f}"])
-            loaded, s, stall = ticker.step(lambda: ScopedIndex.restore(got, policy))
+            loaded, s, stall = ticker.step(partial(ScopedIndex.restore, got, policy))
             rows.append(
                 [fmt, size, "**ScopedIndex.restore** (whole)", f"{s:.3f}", f"**{stall * 1e3:.0f}**"]
             )

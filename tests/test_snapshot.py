@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 import redis
 from conftest import near
 
 from zerda_cache import CacheConfig, EvictionConfig
-from zerda_cache.index import IndexPolicy, ScopedIndex
+from zerda_cache.index import SNAPSHOT_MAGIC, IndexPolicy, ScopedIndex, UsearchIndex
 from zerda_cache.snapshot import Snapshotter
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
@@ -74,6 +75,97 @@ def test_a_dump_restores_the_same_index_of_either_kind() -> None:
             ScopedIndex.restore(bad)
 
 
+def restored_view(n: int = 1_200, seed: int = 1) -> tuple[ScopedIndex, dict[str, np.ndarray]]:
+    """An HNSW scope of ``n`` vectors, dumped and restored: served from the dump itself."""
+    x = vectors(n, seed)
+    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300))
+    ids = [f"{i:032x}" for i in range(n)]
+    ix.add_many({ids[i]: (x[i], "") for i in range(n)})
+    blob = ix.dump()
+    assert blob is not None and blob.startswith(SNAPSHOT_MAGIC)
+    back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
+    sub = back._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.viewed
+    return back, {ids[i]: x[i] for i in range(n)}
+
+
+def top(live: dict[str, np.ndarray], q: np.ndarray, k: int) -> list[str]:
+    sims = sorted(((float(v @ q), eid) for eid, v in live.items()), reverse=True)
+    return [eid for _, eid in sims[:k]]
+
+
+def test_a_restored_graph_is_served_in_place_and_takes_every_change() -> None:
+    """The snapshot's graph is read-only: removals mask it, new and replaced vectors go
+    to a graph of their own, and searches merge both. Checked against brute force
+    through churn, then dumped (folded into one graph) and restored again."""
+    back, live = restored_view()
+    rng = np.random.default_rng(2)
+    ids = list(live)
+    for step in range(900):
+        r = rng.random()
+        if r < 0.4:  # remove, snapshot vectors mostly
+            eid = ids[int(rng.integers(len(ids)))]
+            assert back.remove(eid) == (eid in live)
+            live.pop(eid, None)
+        elif r < 0.7:  # replace a vector, or bring a removed id back
+            eid = ids[int(rng.integers(len(ids)))]
+            live[eid] = vectors(1, 10_000 + step)[0]
+            back.add(eid, live[eid], "")
+        else:  # a new entry
+            eid = f"{10_000 + step:032x}"
+            live[eid] = vectors(1, 20_000 + step)[0]
+            back.add(eid, live[eid], "")
+            ids.append(eid)
+    assert back.ids() == set(live) and len(back) == len(live)
+    sub = back._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.viewed and sub._base_dead > 300
+    for eid in list(live)[::7]:  # every live vector finds itself; no removed one is served
+        got = back.search(live[eid], "", 3, -1.0)
+        assert got[0][0] == eid and all(e in live for e, _ in got)
+        np.testing.assert_allclose(sub.vector(eid), live[eid], atol=2e-3)
+    q = vectors(1, 99)[0]
+    assert [e for e, _ in back.search(q, "", 5, -1.0)] == top(live, q, 5)
+    blob = back.dump()  # the worker's path: one graph again
+    assert blob is not None and not sub.viewed
+    again = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
+    assert again.ids() == set(live)
+    for eid in list(live)[::11]:
+        assert again.search(live[eid], "", 1, 0.99)[0][0] == eid
+
+
+def test_an_unchanged_view_dumps_its_own_bytes_and_format_1_is_still_read() -> None:
+    back, live = restored_view(seed=3)
+    first = back.dump()
+    assert first is not None and back._by_scope[""].viewed  # no fold was needed
+    assert ScopedIndex.restore(first).ids() == set(live)
+    # A snapshot from an earlier version: one msgpack document, the graph inside.
+    ix = ScopedIndex.restore(first, IndexPolicy(ann_threshold=300))
+    scopes = {scope: sub.dump() for scope, sub in ix._by_scope.items()}
+    old = msgpack.packb({"v": 1, "dim": DIM, "scopes": scopes}, use_bin_type=True)
+    v1 = ScopedIndex.restore(old, IndexPolicy(ann_threshold=300))
+    assert v1.ids() == set(live) and not v1._by_scope[""].viewed
+    eid = next(iter(live))
+    assert v1.search(live[eid], "", 1, 0.99)[0][0] == eid
+
+
+def test_a_format_2_dump_that_does_not_check_out_is_refused() -> None:
+    back, _ = restored_view(n=600, seed=4)
+    blob = back.dump()
+    assert blob is not None
+    head = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8 + head
+    graph_at = lead + (-lead % 64)
+    cases = {
+        "cut": blob[: graph_at + 100],  # the graph lies past the end
+        "header cut": blob[: lead - 3],
+        "no graph": blob[:graph_at] + b"\0" * (len(blob) - graph_at),
+    }
+    for name, bad in cases.items():
+        with pytest.raises(ValueError):
+            ScopedIndex.restore(bad)
+            pytest.fail(name)
+
+
 def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     make_manager: Any, redis_client: redis.Redis, caplog: Any
 ) -> None:
@@ -107,6 +199,62 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     assert sum(own) >= 9, own
     hit = fresh.lookup("q10?", tenant="t", embedding=near(x[10], 0.97), scope="other")
     assert hit is not None and hit.entry_id == ids[10]  # an exact scope
+
+
+def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
+    make_manager: Any, redis_client: redis.Redis, caplog: Any, monkeypatch: Any
+) -> None:
+    """A replica serving a snapshot's graph in place keeps what changed since in a second
+    graph; once that is a tenth of the snapshot and the worker has published a newer
+    one, the replica loads it in the background, lookups going on meanwhile."""
+    import zerda_cache.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_REBASE_CHECK_S", 0.0)
+    st = RedisStorage(redis_client, CONFIG)
+    x = vectors(N + 600)
+    ids = fill(st, x[:N], scope_every=N)  # one HNSW scope
+    snap = Snapshotter(st)
+    assert snap.snapshot_tenant("t") is not None
+    first = st.snapshot_info("t")
+    fresh = make_manager(CONFIG)
+    assert fresh.sync_index("t") == N
+    ti = fresh._indexes["t"]
+    assert ti.snapshot == first.generation and ti.index.drift() == 0
+    writer = make_manager(CONFIG)
+    late = [writer.put(f"late {i}", "a", tenant="t", embedding=x[N + i]) for i in range(500)]
+    for eid in ids[:100]:
+        writer.invalidate(eid, tenant="t")
+    assert fresh.sync_index("t") == N + 400
+    assert ti.index.drift() >= 0.1 and ti.snapshot == first.generation  # none newer
+    assert snap.snapshot_tenant("t", force=True) is not None
+    second = st.snapshot_info("t")
+    assert second.generation != first.generation
+    writer.put("one more", "a", tenant="t", embedding=x[N + 599])
+    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+        hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 3], 0.97))
+        assert hit is not None and hit.entry_id == late[3].entry_id
+        assert fresh.sync_index("t") == N + 401
+    assert "loading snapshot " + second.generation in caplog.text
+    ti = fresh._indexes["t"]
+    assert ti.snapshot == second.generation and ti.index.drift() < 0.01 and not ti.rebasing
+    hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 9], 0.97))
+    assert hit is not None and hit.entry_id == late[9].entry_id
+    assert fresh.lookup("q1?", tenant="t", embedding=x[1]) is None  # invalidated
+    # A newer snapshot that does not check out: the index in use stays, caught up.
+    in_use = ti.index
+    writer.put("after", "a", tenant="t", embedding=x[N + 598])
+    assert snap.snapshot_tenant("t", force=True) is not None
+    third = st.snapshot_info("t")
+    redis_client.delete(tenant_keys("t").snap_chunk(third.generation, 0))
+    for i in range(100, 700):
+        writer.invalidate(ids[i], tenant="t")
+    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+        caplog.clear()
+        assert fresh.sync_index("t") == N + 402 - 600  # caught up ...
+        assert "loading snapshot " + third.generation in caplog.text  # (tried)
+        assert fresh.sync_index("t") == N + 402 - 600
+    assert ti.index is in_use and ti.built and not ti.rebasing  # ... on the same index
+    assert ti.snapshot == second.generation
 
 
 def test_a_stale_damaged_or_missing_snapshot_means_a_scan(

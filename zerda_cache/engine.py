@@ -98,6 +98,12 @@ _BUILD_BATCH = 2000
 _BUILD_LOG_EVERY_S = 5.0
 _BUILD_RETRY_S = 1.0
 _REBUILD_EVERY_S = 5.0
+#: A replica serving a snapshot's graph in place (``UsearchIndex.restore``) moves to a
+#: newer snapshot once this share of the vectors changed since (the changes live in a
+#: second graph and the removed vectors' memory is held until then); it looks for one at
+#: most every ``_REBASE_CHECK_S``.
+_REBASE_DRIFT = 0.1
+_REBASE_CHECK_S = 60.0
 _BATCH_ATTEMPTS = 3
 _BUILD_SLOTS = 2
 #: Lookups are counted in Redis (for the error bound's share of requests, see
@@ -459,11 +465,11 @@ class CacheEngine:
         """The hit (or None), how many candidates the index found, whether a
         verification was asked for, and for an exact repeat, its entry's level at this
         lookup as far as it is known (``calibration.exact_level``; 0 when it is not)."""
-        tenant, st, cfg = keys.tenant, self.storage, self.config
+        tenant, st = keys.tenant, self.storage
         ti = self._tenant_index(keys)
         if not ti.built:  # built in the background: wait a bounded time for it
             # (a lookup without an embedding matches exactly only: it starts the build)
-            yield from self._await_index(ti, cfg.redis_timeout_s if vec is not None else 0.0)
+            yield from self._await_index(ti, self._build_wait(ti, vec is not None))
         policy, refresh = yield from self._lookup_policy(tenant)
         # Until it is built, search the index this replica had before, if any (a rebuild),
         # without catching it up, and check the dimension against Redis instead.
@@ -532,7 +538,7 @@ class CacheEngine:
         if live:
             changed = yield from self._catch_up(ti, replies[0], position)
             if not ti.built:  # the catch-up found a rebuild necessary: a bounded wait
-                yield from self._await_index(ti, cfg.redis_timeout_s)
+                yield from self._await_index(ti, self._build_wait(ti, True))
         elif vec is not None and replies[0] is not None and replies[0] != len(vec):
             raise DimensionMismatchError(tenant, replies[0], len(vec))
         states = StateBatch()
@@ -826,6 +832,7 @@ class CacheEngine:
                 if ti.apply(delta, vectors):
                     changed = True
                     if not delta.more:
+                        yield from self._rebase(ti)
                         return True
                     delta = yield from st._read_log(tenant, ti.last_id)
                     continue
@@ -839,6 +846,44 @@ class CacheEngine:
                 ti.retry_at = time.monotonic() + _REBUILD_EVERY_S
             self._start_build(ti)
             return True
+
+    def _build_wait(self, ti: TenantIndex, near: bool) -> float:
+        """How long a lookup waits for ``ti``'s build: ``redis_timeout_s`` at most, none
+        for a lookup that matches exactly only (no embedding) or during a move to a
+        newer snapshot (the index in use is complete)."""
+        return self.config.redis_timeout_s if near and not ti.rebasing else 0.0
+
+    def _rebase(self, ti: TenantIndex) -> Flow[None]:
+        """Move to a newer index snapshot once the one served in place has drifted by
+        ``_REBASE_DRIFT``: a rebuild from it in the background, during which lookups
+        search the index in use without waiting (see ``TenantIndex.rebasing``). Only
+        when the worker has published a newer one that the log still reaches: a scan
+        instead would cost minutes at the sizes snapshots are made for."""
+        index, now = ti.index, time.monotonic()
+        if (
+            ti.snapshot is None
+            or index is None
+            or now < ti.rebase_checked + _REBASE_CHECK_S
+            or index.drift() < _REBASE_DRIFT
+            or not self.config.index_snapshots
+        ):
+            return
+        ti.rebase_checked = now
+        st, tenant = self.storage, ti.keys.tenant
+        snap = yield from st._snapshot_info(tenant)
+        if snap is None or snap.generation == ti.snapshot:
+            return
+        if not (yield from st._log_info(tenant)).holds_since(snap.added):
+            return
+        log.info(
+            "tenant %s: %.0f%% of the index changed since snapshot %s: loading snapshot %s",
+            tenant,
+            100 * index.drift(),
+            ti.snapshot,
+            snap.generation,
+        )
+        ti.built, ti.rebasing = False, True
+        self._start_build(ti)
 
     def _start_build(self, ti: TenantIndex) -> Job | None:
         """The running build of ``ti``, started if none runs (``None``: built already,
@@ -953,7 +998,7 @@ class CacheEngine:
             return False
         ti.progress = (snap.entries, snap.entries)
         position = LogInfo(last_id=snap.last_id, added=snap.added, length=0)
-        yield from locked(ti.lock, self._install_locked(ti, index, position))
+        yield from locked(ti.lock, self._install_locked(ti, index, position, snap.generation))
         if ti.built:
             log.info(
                 "tenant %s: index loaded from snapshot %s (%d entries, log %d events on)",
@@ -964,9 +1009,20 @@ class CacheEngine:
             )
         return True
 
+    def _resume_locked(self, ti: TenantIndex) -> Flow[None]:
+        """Go on with the index in use, from its own log position (a move to a newer
+        snapshot that did not happen); lookups catch it up again."""
+        ti.built, ti.rebasing = True, False
+        ti.job = None
+        return
+        yield  # a flow
+
     def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
         st, tenant = self.storage, ti.keys.tenant
         if self.config.index_snapshots and (yield from self._from_snapshot(ti)):
+            return
+        if ti.rebasing:  # the newer snapshot did not check out: keep the index in use
+            yield from locked(ti.lock, self._resume_locked(ti))
             return
         info = yield from st._log_info(tenant)
         total = yield from st._count(tenant)
@@ -1012,13 +1068,20 @@ class CacheEngine:
         raise AssertionError("unreachable")
 
     def _install_locked(
-        self, ti: TenantIndex, index: ScopedIndex | None, info: LogInfo
+        self,
+        ti: TenantIndex,
+        index: ScopedIndex | None,
+        info: LogInfo,
+        snapshot: str | None = None,
     ) -> Flow[None]:
         """Put the new index in use and replay the log from the position read before the
-        scan. If events the replay needs were trimmed away meanwhile (the log is capped
-        at ``index_log_maxlen``), the replay finds out and starts another build."""
+        scan (or the position of ``snapshot``, the generation it was loaded from). If
+        events the replay needs were trimmed away meanwhile (the log is capped at
+        ``index_log_maxlen``), the replay finds out and starts another build."""
         tenant = ti.keys.tenant
         ti.install(index, info)
+        ti.snapshot = snapshot
+        ti.rebase_checked = time.monotonic()
         ti.job = None  # done: a rebuild the replay finds necessary starts a new job
         self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
         ti.replaying = True  # not "ready" before the events that raced the build are in

@@ -499,6 +499,16 @@ class UsearchIndex(_SlottedAnn):
         """Serving a snapshot's graph in place (see ``restore``)."""
         return self._base is not None
 
+    @property
+    def base_size(self) -> int:
+        """Vectors in the snapshot's graph served in place (removed ones included)."""
+        return 0 if self._base is None else len(self._base)
+
+    @property
+    def moved(self) -> int:
+        """Vectors added, replaced or removed since the snapshot served in place."""
+        return 0 if self._base is None else len(self._graph) + self._base_dead
+
     def _materialize(self) -> None:
         """Fold the base view and what changed since into one mutable graph: usearch
         loads the base (holding the GIL for ~0.5 s a million vectors), drops the removed
@@ -819,6 +829,17 @@ class ScopedIndex:
     def ids(self) -> set[str]:
         with self._lock:
             return {eid for sub in self._by_scope.values() for eid in sub.ids()}
+
+    def drift(self) -> float:
+        """How far the index has moved from the snapshot it serves in place: vectors
+        added, replaced or removed since, over the snapshot's (0 when it serves none)."""
+        with self._lock:
+            moved = base = 0
+            for sub in self._by_scope.values():
+                if isinstance(sub, UsearchIndex) and sub.viewed:
+                    moved += sub.moved
+                    base += sub.base_size
+            return moved / base if base else 0.0
 
     def scopes(self) -> list[str]:
         with self._lock:

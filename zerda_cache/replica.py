@@ -67,6 +67,13 @@ class TenantIndex:
         self.failures = 0  # builds failed in a row (the retry delay doubles)
         #: A new index is in use and the log since its scan is being replayed into it.
         self.replaying = False
+        #: The generation of the index snapshot the index was loaded from (``None``:
+        #: scanned), and when the engine last looked for a newer one (``rebase_due``).
+        self.snapshot: str | None = None
+        self.rebase_checked = 0.0
+        #: A rebuild that lookups need not wait for: the index in use is complete, only
+        #: not caught up meanwhile (a move to a newer snapshot, ``CacheEngine._rebase``).
+        self.rebasing = False
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:
@@ -139,6 +146,8 @@ class TenantIndex:
         self.last_id = info.last_id
         self.consumed = info.added
         self.built = True
+        self.snapshot = None  # the caller sets it when the index came from one
+        self.rebasing = False
 
     def drop(self) -> None:
         """Forget the index in use (its vectors no longer fit the tenant)."""

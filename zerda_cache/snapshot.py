@@ -7,21 +7,22 @@ MiniLM embeddings on two cores, minutes at a million (``docs/BENCHMARKS.md``). T
 a replica would (a ``CacheManager`` of its own, caught up through the tenant's log), and
 publishes it with the log position it is at:
 
-* ``ScopedIndex.dump`` serialises it (usearch's own format for HNSW scopes, the matrix
-  for exact ones) into one blob, stored in chunks of 16 MB (``p:{t}:snap:<gen>:<i>``,
-  written with a TTL while unpublished);
+* ``ScopedIndex.dump`` serialises it (format 2: a msgpack header, then usearch's own
+  format for each HNSW scope, which a replica serves in place) into one blob, stored in
+  chunks of 16 MB (``p:{t}:snap:<gen>:<i>``, written with a TTL while unpublished);
 * ``snapshot.lua`` publishes the generation in the tenant's ``p:{t}:snap`` hash and
   deletes the previous one, in one step;
 * a new replica's build (``CacheEngine._from_snapshot``) reads it, checks its size and
   checksum and that the log still holds every event since its position, installs it and
   replays the log from there: the same replay as after a scan, so nothing published
   after the snapshot is missed. Anything amiss (no snapshot, a stale or damaged one):
-  the replica scans as before.
+  the replica scans as before. A replica whose index has drifted by a tenth from the
+  snapshot it serves loads a newer one (``CacheEngine._rebase``).
 
 A snapshot is made again once the tenant's log has moved on by a tenth of its entries or
 by half the log's cap (``index_log_maxlen``), whichever comes first: a snapshot the log
 no longer reaches is useless. Its cost is Redis memory, about the replica index's own
-size (0.9 KB per 384-d entry with usearch's float16 vectors), and the worker's memory
+size (about 1.1 KB per 384-d entry with usearch's float16 vectors), and the worker's memory
 for the indexes it keeps; ``snapshot_min_entries = 0`` turns snapshots off, and
 ``CacheConfig.index_snapshots = False`` makes a replica ignore them. ``clear`` deletes a
 tenant's snapshot. The hnswlib backend cannot be snapshotted (it serialises to files).
