@@ -237,6 +237,7 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
     assert "loading snapshot " + second.generation in caplog.text
     ti = fresh._indexes["t"]
     assert ti.snapshot == second.generation and ti.index.drift() < 0.01 and not ti.rebasing
+    assert fresh.index_ready("t")
     hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 9], 0.97))
     assert hit is not None and hit.entry_id == late[9].entry_id
     assert fresh.lookup("q1?", tenant="t", embedding=x[1]) is None  # invalidated

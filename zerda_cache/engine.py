@@ -901,7 +901,8 @@ class CacheEngine:
             ti.progress = (0, 0)
             ti.job = job = self.spawn(self._build(ti), f"zerda-index-{ti.keys.tenant}")
             self._jobs.add(job)
-            self.metrics.index_ready.labels(self.metrics.tenant(ti.keys.tenant)).set(0)
+            if not ti.rebasing:  # a move to a newer snapshot: the index in use is whole
+                self.metrics.index_ready.labels(self.metrics.tenant(ti.keys.tenant)).set(0)
             return job
 
     def _await_index(self, ti: TenantIndex, wait: float | None) -> Flow[None]:
@@ -1129,9 +1130,10 @@ class CacheEngine:
 
     def index_ready(self, tenant: str) -> bool:
         """Is this replica's index of ``tenant`` built (lookups search all of it)? False
-        before its first lookup and while a build runs; ``index_progress`` says how far."""
+        before its first lookup and while a build runs; ``index_progress`` says how far.
+        A move to a newer snapshot (``_rebase``) keeps it True: the index in use is whole."""
         ti = self._indexes.get(validate_tenant(tenant))
-        return ti is not None and ti.built and not ti.replaying
+        return ti is not None and (ti.built or ti.rebasing) and not ti.replaying
 
     def index_progress(self, tenant: str) -> tuple[int, int]:
         """The running build of ``tenant``'s index: (entries scanned, entries counted
@@ -1397,7 +1399,7 @@ class CacheEngine:
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
         ti = self._indexes.get(tenant)
         out["replica_index_entries"] = len(ti) if ti is not None else 0
-        out["replica_index_ready"] = ti is not None and ti.built
+        out["replica_index_ready"] = ti is not None and (ti.built or ti.rebasing)
         return out
 
     def _clear(self, tenant: str) -> Flow[int]:
