@@ -133,6 +133,16 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change() -> None:
         assert again.search(live[eid], "", 1, 0.99)[0][0] == eid
 
 
+def test_removing_a_querys_nearest_snapshot_vectors_still_finds_k_live_ones() -> None:
+    back, live = restored_view(seed=5)
+    q = vectors(1, 77)[0]
+    for eid in top(live, q, 40):  # far more than the view is asked for at first
+        assert back.remove(eid)
+        del live[eid]
+    got = back.search(q, "", 5, -1.0)
+    assert [e for e, _ in got] == top(live, q, 5)
+
+
 def test_an_unchanged_view_dumps_its_own_bytes_and_format_1_is_still_read() -> None:
     back, live = restored_view(seed=3)
     first = back.dump()
@@ -255,7 +265,41 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
         assert "loading snapshot " + third.generation in caplog.text  # (tried)
         assert fresh.sync_index("t") == N + 402 - 600
     assert ti.index is in_use and ti.built and not ti.rebasing  # ... on the same index
-    assert ti.snapshot == second.generation
+    assert ti.snapshot == second.generation and ti.rebase_failed == third.generation
+    # A snapshot whose load raises: the same.
+    assert snap.snapshot_tenant("t", force=True) is not None
+    fourth = st.snapshot_info("t")
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("no memory for it")
+
+    monkeypatch.setattr(engine_module.ScopedIndex, "restore", broken)
+    for i in range(700, 900):
+        writer.invalidate(ids[i], tenant="t")
+    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+        caplog.clear()
+        assert fresh.sync_index("t") == N + 402 - 800
+        assert "loading the index snapshot failed (OSError: no memory for it)" in caplog.text
+    assert ti.index is in_use and ti.built and ti.rebase_failed == fourth.generation
+
+
+def test_lookups_during_a_move_to_a_newer_snapshot_catch_the_index_in_use_up(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    st = RedisStorage(redis_client, CONFIG)
+    x = vectors(N + 10)
+    fill(st, x[:N], scope_every=N)
+    assert Snapshotter(st).snapshot_tenant("t") is not None
+    fresh = make_manager(CONFIG)
+    assert fresh.sync_index("t") == N
+    ti = fresh._indexes["t"]
+    ti.built, ti.rebasing = False, True  # as _rebase leaves it, its job not started yet
+    ti.retry_at = float("inf")  # ... nor started by this lookup
+    writer = make_manager(CONFIG)
+    late = writer.put("late", "a", tenant="t", embedding=x[N + 1])
+    hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 1], 0.97))
+    assert hit is not None and hit.entry_id == late.entry_id  # caught up, no waiting
+    assert fresh.index_ready("t") and fresh.index_progress("t") == (N + 1, N + 1)
 
 
 def test_a_stale_damaged_or_missing_snapshot_means_a_scan(

@@ -473,7 +473,7 @@ class CacheEngine:
         policy, refresh = yield from self._lookup_policy(tenant)
         # Until it is built, search the index this replica had before, if any (a rebuild),
         # without catching it up, and check the dimension against Redis instead.
-        live = ti.built
+        live = ti.usable
         found = self._search(ti, vec, scope, policy)
         n_found = len(found)
         position = ti.last_id
@@ -802,7 +802,7 @@ class CacheEngine:
         return (yield from locked(ti.lock, self._catch_up_locked(ti, delta, position)))
 
     def _catch_up_locked(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
-        if not ti.built:  # a rebuild began meanwhile: it replays the log itself
+        if not ti.usable:  # a rebuild began meanwhile: it replays the log itself
             return False
         changed = False
         if ti.last_id != position:
@@ -838,6 +838,7 @@ class CacheEngine:
                     continue
                 reason = "its embedding dimension changed"
                 ti.drop()
+            ti.rebasing = False  # a rebuild, not a move: the index in use is not whole
             log.info("tenant %s: %s; rebuilding this replica's index", tenant, reason)
             if paced:
                 # Found by a build's own replay: not again before _REBUILD_EVERY_S (the
@@ -871,7 +872,7 @@ class CacheEngine:
         ti.rebase_checked = now
         st, tenant = self.storage, ti.keys.tenant
         snap = yield from st._snapshot_info(tenant)
-        if snap is None or snap.generation == ti.snapshot:
+        if snap is None or snap.generation in (ti.snapshot, ti.rebase_failed):
             return
         if not (yield from st._log_info(tenant)).holds_since(snap.added):
             return
@@ -978,6 +979,7 @@ class CacheEngine:
         (scan instead) when there is none, it is stale or it does not check out."""
         st, tenant = self.storage, ti.keys.tenant
         snap = yield from st._snapshot_info(tenant)
+        ti.snapshot_seen = None if snap is None else snap.generation
         if snap is None:
             return False
         now = yield from st._log_info(tenant)
@@ -1013,6 +1015,7 @@ class CacheEngine:
     def _resume_locked(self, ti: TenantIndex) -> Flow[None]:
         """Go on with the index in use, from its own log position (a move to a newer
         snapshot that did not happen); lookups catch it up again."""
+        ti.rebase_failed = ti.snapshot_seen
         ti.built, ti.rebasing = True, False
         ti.job = None
         return
@@ -1020,9 +1023,21 @@ class CacheEngine:
 
     def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
         st, tenant = self.storage, ti.keys.tenant
-        if self.config.index_snapshots and (yield from self._from_snapshot(ti)):
-            return
-        if ti.rebasing:  # the newer snapshot did not check out: keep the index in use
+        if self.config.index_snapshots:
+            try:
+                if (yield from self._from_snapshot(ti)):
+                    return
+            except Exception as exc:  # a snapshot is only a shortcut: scan instead
+                if not ti.rebasing and isinstance(exc, StorageError):
+                    raise  # Redis is failing: the scan would too; retried later
+                log.warning(
+                    "tenant %s: loading the index snapshot failed (%s: %s)",
+                    tenant,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not isinstance(exc, StorageError | MemoryError | OSError),
+                )
+        if ti.rebasing:  # the newer snapshot did not load: keep the index in use
             yield from locked(ti.lock, self._resume_locked(ti))
             return
         info = yield from st._log_info(tenant)
@@ -1124,7 +1139,7 @@ class CacheEngine:
         raise StorageError(f"tenant {tenant}: still changing after {_MAX_REBUILDS} rebuilds")
 
     def _sync_locked(self, ti: TenantIndex) -> Flow[None]:
-        if ti.built:
+        if ti.usable:
             delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
             yield from self._apply_locked(ti, delta)
 
@@ -1133,7 +1148,7 @@ class CacheEngine:
         before its first lookup and while a build runs; ``index_progress`` says how far.
         A move to a newer snapshot (``_rebase``) keeps it True: the index in use is whole."""
         ti = self._indexes.get(validate_tenant(tenant))
-        return ti is not None and (ti.built or ti.rebasing) and not ti.replaying
+        return ti is not None and ti.usable and not ti.replaying
 
     def index_progress(self, tenant: str) -> tuple[int, int]:
         """The running build of ``tenant``'s index: (entries scanned, entries counted
@@ -1141,7 +1156,7 @@ class CacheEngine:
         ti = self._indexes.get(validate_tenant(tenant))
         if ti is None:
             return (0, 0)
-        return (len(ti), len(ti)) if ti.built else ti.progress
+        return (len(ti), len(ti)) if ti.usable else ti.progress
 
     def index_ids(self, tenant: str) -> set[str]:
         """The entry ids in this replica's index for ``tenant`` (as of its last sync)."""
@@ -1217,8 +1232,8 @@ class CacheEngine:
                 # built (past the bounded wait) only the same question is replaced.
                 ti = self._tenant_index(keys)
                 if not ti.built:
-                    yield from self._await_index(ti, self.config.redis_timeout_s)
-                if ti.built:
+                    yield from self._await_index(ti, self._build_wait(ti, True))
+                if ti.usable:
                     yield from locked(ti.lock, self._sync_locked(ti))
                     self._check_dim(tenant, ti, vec)
                     best = ti.search(vec, scope, 1, dedup)
@@ -1233,7 +1248,7 @@ class CacheEngine:
                 ttl_s=ttl_s,
                 quality=quality,
                 metadata=metadata,
-                index_dim=indexed.dim if indexed is not None and indexed.built else None,
+                index_dim=indexed.dim if indexed is not None and indexed.usable else None,
                 rl=policy.rl,
             )
             replaced, result = self._put_done(tenant, warnings, out, near)
@@ -1399,7 +1414,7 @@ class CacheEngine:
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
         ti = self._indexes.get(tenant)
         out["replica_index_entries"] = len(ti) if ti is not None else 0
-        out["replica_index_ready"] = ti is not None and (ti.built or ti.rebasing)
+        out["replica_index_ready"] = ti is not None and ti.usable
         return out
 
     def _clear(self, tenant: str) -> Flow[int]:
@@ -1572,7 +1587,7 @@ class CacheEngine:
 
     @staticmethod
     def _check_dim(tenant: str, ti: TenantIndex, vec: Vector | None) -> None:
-        if vec is not None and ti.built and ti.dim is not None and ti.dim != len(vec):
+        if vec is not None and ti.usable and ti.dim is not None and ti.dim != len(vec):
             raise DimensionMismatchError(tenant, ti.dim, len(vec))
 
     # -- ranking ---------------------------------------------------------------------------

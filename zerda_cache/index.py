@@ -450,12 +450,18 @@ class UsearchIndex(_SlottedAnn):
             return np.asarray(found.keys, dtype=np.int64)
         assert self._base_live is not None
         # Vectors removed from the base still sit in its graph: ask it for more when
-        # there are any, drop them, and merge with the vectors added since.
-        wide = k if self._base_dead == 0 else min(len(self._base), max(2 * k, k + 8))
-        found = self._base.search(query, wide, threads=1)
-        keys = np.asarray(found.keys, dtype=np.int64)
-        dist = np.asarray(found.distances, dtype=np.float64)
-        live = self._base_live[keys]
+        # there are any, wider until k are left (the removed ones may be exactly the
+        # query's nearest), drop them, and merge with the vectors added since.
+        size = len(self._base)
+        wide = k if self._base_dead == 0 else min(size, max(2 * k, k + 8))
+        while True:
+            found = self._base.search(query, wide, threads=1)
+            keys = np.asarray(found.keys, dtype=np.int64)
+            dist = np.asarray(found.distances, dtype=np.float64)
+            live = self._base_live[keys]
+            if int(live.sum()) >= k or wide >= size or len(keys) < wide:
+                break
+            wide = min(size, wide * 4)
         keys, dist = keys[live], dist[live]
         if len(self._graph):
             more = self._graph.search(query, k, threads=1)
@@ -524,7 +530,9 @@ class UsearchIndex(_SlottedAnn):
             full.remove(dead.astype(np.uint64))
         if len(self._graph):
             keys = np.asarray(self._graph.keys, dtype=np.uint64)
-            full.add(keys, np.asarray(self._graph.get(keys), dtype=np.float16), threads=0)
+            vecs = np.asarray(self._graph.get(keys), dtype=np.float16)
+            small = len(full) + len(keys) < PARALLEL_INSERT_FROM  # see _graph_add
+            full.add(keys, vecs, threads=1 if small else 0)
         full.expansion_search = self._width
         self._graph = full
         self._base = self._base_buffer = self._base_live = None
@@ -561,7 +569,12 @@ class UsearchIndex(_SlottedAnn):
         read-only view: ~0.2 s a million vectors, and no copy. Loading it instead holds
         Python's GIL for the whole copy, ~0.5 s a million vectors, and so stalls every
         lookup of the replica (``bench_snapshot_load.py``). Without ``graph``, the graph
-        in ``data`` (a format-1 snapshot) is loaded."""
+        in ``data`` (a format-1 snapshot) is loaded.
+
+        Raises ``ValueError`` when the header, the slot table or the graph's own header
+        does not fit. usearch does not check a graph's links: a damaged graph may crash
+        the process when searched, so the bytes must be checked first (the replica
+        checks the snapshot's size and checksum before it restores it)."""
         index = cls(
             dim, m=policy.m, ef_construction=policy.ef_construction, ef_search=policy.ef_search
         )
@@ -571,9 +584,15 @@ class UsearchIndex(_SlottedAnn):
         else:
             loaded = index._new_graph()
             try:
+                meta = loaded.metadata(graph)
+                if meta is None or (meta["dimensions"], str(meta["kind_scalar"])) != (
+                    dim,
+                    "ScalarKind.F16",
+                ):
+                    raise ValueError(f"a graph of another kind: {meta}")
                 loaded.view(graph)
             except Exception as exc:  # usearch raises RuntimeError or ValueError
-                raise ValueError(f"not a usearch graph: {exc}") from exc
+                raise ValueError(f"not a usearch graph of this index: {exc}") from exc
             index._base, index._base_buffer = loaded, graph
         if loaded.ndim != dim:
             raise ValueError(f"a usearch dump of dimension {loaded.ndim}, not {dim}")
@@ -886,7 +905,9 @@ class ScopedIndex:
         memory it read the snapshot into). Sub-indexes are restored as they were dumped
         (exact or usearch), with this policy's search width. A format-2 blob's HNSW
         graphs are served in place (``UsearchIndex.restore``): the blob must not be
-        changed afterwards. Format 1 (one msgpack document, from earlier versions) is
+        changed afterwards, and one in private anonymous ``mmap`` memory (as
+        ``read_snapshot`` returns it) is restored once: the pages before its graphs are
+        given back. Format 1 (one msgpack document, from earlier versions) is
         still read, with a copy.
 
         Raises:
@@ -910,6 +931,18 @@ class ScopedIndex:
             raise ValueError(f"not an index dump: {exc}") from exc
         if not isinstance(body, dict) or body.get("v") != (1 if graphs is None else 2):
             raise ValueError("not an index dump of format 1 or 2")
+        try:
+            out = cls._restore_scopes(body, policy, graphs)
+        except (KeyError, TypeError, AttributeError) as exc:  # a header of another shape
+            raise ValueError(f"an index dump whose header does not fit: {exc!r}") from exc
+        if graphs is not None:
+            _release_lead(mv, len(mv) - len(graphs))
+        return out
+
+    @classmethod
+    def _restore_scopes(
+        cls, body: dict[str, Any], policy: IndexPolicy | None, graphs: memoryview | None
+    ) -> ScopedIndex:
         dim = int(body["dim"])
         out = cls(dim, policy)
         for scope, data in body["scopes"].items():
@@ -926,3 +959,16 @@ class ScopedIndex:
             else:
                 raise ValueError(f"unknown sub-index kind {data.get('kind')!r}")
         return out
+
+
+def _release_lead(mv: memoryview, lead: int) -> None:
+    """Give back the pages of a restored dump before its graphs (the header, the slot
+    tables and the exact scopes, all copied out by now), when it lies in private
+    anonymous memory (``RedisStorage.read_snapshot``): the graphs' views keep the rest."""
+    import mmap
+
+    buf = mv.obj
+    if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        upto = lead - lead % mmap.PAGESIZE
+        if upto > 0:
+            buf.madvise(mmap.MADV_DONTNEED, 0, upto)

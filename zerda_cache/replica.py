@@ -71,9 +71,11 @@ class TenantIndex:
         #: scanned), and when the engine last looked for a newer one (``rebase_due``).
         self.snapshot: str | None = None
         self.rebase_checked = 0.0
-        #: A rebuild that lookups need not wait for: the index in use is complete, only
-        #: not caught up meanwhile (a move to a newer snapshot, ``CacheEngine._rebase``).
+        #: A rebuild that lookups need not wait for (a move to a newer snapshot,
+        #: ``CacheEngine._rebase``): the index in use is whole and still caught up.
         self.rebasing = False
+        self.snapshot_seen: str | None = None  # the generation a build last tried
+        self.rebase_failed: str | None = None  # a generation that did not load: skipped
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:
@@ -155,6 +157,12 @@ class TenantIndex:
         self.built = False
 
     # -- queries -------------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        """The index in use is whole and followed: lookups search it and catch it up
+        (built, or during a move to a newer snapshot)."""
+        return self.built or self.rebasing
+
     @property
     def dim(self) -> int | None:
         index = self.index

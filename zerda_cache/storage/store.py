@@ -413,7 +413,9 @@ class Storage(StoragePlans):
         k = self.keys(tenant)
         if info.size <= 0:
             return None
-        buf = mmap.mmap(-1, info.size)
+        # Private: pages given back with MADV_DONTNEED are freed (see index._release_lead).
+        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
+        buf = mmap.mmap(-1, info.size, flags=flags)
         view = memoryview(buf)
         digest = hashlib.blake2b(digest_size=16)
         at = 0
