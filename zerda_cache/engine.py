@@ -991,13 +991,25 @@ class CacheEngine:
                 snap.generation,
             )
             return False
-        blob = yield from st._read_snapshot(tenant, snap)
-        if blob is None:
-            return False
-        try:  # CPU work: off the event loop (asyncio)
+        try:
+            blob = yield from st._read_snapshot(tenant, snap)
+            if blob is None:
+                return False
+            # CPU work: off the event loop (asyncio)
             index = yield self.offload(ScopedIndex.restore, blob, self._index_policy)
         except ValueError as exc:
             log.warning("tenant %s: index snapshot %s unusable: %s", tenant, snap.generation, exc)
+            return False
+        except Exception as exc:  # a snapshot is only a shortcut: scan instead
+            if not ti.rebasing and isinstance(exc, StorageError):
+                raise  # Redis is failing: the scan would too; the build is retried later
+            log.warning(
+                "tenant %s: loading the index snapshot failed (%s: %s)",
+                tenant,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, StorageError | MemoryError | OSError),
+            )
             return False
         ti.progress = (snap.entries, snap.entries)
         position = LogInfo(last_id=snap.last_id, added=snap.added, length=0)
@@ -1023,20 +1035,8 @@ class CacheEngine:
 
     def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
         st, tenant = self.storage, ti.keys.tenant
-        if self.config.index_snapshots:
-            try:
-                if (yield from self._from_snapshot(ti)):
-                    return
-            except Exception as exc:  # a snapshot is only a shortcut: scan instead
-                if not ti.rebasing and isinstance(exc, StorageError):
-                    raise  # Redis is failing: the scan would too; retried later
-                log.warning(
-                    "tenant %s: loading the index snapshot failed (%s: %s)",
-                    tenant,
-                    type(exc).__name__,
-                    exc,
-                    exc_info=not isinstance(exc, StorageError | MemoryError | OSError),
-                )
+        if self.config.index_snapshots and (yield from self._from_snapshot(ti)):
+            return
         if ti.rebasing:  # the newer snapshot did not load: keep the index in use
             yield from locked(ti.lock, self._resume_locked(ti))
             return
