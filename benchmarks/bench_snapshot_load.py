@@ -13,7 +13,7 @@ longest gap it saw (a step that holds the GIL stalls it for as long), side by si
 * format 2 (now): ``read_snapshot`` gathers the chunks into anonymous memory a few MB at a
   time, and ``ScopedIndex.restore`` serves the graph where it lies (usearch's ``view``).
 
-    .venv/bin/python benchmarks/bench_snapshot_load.py [--n 200000]
+    .venv/bin/python benchmarks/bench_snapshot_load.py [--n 200000] [--section NAME]
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="20k entries; does not write docs")
+    parser.add_argument("--section", default="snapshot-load", help="docs/BENCHMARKS.md section")
     args = parser.parse_args()
     if args.quick:
         args.n = 20_000
@@ -224,7 +225,7 @@ def main() -> None:
     print(text)
     if not args.quick:
         write_section(
-            "snapshot-load",
+            args.section,
             f"Loading an index snapshot: GIL stalls at {args.n:,} entries (bench_snapshot_load.py)",
             text,
         )
