@@ -345,7 +345,8 @@ class _SlottedAnn:
             "next": self._next,
         }
 
-    def _restore_slots(self, data: Mapping[str, Any]) -> None:
+    def _restore_slots(self, data: Mapping[str, Any]) -> npt.NDArray[np.int64]:
+        """Restore the slot table ``_dump_slots`` made; returns the slots in use."""
         used = np.frombuffer(bytes(data["slots"]), dtype=np.int64)
         hi = np.frombuffer(bytes(data["hi"]), dtype=np.uint64)
         lo = np.frombuffer(bytes(data["lo"]), dtype=np.uint64)
@@ -361,6 +362,7 @@ class _SlottedAnn:
         self._next = nxt
         taken = set(self._slot.values())
         self._free = [s for s in range(nxt) if s not in taken]
+        return used
 
 
 def _import_usearch() -> Any:
@@ -396,18 +398,10 @@ class UsearchIndex(_SlottedAnn):
         ef_search: int = 64,
         capacity: int = 1024,
     ) -> None:
-        Index = _import_usearch().Index
-
         super().__init__(dim, capacity)
         self.ef_search = self._width = ef_search
-        self._graph = Index(
-            ndim=dim,
-            metric="ip",
-            dtype="f16",
-            connectivity=m,
-            expansion_add=ef_construction,
-            expansion_search=ef_search,
-        )
+        self._m, self._ef_construction = m, ef_construction
+        self._graph = self._new_graph()
         # A restored index serves the snapshot's graph in place (``view``): read-only,
         # so what changes afterwards goes to ``_graph`` (new vectors) and ``_base_live``
         # (the snapshot's vectors removed or replaced since). None: no base.
@@ -539,12 +533,13 @@ class UsearchIndex(_SlottedAnn):
         self._base_dead = 0
 
     def _new_graph(self) -> Any:
+        """An empty usearch graph with this index's parameters."""
         return _import_usearch().Index(
             ndim=self.dim,
             metric="ip",
             dtype="f16",
-            connectivity=self._graph.connectivity,
-            expansion_add=self._graph.expansion_add,
+            connectivity=self._m,
+            expansion_add=self._ef_construction,
             expansion_search=self._width,
         )
 
@@ -597,11 +592,10 @@ class UsearchIndex(_SlottedAnn):
         if loaded.ndim != dim:
             raise ValueError(f"a usearch dump of dimension {loaded.ndim}, not {dim}")
         loaded.expansion_search = index._width = policy.ef_search
-        index._restore_slots(data)
+        used = index._restore_slots(data)
         if len(loaded) != len(index._slot):
             raise ValueError("a usearch dump whose graph and slots do not agree")
         if graph is not None:
-            used = np.frombuffer(bytes(data["slots"]), dtype=np.int64)
             if not np.asarray(loaded.contains(used.astype(np.uint64)), dtype=bool).all():
                 raise ValueError("a usearch dump whose graph and slots do not agree")
             index._base_live = np.zeros(index._cap, dtype=bool)

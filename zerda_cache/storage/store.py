@@ -407,7 +407,6 @@ class Storage(StoragePlans):
         written) a few MB at a time, and hashed as they come: no step holds Python's
         GIL for long, where joining a gigabyte of chunks would stall every other thread
         (a lookup) for a large part of a second."""
-        import hashlib
         import mmap
 
         k = self.keys(tenant)
@@ -417,15 +416,14 @@ class Storage(StoragePlans):
         flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
         buf = mmap.mmap(-1, info.size, flags=flags)
         view = memoryview(buf)
-        digest = hashlib.blake2b(digest_size=16)
+        digest = _digester()
         at = 0
         for i in range(info.chunks):
             chunk = yield from self._command("snapshot", "get", k.snap_chunk(info.generation, i))
             if chunk is None:
                 return None
             if at + len(chunk) > info.size:
-                at = info.size + 1
-                break
+                break  # more than was published: the size and checksum below decide
             src = memoryview(chunk)
             for lo in range(0, len(src), _COPY_STEP):  # GIL-holding copies stay short
                 part = src[lo : lo + _COPY_STEP]
@@ -973,10 +971,17 @@ def _chunk_keys(k: TenantKeys, info: SnapshotInfo) -> list[str]:
     return [k.snap_chunk(info.generation, i) for i in range(info.chunks)]
 
 
-def _digest(blob: bytes) -> str:
+def _digester() -> Any:
+    """The snapshot checksum's hash, to be fed (``update``) a part at a time."""
     import hashlib
 
-    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+    return hashlib.blake2b(digest_size=16)
+
+
+def _digest(blob: bytes) -> str:
+    digest = _digester()
+    digest.update(blob)
+    return str(digest.hexdigest())
 
 
 def _is_entry_id(value: str) -> bool:
