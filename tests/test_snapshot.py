@@ -5,6 +5,7 @@ of scanning every vector (real servers)."""
 from __future__ import annotations
 
 import logging
+import mmap
 from typing import Any
 
 import msgpack
@@ -75,18 +76,44 @@ def test_a_dump_restores_the_same_index_of_either_kind() -> None:
             ScopedIndex.restore(bad)
 
 
-def restored_view(n: int = 1_200, seed: int = 1) -> tuple[ScopedIndex, dict[str, np.ndarray]]:
-    """An HNSW scope of ``n`` vectors, dumped and restored: served from the dump itself."""
+def restored_view(
+    n: int = 1_200, seed: int = 1, dtype: str = "i8", buffer: Any = bytes
+) -> tuple[ScopedIndex, dict[str, np.ndarray]]:
+    """An HNSW scope of ``n`` vectors, dumped and restored: served from the dump itself
+    (copied into ``buffer(blob)`` first)."""
     x = vectors(n, seed)
-    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300))
+    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300, dtype=dtype))
     ids = [f"{i:032x}" for i in range(n)]
     ix.add_many({ids[i]: (x[i], "") for i in range(n)})
     blob = ix.dump()
     assert blob is not None and blob.startswith(SNAPSHOT_MAGIC)
-    back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
+    back = ScopedIndex.restore(buffer(blob), IndexPolicy(ann_threshold=300))
     sub = back._by_scope[""]
-    assert isinstance(sub, UsearchIndex) and sub.viewed
+    assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == dtype
     return back, {ids[i]: x[i] for i in range(n)}
+
+
+def in_mmap(blob: bytes) -> memoryview:
+    """The blob in private anonymous memory, as ``read_snapshot`` returns a snapshot."""
+    buf = mmap.mmap(-1, len(blob))
+    buf.write(blob)
+    return memoryview(buf)
+
+
+def as_format_2(blob: bytes) -> bytes:
+    """A format-3 dump of float16 graphs rewritten as an earlier version wrote it: the
+    same layout, header ``v`` 2, no dtype."""
+    head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8 + head_len
+    head = msgpack.unpackb(blob[lead - head_len : lead], raw=False)
+    assert head["v"] == 3
+    head["v"] = 2
+    for scope in head["scopes"].values():
+        assert scope.pop("dtype", "f16") == "f16"
+    new_head = msgpack.packb(head, use_bin_type=True)
+    new_lead = SNAPSHOT_MAGIC + len(new_head).to_bytes(8, "little") + new_head
+    body = blob[lead + (-lead % 64) :]
+    return new_lead + b"\0" * (-len(new_lead) % 64) + body
 
 
 def top(live: dict[str, np.ndarray], q: np.ndarray, k: int) -> list[str]:
@@ -94,11 +121,21 @@ def top(live: dict[str, np.ndarray], q: np.ndarray, k: int) -> list[str]:
     return [eid for _, eid in sims[:k]]
 
 
-def test_a_restored_graph_is_served_in_place_and_takes_every_change() -> None:
+@pytest.mark.parametrize(("dtype", "buffer"), [("i8", bytes), ("i8", in_mmap), ("f16", bytes)])
+def test_a_restored_graph_is_served_in_place_and_takes_every_change(
+    dtype: str, buffer: Any
+) -> None:
     """The snapshot's graph is read-only: removals mask it, new and replaced vectors go
     to a graph of their own, and searches merge both. Checked against brute force
-    through churn, then dumped (folded into one graph) and restored again."""
-    back, live = restored_view()
+    through churn, then dumped (folded into one graph) and restored again. An int8
+    graph's float16 rows are read where they lie in writable memory (a reused slot
+    writes there), and copied from read-only memory."""
+    back, live = restored_view(dtype=dtype, buffer=buffer)
+    sub = back._by_scope[""]
+    assert isinstance(sub, UsearchIndex)
+    if dtype == "i8":
+        in_place = np.shares_memory(sub._base_rows, np.frombuffer(sub._base_buffer.obj, np.uint8))
+        assert in_place == (buffer is in_mmap)
     rng = np.random.default_rng(2)
     ids = list(live)
     for step in range(900):
@@ -133,8 +170,9 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change() -> None:
         assert again.search(live[eid], "", 1, 0.99)[0][0] == eid
 
 
-def test_removing_a_querys_nearest_snapshot_vectors_still_finds_k_live_ones() -> None:
-    back, live = restored_view(seed=5)
+@pytest.mark.parametrize("dtype", ["i8", "f16"])
+def test_removing_a_querys_nearest_snapshot_vectors_still_finds_k_live_ones(dtype: str) -> None:
+    back, live = restored_view(seed=5, dtype=dtype)
     q = vectors(1, 77)[0]
     for eid in top(live, q, 40):  # far more than the view is asked for at first
         assert back.remove(eid)
@@ -143,11 +181,17 @@ def test_removing_a_querys_nearest_snapshot_vectors_still_finds_k_live_ones() ->
     assert [e for e, _ in got] == top(live, q, 5)
 
 
-def test_an_unchanged_view_dumps_its_own_bytes_and_format_1_is_still_read() -> None:
-    back, live = restored_view(seed=3)
+def test_an_unchanged_view_dumps_its_own_bytes_and_formats_1_and_2_are_still_read() -> None:
+    back, live = restored_view(seed=3, dtype="f16")
     first = back.dump()
     assert first is not None and back._by_scope[""].viewed  # no fold was needed
     assert ScopedIndex.restore(first).ids() == set(live)
+    # Format 2 (float16 graphs, no dtype): served in place as before.
+    v2 = ScopedIndex.restore(as_format_2(first), IndexPolicy(ann_threshold=300))
+    sub = v2._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == "f16"
+    eid = next(iter(live))
+    assert v2.ids() == set(live) and v2.search(live[eid], "", 1, 0.99)[0][0] == eid
     # A snapshot from an earlier version: one msgpack document, the graph inside.
     ix = ScopedIndex.restore(first, IndexPolicy(ann_threshold=300))
     scopes = {scope: sub.dump() for scope, sub in ix._by_scope.items()}
@@ -158,17 +202,32 @@ def test_an_unchanged_view_dumps_its_own_bytes_and_format_1_is_still_read() -> N
     assert v1.search(live[eid], "", 1, 0.99)[0][0] == eid
 
 
-def test_a_format_2_dump_that_does_not_check_out_is_refused() -> None:
+def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
     back, _ = restored_view(n=600, seed=4)
     blob = back.dump()
     assert blob is not None
-    head = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
-    lead = len(SNAPSHOT_MAGIC) + 8 + head
+    head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8 + head_len
     graph_at = lead + (-lead % 64)
+    head = msgpack.unpackb(blob[lead - head_len : lead], raw=False)
+    rows_at, rows_len = head["scopes"][""]["rows"]
+
+    def with_head(**scope: Any) -> bytes:
+        """The dump with its scope's header fields changed (the same header length)."""
+        changed = dict(head, scopes={"": {**head["scopes"][""], **scope}})
+        new = msgpack.packb(changed, use_bin_type=True)
+        new_lead = SNAPSHOT_MAGIC + len(new).to_bytes(8, "little") + new
+        return new_lead + b"\0" * (-len(new_lead) % 64) + blob[graph_at:]
+
     cases = {
         "cut": blob[: graph_at + 100],  # the graph lies past the end
         "header cut": blob[: lead - 3],
         "no graph": blob[:graph_at] + b"\0" * (len(blob) - graph_at),
+        "rows cut": blob[: graph_at + rows_at + rows_len - 64],
+        "rows short": with_head(rows=[rows_at, rows_len - 2 * DIM]),
+        "rows missing": with_head(rows=[rows_at, 0]),
+        "f16 claimed": with_head(dtype="f16"),  # an int8 graph is not a float16 one
+        "unknown dtype": with_head(dtype="b1"),
     }
     for name, bad in cases.items():
         with pytest.raises(ValueError):

@@ -382,6 +382,7 @@ class CacheEngine:
         self._index_policy = IndexPolicy(
             ann_threshold=cfg.ann_threshold,
             backend=cfg.ann_backend,
+            dtype=cfg.ann_dtype,
             m=cfg.ann_m,
             ef_construction=cfg.ann_ef_construction,
             ef_search=cfg.ann_ef_search,

@@ -69,9 +69,10 @@ SNAPSHOT_CHUNK = 16 * 1024 * 1024
 #: Chunks of a snapshot not published within this long are garbage (a worker died).
 SNAPSHOT_UNPUBLISHED_TTL_MS = 3_600_000
 #: The snapshot format a worker publishes (``ScopedIndex.dump``). A replica reads this
-#: and the previous one; one of an earlier version does not know "2" and scans instead.
-SNAPSHOT_FORMAT = "2"
-SNAPSHOT_FORMATS_READ = ("1", "2")
+#: and the earlier ones; one of an earlier version does not know "3" (int8 graphs with
+#: float16 rows beside them) and scans instead.
+SNAPSHOT_FORMAT = "3"
+SNAPSHOT_FORMATS_READ = ("1", "2", "3")
 #: A snapshot chunk is copied into the replica's buffer this many bytes at a time.
 _COPY_STEP = 4 * 1024 * 1024
 #: Tenant settings that ``set_tenant_settings`` accepts (``dim`` is fixed by the first put).
