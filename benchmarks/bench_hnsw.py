@@ -2,11 +2,11 @@
 
 Issue 13 wants near-copy recall@1 >= 0.995 at 100k and 1M entries. A lookup's recall is
 bounded by its index's, so this measures the index the replica builds
-(``zerda_cache.index.UsearchIndex``, float16 vectors) outside any cache: for each
-(M, ef_construction) it builds the index from ``--n`` vectors in bulk (as a replica's
-build does), then searches ``--queries`` near-copies (cosine ``--cos`` of a random
-entry) at every ``ef_search`` of ``--efs``, one query at a time on one thread (as a
-lookup does). Recall@1 is how often the source entry came first; "exact agrees" how
+(``zerda_cache.index.UsearchIndex``) outside any cache: for each (M, ef_construction,
+graph dtype) it builds the index from ``--n`` vectors in bulk (as a replica's build
+does), then searches ``--queries`` near-copies (cosine ``--cos`` of a random entry) at
+every ``ef_search`` of ``--efs``, one query at a time on one thread, for ``--k`` (8, a
+lookup's ``top_k``) candidates re-scored as a lookup's. Recall@1 is how often the source entry came first; "exact agrees" how
 often the index's first result is exact search's first (float32 matrix product, the
 reference), which separates the graph's misses from near-copies that have a closer
 neighbour than their source.
@@ -15,7 +15,7 @@ Data: ``random`` (the clustered synthetic vectors of ``bench_lookup``, any size)
 ``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's distinct questions: at most
 137,551; the quality benchmark's cache ``.cache/quality``).
 
-    .venv/bin/python benchmarks/bench_hnsw.py --n 1000000 --configs 16:64,32:128
+    .venv/bin/python benchmarks/bench_hnsw.py --n 1000000 --configs 32:128:i8,32:128:f16
 """
 
 from __future__ import annotations
@@ -49,17 +49,18 @@ def exact_first(x: np.ndarray, queries: np.ndarray, chunk: int = 100_000) -> np.
 
 
 def measure(
-    x: np.ndarray, m: int, efc: int, efs: list[int], queries: np.ndarray, src: np.ndarray,
-    truth: np.ndarray,
+    x: np.ndarray, m: int, efc: int, dtype: str, efs: list[int], queries: np.ndarray,
+    src: np.ndarray, truth: np.ndarray, k: int,
 ) -> tuple[float, float, list[tuple[int, float, float, float]]]:  # fmt: skip
     """Build seconds, bytes per entry, and per ef: (ef, recall@1, exact agrees, ms p50)."""
     n = len(x)
     ids = [f"{i:032x}" for i in range(n)]
     t0 = time.perf_counter()
-    index = UsearchIndex(x.shape[1], m=m, ef_construction=efc, capacity=n)
+    index = UsearchIndex(x.shape[1], m=m, ef_construction=efc, capacity=n, dtype=dtype)
     for start in range(0, n, 100_000):  # bulk, like a replica's build (which reads batches)
         index.add_many(ids[start : start + 100_000], x[start : start + 100_000])
-        print(f"\r  M={m} efc={efc}: {min(n, start + 100_000):,}/{n:,}", end="", file=sys.stderr)
+        print(f"\r  M={m} efc={efc} {dtype}: {min(n, start + 100_000):,}/{n:,}", end="",
+              file=sys.stderr)  # fmt: skip
     build = time.perf_counter() - t0
     print(file=sys.stderr)
     per_entry = index.nbytes() / n
@@ -71,7 +72,7 @@ def measure(
         times = []
         for q, s, t in zip(queries, src, truth, strict=True):
             t1 = time.perf_counter()
-            found = index.search(q, 1, -1.0)
+            found = index.search(q, k, -1.0)
             times.append(time.perf_counter() - t1)
             first = int(found[0][0], 16) if found else -1
             hits += first == s
@@ -86,7 +87,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--data", choices=("random", "minilm"), default="random")
-    parser.add_argument("--configs", default="16:64,32:128", help="M:ef_construction,...")
+    parser.add_argument(
+        "--configs", default="32:128:i8,32:128:f16", help="M:ef_construction[:i8|f16],..."
+    )
+    parser.add_argument("--k", type=int, default=8, help="candidates a search asks for")
     parser.add_argument("--efs", default="64,128,256,512")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--cos", type=float, default=0.97)
@@ -103,24 +107,29 @@ def main() -> None:
     efs = [int(e) for e in args.efs.split(",")]
     rows = []
     for config in args.configs.split(","):
-        m, efc = (int(v) for v in config.split(":"))
-        build, per_entry, res = measure(x, m, efc, efs, queries, src, truth)
+        m, efc, dtype = (config + ":i8").split(":")[:3]
+        build, per_entry, res = measure(
+            x, int(m), int(efc), dtype, efs, queries, src, truth, args.k
+        )
         base = res[0][3]
         size = f"{per_entry:,.0f} ({per_entry / (4 * x.shape[1]):.2f}x)"
         for ef, recall, agree, ms in res:
-            rows.append([str(m), str(efc), f"{build:.0f}", size, str(ef), f"**{recall:.3f}**",
+            rows.append([m, efc, dtype, f"{build:.0f}", size, str(ef), f"**{recall:.3f}**",
                          f"{agree:.3f}", f"{ms:.3f} ({ms / base:.2f}x)"])  # fmt: skip
     body = table(
-        ["M", "ef_construction", "build s", "index bytes per entry (/ raw float32)",
+        ["M", "ef_construction", "graph vectors", "build s",
+         "index bytes per entry (/ raw float32)",
          "ef_search", f"near-copy recall@1 (cosine {args.cos})", "exact search agrees",
          "search ms p50 (/ first ef)"],
         rows,
     )  # fmt: skip
     body += (
         f"\n\n{args.data} vectors, {len(x):,} entries, 384-d; {args.queries:,} near-copies of "
-        "random entries. The index is `zerda_cache.index.UsearchIndex` (usearch, float16 "
-        "vectors, inner product) built in bulk on every core; each search is one query on one "
-        "thread, re-scored in float64 as a lookup's. Build seconds are for this shared "
+        "random entries. The index is `zerda_cache.index.UsearchIndex` (usearch, inner "
+        "product; i8: int8 vectors in the graph, candidates re-scored from float16 rows "
+        "beside it; f16: float16 vectors in the graph) built in bulk on every core; each "
+        f"search is one query on one thread for {args.k} candidates, re-scored in float64 "
+        "as a lookup's. Build seconds are for this shared "
         '2-core machine: compare them within the table. "Exact search agrees": the index\'s '
         "first result is exact search's."
     )
