@@ -6,10 +6,10 @@ bounded by its index's, so this measures the index the replica builds
 graph dtype) it builds the index from ``--n`` vectors in bulk (as a replica's build
 does), then searches ``--queries`` near-copies (cosine ``--cos`` of a random entry) at
 every ``ef_search`` of ``--efs``, one query at a time on one thread, for ``--k`` (8, a
-lookup's ``top_k``) candidates re-scored as a lookup's. Recall@1 is how often the source entry came first; "exact agrees" how
-often the index's first result is exact search's first (float32 matrix product, the
-reference), which separates the graph's misses from near-copies that have a closer
-neighbour than their source.
+lookup's ``top_k``) candidates re-scored as a lookup's. Recall@1 is how often the
+source entry came first; "exact agrees" how often the index's first result is exact
+search's first (float32 matrix product, the reference), which separates the graph's
+misses from near-copies that have a closer neighbour than their source.
 
 Data: ``random`` (the clustered synthetic vectors of ``bench_lookup``, any size) or
 ``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's distinct questions: at most
