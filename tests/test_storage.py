@@ -28,6 +28,7 @@ from zerda_cache import (
 )
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.storage.store import _execute_stack
 
 DIM = 16
 
@@ -299,6 +300,39 @@ def test_scripts_survive_script_flush(storage: RedisStorage, redis_client: redis
     redis_client.script_flush()
     storage.feedback(FeedbackSignal(eid, "acme", True))  # NOSCRIPT -> reload -> retry
     assert storage.get_entry("acme", eid).bandit_arm.alpha == 2.0
+
+
+def test_a_sync_pipeline_replies_as_redis_py_and_survives_a_dropped_connection(
+    redis_client: redis.Redis, redis_server: Any
+) -> None:
+    """Plain sync clients send pipelines by ``_execute_stack``, not ``Pipeline.execute``:
+    the same replies (callbacks applied, error replies in place, NOSCRIPT included), and
+    one quick retry after the server dropped the pooled connection."""
+    redis_client.set("k", "1")
+    redis_client.xadd("s", {"f": "v"})
+
+    def queued() -> Any:
+        pipe = redis_client.pipeline(transaction=False)
+        pipe.get("k").hget("k", "f").evalsha("0" * 40, 0).xread({"s": "0-0"}, count=5)
+        pipe.hgetall("nothing").exists("k")
+        return pipe
+
+    ours = _execute_stack(redis_client, queued().command_stack)
+    theirs = queued().execute(False)
+    assert [type(r) for r in ours] == [type(r) for r in theirs]
+    assert isinstance(ours[1], redis.ResponseError)
+    assert isinstance(ours[2], redis.exceptions.NoScriptError)
+    assert [r for r in ours if not isinstance(r, Exception)] == [
+        r for r in theirs if not isinstance(r, Exception)
+    ]
+    other = redis_server.client()
+    other.client_kill_filter(_id=redis_client.client_id())
+    assert _execute_stack(redis_client, queued().command_stack)[0] == b"1"
+    st = RedisStorage(redis_client)
+    eid = put(st, 1)
+    other.client_kill_filter(_id=redis_client.client_id())
+    assert st.load_states("acme", [eid]).entries[eid].entry_id == eid  # a lookup's read
+    other.close()
 
 
 # --- bad input: a typed error and Redis unchanged ------------------------------------------------

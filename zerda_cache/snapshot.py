@@ -7,8 +7,9 @@ MiniLM embeddings on two cores, minutes at a million (``docs/BENCHMARKS.md``). T
 a replica would (a ``CacheManager`` of its own, caught up through the tenant's log), and
 publishes it with the log position it is at:
 
-* ``ScopedIndex.dump`` serialises it (format 2: a msgpack header, then usearch's own
-  format for each HNSW scope, which a replica serves in place) into one blob, stored in
+* ``ScopedIndex.dump`` serialises it (format 3: a msgpack header, then usearch's own
+  format for each HNSW scope and the float16 rows beside an int8 graph, which a replica
+  serves in place) into one blob, stored in
   chunks of 16 MB (``p:{t}:snap:<gen>:<i>``, written with a TTL while unpublished);
 * ``snapshot.lua`` publishes the generation in the tenant's ``p:{t}:snap`` hash and
   deletes the previous one, in one step;
@@ -22,7 +23,7 @@ publishes it with the log position it is at:
 A snapshot is made again once the tenant's log has moved on by a tenth of its entries or
 by half the log's cap (``index_log_maxlen``), whichever comes first: a snapshot the log
 no longer reaches is useless. Its cost is Redis memory, about the replica index's own
-size (about 1.1 KB per 384-d entry with usearch's float16 vectors), and the worker's memory
+size (about 1.5 KB per 384-d entry with int8 graphs and their float16 rows), and the worker's memory
 for the indexes it keeps; ``snapshot_min_entries = 0`` turns snapshots off, and
 ``CacheConfig.index_snapshots = False`` makes a replica ignore them. ``clear`` deletes a
 tenant's snapshot. The hnswlib backend cannot be snapshotted (it serialises to files).
