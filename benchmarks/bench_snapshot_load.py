@@ -10,8 +10,9 @@ longest gap it saw (a step that holds the GIL stalls it for as long), side by si
 
 * format 1 (earlier versions): the chunks read and joined into one ``bytes``, one msgpack
   document unpacked (a copy of every binary field), usearch's ``Index.load`` of the graph;
-* format 2 (now): ``read_snapshot`` gathers the chunks into anonymous memory a few MB at a
-  time, and ``ScopedIndex.restore`` serves the graph where it lies (usearch's ``view``).
+* format 3 (now; 2 was the same with float16 graphs): ``read_snapshot`` gathers the
+  chunks into anonymous memory a few MB at a time, and ``ScopedIndex.restore`` serves the
+  graph where it lies (usearch's ``view``), and an int8 graph's float16 rows too.
 
     .venv/bin/python benchmarks/bench_snapshot_load.py [--n 200000] [--section NAME]
 """
@@ -93,15 +94,15 @@ def read_joined(st: RedisStorage, tenant: str, info: SnapshotInfo) -> bytes:
 
 
 def targets(rows: list[list[str]]) -> str:
-    """Issue 13's target, from the rows: no step of a replica's load (format 2, what a
+    """Issue 13's target, from the rows: no step of a replica's load (format 3, what a
     replica runs now) stalls its other threads longer than ``redis_timeout_s``."""
     limit = CacheConfig().redis_timeout_s * 1e3
-    now = max(float(r[-1].strip("*")) for r in rows if r[0] == "2")
+    now = max(float(r[-1].strip("*")) for r in rows if r[0] == "3")
     before = max(float(r[-1].strip("*")) for r in rows if r[0] == "1")
     verdict = "met" if now <= limit else "**not met**"
     return (
         f"Target (issue 13): no lookup waits for a build longer than `redis_timeout_s` "
-        f"({limit:.0f} ms): {verdict} (format 2's longest stall {now:.0f} ms; format 1's "
+        f"({limit:.0f} ms): {verdict} (format 3's longest stall {now:.0f} ms; format 1's "
         f"{before:.0f} ms in the same run)."
     )
 
@@ -128,17 +129,17 @@ def churn(loaded: ScopedIndex, viewed: ScopedIndex, x: np.ndarray, n: int) -> li
         live = order[removed:]
         picks = live[rng.integers(0, len(live), 1000)]
         queries = [near_copy(x[i], rng) for i in picks]
-        times: dict[str, list[float]] = {"1": [], "2": []}
+        times: dict[str, list[float]] = {"1": [], "3": []}
         found = 0
         for i, q in zip(picks, queries, strict=True):
-            for fmt, index in (("1", loaded), ("2", viewed)):
+            for fmt, index in (("1", loaded), ("3", viewed)):
                 t0 = time.perf_counter()
                 got = index.search(q, "", DEFAULT_TOP_K, 0.0)
                 times[fmt].append(time.perf_counter() - t0)
-                if fmt == "2":
+                if fmt == "3":
                     found += bool(got) and got[0][0] == f"{int(i):032x}"
-        a, b = (float(np.median(times[f])) * 1e3 for f in ("1", "2"))
-        a99, b99 = (float(np.percentile(times[f], 99)) * 1e3 for f in ("1", "2"))
+        a, b = (float(np.median(times[f])) * 1e3 for f in ("1", "3"))
+        a99, b99 = (float(np.percentile(times[f], 99)) * 1e3 for f in ("1", "3"))
         rows.append(
             [
                 f"{share:.0%}",
@@ -170,7 +171,7 @@ def main() -> None:
         index.add_many({f"{i:032x}": (x[i], "") for i in chunk})
         print(f"\r  built {chunk[-1] + 1:,}/{args.n:,}", end="", file=sys.stderr)
     print(file=sys.stderr)
-    blobs = {"1": format1(index), "2": index.dump()}
+    blobs = {"1": format1(index), "3": index.dump()}
     del index
     rows = []
     restored: dict[str, ScopedIndex] = {}
@@ -207,14 +208,14 @@ def main() -> None:
             restored[fmt] = loaded
             del loaded, got
         client.close()
-    churn_rows = churn(restored["1"], restored["2"], x, args.n)
+    churn_rows = churn(restored["1"], restored["3"], x, args.n)
     text = table(
         ["format", "snapshot MB", "step", "seconds", "longest stall of another thread ms"], rows
     )
     text += (
         f"\n\n{args.n:,} clustered random 384-d vectors in one scope, the default index "
-        f"policy (usearch, float16, M={policy.m}), published in a local Redis server. A "
-        "ticker thread sleeps 1 ms at a time; its longest gap during a step is how long "
+        f"policy (usearch, {policy.dtype} graph, M={policy.m}), published in a local Redis "
+        "server. A ticker thread sleeps 1 ms at a time; its longest gap during a step is how long "
         "that step kept every other thread (a lookup) from running. A step that lets go "
         "of the GIL often shows a stall of a few ms. Format 1's restore includes its "
         "unpack and load again."
@@ -223,7 +224,7 @@ def main() -> None:
         [
             "changed since the snapshot",
             "search ms p50 / p99, loaded (format 1)",
-            "search ms p50 / p99, served in place (format 2)",
+            "search ms p50 / p99, served in place (format 3)",
             "ratio p50 / p99",
             "near-copy recall@1, in place",
         ],
