@@ -159,6 +159,7 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change(
     for eid in list(live)[::7]:  # every live vector finds itself; no removed one is served
         got = back.search(live[eid], "", 3, -1.0)
         assert got[0][0] == eid and all(e in live for e, _ in got)
+    for eid in live:  # the rows (or the graph's vectors) of every slot, snapshot's or new
         np.testing.assert_allclose(sub.vector(eid), live[eid], atol=2e-3)
     q = vectors(1, 99)[0]
     assert [e for e, _ in back.search(q, "", 5, -1.0)] == top(live, q, 5)
@@ -202,6 +203,35 @@ def test_an_unchanged_view_dumps_its_own_bytes_and_formats_1_and_2_are_still_rea
     assert v1.search(live[eid], "", 1, 0.99)[0][0] == eid
 
 
+def test_an_int8_view_dumps_its_own_rows_and_grows_past_its_capacity() -> None:
+    """An unchanged int8 view is dumped from the snapshot's own graph and rows, and
+    restores again; then new slots past the snapshot's (the rows' own matrix grows) and
+    a reused snapshot slot (its row written where the snapshot lies) keep every vector."""
+    back, live = restored_view(seed=6, buffer=in_mmap)
+    sub = back._by_scope[""]
+    assert isinstance(sub, UsearchIndex)
+    first = back.dump()
+    assert first is not None and sub.viewed
+    assert np.shares_memory(np.frombuffer(sub.rows_bytes(), np.uint8), sub._base_rows)
+    again = ScopedIndex.restore(first, IndexPolicy(ann_threshold=300))
+    assert again.ids() == set(live)
+    snapshot_slots = sub._next
+    gone = next(iter(live))
+    assert back.remove(gone)
+    del live[gone]
+    for j in range(300):  # the first reuses the removed slot, the rest grow the rows
+        eid = f"{50_000 + j:032x}"
+        live[eid] = vectors(1, 30_000 + j)[0]
+        back.add(eid, live[eid], "")
+    assert sub._next > snapshot_slots and sub._cap > snapshot_slots
+    for eid, vec in live.items():
+        np.testing.assert_allclose(sub.vector(eid), vec, atol=2e-3)
+        assert back.search(vec, "", 1, 0.99)[0][0] == eid
+    folded = ScopedIndex.restore(back.dump(), IndexPolicy(ann_threshold=300))
+    for eid, vec in list(live.items())[::5]:
+        assert folded.search(vec, "", 1, 0.99)[0][0] == eid
+
+
 def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
     back, _ = restored_view(n=600, seed=4)
     blob = back.dump()
@@ -228,7 +258,9 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
         "rows missing": with_head(rows=[rows_at, 0]),
         "f16 claimed": with_head(dtype="f16"),  # an int8 graph is not a float16 one
         "unknown dtype": with_head(dtype="b1"),
+        "rows over the graph": with_head(rows=[0, rows_len]),  # written in place: refused
     }
+    assert ScopedIndex.restore(with_head()).ids() == back.ids()  # the rewrite itself is sound
     for name, bad in cases.items():
         with pytest.raises(ValueError):
             ScopedIndex.restore(bad)

@@ -12,6 +12,7 @@ The index knows nothing of Redis; keeping it current is the replica's job.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import threading
@@ -809,6 +810,10 @@ class IndexPolicy:
     ef_construction: int = 128
     ef_search: int = 64
 
+    def __post_init__(self) -> None:
+        if self.dtype not in USEARCH_DTYPES:
+            raise ValueError(f"dtype must be one of {USEARCH_DTYPES}, got {self.dtype!r}")
+
 
 SubIndex = ExactIndex | UsearchIndex | HnswIndex
 
@@ -1081,6 +1086,8 @@ class ScopedIndex:
     ) -> ScopedIndex:
         dim = int(body["dim"])
         out = cls(dim, policy)
+        if graphs is not None:
+            _check_sections(body["scopes"])
         for scope, data in body["scopes"].items():
             if data.get("kind") == "exact":
                 out._by_scope[scope] = ExactIndex.restore(dim, data)
@@ -1094,6 +1101,21 @@ class ScopedIndex:
             else:
                 raise ValueError(f"unknown sub-index kind {data.get('kind')!r}")
         return out
+
+
+def _check_sections(scopes: Mapping[str, Any]) -> None:
+    """Refuse a header whose graphs and rows overlap: a reused slot's row is written in
+    place, and must never land in a graph (or in another scope's rows)."""
+    spans = sorted(
+        (int(data[what][0]), int(data[what][1]))
+        for data in scopes.values()
+        if data.get("kind") == "usearch"
+        for what in ("graph", "rows")
+        if what in data
+    )
+    for (at, size), (nxt, _) in itertools.pairwise(spans):
+        if at + size > nxt:
+            raise ValueError("an index dump whose sections overlap")
 
 
 def _section(body: memoryview, where: Any, scope: str, what: str) -> memoryview:

@@ -857,7 +857,9 @@ def _execute_stack(client: Any, stack: list[tuple[tuple[Any, ...], Any]]) -> lis
     pipeline of a lookup's three commands, against ~80 us for a whole PING round trip
     (redis-py 8.1, loopback). The client's retry policy applies as in a pipeline (one
     quick retry after a dropped connection), and a connection left with unread replies is
-    closed, never returned to the pool as it is."""
+    closed, never returned to the pool as it is. What it skips is observability: redis-py's
+    own operation metrics, and tracers that wrap ``Pipeline.execute`` (a lookup's read no
+    longer shows up in them)."""
     pool = client.connection_pool
     conn: Any = pool.get_connection()
 
