@@ -235,24 +235,20 @@ def test_the_build_inserts_off_the_event_loop(
 
 
 class CountingRedis(redis.Redis):
-    """A real client that counts its round trips: commands, and pipelines as one."""
+    """A real client that counts its round trips: a command, or a pipeline however it is
+    sent, takes one connection from the pool for each."""
 
     trips = 0
 
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.trips += 1
-        return super().execute_command(*args, **options)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        take = self.connection_pool.get_connection
 
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)
-        run = pipe.execute
-
-        def execute(raise_on_error: bool = True) -> Any:
+        def counted(*a: Any, **k: Any) -> Any:
             self.trips += 1
-            return run(raise_on_error)
+            return take(*a, **k)
 
-        pipe.execute = execute  # type: ignore[method-assign]
-        return pipe
+        self.connection_pool.get_connection = counted  # type: ignore[method-assign]
 
 
 def test_round_trips_of_a_lookup_while_building_and_once_built(
