@@ -901,25 +901,17 @@ class ScopedIndex:
                 )
                 self._ann_missing_warned = True
             return
-        capacity = max(1024, int((len(exact) + extra) * _GROW_FACTOR))
+        shape: dict[str, Any] = {
+            "m": p.m,
+            "ef_construction": p.ef_construction,
+            "ef_search": p.ef_search,
+            "capacity": max(1024, int((len(exact) + extra) * _GROW_FACTOR)),
+        }
         ann: UsearchIndex | HnswIndex
         if p.backend == "usearch":
-            ann = UsearchIndex(
-                self.dim,
-                m=p.m,
-                ef_construction=p.ef_construction,
-                ef_search=p.ef_search,
-                capacity=capacity,
-                dtype=p.dtype,
-            )
+            ann = UsearchIndex(self.dim, dtype=p.dtype, **shape)
         else:
-            ann = HnswIndex(
-                self.dim,
-                m=p.m,
-                ef_construction=p.ef_construction,
-                ef_search=p.ef_search,
-                capacity=capacity,
-            )
+            ann = HnswIndex(self.dim, **shape)
         ids, vecs = exact.to_arrays()
         ann.add_many(ids, vecs)
         self._by_scope[scope] = ann
