@@ -77,9 +77,10 @@ def measure(
             first = int(found[0][0], 16) if found else -1
             hits += first == s
             agree += first == t
-        k = len(queries)
-        out.append((ef, hits / k, agree / k, float(np.percentile(times, 50)) * 1e3))
-        print(f"  ef={ef}: recall@1 {hits / k:.3f}, exact agrees {agree / k:.3f}", file=sys.stderr)
+        asked = len(queries)
+        out.append((ef, hits / asked, agree / asked, float(np.percentile(times, 50)) * 1e3))
+        print(f"  ef={ef}: recall@1 {hits / asked:.3f}, exact agrees {agree / asked:.3f}",
+              file=sys.stderr)  # fmt: skip
     return build, per_entry, out
 
 
