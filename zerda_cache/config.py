@@ -125,8 +125,8 @@ DEFAULT_ANN_THRESHOLD = 5_000
 #: usearch (~1.0x the raw vector bytes at M=32 with int8 graphs) or hnswlib (float32, ~1.4x).
 DEFAULT_ANN_BACKEND = "usearch"
 #: How a usearch graph holds its vectors: int8, with float16 rows beside it that the
-#: candidates are re-scored from (at 100k 384-d vectors on 2 AVX2 cores: searches 1.9x
-#: and builds 2.6x as fast as float16 graphs, the same recall, ~1.0x the raw float32
+#: candidates are re-scored from (at 100k 384-d vectors on 2 AVX2 cores: searches and
+#: builds ~2x as fast as with float16 graphs, the same recall, ~1.05x the raw float32
 #: bytes against ~0.8x), or float16 in the graph only. ``index.UsearchIndex`` says more.
 DEFAULT_ANN_DTYPE = "i8"
 ANN_DTYPES = ("i8", "f16")

@@ -43,10 +43,10 @@ PARALLEL_INSERT_FROM = 20_000
 #: The first bytes of an index dump with its graphs beside the header (formats 2 and 3,
 #: ``ScopedIndex.dump``; the header's ``v`` tells them apart).
 SNAPSHOT_MAGIC = b"ZCIX\x02\0\0\0"
-#: How a usearch graph holds its vectors: ``i8`` (int8, searched ~1.9x as fast as float16
-#: at 100k 384-d vectors on AVX2, built ~2.6x as fast; the candidates are re-scored from
-#: float16 rows kept beside the graph) or ``f16`` (float16 in the graph only: less memory,
-#: slower searches). See ``UsearchIndex``.
+#: How a usearch graph holds its vectors: ``i8`` (int8, searched ~2x as fast as float16
+#: at 100k 384-d vectors on AVX2, and built ~2x as fast; the candidates are re-scored
+#: from float16 rows kept beside the graph) or ``f16`` (float16 in the graph only: less
+#: memory, slower searches). See ``UsearchIndex``.
 USEARCH_DTYPES = ("i8", "f16")
 
 
@@ -399,10 +399,11 @@ class UsearchIndex(_SlottedAnn):
     each vector sits beside it in a plain matrix (``_rows``, by slot). A search walks the
     int8 graph, and its few candidates are re-scored from the float16 rows, so the
     similarities a lookup sees are as exact as with a float16 graph. int8 distances are
-    cheaper: at 100k 384-d vectors (2 AVX2 cores) a search took 0.37 ms against 0.71 ms
-    with float16 vectors in the graph, and a build 22 s against 57 s, with the same
-    near-copy recall (1.000 on clustered vectors, 0.999 on MiniLM). The whole index is
-    ~1.0x the raw float32 bytes instead of ~0.8x.
+    cheaper: at 100k clustered 384-d vectors (2 AVX2 cores, docs/BENCHMARKS.md
+    "hnsw-random-100k") a search took 0.71 ms against 1.58 ms with float16 vectors in
+    the graph, and a bulk build 51 s against 102 s, with the same near-copy recall
+    (1.000; 0.999 on MiniLM embeddings, "Lookup, put and index memory"). The whole index
+    is ~1.05x the raw float32 bytes instead of ~0.8x.
 
     ``dtype="f16"``: the graph holds float16 vectors and the candidates are re-scored
     from them (similarities accurate to ~1e-3 before that, ~1e-4 measured).
