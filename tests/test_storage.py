@@ -350,6 +350,8 @@ def test_a_sync_pipeline_replies_as_redis_py_and_survives_a_dropped_connection(
     with pytest.raises(KeyError):
         _execute_stack(redis_client, queued().command_stack)
     monkeypatch.undo()
+    idle = redis_client.connection_pool._available_connections  # type: ignore[attr-defined]
+    assert idle and all(conn._sock is None for conn in idle)  # closed before it went back
     assert redis_client.hget("acme-none", "f") is None and redis_client.get("k") == b"1"
 
 

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerda_cache.index import USEARCH_DTYPES as ANN_DTYPES
 from zerda_cache.validation import validate_prefix
 
 # --- RLConfig (the bandit) -------------------------------------------------------------
@@ -129,7 +130,6 @@ DEFAULT_ANN_BACKEND = "usearch"
 #: builds ~2x as fast as with float16 graphs, the same recall, ~1.05x the raw float32
 #: bytes against ~0.8x), or float16 in the graph only. ``index.UsearchIndex`` says more.
 DEFAULT_ANN_DTYPE = "i8"
-ANN_DTYPES = ("i8", "f16")
 #: How a put stores its vector in Redis: ``float16`` (the default: 2 bytes a dimension
 #: and a marker byte, ~0.7x the memory of an entry at 384-d; a cosine moved by at most
 #: 4e-5 on MiniLM embeddings, measured, ~1e-3 at worst) or ``float32`` (4 bytes, exact).

@@ -633,13 +633,14 @@ class UsearchIndex(_SlottedAnn):
 
     def rows_bytes(self) -> Any:
         """The i8 index's float16 rows of slots ``[0, next)`` (a buffer, call it after
-        ``graph_bytes``): a snapshot's own rows while nothing changed since, else a copy."""
+        ``graph_bytes``): a snapshot's own rows while nothing changed since, else the
+        rows folded into one matrix."""
         assert self._rows is not None
         if len(self._base_rows) == self._next:
             return self._base_rows
         self._materialize()
         self._fold_rows()
-        return self._rows[: self._next].tobytes()
+        return self._rows[: self._next]
 
     def dump(self) -> dict[str, Any]:
         """The index as plain data: usearch's own serialisation and the slot table (and
@@ -672,9 +673,7 @@ class UsearchIndex(_SlottedAnn):
         header does not fit. usearch does not check a graph's links: a damaged graph may
         crash the process when searched, so the bytes must be checked first (the replica
         checks the snapshot's size and checksum before it restores it)."""
-        dtype = str(data.get("dtype", "f16"))
-        if dtype not in USEARCH_DTYPES:
-            raise ValueError(f"a usearch dump of unknown dtype {dtype!r}")
+        dtype = str(data.get("dtype", "f16"))  # an unknown one: ValueError from __init__
         index = cls(
             dim,
             m=policy.m,
