@@ -27,8 +27,9 @@ from zerda_cache import (
     StorageError,
 )
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
+from zerda_cache.storage.connect import connect
 from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.storage.store import _execute_stack
+from zerda_cache.storage.store import _execute_stack, _execute_stack_async
 
 DIM = 16
 
@@ -353,6 +354,80 @@ def test_a_sync_pipeline_replies_as_redis_py_and_survives_a_dropped_connection(
     idle = redis_client.connection_pool._available_connections  # type: ignore[attr-defined]
     assert idle and all(conn._sock is None for conn in idle)  # closed before it went back
     assert redis_client.hget("acme-none", "f") is None and redis_client.get("k") == b"1"
+
+
+def test_an_async_pipeline_replies_as_redis_py_and_closes_what_it_leaves_unread(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain ``redis.asyncio`` clients send pipelines by ``_execute_stack_async``: the
+    same replies as ``Pipeline.execute``, one quick retry after a dropped connection, and
+    a connection with replies unread (a failed parse, a cancelled lookup) closed before
+    it goes back to the pool."""
+    redis_client.set("k", "1")
+    redis_client.xadd("s", {"f": "v"})
+    loop = asyncio.new_event_loop()
+    client = connect(redis_url, CacheConfig(), asyncio=True)  # zerda-cache's options
+    run = loop.run_until_complete
+
+    def queued() -> Any:
+        pipe = client.pipeline(transaction=False)
+        pipe.get("k").hget("k", "f").evalsha("0" * 40, 0).xread({"s": "0-0"}, count=5)
+        pipe.hgetall("nothing").exists("k")
+        return pipe
+
+    def idle() -> list[Any]:
+        return list(client.connection_pool._available_connections)  # type: ignore[attr-defined]
+
+    try:
+        ours = run(_execute_stack_async(client, queued().command_stack))
+        theirs = run(queued().execute(False))
+        assert [type(r) for r in ours] == [type(r) for r in theirs]
+        assert isinstance(ours[1], redis.ResponseError)
+        assert isinstance(ours[2], redis.exceptions.NoScriptError)
+        assert [r for r in ours if not isinstance(r, Exception)] == [
+            r for r in theirs if not isinstance(r, Exception)
+        ]
+        st = AsyncRedisStorage(client)
+        assert st._send_stack is _execute_stack_async
+        eid = put(RedisStorage(redis_client), 1)
+        sent = redis.asyncio.connection.Connection.send_packed_command
+        calls = []
+
+        async def drop_once(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:
+                await conn.disconnect()
+                raise redis.exceptions.ConnectionError("dropped")
+            return await sent(conn, *args, **kwargs)
+
+        monkeypatch.setattr(redis.asyncio.connection.Connection, "send_packed_command", drop_once)
+        assert run(st.load_states("acme", [eid])).entries[eid].entry_id == eid
+        assert len(calls) > 1  # the failed send, then the retry
+        monkeypatch.undo()
+        callbacks = client.response_callbacks
+        monkeypatch.setitem(callbacks, "GET", lambda *_a, **_k: (_ for _ in ()).throw(KeyError()))
+        with pytest.raises(KeyError):
+            run(_execute_stack_async(client, queued().command_stack))
+        monkeypatch.undo()
+        assert idle() and all(not conn.is_connected for conn in idle())
+        # A lookup cancelled while it waits for its replies (a request timeout in an app):
+        # the replies still on their way are never read by the next command.
+        blocked = client.pipeline(transaction=False)
+        blocked.blpop(["never"], timeout=1).get("k")
+
+        async def cancelled() -> None:
+            task = asyncio.ensure_future(_execute_stack_async(client, blocked.command_stack))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        run(cancelled())
+        assert idle() and all(not conn.is_connected for conn in idle())
+        assert run(client.get("k")) == b"1" and run(client.hget("acme-none", "f")) is None
+    finally:
+        run(client.aclose())
+        close_loop(loop)
 
 
 # --- bad input: a typed error and Redis unchanged ------------------------------------------------
