@@ -5,11 +5,13 @@ bounded by its index's, so this measures the index the replica builds
 (``zerda_cache.index.UsearchIndex``) outside any cache: for each (M, ef_construction,
 graph dtype) it builds the index from ``--n`` vectors in bulk (as a replica's build
 does), then searches ``--queries`` near-copies (cosine ``--cos`` of a random entry) at
-every ``ef_search`` of ``--efs``, one query at a time on one thread, for ``--k`` (8, a
-lookup's ``top_k``) candidates re-scored as a lookup's. Recall@1 is how often the
-source entry came first; "exact agrees" how often the index's first result is exact
-search's first (float32 matrix product, the reference), which separates the graph's
-misses from near-copies that have a closer neighbour than their source.
+every ``ef_search`` of ``--efs`` (the width searched doubles with the size past
+``WIDE_FROM``, 500k entries: the "search width" column), one query at a time on one
+thread, for ``--k`` (8, a lookup's ``top_k``) candidates re-scored as a lookup's.
+Recall@1 is how often the source entry came first; "exact agrees" how often the index's
+first result is exact search's first (float32 matrix product, the reference), which
+separates the graph's misses from near-copies that have a closer neighbour than their
+source.
 
 Data: ``random`` (the clustered synthetic vectors of ``bench_lookup``, any size) or
 ``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's distinct questions: at most
@@ -52,7 +54,8 @@ def measure(
     x: np.ndarray, m: int, efc: int, dtype: str, efs: list[int], queries: np.ndarray,
     src: np.ndarray, truth: np.ndarray, k: int,
 ) -> tuple[float, float, list[tuple[int, float, float, float]]]:  # fmt: skip
-    """Build seconds, bytes per entry, and per ef: (ef, recall@1, exact agrees, ms p50)."""
+    """Build seconds, bytes per entry, and per ef: (ef, the width searched, recall@1,
+    exact agrees, ms p50)."""
     n = len(x)
     ids = [f"{i:032x}" for i in range(n)]
     t0 = time.perf_counter()
@@ -66,8 +69,7 @@ def measure(
     per_entry = index.nbytes() / n
     out = []
     for ef in efs:
-        index.ef_search = ef
-        index._graph.expansion_search = ef
+        index.ef_search = ef  # the search sets the graph's width from it (search_width)
         hits = agree = 0
         times = []
         for q, s, t in zip(queries, src, truth, strict=True):
@@ -78,7 +80,8 @@ def measure(
             hits += first == s
             agree += first == t
         asked = len(queries)
-        out.append((ef, hits / asked, agree / asked, float(np.percentile(times, 50)) * 1e3))
+        width = index.search_width()  # ef_search, doubled past WIDE_FROM entries
+        out.append((ef, width, hits / asked, agree / asked, float(np.percentile(times, 50)) * 1e3))
         print(f"  ef={ef}: recall@1 {hits / asked:.3f}, exact agrees {agree / asked:.3f}",
               file=sys.stderr)  # fmt: skip
     return build, per_entry, out
@@ -112,15 +115,17 @@ def main() -> None:
         build, per_entry, res = measure(
             x, int(m), int(efc), dtype, efs, queries, src, truth, args.k
         )
-        base = res[0][3]
+        base = res[0][4]
         size = f"{per_entry:,.0f} ({per_entry / (4 * x.shape[1]):.2f}x)"
-        for ef, recall, agree, ms in res:
-            rows.append([m, efc, dtype, f"{build:.0f}", size, str(ef), f"**{recall:.3f}**",
-                         f"{agree:.3f}", f"{ms:.3f} ({ms / base:.2f}x)"])  # fmt: skip
+        for ef, width, recall, agree, ms in res:
+            rows.append([m, efc, dtype, f"{build:.0f}", size, str(ef), str(width),
+                         f"**{recall:.3f}**", f"{agree:.3f}",
+                         f"{ms:.3f} ({ms / base:.2f}x)"])  # fmt: skip
     body = table(
         ["M", "ef_construction", "graph vectors", "build s",
          "index bytes per entry (/ raw float32)",
-         "ef_search", f"near-copy recall@1 (cosine {args.cos})", "exact search agrees",
+         "ef_search", "search width", f"near-copy recall@1 (cosine {args.cos})",
+         "exact search agrees",
          "search ms p50 (/ first ef)"],
         rows,
     )  # fmt: skip
