@@ -29,6 +29,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,67 @@ def bare_scan(st: RedisStorage, batch: int = 500) -> float:
     return time.perf_counter() - t0
 
 
+def redis_cpu(client: Any) -> float:
+    """CPU seconds of the server's main thread so far (INFO cpu): the time every other
+    client's commands wait behind."""
+    cpu = client.info("cpu")
+    if "used_cpu_user_main_thread" in cpu:
+        return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+_BYSTANDER = """
+import sys, time, redis
+c = redis.Redis(port=int(sys.argv[1]))
+c.ping()
+print("ready", flush=True)
+lat = []
+while not sys.stdin.closed:
+    t = time.perf_counter()
+    c.get("nothing")
+    lat.append(time.perf_counter() - t)
+    time.sleep(0.001)
+    if len(lat) % 50 == 0:
+        import select
+        if select.select([sys.stdin], [], [], 0)[0]:
+            break
+print(" ".join(f"{x:.6f}" for x in lat), flush=True)
+"""
+
+
+class Bystander:
+    """Another client (its own process) sending a GET every millisecond while the worker
+    runs: the latency every replica's lookups see meanwhile, queued behind the worker's
+    commands in the server's one thread."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.result: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def __enter__(self) -> Bystander:
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BYSTANDER, str(self.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()  # connected
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self.proc.communicate("stop\n", timeout=60)
+        lat = np.array([float(x) for x in out.split()]) * 1e3
+        if len(lat):
+            self.result = (
+                float(np.percentile(lat, 50)),
+                float(np.percentile(lat, 99)),
+                float(lat.max()),
+            )
+
+
 def _chunks(it: object, size: int) -> object:
     chunk: list[bytes] = []
     for item in it:  # type: ignore[attr-defined]
@@ -131,9 +193,12 @@ def run_size(server: RedisServer, n: int) -> dict[str, float]:
         probe.plan_eviction(TENANT)
         scans.append(time.perf_counter() - t0)
     clock.t += 3_600  # an hour later: every arm with evidence has decay to persist
-    t0 = time.perf_counter()
-    decay, report = m.maintain_tenant(TENANT)
-    cycle_s = time.perf_counter() - t0
+    cpu0 = redis_cpu(client)
+    with Bystander(server.port) as others:
+        t0 = time.perf_counter()
+        decay, report = m.maintain_tenant(TENANT)
+        cycle_s = time.perf_counter() - t0
+    busy_s = redis_cpu(client) - cpu0
     decay_s = decay.seconds
     evict_s = cycle_s - decay_s
     # 1% more arms get a signal, an hour passes: the decay job's run, and the eviction
@@ -170,6 +235,8 @@ def run_size(server: RedisServer, n: int) -> dict[str, float]:
         "decay_s": decay_s,
         "evict_s": evict_s,
         "cycle_s": cycle_s,
+        "busy_s": busy_s,
+        "others": others.result,
         "decayed": decay.decayed,
         "job_s": job.seconds,
         "job_decayed": job.decayed,
@@ -209,6 +276,8 @@ def main() -> None:
             f"{r['decay_s']:.2f} ({r['decayed']:,.0f} arms)",
             f"{r['evict_s']:.2f} ({r['evicted']:,.0f} removed)",
             f"**{r['cycle_s']:.2f}**",
+            f"{r['busy_s']:.2f}",
+            " / ".join(f"{x:.2f}" for x in r["others"]),
             f"{r['job_s']:.2f} ({r['job_decayed']:,.0f} arms)",
             f"{r['evict_job_s']:.2f} ({r['changed_read']:,.0f} arms read)"
             + ("" if r["incremental"] else ", whole scan"),
@@ -228,6 +297,8 @@ def main() -> None:
             "cycle: decay job s",
             "cycle: whole-scan eviction s",
             "full cycle s",
+            "full cycle: Redis main thread CPU s",
+            "full cycle: another client's GET ms, p50 / p99 / max",
             "1% changed: decay job s",
             "1% changed: eviction job s",
             "1% changed: cycle s",
@@ -252,7 +323,10 @@ def main() -> None:
         "least every `full_scan_interval_s` within it). The 1% cycle, an hour later once "
         "1% more arms got a signal, is the decay job's run and the eviction job within "
         "capacity: it reads the expired ids and the arms that got a signal since it last "
-        "ran (from the feedback stream; `Maintenance.plan_incremental`). Payload: "
+        "ran (from the feedback stream; `Maintenance.plan_incremental`). Redis main "
+        "thread CPU: the server's own account (INFO cpu) over the full cycle. Another "
+        "client's GET: a separate process sends one every millisecond during the full "
+        "cycle; what every replica's lookups wait meanwhile. Payload: "
         "question, answer and metadata as stored, plus the float32 vector given."
     ]
     by_n = {r["n"]: r for r in results}

@@ -523,7 +523,7 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
     import msgpack
 
     st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))
-    ids = bulk_put(st, "t", 12)
+    ids = bulk_put(st, "t", 14)
     keys = tenant_keys("t")
     arm = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "arm"))
     use = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "use"))
@@ -542,13 +542,22 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
         redis_client.hset(keys.entry(eid), name, value)
     redis_client.hdel(keys.entry(ids[9]), "use")
     redis_client.delete(keys.entry(ids[10]))  # gone: neither fine nor corrupt
+    redis_client.hset(keys.entry(ids[12]), "use", msgpack.packb({**use, "la": "x"}))  # a str
+    redis_client.hset(keys.entry(ids[13]), "sz", b"inf")
     cols = st.state_arrays("t", ids)
     by_scripts = set(st.decay("t", ids).corrupt)
-    assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9)}
+    assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9, 12)}
     # The scan needs the size too (capacity in bytes): a bad one is corrupt there.
-    assert set(cols.corrupt) == by_scripts | {ids[8]}
+    assert set(cols.corrupt) == by_scripts | {ids[8], ids[13]}
     assert cols.ids == [ids[7], ids[11]]
     assert cols.alpha.tolist() == [arm["a"], arm["a"]]
+    assert cols.size.tolist() == [int(redis_client.hget(keys.entry(i), "sz")) for i in cols.ids]
+    # A batch of fine entries only is decoded in one go: the same values.
+    fine = st.state_arrays("t", [ids[7], ids[11]])
+    assert fine.ids == cols.ids and fine.corrupt == []
+    for name in ("alpha", "beta", "decayed_at", "usage_count", "last_access", "confidence"):
+        assert getattr(fine, name).tolist() == getattr(cols, name).tolist()
+    assert fine.version.tolist() == [use["v"]] * 2
 
 
 def test_worker_jobs_on_a_redis_cluster(cluster_client: Any) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,6 +299,102 @@ def trusted_use(raw: bytes) -> Use:
         float(d["pm"]),
         int(d.get("ns", 0)),
     )
+
+
+#: The fields of ``arm`` and ``use`` that must be finite numbers (as ``zc_state`` in
+#: lua/_lib.lua requires of the scripts that write arms).
+_ARM_FIELDS = (b"a", b"b", b"n", b"r", b"t")
+_USE_FIELDS = (b"n", b"la", b"c", b"v", b"ss", b"qs", b"sb", b"pm")
+#: ``state_columns``' values, in order: alpha, beta, decayed_at, uses, last access,
+#: confidence, version, size.
+STATE_COLUMNS = 8
+
+
+class _Malformed(Exception):
+    """A batch holds a value that is not even the right shape (not msgpack, not a map, a
+    field missing or not a number): its entries are then judged one at a time."""
+
+
+def state_columns(
+    arms: Sequence[bytes | None], uses: Sequence[bytes | None], sizes: Sequence[bytes | None]
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64]]:
+    """Decode the ``arm``, ``use`` and ``sz`` fields of a batch of entries (the worker's
+    scan, lua/state.lua) into a status per entry (1 fine, 0 gone: no field at all, -1
+    corrupt) and an n x ``STATE_COLUMNS`` matrix of values (zeros unless fine).
+
+    Corrupt is what the scripts that write arms call corrupt (``zc_state``: ``arm`` and
+    ``use`` msgpack maps whose fields are finite numbers, never booleans, alpha and beta
+    > 0, ``use.ns`` absent, nil or a whole number in [0, 1e9)) and, as the scan needs the
+    size, a ``sz`` that is not a finite number. Column by column over the batch: ~2 us an
+    entry, against ~8 us for the same checks in Lua, in the server's one thread."""
+    n = len(arms)
+    status = np.zeros(n, dtype=np.int8)
+    values = np.zeros((n, STATE_COLUMNS), dtype=np.float64)
+    present = [
+        i for i in range(n) if arms[i] is not None or uses[i] is not None or sizes[i] is not None
+    ]
+    if not present:
+        return status, values
+    at = np.array(present, dtype=np.int64)
+    try:
+        fine, rows = _state_block([arms[i] for i in present], [uses[i] for i in present],
+                                  [sizes[i] for i in present])  # fmt: skip
+    except _Malformed:  # rare: one entry at a time, with the same checks
+        fine = np.zeros(len(present), dtype=bool)
+        rows = np.zeros((len(present), STATE_COLUMNS), dtype=np.float64)
+        for j, i in enumerate(present):
+            try:
+                one, row = _state_block([arms[i]], [uses[i]], [sizes[i]])
+            except _Malformed:
+                continue
+            fine[j], rows[j] = one[0], row[0]
+    status[at] = np.where(fine, 1, -1)
+    values[at[fine]] = rows[fine]
+    return status, values
+
+
+_NUMBER_TYPES = frozenset({int, float})
+
+
+def _state_block(
+    arms: list[bytes | None], uses: list[bytes | None], sizes: list[bytes | None]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+    """``state_columns`` for entries that all exist: which are fine, and their values.
+    Raises ``_Malformed`` when any value is not the right shape."""
+    unpack = msgpack.unpackb
+    try:
+        # raw=True: keys stay bytes (~25% faster here); a str value stays bytes, and so
+        # is refused as a number all the same.
+        arm = [unpack(raw, raw=True) for raw in arms]
+        use = [unpack(raw, raw=True) for raw in uses]
+        cols = [[d[f] for d in arm] for f in _ARM_FIELDS]
+        cols += [[d[f] for d in use] for f in _USE_FIELDS]
+        streaks = [d.get(b"ns") for d in use]
+        size = np.array([float(raw) for raw in sizes], dtype=np.float64)  # type: ignore[arg-type]
+        kinds: set[type] = set()
+        for col in cols:
+            kinds.update(map(type, col))
+        if not kinds <= _NUMBER_TYPES:  # a string, a boolean, a nil, a nested map...
+            raise _Malformed
+        mat = np.array(cols, dtype=np.float64)
+    except _Malformed:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types; so do the lookups
+        raise _Malformed from exc
+    bad_streak = [
+        ns is not None and not (type(ns) in _NUMBER_TYPES and 0 <= ns < 1e9 and ns == int(ns))
+        for ns in streaks
+    ]
+    fine = (
+        np.isfinite(mat).all(axis=0)
+        & np.isfinite(size)
+        & (mat[0] > 0)
+        & (mat[1] > 0)
+        & ~np.array(bad_streak, dtype=bool)
+    )
+    # alpha, beta, decayed_at (arm.t), uses (use.n), last access, confidence, version, size
+    rows = np.stack([mat[0], mat[1], mat[4], mat[5], mat[6], mat[7], mat[8], size], axis=1)
+    return fine, rows
 
 
 def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:

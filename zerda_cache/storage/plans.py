@@ -797,26 +797,26 @@ class StoragePlans:
 
     def plan_state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[StateArrays]:
         """Plan reading ``arm``, ``use`` and ``sz`` of many entries into columns, in one
-        command (the read-only ``state`` script)."""
+        command (the read-only ``state`` script; ``codec.state_columns`` decodes)."""
         k = self.keys(tenant)
         ids = list(entry_ids)
 
-        def parse(packed: Any) -> StateArrays:
-            values = msgpack.unpackb(packed) if packed else []
-            arr = np.asarray(values, dtype=np.float64).reshape(-1, 9)
-            ok = arr[:, 0] == 1
-            bad = np.flatnonzero(arr[:, 0] == -1).tolist()
+        def parse(flat: Any) -> StateArrays:
+            flat = flat or []
+            status, arr = codec.state_columns(flat[0::3], flat[1::3], flat[2::3])
+            ok = status == 1
+            bad = np.flatnonzero(status == -1).tolist()
             rows = arr[ok]
             return StateArrays(
                 ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
-                alpha=rows[:, 1],
-                beta=rows[:, 2],
-                decayed_at=rows[:, 3],
-                usage_count=rows[:, 4],
-                last_access=rows[:, 5],
-                confidence=rows[:, 6],
-                version=rows[:, 7].astype(np.int64),
-                size=rows[:, 8].astype(np.int64),
+                alpha=rows[:, 0],
+                beta=rows[:, 1],
+                decayed_at=rows[:, 2],
+                usage_count=rows[:, 3],
+                last_access=rows[:, 4],
+                confidence=rows[:, 5],
+                version=rows[:, 6].astype(np.int64),
+                size=rows[:, 7].astype(np.int64),
                 corrupt=[ids[i] for i in bad],
             )
 

@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 #: Scripts that need the shared library of arm formulas.
-_WITH_LIB = frozenset({"put", "hit", "feedback", "decay", "state", "evict", "label", "traffic"})
+_WITH_LIB = frozenset({"put", "hit", "feedback", "decay", "evict", "label", "traffic"})
 #: Each script's shebang flags (Redis 7 / Valkey 7.2 and later). Under ``maxmemory``
 #: with ``noeviction`` a server refuses scripts that write unless they say
 #: ``allow-oom``: serving, feedback, decay, eviction and the lease must keep working on

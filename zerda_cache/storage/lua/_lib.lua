@@ -1,5 +1,5 @@
 -- KEYS: none. ARGV: none. returns: nothing. Not a script: scripts.py prepends this library
--- to put, hit, feedback, decay, state, evict, label and traffic, so that each formula of zerda_cache/entry.py exists once
+-- to put, hit, feedback, decay, evict, label and traffic, so that each formula of zerda_cache/entry.py exists once
 -- in Lua. Arms are msgpack maps {a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at}.
 
 -- The one clock: the caller's injected time (tests) or the Redis server's TIME.
@@ -45,8 +45,8 @@ end
 
 -- Every field a finite number (NaN ~= NaN; an infinity is as corrupt as a NaN: it turns
 -- into NaN at the next division). One test of the fields' sum: NaN and infinities carry
--- into it (inf - inf is NaN); the worker's scan runs this twice per entry, a million
--- times a cycle.
+-- into it (inf - inf is NaN). The worker's scan checks the same in Python
+-- (codec.state_columns), off the server's thread.
 local ZC_INF = math.huge
 local function zc_all_numbers(tbl, fields)
   if not tbl then
