@@ -118,6 +118,33 @@ def test_expired_corrupt_and_byte_capacity(redis_client: redis.Redis) -> None:
     assert m.plan_eviction("t").total == 0  # nothing left to do
 
 
+def test_evictions_go_in_calls_of_at_most_evict_batch(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call of the evict script holds the server's one thread: capacity evictions go
+    in calls of at most ``EVICT_BATCH`` entries, whatever ``scan_batch`` is, and all of
+    them are carried out."""
+    from zerda_cache.maintenance import EVICT_BATCH
+
+    monkeypatch.setattr("zerda_cache.maintenance.EVICT_BATCH", 7)
+    cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
+    st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
+    bulk_put(st, "t", 60)
+    st.set_tenant_settings("t", max_entries=40)
+    sizes: list[int] = []
+    evict = st.evict
+
+    def counted(tenant: str, items: Any, *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(items))
+        return evict(tenant, items, *args, **kwargs)
+
+    monkeypatch.setattr(st, "evict", counted)
+    report = Maintenance(st).evict_tenant("t")
+    assert report.removed == {"capacity": 20} and st.count("t") == 40
+    assert sizes == [7, 7, 6]
+    assert EVICT_BATCH == 100  # the default the docstrings name
+
+
 def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.Redis) -> None:
     """Between whole scans, a tenant within its capacity is read incrementally: its
     expired ids, the ids replicas reported, and the arms that got a signal since the
