@@ -303,6 +303,18 @@ def test_scripts_survive_script_flush(storage: RedisStorage, redis_client: redis
     assert storage.get_entry("acme", eid).bandit_arm.alpha == 2.0
 
 
+def same_replies(ours: list[Any], theirs: list[Any]) -> None:
+    """A pipeline sent by ``_execute_stack[_async]`` replies as ``Pipeline.execute``:
+    the pipelines of these tests hold an error reply (a command on a key of the wrong
+    type) second and a NOSCRIPT third."""
+    assert [type(r) for r in ours] == [type(r) for r in theirs]
+    assert isinstance(ours[1], redis.ResponseError)
+    assert isinstance(ours[2], redis.exceptions.NoScriptError)
+    assert [r for r in ours if not isinstance(r, Exception)] == [
+        r for r in theirs if not isinstance(r, Exception)
+    ]
+
+
 def test_a_sync_pipeline_replies_as_redis_py_and_survives_a_dropped_connection(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -318,14 +330,7 @@ def test_a_sync_pipeline_replies_as_redis_py_and_survives_a_dropped_connection(
         pipe.hgetall("nothing").exists("k")
         return pipe
 
-    ours = _execute_stack(redis_client, queued().command_stack)
-    theirs = queued().execute(False)
-    assert [type(r) for r in ours] == [type(r) for r in theirs]
-    assert isinstance(ours[1], redis.ResponseError)
-    assert isinstance(ours[2], redis.exceptions.NoScriptError)
-    assert [r for r in ours if not isinstance(r, Exception)] == [
-        r for r in theirs if not isinstance(r, Exception)
-    ]
+    same_replies(_execute_stack(redis_client, queued().command_stack), queued().execute(False))
     st = RedisStorage(redis_client)
     eid = put(st, 1)
     # The connection drops as the pipeline is sent (a server restart, an idle timeout):
@@ -379,14 +384,10 @@ def test_an_async_pipeline_replies_as_redis_py_and_closes_what_it_leaves_unread(
         return list(client.connection_pool._available_connections)  # type: ignore[attr-defined]
 
     try:
-        ours = run(_execute_stack_async(client, queued().command_stack))
-        theirs = run(queued().execute(False))
-        assert [type(r) for r in ours] == [type(r) for r in theirs]
-        assert isinstance(ours[1], redis.ResponseError)
-        assert isinstance(ours[2], redis.exceptions.NoScriptError)
-        assert [r for r in ours if not isinstance(r, Exception)] == [
-            r for r in theirs if not isinstance(r, Exception)
-        ]
+        same_replies(
+            run(_execute_stack_async(client, queued().command_stack)),
+            run(queued().execute(False)),
+        )
         st = AsyncRedisStorage(client)
         assert st._send_stack is _execute_stack_async
         eid = put(RedisStorage(redis_client), 1)
