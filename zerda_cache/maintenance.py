@@ -329,8 +329,9 @@ class Maintenance:
         arm with evidence, and counts it there).
 
         Per batch: the ZSCAN step gives ids and expiry times; one command (the read-only
-        ``state`` script) gives the arms and usage as columns; the learner scores the
-        whole batch at once.
+        ``state`` script) gives the stored arms and usage, which ``codec.state_columns``
+        decodes into columns here, off the server's thread; the learner scores the whole
+        batch at once.
         """
         st = self.storage
         # Signals from here on are read by the incremental plans that follow this scan.
