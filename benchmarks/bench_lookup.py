@@ -9,10 +9,12 @@ to cosine ~0.95 (random) or 0.97 (MiniLM, as ``bench_recall``); recall@1 is the 
 them served their source entry. Miss queries are random unit vectors (cosine well under
 the 0.85 threshold). Embedding time is excluded: queries pass
 ``embedding=``. One process, one client, lookups interleaved with PINGs so that both see
-the same machine noise. Targets (issue "CacheManager"): lookup p50 <= 3x PING p50 and
-p99 <= 5 ms at 100k entries; index memory <= 1.2x the raw float32 bytes. Issue "A replica
-serves in seconds": p50 <= 5x and p99 <= 10x PING p50, recall@1 >= 0.995 on real
-embeddings.
+the same machine noise. Beside the default (sync ``CacheManager``), the same hits through
+a float16 graph, hnswlib, exact search and ``AsyncCacheManager`` (what the HTTP service
+and the OpenAI proxy run; against an asyncio PING). Targets (issue "CacheManager"):
+lookup p50 <= 3x PING p50 and p99 <= 5 ms at 100k entries; index memory <= 1.2x the
+raw float32 bytes. Issue "A replica serves in seconds": p50 <= 5x and p99 <= 10x PING
+p50, recall@1 >= 0.995 on real embeddings.
 
     .venv/bin/python benchmarks/bench_lookup.py [--sizes 10000,100000] [--lookups 2000]
 """
