@@ -550,7 +550,7 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
     import msgpack
 
     st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))
-    ids = bulk_put(st, "t", 14)
+    ids = bulk_put(st, "t", 15)
     keys = tenant_keys("t")
     arm = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "arm"))
     use = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "use"))
@@ -571,9 +571,11 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
     redis_client.delete(keys.entry(ids[10]))  # gone: neither fine nor corrupt
     redis_client.hset(keys.entry(ids[12]), "use", msgpack.packb({**use, "la": "x"}))  # a str
     redis_client.hset(keys.entry(ids[13]), "sz", b"inf")
+    huge = msgpack.packb({**arm, "a": 1e308, "b": 1e308})  # finite, but the sum is not
+    redis_client.hset(keys.entry(ids[14]), "arm", huge)
     cols = st.state_arrays("t", ids)
     by_scripts = set(st.decay("t", ids).corrupt)
-    assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9, 12)}
+    assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9, 12, 14)}
     # The scan needs the size too (capacity in bytes): a bad one is corrupt there.
     assert set(cols.corrupt) == by_scripts | {ids[8], ids[13]}
     assert cols.ids == [ids[7], ids[11]]

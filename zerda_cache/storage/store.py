@@ -11,6 +11,7 @@ server's ``TIME``, unless a ``clock`` is injected (tests).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -894,10 +895,10 @@ def _execute_stack(client: Any, stack: list[tuple[tuple[Any, ...], Any]]) -> lis
 async def _execute_stack_async(client: Any, stack: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:
     """``_execute_stack`` for a plain ``redis.asyncio`` client: what
     ``Pipeline.execute(raise_on_error=False)`` does, without its bookkeeping (~60 us of a
-    lookup's pipeline of three commands on loopback, redis-py 8.1; benchmarks/
-    bench_lookup.py, the async row). Dropped connections get the client's retry; a
-    connection left with unread replies, a cancelled lookup's included, is closed before
-    it goes back to the pool."""
+    pipeline of three commands alone on loopback, redis-py 8.1; 0.09-0.13 ms a lookup
+    in an A/B of whole async lookups, docs/BENCHMARKS.md beside the lookup table).
+    Dropped connections get the client's retry; a connection left with unread replies, a
+    cancelled lookup's included, is closed before it goes back to the pool."""
     pool = client.connection_pool
     conn: Any = await pool.get_connection()
 
@@ -921,7 +922,10 @@ async def _execute_stack_async(client: Any, stack: list[tuple[tuple[Any, ...], A
         await conn.disconnect(nowait=True)
         raise
     finally:
-        await pool.release(conn)
+        # Shielded, as redis-py's Pipeline.reset does: a lookup cancelled while the
+        # pool's lock is contended would otherwise leave the connection "in use" for
+        # good, and the pool one connection smaller.
+        await asyncio.shield(pool.release(conn))
 
 
 class RedisStorage(SyncDriven, Storage):
