@@ -104,20 +104,16 @@ def redis_cpu(client: Any) -> float:
 
 
 _BYSTANDER = """
-import sys, time, redis
+import select, sys, time, redis
 c = redis.Redis(port=int(sys.argv[1]))
 c.ping()
 print("ready", flush=True)
 lat = []
-while not sys.stdin.closed:
+while len(lat) % 50 or not select.select([sys.stdin], [], [], 0)[0]:  # until told to stop
     t = time.perf_counter()
     c.get("nothing")
     lat.append(time.perf_counter() - t)
     time.sleep(0.001)
-    if len(lat) % 50 == 0:
-        import select
-        if select.select([sys.stdin], [], [], 0)[0]:
-            break
 print(" ".join(f"{x:.6f}" for x in lat), flush=True)
 """
 
@@ -193,6 +189,8 @@ def run_size(server: RedisServer, n: int) -> dict[str, float]:
         probe.plan_eviction(TENANT)
         scans.append(time.perf_counter() - t0)
     clock.t += 3_600  # an hour later: every arm with evidence has decay to persist
+    with Bystander(server.port) as idle:  # the same client with no worker running
+        time.sleep(2.0)
     cpu0 = redis_cpu(client)
     with Bystander(server.port) as others:
         t0 = time.perf_counter()
@@ -237,6 +235,7 @@ def run_size(server: RedisServer, n: int) -> dict[str, float]:
         "cycle_s": cycle_s,
         "busy_s": busy_s,
         "others": others.result,
+        "idle": idle.result,
         "decayed": decay.decayed,
         "job_s": job.seconds,
         "job_decayed": job.decayed,
@@ -277,7 +276,10 @@ def main() -> None:
             f"{r['evict_s']:.2f} ({r['evicted']:,.0f} removed)",
             f"**{r['cycle_s']:.2f}**",
             f"{r['busy_s']:.2f}",
-            " / ".join(f"{x:.2f}" for x in r["others"]),
+            " / ".join(f"{x:.2f}" for x in r["others"])
+            + " (idle: "
+            + " / ".join(f"{x:.2f}" for x in r["idle"])
+            + ")",
             f"{r['job_s']:.2f} ({r['job_decayed']:,.0f} arms)",
             f"{r['evict_job_s']:.2f} ({r['changed_read']:,.0f} arms read)"
             + ("" if r["incremental"] else ", whole scan"),
@@ -326,7 +328,8 @@ def main() -> None:
         "ran (from the feedback stream; `Maintenance.plan_incremental`). Redis main "
         "thread CPU: the server's own account (INFO cpu) over the full cycle. Another "
         "client's GET: a separate process sends one every millisecond during the full "
-        "cycle; what every replica's lookups wait meanwhile. Payload: "
+        "cycle, what every replica's lookups wait meanwhile; idle: the same for 2 s "
+        "before it, no worker running. Payload: "
         "question, answer and metadata as stored, plus the float32 vector given."
     ]
     by_n = {r["n"]: r for r in results}

@@ -895,8 +895,8 @@ def _execute_stack(client: Any, stack: list[tuple[tuple[Any, ...], Any]]) -> lis
 async def _execute_stack_async(client: Any, stack: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:
     """``_execute_stack`` for a plain ``redis.asyncio`` client: what
     ``Pipeline.execute(raise_on_error=False)`` does, without its bookkeeping (~60 us of a
-    pipeline of three commands alone on loopback, redis-py 8.1; 0.09-0.13 ms a lookup
-    in an A/B of whole async lookups, docs/BENCHMARKS.md beside the lookup table).
+    pipeline of three commands alone on loopback, redis-py 8.1; bench_lookup's
+    AsyncCacheManager rows compare whole lookups both ways).
     Dropped connections get the client's retry; a connection left with unread replies, a
     cancelled lookup's included, is closed before it goes back to the pool."""
     pool = client.connection_pool
