@@ -431,6 +431,49 @@ def test_an_async_pipeline_replies_as_redis_py_and_closes_what_it_leaves_unread(
         close_loop(loop)
 
 
+def test_an_async_pipeline_cancelled_while_it_releases_its_connection_still_returns_it(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup cancelled while ``_execute_stack_async`` gives its connection back (the
+    pool's lock contended, under load): the release still completes, as redis-py's
+    ``Pipeline.reset`` makes sure, so the pool does not shrink by one connection for good
+    at every app timeout."""
+    loop = asyncio.new_event_loop()
+    client = connect(redis_url, CacheConfig(), asyncio=True)
+    pool = client.connection_pool
+    release = pool.release
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    async def contended(conn: Any) -> None:  # the pool's lock held by another task
+        entered.set()
+        await gate.wait()
+        await release(conn)
+
+    async def scenario() -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.set("k", "1").get("k")
+        task = asyncio.ensure_future(_execute_stack_async(client, pipe.command_stack))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(pool._in_use_connections) == 1  # type: ignore[attr-defined]
+        gate.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not pool._in_use_connections  # type: ignore[attr-defined]
+        assert len(pool._available_connections) == 1  # type: ignore[attr-defined]
+        assert await client.get("k") == b"1"
+
+    try:
+        monkeypatch.setattr(pool, "release", contended)
+        loop.run_until_complete(scenario())
+    finally:
+        monkeypatch.undo()
+        loop.run_until_complete(client.aclose())
+        close_loop(loop)
+
+
 # --- bad input: a typed error and Redis unchanged ------------------------------------------------
 BadCall = Callable[[RedisStorage, str], object]
 
