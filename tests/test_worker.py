@@ -279,6 +279,45 @@ def test_decay_visits_only_arms_with_evidence_once_the_tenant_was_scanned(
     assert st.get_entry("t", ids[1]).bandit_arm.alpha == pytest.approx(1 + 8 * 0.125)
 
 
+def test_decay_goes_in_calls_of_at_most_decay_batch(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call of the decay script holds the server's one thread: the decay job and the
+    whole scan persist decay in calls of at most ``DECAY_BATCH`` arms, whatever
+    ``scan_batch`` is, every arm once; the list is flagged complete only by the call
+    that ends a whole scan."""
+    from zerda_cache.maintenance import DECAY_BATCH
+
+    monkeypatch.setattr("zerda_cache.maintenance.DECAY_BATCH", 7)
+    clock = Clock(50_000.0)
+    eviction = EvictionConfig(scan_batch=500)
+    cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=100.0), eviction=eviction)
+    st = RedisStorage(redis_client, cfg, clock=clock)
+    ids = bulk_put(st, "t", 40)
+    st.feedback_many([FeedbackSignal(e, "t", True, magnitude=8.0) for e in ids[:20]])
+    redis_client.hdel(tenant_keys("t").cfg, "evx")  # as data from before the list
+    calls: list[tuple[int, bool]] = []
+    decay = st.decay
+
+    def counted(tenant: str, items: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((len(items), bool(kwargs.get("complete"))))
+        return decay(tenant, items, *args, **kwargs)
+
+    monkeypatch.setattr(st, "decay", counted)
+    clock.t += 100
+    first = Maintenance(st).decay_tenant("t")  # the whole scan, then the flag alone
+    assert first.decayed == 20 and st.evidence_complete("t")
+    assert calls == [(7, False), (7, False), (6, False), (0, True)]
+    calls.clear()
+    clock.t += 100
+    assert Maintenance(st).decay_tenant("t").decayed == 20  # the list, read by SSCAN
+    assert sum(n for n, _ in calls) == 20 and all(n <= 7 for n, _ in calls)
+    assert not any(flag for _, flag in calls)
+    arms = st.load_states("t", ids[:20]).entries
+    assert all(a.bandit_arm.alpha == pytest.approx(1 + 8 * 0.25) for a in arms.values())
+    assert DECAY_BATCH == 100  # the default the docstrings name
+
+
 def test_decay_job_persists_a_share_of_the_list_at_each_run(redis_client: redis.Redis) -> None:
     """Each run of the decay job takes the next decay_job_interval_s / decay_sweep_s of
     the arms with evidence (at least a batch), where the last run stopped: every arm is

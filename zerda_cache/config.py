@@ -287,8 +287,9 @@ class EvictionConfig:
         max_entries: per-tenant entry capacity (default; tenants may override in Redis).
         max_bytes: per-tenant byte capacity of stored content, ``None`` for no limit.
         low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
-        scan_batch: entries read or decayed per round trip (evicted: at most
-            ``maintenance.EVICT_BATCH``, 100, so that one call holds Redis briefly).
+        scan_batch: entries read per round trip (evicted and decayed: at most
+            ``maintenance.EVICT_BATCH`` and ``DECAY_BATCH``, 100, so that one call holds
+            Redis briefly).
         eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
             worker runs each job.
         snapshot_min_entries / snapshot_interval_s: index snapshots for new replicas
