@@ -145,6 +145,39 @@ def test_evictions_go_in_calls_of_at_most_evict_batch(
     assert EVICT_BATCH == 100  # the default the docstrings name
 
 
+def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan's reads hold the server's one thread too: each ZSCAN step's ids are read
+    in calls of the state script of at most ``STATE_BATCH``, and the plan is the one a
+    single call per step makes."""
+    from zerda_cache.maintenance import STATE_BATCH
+
+    cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
+    st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
+    ids = bulk_put(st, "t", 60)
+    st.feedback_many([FeedbackSignal(e, "t", i % 3 == 0) for i, e in enumerate(ids[:30])])
+    st.set_tenant_settings("t", max_entries=40)
+    sizes: list[int] = []
+    state_arrays = st.state_arrays
+
+    def counted(tenant: str, entry_ids: Any) -> Any:
+        sizes.append(len(entry_ids))
+        return state_arrays(tenant, entry_ids)
+
+    monkeypatch.setattr(st, "state_arrays", counted)
+    whole = Maintenance(st).plan_eviction("t")
+    assert sizes == [60]
+    sizes.clear()
+    monkeypatch.setattr("zerda_cache.maintenance.STATE_BATCH", 7)
+    split = Maintenance(st).plan_eviction("t")
+    assert sorted(sizes) == [4] + [7] * 8
+    assert split.scanned == whole.scanned == 60 and split.bytes_scanned == whole.bytes_scanned
+    assert split.capacity == whole.capacity and len(split.capacity) == 20
+    assert split.low_reward == whole.low_reward
+    assert STATE_BATCH == 100  # the default the docstrings name
+
+
 def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.Redis) -> None:
     """Between whole scans, a tenant within its capacity is read incrementally: its
     expired ids, the ids replicas reported, and the arms that got a signal since the

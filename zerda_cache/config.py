@@ -287,9 +287,10 @@ class EvictionConfig:
         max_entries: per-tenant entry capacity (default; tenants may override in Redis).
         max_bytes: per-tenant byte capacity of stored content, ``None`` for no limit.
         low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
-        scan_batch: entries read per round trip (evicted and decayed: at most
-            ``maintenance.EVICT_BATCH`` and ``DECAY_BATCH``, 100, so that one call holds
-            Redis briefly).
+        scan_batch: ids per ZSCAN step of the worker's scans (their state read,
+            evicted and decayed in calls of at most ``maintenance.STATE_BATCH``,
+            ``EVICT_BATCH`` and ``DECAY_BATCH``, 100 each, so that one call holds Redis
+            briefly).
         eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
             worker runs each job.
         snapshot_min_entries / snapshot_interval_s: index snapshots for new replicas

@@ -118,6 +118,22 @@ class StateArrays:
     size: np.ndarray
     corrupt: list[str] = field(default_factory=list)
 
+    @staticmethod
+    def concat(parts: Sequence[StateArrays]) -> StateArrays:
+        """The rows of ``parts``, in order, as one batch."""
+        if len(parts) == 1:
+            return parts[0]
+        columns = {
+            f.name: np.concatenate([getattr(p, f.name) for p in parts])
+            for f in dataclasses.fields(StateArrays)
+            if f.name not in ("ids", "corrupt")
+        }
+        return StateArrays(
+            ids=[eid for p in parts for eid in p.ids],
+            corrupt=[eid for p in parts for eid in p.corrupt],
+            **columns,
+        )
+
     def only(self, wanted: set[str]) -> StateArrays:
         """The rows (and corrupt ids) whose ids are in ``wanted``."""
         rows = np.fromiter((eid in wanted for eid in self.ids), dtype=bool, count=len(self.ids))
