@@ -11,8 +11,9 @@ the 0.85 threshold). Embedding time is excluded: queries pass
 ``embedding=``. One process, one client, lookups interleaved with PINGs so that both see
 the same machine noise, and with searches of the replica's index alone (no Redis; other
 queries of the same kind): the part of the ratio that no round trip removes. Beside the
-default (sync ``CacheManager``), the same hits through a float16 graph, hnswlib, exact search and ``AsyncCacheManager`` (what the HTTP service
-and the OpenAI proxy run; against an asyncio PING). Targets (issue "CacheManager"):
+default (sync ``CacheManager``), the same hits through a float16 graph, hnswlib, exact
+search and ``AsyncCacheManager`` (what the HTTP service and the OpenAI proxy run;
+against an asyncio PING). Targets (issue "CacheManager"):
 lookup p50 <= 3x PING p50 and p99 <= 5 ms at 100k entries; index memory <= 1.2x the
 raw float32 bytes. Issue "A replica serves in seconds": p50 <= 5x and p99 <= 10x PING
 p50, recall@1 >= 0.995 on real embeddings.
@@ -242,12 +243,10 @@ def async_rows(
     server: RedisServer, cfg: CacheConfig, n: int, data: str, queries: list[Any], raw: int
 ) -> list[list[str]]:
     """The same hits through ``AsyncCacheManager`` (what the HTTP service and the proxy
-    run), interleaved with an asyncio PING on the same event loop; every other lookup
-    sends its pipeline through redis-py's ``Pipeline.execute`` instead of
-    ``_execute_stack_async`` (same manager, same index), for the second row."""
+    run), interleaved with an asyncio PING on the same event loop."""
     from zerda_cache.aio import AsyncCacheManager
 
-    async def run() -> tuple[list[float], list[float], list[float], float, int]:
+    async def run() -> tuple[list[float], list[float], float, int]:
         manager = AsyncCacheManager.from_url(
             server.url, cfg, metrics=ReplicaMetrics(CollectorRegistry())
         )
@@ -257,42 +256,31 @@ def async_rows(
             build = time.perf_counter() - t0
             index = manager._indexes[TENANT].index
             assert index is not None
-            lean, execute, ping = [], [], []
-            st = manager.storage
-            lean_send = st._send_stack
-            for i, q in enumerate(queries):
+            lat, ping = [], []
+            for q in queries:
                 t = time.perf_counter()
-                await st.client.ping()
+                await manager.storage.client.ping()
                 ping.append(time.perf_counter() - t)
-                st._send_stack = lean_send if i % 2 == 0 else None  # None: Pipeline.execute
                 t = time.perf_counter()
                 await manager.lookup("q", tenant=TENANT, embedding=q)
-                (lean if i % 2 == 0 else execute).append(time.perf_counter() - t)
-            st._send_stack = lean_send
-            return lean, execute, ping, build, index.nbytes()
+                lat.append(time.perf_counter() - t)
+            return lat, ping, build, index.nbytes()
         finally:
             await manager.aclose()
 
-    lean, execute, ping, build, nbytes = asyncio.run(run())
-    rows = []
-    built = f"memory {nbytes / raw:.2f}x, build {build:.1f} s"
-    for label, lat, note in (
-        ("hit (hnsw, AsyncCacheManager)", lean, built),
-        ("hit (hnsw, AsyncCacheManager, via Pipeline.execute)", execute, "alternates with above"),
-    ):
-        rows.append(
-            [
-                f"{n:,} {data}",
-                label,
-                f"{pct(lat, 50) * 1e3:.3f}",
-                f"{pct(lat, 99) * 1e3:.3f}",
-                f"{pct(ping, 50) * 1e3:.3f}",
-                f"{pct(lat, 50) / pct(ping, 50):.1f}x (async PING)",
-                f"{1 / statistics.mean(lat):,.0f}",
-                note,
-            ]
-        )
-    return rows
+    lat, ping, build, nbytes = asyncio.run(run())
+    return [
+        [
+            f"{n:,} {data}",
+            "hit (hnsw, AsyncCacheManager)",
+            f"{pct(lat, 50) * 1e3:.3f}",
+            f"{pct(lat, 99) * 1e3:.3f}",
+            f"{pct(ping, 50) * 1e3:.3f}",
+            f"{pct(lat, 50) / pct(ping, 50):.1f}x (async PING)",
+            f"{1 / statistics.mean(lat):,.0f}",
+            f"memory {nbytes / raw:.2f}x, build {build:.1f} s",
+        ]
+    ]
 
 
 def main() -> None:

@@ -29,7 +29,6 @@ from zerda_cache import (
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.storage.store import _execute_stack, _execute_stack_async
 
 DIM = 16
 
@@ -303,173 +302,77 @@ def test_scripts_survive_script_flush(storage: RedisStorage, redis_client: redis
     assert storage.get_entry("acme", eid).bandit_arm.alpha == 2.0
 
 
-def same_replies(ours: list[Any], theirs: list[Any]) -> None:
-    """A pipeline sent by ``_execute_stack[_async]`` replies as ``Pipeline.execute``:
-    the pipelines of these tests hold an error reply (a command on a key of the wrong
-    type) second and a NOSCRIPT third."""
-    assert [type(r) for r in ours] == [type(r) for r in theirs]
-    assert isinstance(ours[1], redis.ResponseError)
-    assert isinstance(ours[2], redis.exceptions.NoScriptError)
-    assert [r for r in ours if not isinstance(r, Exception)] == [
-        r for r in theirs if not isinstance(r, Exception)
-    ]
-
-
-def test_a_sync_pipeline_replies_as_redis_py_and_survives_a_dropped_connection(
-    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+def test_a_read_survives_a_dropped_connection_sync_and_async(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Plain sync clients send pipelines by ``_execute_stack``, not ``Pipeline.execute``:
-    the same replies (callbacks applied, error replies in place, NOSCRIPT included), and
-    one quick retry after the server dropped the pooled connection."""
-    redis_client.set("k", "1")
-    redis_client.xadd("s", {"f": "v"})
-
-    def queued() -> Any:
-        pipe = redis_client.pipeline(transaction=False)
-        pipe.get("k").hget("k", "f").evalsha("0" * 40, 0).xread({"s": "0-0"}, count=5)
-        pipe.hgetall("nothing").exists("k")
-        return pipe
-
-    same_replies(_execute_stack(redis_client, queued().command_stack), queued().execute(False))
-    st = RedisStorage(redis_client)
-    eid = put(st, 1)
-    # The connection drops as the pipeline is sent (a server restart, an idle timeout):
-    # the client's one quick retry sends it again on a new connection.
-    sent = redis.connection.Connection.send_packed_command
-    calls = []
+    """A lookup's read (one pipeline) gets the client's one quick retry when the pooled
+    connection dropped as it was sent (a server restart, an idle timeout): ``connect``
+    configures it, and redis-py applies it to pipelines from 6.0 on (5.3 did not retry)."""
+    eid = put(RedisStorage(redis_client), 1)
+    calls: list[int] = []
+    sync_sent = redis.connection.Connection.send_packed_command
+    async_sent = redis.asyncio.connection.Connection.send_packed_command
 
     def drop_once(conn: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == 1:
             conn.disconnect()
             raise redis.exceptions.ConnectionError("dropped")
-        return sent(conn, *args, **kwargs)
+        return sync_sent(conn, *args, **kwargs)
 
+    async def drop_once_async(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            await conn.disconnect()
+            raise redis.exceptions.ConnectionError("dropped")
+        return await async_sent(conn, *args, **kwargs)
+
+    st = RedisStorage(connect(redis_url, CacheConfig()))
+    assert st.load_states("acme", [eid]).entries  # connected, before the drop
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", drop_once)
-    assert st.load_states("acme", [eid]).entries[eid].entry_id == eid  # a lookup's read
-    assert len(calls) > 1  # the failed send, then the retry (and the new handshake)
+    assert st.load_states("acme", [eid]).entries[eid].entry_id == eid
+    assert len(calls) > 1  # the failed send, then the retry
     monkeypatch.undo()
-    # A reply that fails to parse halfway: the connection, with replies still unread, is
-    # closed, so the next command reads its own reply and not the pipeline's leftovers.
-    callbacks = redis_client.response_callbacks
-    monkeypatch.setitem(callbacks, "GET", lambda *_a, **_k: (_ for _ in ()).throw(KeyError()))
-    with pytest.raises(KeyError):
-        _execute_stack(redis_client, queued().command_stack)
-    monkeypatch.undo()
-    idle = redis_client.connection_pool._available_connections  # type: ignore[attr-defined]
-    assert idle and all(conn._sock is None for conn in idle)  # closed before it went back
-    assert redis_client.hget("acme-none", "f") is None and redis_client.get("k") == b"1"
-
-
-def test_an_async_pipeline_replies_as_redis_py_and_closes_what_it_leaves_unread(
-    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Plain ``redis.asyncio`` clients send pipelines by ``_execute_stack_async``: the
-    same replies as ``Pipeline.execute``, one quick retry after a dropped connection, and
-    a connection with replies unread (a failed parse, a cancelled lookup) closed before
-    it goes back to the pool."""
-    redis_client.set("k", "1")
-    redis_client.xadd("s", {"f": "v"})
+    st.client.close()
+    calls.clear()
     loop = asyncio.new_event_loop()
-    client = connect(redis_url, CacheConfig(), asyncio=True)  # zerda-cache's options
-    run = loop.run_until_complete
-
-    def queued() -> Any:
-        pipe = client.pipeline(transaction=False)
-        pipe.get("k").hget("k", "f").evalsha("0" * 40, 0).xread({"s": "0-0"}, count=5)
-        pipe.hgetall("nothing").exists("k")
-        return pipe
-
-    def idle() -> list[Any]:
-        return list(client.connection_pool._available_connections)  # type: ignore[attr-defined]
-
+    client = connect(redis_url, CacheConfig(), asyncio=True)
     try:
-        same_replies(
-            run(_execute_stack_async(client, queued().command_stack)),
-            run(queued().execute(False)),
+        ast = AsyncRedisStorage(client)
+        assert loop.run_until_complete(ast.load_states("acme", [eid])).entries
+        monkeypatch.setattr(
+            redis.asyncio.connection.Connection, "send_packed_command", drop_once_async
         )
-        st = AsyncRedisStorage(client)
-        assert st._send_stack is _execute_stack_async
-        eid = put(RedisStorage(redis_client), 1)
-        sent = redis.asyncio.connection.Connection.send_packed_command
-        calls = []
-
-        async def drop_once(conn: Any, *args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
-            if len(calls) == 1:
-                await conn.disconnect()
-                raise redis.exceptions.ConnectionError("dropped")
-            return await sent(conn, *args, **kwargs)
-
-        monkeypatch.setattr(redis.asyncio.connection.Connection, "send_packed_command", drop_once)
-        assert run(st.load_states("acme", [eid])).entries[eid].entry_id == eid
-        assert len(calls) > 1  # the failed send, then the retry
-        monkeypatch.undo()
-        callbacks = client.response_callbacks
-        monkeypatch.setitem(callbacks, "GET", lambda *_a, **_k: (_ for _ in ()).throw(KeyError()))
-        with pytest.raises(KeyError):
-            run(_execute_stack_async(client, queued().command_stack))
-        monkeypatch.undo()
-        assert idle() and all(not conn.is_connected for conn in idle())
-        # A lookup cancelled while it waits for its replies (a request timeout in an app):
-        # the replies still on their way are never read by the next command.
-        blocked = client.pipeline(transaction=False)
-        blocked.blpop(["never"], timeout=1).get("k")
-
-        async def cancelled() -> None:
-            task = asyncio.ensure_future(_execute_stack_async(client, blocked.command_stack))
-            await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-
-        run(cancelled())
-        assert idle() and all(not conn.is_connected for conn in idle())
-        assert run(client.get("k")) == b"1" and run(client.hget("acme-none", "f")) is None
+        again = loop.run_until_complete(ast.load_states("acme", [eid]))
+        assert again.entries[eid].entry_id == eid and len(calls) > 1
     finally:
-        run(client.aclose())
+        monkeypatch.undo()
+        loop.run_until_complete(client.aclose())
         close_loop(loop)
 
 
-def test_an_async_pipeline_cancelled_while_it_releases_its_connection_still_returns_it(
-    redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A lookup cancelled while ``_execute_stack_async`` gives its connection back (the
-    pool's lock contended, under load): the release still completes, as redis-py's
-    ``Pipeline.reset`` makes sure, so the pool does not shrink by one connection for good
-    at every app timeout."""
+def test_a_cancelled_async_read_leaves_no_reply_for_the_next_command(redis_url: str) -> None:
+    """A lookup cancelled while it waits for its pipeline's replies (a request timeout in
+    an app): the replies still on their way are never read by the next command, and the
+    connection goes back to the pool."""
     loop = asyncio.new_event_loop()
     client = connect(redis_url, CacheConfig(), asyncio=True)
-    pool = client.connection_pool
-    release = pool.release
-    entered, gate = asyncio.Event(), asyncio.Event()
-
-    async def contended(conn: Any) -> None:  # the pool's lock held by another task
-        entered.set()
-        await gate.wait()
-        await release(conn)
 
     async def scenario() -> None:
-        pipe = client.pipeline(transaction=False)
-        pipe.set("k", "1").get("k")
-        task = asyncio.ensure_future(_execute_stack_async(client, pipe.command_stack))
-        await entered.wait()
+        await client.set("k", "1")
+        blocked = client.pipeline(transaction=False)
+        blocked.blpop(["never"], timeout=1).get("k")
+        task = asyncio.ensure_future(blocked.execute(False))  # the path of Storage._read
+        await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert len(pool._in_use_connections) == 1  # type: ignore[attr-defined]
-        gate.set()
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert not pool._in_use_connections  # type: ignore[attr-defined]
-        assert len(pool._available_connections) == 1  # type: ignore[attr-defined]
-        assert await client.get("k") == b"1"
+        assert await client.get("k") == b"1" and await client.hget("acme-none", "f") is None
+        assert not client.connection_pool._in_use_connections  # type: ignore[attr-defined]
 
     try:
-        monkeypatch.setattr(pool, "release", contended)
         loop.run_until_complete(scenario())
     finally:
-        monkeypatch.undo()
         loop.run_until_complete(client.aclose())
         close_loop(loop)
 

@@ -11,7 +11,6 @@ server's ``TIME``, unless a ``clock`` is injected (tests).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import redis
-import redis.asyncio
 import redis.exceptions
 
 from zerda_cache.apikeys import ApiKey
@@ -126,15 +124,6 @@ class Storage(StoragePlans):
         # register_script returns the flavour of the client: sync or asyncio scripts.
         self.scripts = Scripts.register(client)
         self.cluster = is_cluster(client)
-        # A plain (not cluster) client: pipelines are sent by ``_execute_stack`` (sync)
-        # or ``_execute_stack_async``, not by ``Pipeline.execute``.
-        self._send_stack: Callable[..., Any] | None = (
-            _execute_stack
-            if isinstance(client, redis.Redis)
-            else _execute_stack_async
-            if isinstance(client, redis.asyncio.Redis)
-            else None
-        )
 
     # -- executing plans ---------------------------------------------------------------------
     def _run(self, plan: ScriptCall[T]) -> Flow[T]:
@@ -149,10 +138,7 @@ class Storage(StoragePlans):
         with wrap_errors(plan.name):
             pipe = self.client.pipeline(transaction=False)
             plan.queue(pipe)
-            if self._send_stack is not None and not pipe.scripts:
-                replies = yield call(self._send_stack, self.client, pipe.command_stack)
-            else:
-                replies = yield call(pipe.execute, False)
+            replies = yield call(pipe.execute, False)
             for pos, script_call in plan.scripts:
                 if isinstance(replies[pos], redis.exceptions.NoScriptError):
                     # First use on this server: the Script object loads it and runs it.
@@ -856,76 +842,6 @@ class Storage(StoragePlans):
     api_keys = op(_api_keys)
     revoke_api_keys = op(_revoke_api_keys)
     ping = op(_ping)
-
-
-def _execute_stack(client: Any, stack: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:
-    """Send a non-transactional pipeline's queued commands on a plain synchronous client
-    and read their replies: what ``Pipeline.execute(raise_on_error=False)`` does (error
-    replies in place, NOSCRIPT included), without its per-call bookkeeping (observability
-    hooks, hash-field-set preparation, WATCH state). That bookkeeping cost ~45 us a
-    pipeline of a lookup's three commands, against ~80 us for a whole PING round trip
-    (redis-py 8.1, loopback). The client's retry policy applies as in a pipeline (one
-    quick retry after a dropped connection), and a connection left with unread replies is
-    closed, never returned to the pool as it is. What it skips is observability: redis-py's
-    own operation metrics, and tracers that wrap ``Pipeline.execute`` (a lookup's read no
-    longer shows up in them)."""
-    pool = client.connection_pool
-    conn: Any = pool.get_connection()
-
-    def attempt() -> list[Any]:
-        conn.send_packed_command(conn.pack_commands([args for args, _ in stack]))
-        replies: list[Any] = []
-        for args, options in stack:
-            try:
-                replies.append(client.parse_response(conn, args[0], **options))
-            except redis.exceptions.ResponseError as exc:
-                replies.append(exc)
-        return replies
-
-    try:
-        replies: list[Any] = conn.retry.call_with_retry(attempt, lambda _e: conn.disconnect())
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
-async def _execute_stack_async(client: Any, stack: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:
-    """``_execute_stack`` for a plain ``redis.asyncio`` client: what
-    ``Pipeline.execute(raise_on_error=False)`` does, without its bookkeeping (~60 us of a
-    pipeline of three commands alone on loopback, redis-py 8.1; bench_lookup's
-    AsyncCacheManager rows compare whole lookups both ways).
-    Dropped connections get the client's retry; a connection left with unread replies, a
-    cancelled lookup's included, is closed before it goes back to the pool."""
-    pool = client.connection_pool
-    conn: Any = await pool.get_connection()
-
-    async def attempt() -> list[Any]:
-        await conn.send_packed_command(conn.pack_commands([args for args, _ in stack]))
-        replies: list[Any] = []
-        for args, options in stack:
-            try:
-                replies.append(await client.parse_response(conn, args[0], **options))
-            except redis.exceptions.ResponseError as exc:
-                replies.append(exc)
-        return replies
-
-    async def dropped(_error: Exception) -> None:
-        await conn.disconnect()
-
-    try:
-        replies: list[Any] = await conn.retry.call_with_retry(attempt, dropped)
-        return replies
-    except BaseException:
-        await conn.disconnect(nowait=True)
-        raise
-    finally:
-        # Shielded, as redis-py's Pipeline.reset does: a lookup cancelled while the
-        # pool's lock is contended would otherwise leave the connection "in use" for
-        # good, and the pool one connection smaller.
-        await asyncio.shield(pool.release(conn))
 
 
 class RedisStorage(SyncDriven, Storage):
