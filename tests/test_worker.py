@@ -166,6 +166,7 @@ def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
         return state_arrays(tenant, entry_ids)
 
     monkeypatch.setattr(st, "state_arrays", counted)
+    monkeypatch.setattr("zerda_cache.maintenance.STATE_BATCH", 100)
     whole = Maintenance(st).plan_eviction("t")
     assert sizes == [60]
     sizes.clear()
@@ -175,7 +176,7 @@ def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
     assert split.scanned == whole.scanned == 60 and split.bytes_scanned == whole.bytes_scanned
     assert split.capacity == whole.capacity and len(split.capacity) == 20
     assert split.low_reward == whole.low_reward
-    assert STATE_BATCH == 100  # the default the docstrings name
+    assert STATE_BATCH == 500  # the default the docstrings name
 
 
 def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.Redis) -> None:

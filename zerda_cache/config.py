@@ -288,8 +288,8 @@ class EvictionConfig:
         max_bytes: per-tenant byte capacity of stored content, ``None`` for no limit.
         low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
         scan_batch: ids per ZSCAN step of the worker's scans (their state read,
-            evicted and decayed in calls of at most ``maintenance.STATE_BATCH``,
-            ``EVICT_BATCH`` and ``DECAY_BATCH``, 100 each, so that one call holds Redis
+            evicted and decayed in calls of at most ``maintenance.STATE_BATCH``, 500,
+            and ``EVICT_BATCH`` and ``DECAY_BATCH``, 100, so that one call holds Redis
             briefly).
         eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
             worker runs each job.

@@ -72,12 +72,13 @@ EVICT_BATCH = 100
 #: (bench_worker; slowlog on a 200k-entry cycle).
 DECAY_BATCH = 100
 #: Entries whose state one call of the read-only ``state`` script reads, at most (each
-#: ZSCAN step of ``scan_batch`` ids is read in calls of this many). Two threads read ahead
-#: back to back, so the server is busy most of a whole scan, and another client's
-#: command waits for the call in progress: at 200k entries, 100 a call against 500 made
-#: another client's GET during a full cycle ~45% faster at p50 (0.46-0.72 against
-#: 0.89-1.30 ms) and ~35% at p99, for a cycle ~6% longer (bench_worker's bystander).
-STATE_BATCH = 100
+#: ZSCAN step of ``scan_batch`` ids is read in calls of this many): a call of 500 holds
+#: the server ~2-4 ms at 1M entries. Smaller calls let other clients in sooner but cost
+#: the worker a round trip and a decode each: at 1M entries, 100 a call made another
+#: client's GET p99 during a whole scan 3.1 ms against 4.9-6.6 ms, for a scan 15-35%
+#: longer (8.2-11.0 s against 10.9-11.1 s, two alternating runs each), and a full cycle
+#: past the 10 s target (12.9 against 9.6 s). 500 stands.
+STATE_BATCH = 500
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
 CycleOutcome = Literal["ok", "stopped", "error"]
