@@ -17,7 +17,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import near, unit
-from zerda_cache import CacheConfig, CacheManager
+from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
 from zerda_cache.errors import DimensionMismatchError, StorageError
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage.scripts import script_source
@@ -278,3 +278,47 @@ def test_round_trips_of_a_lookup_while_building_and_once_built(
     hit = reader.lookup("q3?", tenant="t", embedding=near(unit(103), 0.97))
     assert hit is not None and hit.entry_id == ids[3] and client.trips == 1
     reader.close()
+
+
+def test_one_round_trip_serves_a_clear_best_of_several_candidates(redis_server: Any) -> None:
+    """Several candidates, the most similar ahead of the next by more than
+    ``similarity_tie_margin``: the ranking would put it first whatever the arms say, so
+    the lookup serves it in its one round trip. Within the margin, the bandit ranks
+    them: their state first, then the hit script. A clear best the hit script refuses
+    (under the serving bar) is skipped, as ranking skips it, and the next is served."""
+    cfg = CacheConfig(similarity_threshold=0.8, rl=RLConfig(min_reward_to_serve=0.4))
+    client = CountingRedis.from_url(redis_server.url)
+    m = CacheManager(client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    client.script_load(script_source("hit"))  # no NOSCRIPT retry in the count
+    a = unit(1)
+    best = m.put("qa", "answer a", tenant="s", embedding=a).entry_id
+    second = m.put("qb", "answer b", tenant="s", embedding=near(a, 0.95, seed=5)).entry_id
+    twin = m.put("qt", "answer t", tenant="s", embedding=near(a, 0.999, seed=6)).entry_id
+    query = near(a, 0.99, seed=7)
+    sims = {e: float(v @ query) for e, v in ((best, a), (twin, near(a, 0.999, seed=6)))}
+    sims[second] = float(near(a, 0.95, seed=5) @ query)
+    assert min(sims.values()) > 0.8 and abs(sims[best] - sims[twin]) < 0.01
+    m.lookup("warm", tenant="s", embedding=unit(999))  # the policy and the clock
+    # A clear best: the twin is removed, so the top is ahead of the next by > 0.01.
+    assert m.invalidate(twin, tenant="s")
+    assert sims[best] - sims[second] > cfg.rl.similarity_tie_margin
+    m.lookup("warm", tenant="s", embedding=unit(999))  # catches the invalidation up
+    client.trips = 0
+    hit = m.lookup("q?", tenant="s", embedding=query)
+    assert hit is not None and hit.entry_id == best and client.trips == 1
+    # Two within the margin: ranked by the bandit, two round trips.
+    twin = m.put("qt", "answer t", tenant="s", embedding=near(a, 0.999, seed=6)).entry_id
+    m.lookup("warm", tenant="s", embedding=unit(999))
+    client.trips = 0
+    hit = m.lookup("q?", tenant="s", embedding=query)
+    assert hit is not None and hit.entry_id in (best, twin) and client.trips == 2
+    # The clear best under the serving bar (three wrong answers: 1 / 5 < 0.4): refused by
+    # the hit script, and the next candidate served.
+    assert m.invalidate(twin, tenant="s")
+    for _ in range(3):
+        m.feedback(FeedbackSignal(best, "s", False))
+    m.lookup("warm", tenant="s", embedding=unit(999))
+    client.trips = 0
+    hit = m.lookup("q?", tenant="s", embedding=query)
+    assert hit is not None and hit.entry_id == second and client.trips == 3
+    m.close()

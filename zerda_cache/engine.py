@@ -515,9 +515,18 @@ class CacheEngine:
             and bool(found)
             and score_of(model, feats[found[0][0]]) >= threshold
         )
-        if self._speculate and len(found) == 1 and safe:
-            # The common lookup: serve the only candidate in the same round trip (at
-            # similarity 1 it is likely the question itself: a confirmed entry then).
+        # The common lookup: serve the most similar candidate in the same round trip
+        # when it is the only one, or the only one within ``similarity_tie_margin`` of
+        # the top: the ranking then puts it first whatever the arms say, and the hit
+        # script refuses it for what ranking would skip it for (gone, expired, under the
+        # serving bar or its similarity bar); the others are tried after, as in a ranked
+        # lookup. At similarity 1 it is likely the question itself: a confirmed entry
+        # then. (Several candidates within the margin: their state is read first, and
+        # the bandit ranks them.)
+        alone = len(found) == 1 or (
+            len(found) > 1 and found[0][1] - found[1][1] > policy.rl.similarity_tie_margin
+        )
+        if self._speculate and alone and safe:
             spec = found[0]
             parts.append(
                 self._plan_hit(tenant, *spec, policy, exact_bar if spec[1] >= _SAME else None)
