@@ -355,9 +355,10 @@ def main() -> None:
             f"trip, the scripts, the Python) {last['rest_ratio']:.1f}x. "
         )
     body += (
-        "A lookup with one candidate is one pipelined round "
+        "A lookup with one candidate, or one ahead of the others by more than "
+        "`similarity_tie_margin` (0.01), is one pipelined round "
         "trip (new log events, exact-match digest and the hit script); with several "
-        "candidates, two (their state, then the hit script). The rest is Python: "
+        "within the margin, two (their state, then the hit script). The rest is Python: "
         "redis-py's command packing and reply parsing, the search, the ranking. The index "
         "is exact below 5,000 entries per scope and HNSW above (usearch, by default with "
         "int8 vectors in the graph and the candidates re-scored from float16 rows beside "
