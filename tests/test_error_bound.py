@@ -644,6 +644,51 @@ def test_an_exact_repeat_is_never_served_another_question_instead(
     assert hit is not None and hit.response == "own answer" and hit.exact
 
 
+def test_an_exact_repeat_with_a_slightly_other_embedding_is_held_to_its_own_bar(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The question asked again, its embedding a hair off its entry's (an embedding API
+    that is not bit-exact; float16 rows re-scored): the lookup serves its best match in
+    its first round trip, and the hit script, which knows the question's digest, still
+    holds the entry to the level its labels must prove, as a ranked lookup does."""
+    teach(redis_client, "t", {0.96: (400, 0)})  # near matches are safe: lookups speculate
+    st = RedisStorage(redis_client)
+    for _ in range(400):  # entries with two positive signals (level 3) were right
+        st.label("t", 1.0, True, level=3)
+    for _ in range(100):  # with one (level 2), half of them were wrong
+        st.label("t", 1.0, True, level=2)
+        st.label("t", 1.0, False, level=2)
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(71)
+    put = m.put("q", "a", tenant="t", embedding=v)
+    m.feedback(FeedbackSignal(put.entry_id, "t", True))  # level 2: not proven
+    off = near(v, 0.99999, 72)
+    assert m.lookup("q", tenant="t", embedding=off) is None
+    assert m.awaiting_verification("q", tenant="t")
+    m.feedback(FeedbackSignal(put.entry_id, "t", True))  # level 3: proven
+    hit = m.lookup("q", tenant="t", embedding=off)
+    assert hit is not None and hit.exact and hit.entry_id == put.entry_id
+    assert hit.similarity == 1.0
+
+
+def test_an_exact_repeat_is_served_its_own_entry_before_a_clear_near_match(
+    make_manager: Any,
+) -> None:
+    """The question is cached, but its entry is not what the index finds (put with
+    another embedding): the clear best near match gives way in the hit script, and the
+    lookup serves the question's own entry, as ranking does."""
+    m = make_manager(CacheConfig(similarity_threshold=0.8))
+    v = unit(80)
+    near_one = m.put("another question", "another answer", tenant="t", embedding=v)
+    own = m.put("q", "own answer", tenant="t", embedding=unit(81))
+    hit = m.lookup("q", tenant="t", embedding=near(v, 0.99, 82))
+    assert hit is not None and hit.entry_id == own.entry_id and hit.exact
+    assert hit.response == "own answer"
+    # Another question near it: the near match, served in the first round trip.
+    other = m.lookup("q2", tenant="t", embedding=near(v, 0.99, 82))
+    assert other is not None and other.entry_id == near_one.entry_id and not other.exact
+
+
 def test_same_meaning_compares_answer_embeddings() -> None:
     vectors = {"Paris.": unit(70), "It is Paris": near(unit(70), 0.95, 71), "Lyon": unit(72)}
     judge = same_meaning(vectors.__getitem__, 0.9)

@@ -351,24 +351,29 @@ def test_a_read_survives_a_dropped_connection_sync_and_async(
         close_loop(loop)
 
 
-def test_a_cancelled_async_read_leaves_no_reply_for_the_next_command(redis_url: str) -> None:
-    """A lookup cancelled while it waits for its pipeline's replies (a request timeout in
-    an app): the replies still on their way are never read by the next command, and the
-    connection goes back to the pool."""
+def test_a_cancelled_async_read_leaves_no_reply_for_the_next_command(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """A lookup cancelled while it waits for its read's replies (a request timeout in an
+    app, the server paused): the replies still on their way are never read by the next
+    command, and the connection goes back to the pool."""
+    eid = put(RedisStorage(redis_client), 1)
     loop = asyncio.new_event_loop()
     client = connect(redis_url, CacheConfig(), asyncio=True)
+    st = AsyncRedisStorage(client)
 
     async def scenario() -> None:
         await client.set("k", "1")
-        blocked = client.pipeline(transaction=False)
-        blocked.blpop(["never"], timeout=1).get("k")
-        task = asyncio.ensure_future(blocked.execute(False))  # the path of Storage._read
+        redis_client.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        task = asyncio.ensure_future(st.load_states("acme", [eid]))  # Storage._read
         await asyncio.sleep(0.05)
+        assert not task.done()  # waiting for the paused server's replies
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await client.get("k") == b"1" and await client.hget("acme-none", "f") is None
         assert not client.connection_pool._in_use_connections  # type: ignore[attr-defined]
+        assert await client.get("k") == b"1" and await client.hget("acme-none", "f") is None
+        assert (await st.load_states("acme", [eid])).entries[eid].entry_id == eid
 
     try:
         loop.run_until_complete(scenario())

@@ -287,10 +287,11 @@ class EvictionConfig:
         max_entries: per-tenant entry capacity (default; tenants may override in Redis).
         max_bytes: per-tenant byte capacity of stored content, ``None`` for no limit.
         low_watermark: eviction brings a tenant down to capacity * (1 - low_watermark).
-        scan_batch: ids per ZSCAN step of the worker's scans (their state read,
-            evicted and decayed in calls of at most ``maintenance.STATE_BATCH``, 500,
-            and ``EVICT_BATCH`` and ``DECAY_BATCH``, 100, so that one call holds Redis
-            briefly).
+        scan_batch: ids per ZSCAN or SSCAN step of the worker's scans, and the least a
+            decay job's run takes; their state is read, and they are evicted and
+            decayed, in calls of at most ``maintenance.STATE_BATCH`` (500),
+            ``EVICT_BATCH`` and ``DECAY_BATCH`` (100), so that one call holds Redis
+            briefly.
         eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
             worker runs each job.
         snapshot_min_entries / snapshot_interval_s: index snapshots for new replicas

@@ -116,8 +116,6 @@ _TRAFFIC_WINDOWS = 10
 #: The lookup sample's marker of an exact repeat, followed by its level when above 0 (a
 #: row is features, or None: no candidate).
 _EXACT = "e"
-#: A candidate at this similarity or more is taken for the question's own entry.
-_SAME = 1.0 - 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,20 +515,19 @@ class CacheEngine:
         )
         # The common lookup: serve the most similar candidate in the same round trip
         # when it is the only one, or the only one within ``similarity_tie_margin`` of
-        # the top: the ranking then puts it first whatever the arms say, and the hit
+        # the top: the ranking would put it first whatever the arms say, and the hit
         # script refuses it for what ranking would skip it for (gone, expired, under the
-        # serving bar or its similarity bar); the others are tried after, as in a ranked
-        # lookup. At similarity 1 it is likely the question itself: a confirmed entry
-        # then. (Several candidates within the margin: their state is read first, and
-        # the bandit ranks them.)
+        # serving bar or its similarity bar) and for the one thing ranking puts before
+        # it: the question's own entry, when that is another (the digest, checked in the
+        # script). If it is this one, it is served as such, under its own bar. Refused,
+        # the others are ranked as usual (their state read first, as with several
+        # candidates within the margin, where the bandit ranks them).
         alone = len(found) == 1 or (
-            len(found) > 1 and found[0][1] - found[1][1] > policy.rl.similarity_tie_margin
+            len(found) > 1 and found[1][1] < found[0][1] - policy.rl.similarity_tie_margin
         )
         if self._speculate and alone and safe:
             spec = found[0]
-            parts.append(
-                self._plan_hit(tenant, *spec, policy, exact_bar if spec[1] >= _SAME else None)
-            )
+            parts.append(self._plan_hit(tenant, *spec, policy, exact_bar, asked=(query, scope)))
         if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
@@ -574,7 +571,12 @@ class CacheEngine:
         if changed:
             found = self._search(ti, vec, scope, policy)
             feats = self._features(found, policy)
-        tried = {spec[0]} if spec is not None else set()
+        # A near match that gave way to the question's own entry stays a candidate.
+        tried = (
+            {spec[0]}
+            if spec is not None and replies[-1].status is not HitStatus.NOT_OWN
+            else set()
+        )
         found = [(eid, sim) for eid, sim in found if eid not in tried]
         if exact_id in tried:
             exact_id = None
@@ -758,11 +760,15 @@ class CacheEngine:
         similarity: float,
         policy: TenantPolicy,
         exact_bar: float | None = None,
+        asked: tuple[str, str] | None = None,
     ) -> ScriptCall[HitOutcome]:
         """The hit script's call; ``exact_bar``: the expected reward the question's own
-        entry needs under a bound (``Calibration.exact_plan``), over the serving bar."""
+        entry needs under a bound (``Calibration.exact_plan``), over the serving bar.
+        ``asked``: the question and scope of a speculative near match, which the script
+        serves as the question's own entry (under ``exact_bar``) only if it is that, and
+        not at all if the question has another (``StoragePlans.plan_hit``)."""
         bar = policy.rl.serve_bar
-        if exact_bar is not None:
+        if exact_bar is not None and asked is None:
             bar = max(bar if bar is not None else 0.0, exact_bar)
         return self.storage.plan_hit(
             tenant,
@@ -771,6 +777,8 @@ class CacheEngine:
             min_reward=bar,
             similarity=similarity,
             rl=policy.rl,
+            asked=asked,
+            own_bar=exact_bar if asked is not None else None,
         )
 
     def _verify_exact(

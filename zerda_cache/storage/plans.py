@@ -82,6 +82,8 @@ class HitStatus(enum.StrEnum):
     CORRUPT = "corrupt"  #: its stored state does not decode: never served
     UNSERVABLE = "unservable"  #: expected reward (at now) under the serving bar
     BELOW_BAR = "below_bar"  #: the match is under the entry's own similarity bar
+    #: the question asked has an entry of its own, another one (a speculative near match)
+    NOT_OWN = "not_own"
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,10 +592,18 @@ class StoragePlans:
         min_reward: float | None = None,
         similarity: float | None = None,
         rl: RLConfig | None = None,
+        asked: tuple[str, str] | None = None,
+        own_bar: float | None = None,
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
         now) is below it is not served (status ``unservable``); with ``similarity`` a
-        match below the entry's own learned bar is not served (``below_bar``)."""
+        match below the entry's own learned bar is not served (``below_bar``).
+
+        ``asked``: the question and scope of a lookup serving its best near match before
+        it knows whether the question is cached itself. If the question's exact-match
+        digest names another entry, this one is not served (``not_own``: the lookup
+        ranks that one first); if it names this one, it is served as the question's own
+        entry, at similarity 1 and under ``own_bar`` too."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
         args = [
@@ -604,6 +614,13 @@ class StoragePlans:
             "" if min_reward is None else repr(float(min_reward)),
             "" if similarity is None else repr(float(similarity)),
         ]
+        keys = [key, k.ids, k.stats]
+        if asked is not None:
+            keys.append(k.q)
+            args += [
+                codec.query_digest(*asked),
+                "" if own_bar is None else repr(float(own_bar)),
+            ]
 
         def parse(res: Any) -> HitOutcome:
             code = int(res[0])
@@ -619,6 +636,8 @@ class StoragePlans:
                 return HitOutcome(HitStatus.UNSERVABLE, reward=reward)
             if code == -5:
                 return HitOutcome(HitStatus.BELOW_BAR)
+            if code == -6:
+                return HitOutcome(HitStatus.NOT_OWN)
             try:
                 query, response, metadata = codec.unpack_doc(res[3], key=key)
                 meta = codec.unpack_meta(res[4], key=key)
@@ -649,7 +668,7 @@ class StoragePlans:
             )
             return HitOutcome(HitStatus.SERVED, entry)
 
-        return ScriptCall("hit", [key, k.ids, k.stats], args, parse)
+        return ScriptCall("hit", keys, args, parse)
 
     def plan_feedback(
         self, signals: Sequence[FeedbackSignal], *, rl: RLConfig | None = None
