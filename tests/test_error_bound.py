@@ -522,15 +522,21 @@ def test_exact_repeats_and_near_matches_split_the_bound_to_serve_the_most() -> N
     assert busy.threshold(tight) == pytest.approx(0.93)
 
 
+def teach_levels(redis_client: redis.Redis, tenant: str) -> None:
+    """Exact labels: entries with two positive signals (level 3) were right, with one
+    (level 2) half of them were wrong; so a bound of 2% serves level 3 only."""
+    st = RedisStorage(redis_client)
+    for _ in range(400):
+        st.label(tenant, 1.0, True, level=3)
+    for _ in range(100):
+        st.label(tenant, 1.0, True, level=2)
+        st.label(tenant, 1.0, False, level=2)
+
+
 def test_an_exact_repeat_is_served_at_the_level_its_labels_prove(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:
-    st = RedisStorage(redis_client)
-    for _ in range(400):  # entries with two positive signals (level 3) were right
-        st.label("t", 1.0, True, level=3)
-    for _ in range(100):  # with one (level 2), half of them were wrong
-        st.label("t", 1.0, True, level=2)
-        st.label("t", 1.0, False, level=2)
+    teach_levels(redis_client, "t")
     m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
     assert m.tenant_policy("t").exact_bar() == EXACT_LEVELS[3 - 1]
     v = unit(70)
@@ -652,12 +658,7 @@ def test_an_exact_repeat_with_a_slightly_other_embedding_is_held_to_its_own_bar(
     its first round trip, and the hit script, which knows the question's digest, still
     holds the entry to the level its labels must prove, as a ranked lookup does."""
     teach(redis_client, "t", {0.96: (400, 0)})  # near matches are safe: lookups speculate
-    st = RedisStorage(redis_client)
-    for _ in range(400):  # entries with two positive signals (level 3) were right
-        st.label("t", 1.0, True, level=3)
-    for _ in range(100):  # with one (level 2), half of them were wrong
-        st.label("t", 1.0, True, level=2)
-        st.label("t", 1.0, False, level=2)
+    teach_levels(redis_client, "t")
     m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
     v = unit(71)
     put = m.put("q", "a", tenant="t", embedding=v)
