@@ -573,9 +573,7 @@ class CacheEngine:
             feats = self._features(found, policy)
         # A near match that gave way to the question's own entry stays a candidate.
         tried = (
-            {spec[0]}
-            if spec is not None and replies[-1].status is not HitStatus.NOT_OWN
-            else set()
+            {spec[0]} if spec is not None and replies[-1].status is not HitStatus.NOT_OWN else set()
         )
         found = [(eid, sim) for eid, sim in found if eid not in tried]
         if exact_id in tried:
