@@ -476,9 +476,10 @@ class CacheEngine:
         found = self._search(ti, vec, scope, policy)
         n_found = len(found)
         position = ti.last_id
+        digest = codec.query_digest(query, scope)  # read here, and checked by a speculative hit
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = [
             st.read_log(tenant, position) if live else st.read_dim(tenant),
-            st.read_exact(tenant, query, scope),
+            st.read_digest(tenant, digest),
         ]
         pending = self._pending_misses.pop(tenant, 0)
         if pending:
@@ -527,7 +528,7 @@ class CacheEngine:
         )
         if self._speculate and alone and safe:
             spec = found[0]
-            parts.append(self._plan_hit(tenant, *spec, policy, exact_bar, asked=(query, scope)))
+            parts.append(self._plan_hit(tenant, *spec, policy, exact_bar, asked=digest))
         if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
@@ -758,11 +759,11 @@ class CacheEngine:
         similarity: float,
         policy: TenantPolicy,
         exact_bar: float | None = None,
-        asked: tuple[str, str] | None = None,
+        asked: str | None = None,
     ) -> ScriptCall[HitOutcome]:
         """The hit script's call; ``exact_bar``: the expected reward the question's own
         entry needs under a bound (``Calibration.exact_plan``), over the serving bar.
-        ``asked``: the question and scope of a speculative near match, which the script
+        ``asked``: the question's exact-match digest, for a speculative near match, which the script
         serves as the question's own entry (under ``exact_bar``) only if it is that, and
         not at all if the question has another (``StoragePlans.plan_hit``)."""
         bar = policy.rl.serve_bar

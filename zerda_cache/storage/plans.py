@@ -592,18 +592,18 @@ class StoragePlans:
         min_reward: float | None = None,
         similarity: float | None = None,
         rl: RLConfig | None = None,
-        asked: tuple[str, str] | None = None,
+        asked: str | None = None,
         own_bar: float | None = None,
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
         now) is below it is not served (status ``unservable``); with ``similarity`` a
         match below the entry's own learned bar is not served (``below_bar``).
 
-        ``asked``: the question and scope of a lookup serving its best near match before
-        it knows whether the question is cached itself. If the question's exact-match
-        digest names another entry, this one is not served (``not_own``: the lookup
-        ranks that one first); if it names this one, it is served as the question's own
-        entry, at similarity 1 and under ``own_bar`` too."""
+        ``asked``: the exact-match digest (``codec.query_digest``) of the question of a
+        lookup serving its best near match before it knows whether the question is
+        cached itself. If the digest names another entry, this one is not served
+        (``not_own``: the lookup ranks that one first); if it names this one, it is
+        served as the question's own entry, at similarity 1 and under ``own_bar`` too."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
         args = [
@@ -617,10 +617,7 @@ class StoragePlans:
         keys = [key, k.ids, k.stats]
         if asked is not None:
             keys.append(k.q)
-            args += [
-                codec.query_digest(*asked),
-                "" if own_bar is None else repr(float(own_bar)),
-            ]
+            args += [asked, "" if own_bar is None else repr(float(own_bar))]
 
         def parse(res: Any) -> HitOutcome:
             code = int(res[0])
@@ -946,7 +943,11 @@ class StoragePlans:
 
     def read_exact(self, tenant: str, query: str, scope: str = "") -> ReadPlan[str | None]:
         """The id the (normalised query, scope) digest points to, if any."""
-        q_key, digest = self.keys(tenant).q, codec.query_digest(query, scope)
+        return self.read_digest(tenant, codec.query_digest(query, scope))
+
+    def read_digest(self, tenant: str, digest: str) -> ReadPlan[str | None]:
+        """The id an exact-match digest (``codec.query_digest``) points to, if any."""
+        q_key = self.keys(tenant).q
 
         def queue(pipe: Any) -> None:
             pipe.hget(q_key, digest)
