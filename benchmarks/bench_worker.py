@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import table, write_section
 
-from zerda_cache import CacheConfig, FeedbackSignal
+from zerda_cache import CacheConfig, FeedbackSignal, maintenance
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import RedisStorage
 from zerda_cache.testing import RedisServer
@@ -256,10 +256,19 @@ def main() -> None:
         default="",
         help='extra server arguments, e.g. "--hash-max-listpack-value 4096" (docs/operations.md)',
     )
+    parser.add_argument(
+        "--state-batch",
+        type=int,
+        default=None,
+        help="entries per call of the state script (maintenance.STATE_BATCH; "
+        "writes its own docs section)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
     if args.quick:
         args.sizes = "2000,20000"
+    if args.state_batch is not None:
+        maintenance.STATE_BATCH = args.state_batch
     server = RedisServer(kind=args.kind, extra_args=args.server_args.split()).start()
     try:
         results = [run_size(server, int(s)) for s in args.sizes.split(",")]
@@ -313,12 +322,13 @@ def main() -> None:
     server_conf = args.server_args or "default configuration"
     notes = [
         f"Server: {version} ({server_conf}), no persistence, default `CacheConfig` (float16 "
-        "vector storage). One tenant, 384-d vectors, 10% of entries with one feedback "
-        "signal; capacity 5% under the size. The first decay pass is a whole scan that "
-        "fills the list of arms with evidence (`p:{t}:ev`), once in a tenant's life; the "
-        "scripts keep the list from then on. The whole scan alone is `plan_eviction` "
-        "(no evictions) reading 0, 1 or 2 batches ahead (`Maintenance.read_ahead`; 2 by "
-        "default). The full cycle, an hour later, is "
+        f"vector storage), the state read {maintenance.STATE_BATCH} entries a call "
+        "(`maintenance.STATE_BATCH`; `--state-batch`). One tenant, 384-d vectors, 10% of "
+        "entries with one feedback signal; capacity 5% under the size. The first decay "
+        "pass is a whole scan that fills the list of arms with evidence (`p:{t}:ev`), "
+        "once in a tenant's life; the scripts keep the list from then on. The whole scan "
+        "alone is `plan_eviction` (no evictions) reading 0, 1 or 2 batches ahead "
+        "(`Maintenance.read_ahead`; 2 by default). The full cycle, an hour later, is "
         "`Maintenance.maintain_tenant`: a decay job's run, which persists the decay of "
         "its share of that list (`decay_job_interval_s / decay_sweep_s`, 300 s / 1 h), "
         "then a whole-scan eviction (the worker's eviction job over capacity, and at "
@@ -353,6 +363,9 @@ def main() -> None:
         title = "Worker cycle and Redis memory (bench_worker.py)" + (
             f", server {args.server_args}" if args.server_args else ""
         )
+        if args.state_batch is not None:
+            name += f"-state-{args.state_batch}"
+            title += f", state read {args.state_batch} entries a call"
         write_section(name, title, body)
 
 

@@ -72,12 +72,12 @@ EVICT_BATCH = 100
 #: (bench_worker; slowlog on a 200k-entry cycle).
 DECAY_BATCH = 100
 #: Entries whose state one call of the read-only ``state`` script reads, at most (each
-#: ZSCAN step of ``scan_batch`` ids is read in calls of this many): a call of 500 holds
-#: the server ~2-4 ms at 1M entries. Smaller calls let other clients in sooner but cost
-#: the worker a round trip and a decode each: at 1M entries, 100 a call made another
-#: client's GET p99 during a whole scan 3.1 ms against 4.9-6.6 ms, but the scan took
-#: 10.9-11.1 s against 8.2-11.0 s (two alternating runs each) and bench_worker's full
-#: cycle 12.9 s against 9.6 s, past the 10 s target. 500 stands.
+#: ZSCAN step of ``scan_batch`` ids is read in calls of this many). Smaller calls let
+#: other clients in sooner but cost the worker a round trip and a decode each: at 1M
+#: entries, 100 a call made another client's GET during a full cycle 0.70 / 3.37 ms p50
+#: / p99 against 1.43 / 4.30 ms, and the cycle 14.3 s against 9.6 s, past the 10 s target
+#: (docs/BENCHMARKS.md, ``bench_worker.py --state-batch 100`` beside the default). 500
+#: stands.
 STATE_BATCH = 500
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
