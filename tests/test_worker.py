@@ -453,13 +453,8 @@ def test_one_leader_takeover_after_kill_and_no_overlap(
         killed.send_signal(signal.SIGKILL)
         killed.wait(10)
         other = "w2" if leader_name == "w1" else "w1"
-        took = wait_until(
-            lambda: (
-                holder(redis_client) is not None
-                and redis_client.get(leader_key()).decode().startswith(other)
-            ),
-            1.5 + 0.5 + 2.0,
-        )
+        # One read of the lease per try: between two, it can expire (a flake seen in CI).
+        took = wait_until(lambda: (holder(redis_client) or "").startswith(other), 1.5 + 0.5 + 2.0)
         assert took
         assert wait_until(
             lambda: any(w.startswith(other) for _, w, _, p in cycles(redis_client) if p == "end"), 5
