@@ -399,12 +399,6 @@ def _int(raw: Any) -> int:
         return 0
 
 
-def _stream_id(raw: bytes | str) -> tuple[int, int]:
-    """A stream id as a comparable (ms, seq) tuple."""
-    ms, _, seq = text(raw).partition("-")
-    return int(ms), int(seq or 0)
-
-
 def batch(
     name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]], sha: Callable[[str], str]
 ) -> ReadPlan[list[Any]]:
@@ -897,23 +891,29 @@ class StoragePlans:
 
     def read_log(self, tenant: str, after: str) -> ReadPlan[LogDelta]:
         """The tenant's log events after stream id ``after`` (at most ``CATCHUP_BATCH``),
-        and whether the log's oldest event is newer than ``after`` (then events may have
-        been trimmed away before this reader saw them: the caller asks ``XINFO``)."""
+        and whether events may have been trimmed away before this reader saw them (then
+        the caller asks ``XINFO``).
+
+        One command: the range from ``after`` itself. A reader's position is the last
+        event it read, and the log is trimmed oldest first, so while that event is
+        still there nothing after it was trimmed; when the range does not start with it,
+        it is gone (trimmed, or the log re-created) or was never an event (the position
+        of an index built over an empty log, ``0-0``), and events may be missing. A log
+        is trimmed only by the ``XADD`` of a newer event, so an empty range means none
+        was. (This read was an ``XRANGE`` of the oldest event and an ``XREAD``.)"""
         log_key = self.keys(tenant).log
 
         def queue(pipe: Any) -> None:
-            pipe.xrange(log_key, min="-", max="+", count=1)
-            pipe.xread({log_key: after}, count=CATCHUP_BATCH)
+            pipe.xrange(log_key, min=after, max="+", count=CATCHUP_BATCH + 1)
 
         def parse(res: list[Any]) -> LogDelta:
-            first, new = res
+            (events,) = res
             delta = LogDelta()
-            if first:
-                delta.maybe_trimmed = _stream_id(first[0][0]) > _stream_id(after)
-            events: list[Any] = []
-            if new:
-                # RESP2: [[stream, [(id, {field: value}), ...]]]; RESP3: {stream: [[...]]}
-                events = new[0][1] if isinstance(new, list) else next(iter(new.values()))[0]
+            if events:
+                if text(events[0][0]) == after:
+                    events = events[1:]
+                else:
+                    delta.maybe_trimmed = True
             for event_id, fields in events:
                 op, eid = fields.get(b"op"), text(fields.get(b"id", b""))
                 if op == b"add":
@@ -927,7 +927,7 @@ class StoragePlans:
             delta.more = len(events) >= CATCHUP_BATCH
             return delta
 
-        return ReadPlan("catch-up", queue, parse, 2)
+        return ReadPlan("catch-up", queue, parse, 1)
 
     def read_dim(self, tenant: str) -> ReadPlan[int | None]:
         """The embedding dimension fixed by the tenant's first put, if any."""
