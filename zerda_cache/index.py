@@ -31,12 +31,14 @@ log = logging.getLogger(__name__)
 _MIN_GROW_ROWS = 256
 _GROW_FACTOR = 1.0625
 #: An HNSW index searches wider as it grows: ``ef_search`` up to this many entries, then
-#: doubled each time the size doubles. Measured (docs/BENCHMARKS.md, "HNSW parameters"),
-#: 1M clustered 384-d vectors, M=32, ef_construction=128: near-copy recall@1 0.990 at
-#: width 64, 0.999 at 128 (search 1.26x as long); at 100k real MiniLM embeddings, 1.000
-#: at 64. M=16 with ef_construction 64 (the earlier defaults) got 0.79 at 64 and 0.93 at
+#: doubled each time the size doubles (with the default 32: 32 up to 250k, 64 up to 500k,
+#: 128 up to 1M). Measured (docs/BENCHMARKS.md, "HNSW parameters"), M=32,
+#: ef_construction=128, int8 graphs, near-copy recall@1: 1.000 at width 32 on 100k real
+#: MiniLM embeddings (as at 16 and 64; the search at 32 took 0.70x as long as at 64) and
+#: on 100k and 250k clustered random 384-d vectors; on 1M of those, 0.980 at 32 and 0.998
+#: at 128. M=16 with ef_construction 64 (the earlier defaults) got 0.79 at 64 and 0.93 at
 #: 256 on the same 1M vectors: its graph is too sparse there, whatever the width.
-WIDE_FROM = 500_000
+WIDE_FROM = 250_000
 #: The graph size from which usearch inserts a batch on every core (see
 #: ``UsearchIndex._graph_add``).
 PARALLEL_INSERT_FROM = 20_000
@@ -415,7 +417,7 @@ class UsearchIndex(_SlottedAnn):
         *,
         m: int = 32,
         ef_construction: int = 128,
-        ef_search: int = 64,
+        ef_search: int = 32,
         capacity: int = 1024,
         dtype: str = "i8",
     ) -> None:
@@ -424,7 +426,7 @@ class UsearchIndex(_SlottedAnn):
         super().__init__(dim, capacity)
         self.dtype = dtype
         # int8 distances can order near neighbours wrongly: re-score twice as many (the
-        # search width, 64, already holds them; 16 rows cost a few microseconds).
+        # search width, 32 at least, already holds them; 16 rows cost a few microseconds).
         self._oversample = 2 if dtype == "i8" else 1
         self.ef_search = self._width = ef_search
         self._m, self._ef_construction = m, ef_construction
@@ -733,7 +735,7 @@ class HnswIndex(_SlottedAnn):
         *,
         m: int = 32,
         ef_construction: int = 128,
-        ef_search: int = 64,
+        ef_search: int = 32,
         capacity: int = 1024,
     ) -> None:
         import hnswlib
@@ -808,7 +810,7 @@ class IndexPolicy:
     dtype: str = "i8"
     m: int = 32
     ef_construction: int = 128
-    ef_search: int = 64
+    ef_search: int = 32
 
     def __post_init__(self) -> None:
         if self.dtype not in USEARCH_DTYPES:
