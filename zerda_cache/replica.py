@@ -15,8 +15,8 @@ If the log was trimmed past the replica's position (it fell more than
 counts the events it has consumed; ``XINFO STREAM`` says how many were ever added
 (``entries-added``) and how many remain (``length``), so events were lost exactly when
 ``entries-added - length > consumed``. (``max-deleted-entry-id`` would not do: trimming
-does not update it.) XINFO is asked only when the oldest event left is newer than the
-position, which is rare.
+does not update it.) XINFO is asked only when the event at the position is no longer in
+the log, which is rare.
 
 This module does no I/O and knows no Redis command: storage reads the log
 (``StoragePlans.read_log``, ``Storage._log_info``) and the manager's flows feed what it read
@@ -79,7 +79,7 @@ class TenantIndex:
 
     # -- catch-up ------------------------------------------------------------------------
     def trimmed_past(self, info: LogInfo) -> bool:
-        """Asked when the log's oldest event is newer than this replica's position: were
+        """Asked when the event at this replica's position is no longer in the log: were
         events it has not consumed trimmed away, or is the log another one?
 
         In the log this replica read, every event up to its position is then gone: the

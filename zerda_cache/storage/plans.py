@@ -60,7 +60,7 @@ FEEDBACK_BATCH = 200
 #: Why an entry was removed, as counted in the stats hash (``evicted:<reason>``).
 EvictReason = Literal["expired", "low_reward", "capacity", "invalidated", "replaced", "corrupt"]
 REASONS: tuple[EvictReason, ...] = get_args(EvictReason)
-#: Events read per XREAD call while catching up.
+#: Events read per log read (XRANGE) while catching up.
 CATCHUP_BATCH = 1_000
 
 
@@ -310,7 +310,7 @@ class LogDelta:
     last_id: str | None = None
     count: int = 0  # events read, applied or not
     more: bool = False  # the batch was full: read again
-    maybe_trimmed: bool = False  # the oldest event is newer than the position: ask XINFO
+    maybe_trimmed: bool = False  # the position's event is gone: ask XINFO
 
     @property
     def empty(self) -> bool:
