@@ -39,6 +39,7 @@ from _report import table, write_section
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import CacheConfig, CacheManager
+from zerda_cache.index import WIDE_FROM
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import codec
 from zerda_cache.testing import RedisServer
@@ -386,6 +387,7 @@ def main() -> None:
         ],
     )
     body += "\n\n"
+    cfg = CacheConfig()
     for last in (e for e in extras if e["n"] == max(x["n"] for x in extras)):
         body += (
             f"Targets at {last['n']:,} entries ({last['data']}): p50 <= 5x PING p50: "
@@ -409,8 +411,10 @@ def main() -> None:
         "redis-py's command packing and reply parsing, the search, the ranking. The index "
         "is exact below 5,000 entries per scope and HNSW above (usearch, by default with "
         "int8 vectors in the graph and the candidates re-scored from float16 rows beside "
-        'it, `ann_dtype="i8"`; M=32, ef_construction 128, ef_search 64); the build '
-        "column is the replica's first sync (fetch every vector from Redis, then insert), "
+        f'it, `ann_dtype="i8"`; M={cfg.ann_m}, ef_construction {cfg.ann_ef_construction}, '
+        f"search width {cfg.ann_ef_search} up to {WIDE_FROM:,} entries, `ann_ef_search`); "
+        "the build column is the replica's first sync (fetch every vector from Redis, "
+        "then insert), "
         "as is the alternatives' build. Index memory is the index's own "
         "account: usearch's serialised graph plus 64 bytes per slot of its capacity "
         "(and the float16 rows of an int8 graph) "
