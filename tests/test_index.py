@@ -308,3 +308,65 @@ def test_hnsw_searches_wider_as_it_grows(backend: str, monkeypatch: pytest.Monke
     assert widths == [32, 64, 128, 256]  # from the default ef_search, 32
     if backend == "usearch":  # the library's own width follows
         assert ann._graph.expansion_search == 256
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_built_hnsw_index_calibrates_its_search_width(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``calibrate`` keeps the narrowest width (from ``ef_search`` up) that finds what
+    the probes' sources are, uses it until the index doubles, and then the schedule."""
+    import zerda_cache.index as index_module
+
+    monkeypatch.setattr(index_module, "CALIBRATE_FROM", 500)
+    monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 200)
+    rng = np.random.default_rng(4)
+    x = clustered(rng, 2000, 32)
+    ann = make_ann(backend, 32, 4096)
+    ann.ef_search = 16
+    ann.add_many([hex_id(i) for i in range(400)], x[:400])
+    assert ann.calibrate(5) is None and ann.calibrated is None  # too small: the schedule's
+    ann.add_many([hex_id(i) for i in range(400, 1000)], x[400:1000])
+    width = ann.calibrate(5)
+    assert width is not None and width in (16, 32, 64, 128, 256)
+    assert ann.calibrated == (1000, width) and ann.search_width() == width
+    q = normalize_vector(x[7] + 0.05 * rng.normal(size=32))
+    assert ann.search(q, 3, -1.0)[0][0] == hex_id(7)
+    ann.add_many([hex_id(i) for i in range(1000, 2000)], x[1000:2000])
+    assert ann.search_width() == width  # 2,000: not yet twice 1,000
+    ann.add(hex_id(2000), unit(rng, 32))
+    assert ann.search_width() == 16  # twice as large: the schedule's width until recalibrated
+    ann.ef_search = 64  # the configured width is a floor
+    assert (ann.calibrate(5) or 0) >= 64
+
+
+def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A width whose searches miss more than ``CALIBRATION_MISSES`` of the probes is not
+    kept: the next (twice as wide) is tried, up to 16x ``ef_search``."""
+    import zerda_cache.index as index_module
+    from zerda_cache.index import UsearchIndex
+
+    monkeypatch.setattr(index_module, "CALIBRATE_FROM", 500)
+    monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
+    rng = np.random.default_rng(5)
+    x = clustered(rng, 1000, 32)
+    ann = UsearchIndex(32, capacity=1024, ef_search=16)
+    ann.add_many([hex_id(i) for i in range(1000)], x)
+    real = ann._graph_search
+    tried = []
+
+    def blind_below(width: int) -> Any:
+        def search(query: np.ndarray, k: int) -> np.ndarray:
+            tried.append(ann.search_width())
+            if ann.search_width() < width:  # a graph too sparse for this width: noise
+                return np.asarray(rng.choice(1000, size=k, replace=False), dtype=np.int64)
+            return real(query, k)
+
+        return search
+
+    monkeypatch.setattr(ann, "_graph_search", blind_below(64))
+    assert ann.calibrate(5) == 64
+    assert set(tried) == {16, 32, 64}
+    assert tried.count(16) <= index_module.CALIBRATION_MISSES + 1  # a failing width stops early
+    monkeypatch.setattr(ann, "_graph_search", blind_below(10**6))
+    assert ann.calibrate(5) == 256  # none finds them: the widest tried, 16x

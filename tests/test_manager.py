@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -698,6 +699,29 @@ def test_large_scope_uses_hnsw_and_stays_consistent(
     assert hit is not None and hit.response == "a250"
     live = {m.decode() for m in redis_client.zrange(tenant_keys("big").ids, 0, -1)}
     assert reader.index_ids("big") == live
+
+
+def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
+    make_manager: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A built HNSW index measures the width it needs before lookups use it, and a
+    lookup then finds near copies at that width (``index.CALIBRATE_FROM``)."""
+    import zerda_cache.index as index_module
+
+    monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
+    monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
+    cfg = CacheConfig(ann_threshold=200, similarity_threshold=0.9)
+    writer, reader = make_manager(cfg), make_manager(cfg)
+    for i in range(300):
+        writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(2000 + i))
+    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+        reader.sync_index("big")
+    sub = reader._indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    assert sub.calibrated is not None and sub.calibrated[0] == 300
+    assert sub.search_width() == sub.calibrated[1] >= cfg.ann_ef_search
+    assert any("search width" in r.getMessage() for r in caplog.records)
+    hit = reader.lookup("q9 again", tenant="big", embedding=near(unit(2009), 0.97))
+    assert hit is not None and hit.response == "a9"
 
 
 def test_prompt_scope_keeps_guardrail_sets_apart(make_manager: Any) -> None:

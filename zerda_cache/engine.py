@@ -1029,6 +1029,7 @@ class CacheEngine:
             )
             return False
         ti.progress = (snap.entries, snap.entries)
+        yield from self._calibrate(ti, index)
         position = LogInfo(last_id=snap.last_id, added=snap.added, length=0)
         yield from locked(ti.lock, self._install_locked(ti, index, position, snap.generation))
         if ti.built:
@@ -1080,7 +1081,23 @@ class CacheEngine:
                     total,
                     told - started,
                 )
+        if index is not None:
+            yield from self._calibrate(ti, index)
         yield from locked(ti.lock, self._install_locked(ti, index, info))
+
+    def _calibrate(self, ti: TenantIndex, index: ScopedIndex) -> Flow[None]:
+        """Measure the search width a newly built index needs on its own vectors, before
+        it is in use (``ScopedIndex.calibrate``; CPU work, off the event loop)."""
+        started = time.monotonic()
+        widths = yield self.offload(index.calibrate, self.config.top_k)
+        for scope, width in widths.items():
+            log.info(
+                "tenant %s: HNSW search width %d for scope %r (calibrated in %.1f s)",
+                ti.keys.tenant,
+                width,
+                scope,
+                time.monotonic() - started,
+            )
 
     def _scan_batch(
         self, tenant: str, cursor: int
