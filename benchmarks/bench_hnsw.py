@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lookup import dataset, minilm, perturb
 
-from zerda_cache.index import UsearchIndex
+from zerda_cache.index import CALIBRATION_COSINE, UsearchIndex
 
 
 def exact_first(x: np.ndarray, queries: np.ndarray, chunk: int = 100_000) -> np.ndarray:
@@ -67,6 +67,10 @@ def measure(
     build = time.perf_counter() - t0
     print(file=sys.stderr)
     per_entry = index.nbytes() / n
+    t0 = time.perf_counter()
+    calibrated = index.calibrate(5)  # a replica's, with the default top_k
+    calibration = (calibrated, time.perf_counter() - t0)
+    index.calibrated = None  # the rows below set their widths themselves
     # The queries in blocks of 100, every block at every width in turn, so that no width
     # runs on a cache the others warmed (run width after width, the first one's times
     # included the graph's first reads from memory: at 250k entries, 64 once timed faster
@@ -93,7 +97,7 @@ def measure(
         out.append((ef, widths[ef], hits[ef] / asked, agree[ef] / asked, p50))
         print(f"  ef={ef}: recall@1 {hits[ef] / asked:.3f}, exact agrees {agree[ef] / asked:.3f}",
               file=sys.stderr)  # fmt: skip
-    return build, per_entry, out
+    return build, per_entry, out, calibration
 
 
 def main() -> None:
@@ -121,18 +125,20 @@ def main() -> None:
     rows = []
     for config in args.configs.split(","):
         m, efc, dtype = (config + ":i8").split(":")[:3]
-        build, per_entry, res = measure(
+        build, per_entry, res, calibration = measure(
             x, int(m), int(efc), dtype, efs, queries, src, truth, args.k
         )
         base = res[0][4]
         size = f"{per_entry:,.0f} ({per_entry / (4 * x.shape[1]):.2f}x)"
+        chosen, took = calibration
+        calibrated = "-" if chosen is None else f"{chosen} ({took:.1f} s)"
         for ef, width, recall, agree, ms in res:
-            rows.append([m, efc, dtype, f"{build:.0f}", size, str(ef), str(width),
+            rows.append([m, efc, dtype, f"{build:.0f}", size, calibrated, str(ef), str(width),
                          f"**{recall:.3f}**", f"{agree:.3f}",
                          f"{ms:.3f} ({ms / base:.2f}x)"])  # fmt: skip
     body = table(
         ["M", "ef_construction", "graph vectors", "build s",
-         "index bytes per entry (/ raw float32)",
+         "index bytes per entry (/ raw float32)", "calibrated width (s)",
          "ef_search", "search width", f"near-copy recall@1 (cosine {args.cos})",
          "exact search agrees",
          "search ms p50 (/ first ef)"],
@@ -147,7 +153,10 @@ def main() -> None:
         "as a lookup's, blocks of 100 queries at each width in turn (the times compare "
         "widths on the same warm graph). Build seconds are for this shared "
         '2-core machine: compare them within the table. "Exact search agrees": the index\'s '
-        "first result is exact search's."
+        'first result is exact search\'s. "Calibrated width": the width a replica would '
+        "search this index at (`UsearchIndex.calibrate`: 1,000 stored vectors moved to "
+        f"cosine {CALIBRATION_COSINE}, from width {UsearchIndex(4).ef_search} up; "
+        "how long it took), where the rows set the width themselves."
     )
     print(body)
     name = args.section or f"hnsw-{args.data}-{len(x) // 1000}k"
