@@ -268,8 +268,12 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
 
 
 def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
-    make_manager: Any, redis_client: redis.Redis, caplog: Any
+    make_manager: Any, redis_client: redis.Redis, caplog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import zerda_cache.index as index_module
+
+    monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)  # the load calibrates too
+    monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
     st = RedisStorage(redis_client, CONFIG)
     x = vectors(N + 50)
     ids = fill(st, x[:N])
@@ -287,6 +291,9 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
         assert fresh.sync_index("t") == N + 50 - 1
     assert "index loaded from snapshot" in caplog.text
     assert zscans(redis_client) == scans  # the ids were not scanned
+    hnsw = fresh._indexes["t"].index._by_scope[""]
+    assert hnsw.calibrated is not None and hnsw.calibrated[0] == N - N // 10  # before the replay
+    assert "search width" in caplog.text
     hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 7], 0.97))
     assert hit is not None and hit.entry_id == late[7].entry_id
     assert fresh.lookup("q1?", tenant="t", embedding=x[1]) is None  # invalidated
