@@ -314,8 +314,8 @@ def test_hnsw_searches_wider_as_it_grows(backend: str, monkeypatch: pytest.Monke
 def test_a_built_hnsw_index_calibrates_its_search_width(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``calibrate`` keeps the narrowest width (from ``ef_search`` up) that finds what
-    the probes' sources are, uses it until the index doubles, and then the schedule."""
+    """``calibrate`` keeps the narrowest width (from ``ef_search`` up) at which probes
+    find their sources, uses it until the index doubles, then doubles it with the size."""
     import zerda_cache.index as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 500)
@@ -328,16 +328,16 @@ def test_a_built_hnsw_index_calibrates_its_search_width(
     assert ann.calibrate(5) is None and ann.calibrated is None  # too small: the schedule's
     ann.add_many([hex_id(i) for i in range(400, 1000)], x[400:1000])
     width = ann.calibrate(5)
-    assert width is not None and width in (16, 32, 64, 128, 256)
-    assert ann.calibrated == (1000, width) and ann.search_width() == width
+    assert width == 16  # 1,000 clustered vectors: the narrowest width tried finds them
+    assert ann.calibrated == (1000, 16) and ann.search_width() == 16
     q = normalize_vector(x[7] + 0.05 * rng.normal(size=32))
     assert ann.search(q, 3, -1.0)[0][0] == hex_id(7)
     ann.add_many([hex_id(i) for i in range(1000, 2000)], x[1000:2000])
-    assert ann.search_width() == width  # 2,000: not yet twice 1,000
+    assert ann.search_width() == 16  # 2,000: not yet twice 1,000
     ann.add(hex_id(2000), unit(rng, 32))
-    assert ann.search_width() == 16  # twice as large: the schedule's width until recalibrated
+    assert ann.search_width() == 32  # past twice as large: doubled with the size
     ann.ef_search = 64  # the configured width is a floor
-    assert (ann.calibrate(5) or 0) >= 64
+    assert ann.calibrate(5) == 64 and ann.search_width() == 64
 
 
 def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -367,6 +367,15 @@ def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ann, "_graph_search", blind_below(64))
     assert ann.calibrate(5) == 64
     assert set(tried) == {16, 32, 64}
-    assert tried.count(16) <= index_module.CALIBRATION_MISSES + 1  # a failing width stops early
+    assert tried.count(16) == index_module.CALIBRATION_MISSES + 1  # a failing width stops early
     monkeypatch.setattr(ann, "_graph_search", blind_below(10**6))
     assert ann.calibrate(5) == 256  # none finds them: the widest tried, 16x
+    assert ann.calibrated == (1000, 256)
+
+    def broken(query: np.ndarray, k: int) -> np.ndarray:
+        raise RuntimeError("the graph failed")
+
+    monkeypatch.setattr(ann, "_graph_search", broken)
+    with pytest.raises(RuntimeError):
+        ann.calibrate(5)
+    assert ann.calibrated == (1000, 256)  # a failed calibration leaves the last one

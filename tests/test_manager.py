@@ -718,9 +718,31 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
         reader.sync_index("big")
     sub = reader._indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
     assert sub.calibrated is not None and sub.calibrated[0] == 300
-    assert sub.search_width() == sub.calibrated[1] >= cfg.ann_ef_search
+    assert sub.search_width() == sub.calibrated[1] == cfg.ann_ef_search  # enough here
     assert any("search width" in r.getMessage() for r in caplog.records)
     hit = reader.lookup("q9 again", tenant="big", embedding=near(unit(2009), 0.97))
+    assert hit is not None and hit.response == "a9"
+
+
+def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
+    make_manager: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import zerda_cache.index as index_module
+
+    def broken(self: Any, k: int) -> Any:
+        raise RuntimeError("calibration broke")
+
+    monkeypatch.setattr(index_module.ScopedIndex, "calibrate", broken)
+    cfg = CacheConfig(ann_threshold=200, similarity_threshold=0.9)
+    writer, reader = make_manager(cfg), make_manager(cfg)
+    for i in range(300):
+        writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(3000 + i))
+    with caplog.at_level(logging.WARNING, logger="zerda_cache.engine"):
+        assert reader.sync_index("big") == 300
+    assert "calibrating the index's search width failed" in caplog.text
+    sub = reader._indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    assert sub.calibrated is None and sub.search_width() == cfg.ann_ef_search
+    hit = reader.lookup("q9 again", tenant="big", embedding=near(unit(3009), 0.97))
     assert hit is not None and hit.response == "a9"
 
 

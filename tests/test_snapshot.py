@@ -281,6 +281,8 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     report = snap.snapshot_tenant("t")
     assert report is not None and report.published and report.entries == N
     assert snap.snapshot_tenant("t") is None  # not due: the log has not moved
+    source = snap.manager()._indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
+    assert source.calibrated is None  # the worker dumps its index: a replica calibrates
     # After the snapshot: puts, an invalidation, a replaced question.
     writer = make_manager(CONFIG)
     late = [writer.put(f"late {i}", f"late {i}", tenant="t", embedding=x[N + i]) for i in range(50)]

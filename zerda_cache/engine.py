@@ -370,6 +370,9 @@ class CacheEngine:
         self._traffic: dict[str, tuple[float, Counter[tuple[int, int | str]], list[Any]]] = {}
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
+        #: Measure the search width of the indexes this replica builds or loads
+        #: (``_calibrate``); off for the worker's snapshot source, which never searches.
+        self.calibrate_indexes = True
         self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
         #: Each tenant's policy (``policy.py``), with the monotonic time it was read.
         self._policies: dict[str, tuple[float, TenantPolicy]] = {}
@@ -1087,16 +1090,29 @@ class CacheEngine:
 
     def _calibrate(self, ti: TenantIndex, index: ScopedIndex) -> Flow[None]:
         """Measure the search width a newly built index needs on its own vectors, before
-        it is in use (``ScopedIndex.calibrate``; CPU work, off the event loop)."""
-        started = time.monotonic()
-        widths = yield self.offload(index.calibrate, self.config.top_k)
-        for scope, width in widths.items():
+        it is in use (``ScopedIndex.calibrate``; CPU work, off the event loop). A failure
+        leaves the size schedule's width: the index is sound without it."""
+        if not self.calibrate_indexes or self._closed:
+            return
+        try:
+            widths = yield self.offload(index.calibrate, self.config.top_k)
+        except Exception as exc:
+            log.warning(
+                "tenant %s: calibrating the index's search width failed (%s: %s): "
+                "searching at the configured width",
+                ti.keys.tenant,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
+            return
+        for scope, (width, seconds) in widths.items():
             log.info(
                 "tenant %s: HNSW search width %d for scope %r (calibrated in %.1f s)",
                 ti.keys.tenant,
                 width,
                 scope,
-                time.monotonic() - started,
+                seconds,
             )
 
     def _scan_batch(

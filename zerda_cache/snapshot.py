@@ -68,6 +68,8 @@ class Snapshotter:
             self._manager = CacheManager(
                 self.storage.client, self.config, metrics=ReplicaMetrics(CollectorRegistry())
             )
+            # Its indexes are dumped, not searched: a replica calibrates what it loads.
+            self._manager.calibrate_indexes = False
         return self._manager
 
     def due(self, moved: int | None, entries: int) -> bool:
