@@ -62,6 +62,19 @@ def same(served: str, asked: str) -> bool:
     return normalize_query(served) == normalize_query(asked)
 
 
+def nearest(vecs: np.ndarray, queries: np.ndarray, chunk: int = 100_000) -> np.ndarray:
+    """Each query's most similar row of ``vecs`` (exact search, float32)."""
+    best = np.full(len(queries), -1)
+    top = np.full(len(queries), -np.inf, dtype=np.float32)
+    for start in range(0, len(vecs), chunk):
+        sims = queries @ vecs[start : start + chunk].T
+        arg = sims.argmax(axis=1)
+        val = sims[np.arange(len(queries)), arg]
+        better = val > top
+        best[better], top[better] = arg[better] + start, val[better]
+    return best
+
+
 def near_copy(v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     r = rng.normal(size=len(v))
     r -= (r @ v) * v
@@ -85,6 +98,9 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     sample = rng.choice(n, size=lookups, replace=False).tolist()
     nears = [near_copy(vecs[i], rng) for i in sample]
+    # The entry exact search puts first: past QQP's questions, a prefix of the source can
+    # be closer to its near-copy than the source itself, and then it is the right answer.
+    best = nearest(vecs, np.stack(nears))
     client = redis.Redis.from_url(url)
     client.ping()
     before = rss()
@@ -120,7 +136,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         t = time.perf_counter()
         h = m.lookup(f"a rephrasing {j}", tenant=TENANT, embedding=nears[j])
         lat.append(time.perf_counter() - t)
-        right += h is not None and same(h.query, texts[i])
+        right += h is not None and (same(h.query, texts[i]) or same(h.query, texts[best[j]]))
         h = m.lookup(texts[i], tenant=TENANT, embedding=vecs[i])
         exact += h is not None and same(h.query, texts[i])
     m.close()
@@ -387,6 +403,12 @@ def main() -> None:
         'near-copy lookup between two PINGs. "Index build alone": another fresh '
         "replica's `sync_index`, with no lookups meanwhile. RSS growth includes the "
         "allocator's slack and the replica's other state."
+    )
+    body += (
+        " Near-copy recall counts a lookup right when it served the source entry or the "
+        'entry exact search puts first (a closer neighbour than the source). "Index '
+        "ready\" includes the replica's calibration of its search width (docs/"
+        "operations.md, 'Search width')."
     )
     if "minilm" in kinds and args.n > 137_551:
         body += (

@@ -6,7 +6,7 @@ bounded by its index's, so this measures the index the replica builds
 graph dtype) it builds the index from ``--n`` vectors in bulk (as a replica's build
 does), then searches ``--queries`` near-copies (cosine ``--cos`` of a random entry) at
 every ``ef_search`` of ``--efs`` (the width searched doubles with the size past
-``WIDE_FROM``, 500k entries: the "search width" column), one query at a time on one
+``WIDE_FROM``, 250k entries: the "search width" column), one query at a time on one
 thread, for ``--k`` (8, a lookup's ``top_k``) candidates re-scored as a lookup's.
 Recall@1 is how often the source entry came first; "exact agrees" how often the index's
 first result is exact search's first (float32 matrix product, the reference), which
@@ -14,8 +14,10 @@ separates the graph's misses from near-copies that have a closer neighbour than 
 source.
 
 Data: ``random`` (the clustered synthetic vectors of ``bench_lookup``, any size) or
-``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's distinct questions: at most
-137,551; the quality benchmark's cache ``.cache/quality``).
+``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's 137,551 distinct questions, then
+of their word prefixes up to 1M: ``bench_lookup.minilm``; cached in ``.cache/quality``).
+The "calibrated width" is what a replica would search the index at
+(``UsearchIndex.calibrate``), before the rows set their widths themselves.
 
     .venv/bin/python benchmarks/bench_hnsw.py --n 1000000 --configs 32:128:i8,32:128:f16
 """
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lookup import dataset, minilm, perturb
 
+from zerda_cache import CacheConfig
 from zerda_cache.index import CALIBRATION_COSINE, UsearchIndex
 
 
@@ -53,9 +56,11 @@ def exact_first(x: np.ndarray, queries: np.ndarray, chunk: int = 100_000) -> np.
 def measure(
     x: np.ndarray, m: int, efc: int, dtype: str, efs: list[int], queries: np.ndarray,
     src: np.ndarray, truth: np.ndarray, k: int,
-) -> tuple[float, float, list[tuple[int, float, float, float]]]:  # fmt: skip
-    """Build seconds, bytes per entry, and per ef: (ef, the width searched, recall@1,
-    exact agrees, ms p50)."""
+) -> tuple[
+    float, float, list[tuple[int, int, float, float, float]], tuple[int | None, float]
+]:  # fmt: skip
+    """Build seconds, bytes per entry, per ef: (ef, the width searched, recall@1, exact
+    agrees, ms p50), and the calibrated width (None: too small) and its seconds."""
     n = len(x)
     ids = [f"{i:032x}" for i in range(n)]
     t0 = time.perf_counter()
@@ -68,7 +73,7 @@ def measure(
     print(file=sys.stderr)
     per_entry = index.nbytes() / n
     t0 = time.perf_counter()
-    calibrated = index.calibrate(5)  # a replica's, with the default top_k
+    calibrated = index.calibrate(CacheConfig().top_k)  # a replica's, with the default top_k
     calibration = (calibrated, time.perf_counter() - t0)
     index.calibrated = None  # the rows below set their widths themselves
     # The queries in blocks of 100, every block at every width in turn, so that no width

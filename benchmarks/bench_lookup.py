@@ -39,7 +39,6 @@ from _report import table, write_section
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import CacheConfig, CacheManager
-from zerda_cache.index import WIDE_FROM
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import codec
 from zerda_cache.testing import RedisServer
@@ -78,9 +77,9 @@ def load(manager: CacheManager, x: np.ndarray, batch: int = 500) -> tuple[float,
 
 def qqp_prefixes(questions: list[str]) -> list[str]:
     """Texts beyond QQP's distinct questions, for real embeddings past 137,551 entries: the
-    questions' word prefixes of 3 words or more, not themselves a question, longest first
-    over all questions (every question less its last word, then less two, ...), each once.
-    A cache of a million entries holds questions more alike than QQP's: a question and
+    questions' word prefixes of 3 words or more, not themselves a question, fewest words
+    cut first over all questions (every question less its last word, then less two, ...),
+    each once. A cache of a million entries holds questions more alike than QQP's: a question and
     its prefixes are near neighbours, which makes the index's search harder, not easier."""
     seen, out = set(questions), []
     words = [q.split() for q in questions]
@@ -121,11 +120,13 @@ def minilm(n: int) -> np.ndarray:
         raise SystemExit("no MiniLM embeddings in .cache/quality: run make bench-quality")
     base = embed_corpus(texts)
     if n <= len(texts):
-        return base[:n].astype(np.float32)
+        return base[:n].astype(np.float32, copy=False)
+    if n > PREFIX_TEXTS:
+        raise SystemExit(f"real embeddings go up to {PREFIX_TEXTS:,} entries, not {n:,}")
     more = minilm_texts(PREFIX_TEXTS)[len(texts) :]
     # Embedded once (~1 h on 2 cores), cached in .cache/quality like the questions.
     extra = embed_corpus(more)
-    return np.concatenate([base, extra[: n - len(texts)]]).astype(np.float32)
+    return np.concatenate([base, extra[: n - len(texts)]]).astype(np.float32, copy=False)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -159,6 +160,9 @@ def run_size(
     assert ti.index is not None
     kind = ti.index.kind("")
     est = ti.index.nbytes()
+    sub = ti.index._by_scope.get("")
+    width = sub.search_width() if hasattr(sub, "search_width") else None
+    calibrated = getattr(sub, "calibrated", None) is not None
     raw = n * DIM * 4
 
     sources = rng.integers(0, n, lookups)
@@ -280,6 +284,8 @@ def run_size(
         "p99_ratio": pct(hit_lat, 99) / ping50,
         "search_ratio": pct(alone_lat, 50) / ping50,
         "rest_ratio": (pct(hit_lat, 50) - pct(alone_lat, 50)) / ping50,
+        "width": width,
+        "calibrated": calibrated,
     }
     client.close()
     return rows, extra
@@ -401,6 +407,11 @@ def main() -> None:
             f"is {last['search_ratio']:.1f}x PING p50 and the rest of the lookup (its round "
             f"trip, the scripts, the Python) {last['rest_ratio']:.1f}x. "
         )
+        if last["width"] is not None:
+            body += (
+                f"The HNSW index searched at width {last['width']}"
+                f"{' (calibrated by the replica)' if last['calibrated'] else ''}. "
+            )
     body += (
         "A lookup with one candidate, or one ahead of the others by more than "
         "`similarity_tie_margin` (0.01), is one pipelined round "
@@ -412,7 +423,8 @@ def main() -> None:
         "is exact below 5,000 entries per scope and HNSW above (usearch, by default with "
         "int8 vectors in the graph and the candidates re-scored from float16 rows beside "
         f'it, `ann_dtype="i8"`; M={cfg.ann_m}, ef_construction {cfg.ann_ef_construction}, '
-        f"search width {cfg.ann_ef_search} up to {WIDE_FROM:,} entries, `ann_ef_search`); "
+        f"search width from {cfg.ann_ef_search}, `ann_ef_search`, as a replica calibrates "
+        "it: docs/operations.md, 'Search width'); "
         "the build column is the replica's first sync (fetch every vector from Redis, "
         "then insert), "
         "as is the alternatives' build. Index memory is the index's own "
