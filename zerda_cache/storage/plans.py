@@ -890,9 +890,9 @@ class StoragePlans:
         return ReadPlan("stats", queue, parse, 2)
 
     def read_log(self, tenant: str, after: str) -> ReadPlan[LogDelta]:
-        """The tenant's log events after stream id ``after`` (at most ``CATCHUP_BATCH``),
-        and whether events may have been trimmed away before this reader saw them (then
-        the caller asks ``XINFO``).
+        """The tenant's log events after stream id ``after`` (``CATCHUP_BATCH`` at most,
+        or one more when ``after`` is gone), and whether events may have been trimmed
+        away before this reader saw them (then the caller asks ``XINFO``).
 
         One command: the range from ``after`` itself. A reader's position is the last
         event it read, and the log is trimmed oldest first, so while that event is
