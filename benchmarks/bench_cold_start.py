@@ -62,19 +62,6 @@ def same(served: str, asked: str) -> bool:
     return normalize_query(served) == normalize_query(asked)
 
 
-def nearest(vecs: np.ndarray, queries: np.ndarray, chunk: int = 100_000) -> np.ndarray:
-    """Each query's most similar row of ``vecs`` (exact search, float32)."""
-    best = np.full(len(queries), -1)
-    top = np.full(len(queries), -np.inf, dtype=np.float32)
-    for start in range(0, len(vecs), chunk):
-        sims = queries @ vecs[start : start + chunk].T
-        arg = sims.argmax(axis=1)
-        val = sims[np.arange(len(queries)), arg]
-        better = val > top
-        best[better], top[better] = arg[better] + start, val[better]
-    return best
-
-
 def near_copy(v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     r = rng.normal(size=len(v))
     r -= (r @ v) * v
@@ -89,6 +76,7 @@ def rss() -> int:
 def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     """One fresh replica (this process), measured from its first call."""
     import redis
+    from bench_lookup import exact_first
     from prometheus_client import CollectorRegistry
 
     from zerda_cache import CacheConfig, CacheManager
@@ -100,7 +88,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     nears = [near_copy(vecs[i], rng) for i in sample]
     # The entry exact search puts first: past QQP's questions, a prefix of the source can
     # be closer to its near-copy than the source itself, and then it is the right answer.
-    best = nearest(vecs, np.stack(nears))
+    best = exact_first(vecs, np.stack(nears))
     client = redis.Redis.from_url(url)
     client.ping()
     before = rss()

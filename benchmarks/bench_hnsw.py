@@ -34,23 +34,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_lookup import dataset, minilm, perturb
+from bench_lookup import dataset, exact_first, minilm, perturb
 
 from zerda_cache import CacheConfig
 from zerda_cache.index import CALIBRATION_COSINE, UsearchIndex
-
-
-def exact_first(x: np.ndarray, queries: np.ndarray, chunk: int = 100_000) -> np.ndarray:
-    """The index of each query's nearest vector, by a float32 matrix product in chunks."""
-    best = np.full(len(queries), -1, dtype=np.int64)
-    score = np.full(len(queries), -np.inf, dtype=np.float32)
-    for start in range(0, len(x), chunk):
-        sims = queries @ x[start : start + chunk].T
-        arg = np.argmax(sims, axis=1)
-        top = sims[np.arange(len(queries)), arg]
-        better = top > score
-        best[better], score[better] = arg[better] + start, top[better]
-    return best
 
 
 def measure(

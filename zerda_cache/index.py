@@ -359,15 +359,15 @@ class _SlottedAnn:
         rng = np.random.default_rng(seed)
         slots = np.fromiter(self._slot.values(), dtype=np.int64, count=n)
         picked = rng.choice(slots, size=min(CALIBRATION_PROBES, n), replace=False)
-        rows = self._graph_vectors(picked)
-        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+        stored = self._graph_vectors(picked)
+        rows = stored / np.linalg.norm(stored, axis=1, keepdims=True)
         noise = rng.normal(size=rows.shape)
         noise -= np.einsum("ij,ij->i", noise, rows)[:, None] * rows
         noise /= np.linalg.norm(noise, axis=1, keepdims=True)
         cos = CALIBRATION_COSINE
         probes = (cos * rows + math.sqrt(1 - cos * cos) * noise).astype(np.float32)
         # The source's similarity as a search re-scores it (the same float64 arithmetic).
-        own = np.multiply(self._graph_vectors(picked), probes.astype(np.float64)).sum(axis=1)
+        own = np.multiply(stored, probes.astype(np.float64)).sum(axis=1)
         before = self.calibrated
         width = self.ef_search
         try:
