@@ -305,9 +305,9 @@ def test_hnsw_searches_wider_as_it_grows(backend: str, monkeypatch: pytest.Monke
         widths.append(ann.search_width())
         q = unit(rng, 16)
         assert ann.search(q, 3, -1.0)  # still finds
-    assert widths == [32, 64, 128, 256]  # from the default ef_search, 32
+    assert widths == [16, 32, 64, 128]  # from the default ef_search, 16
     if backend == "usearch":  # the library's own width follows
-        assert ann._graph.expansion_search == 256
+        assert ann._graph.expansion_search == 128
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -342,7 +342,7 @@ def test_a_built_hnsw_index_calibrates_its_search_width(
 
 def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     """A width whose searches miss more than ``CALIBRATION_MISSES`` of the probes is not
-    kept: the next (twice as wide) is tried, up to 16x ``ef_search``."""
+    kept: the next (twice as wide) is tried, up to 32x ``ef_search``."""
     import zerda_cache.index as index_module
     from zerda_cache.index import UsearchIndex
 
@@ -369,8 +369,8 @@ def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyP
     assert set(tried) == {16, 32, 64}
     assert tried.count(16) == index_module.CALIBRATION_MISSES + 1  # a failing width stops early
     monkeypatch.setattr(ann, "_graph_search", blind_below(10**6))
-    assert ann.calibrate(5) == 256  # none finds them: the widest tried, 16x
-    assert ann.calibrated == (1000, 256)
+    assert ann.calibrate(5) == 512  # none finds them: the widest tried, 32x
+    assert ann.calibrated == (1000, 512)
 
     def broken(query: np.ndarray, k: int) -> np.ndarray:
         raise RuntimeError("the graph failed")
@@ -378,4 +378,4 @@ def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ann, "_graph_search", broken)
     with pytest.raises(RuntimeError):
         ann.calibrate(5)
-    assert ann.calibrated == (1000, 256)  # a failed calibration leaves the last one
+    assert ann.calibrated == (1000, 512)  # a failed calibration leaves the last one

@@ -28,6 +28,10 @@ CONFIG = CacheConfig(
     ann_threshold=500, eviction=EvictionConfig(snapshot_min_entries=100), index_log_maxlen=10_000
 )
 
+# Searched wide enough that a graph of ~1,000 of these vectors gives brute force's top 5:
+# the tests that compare with it check how a restored view merges, not HNSW's recall.
+WIDE = IndexPolicy(ann_threshold=300, ef_search=64)
+
 
 def vectors(n: int, seed: int = 0) -> np.ndarray:
     x = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
@@ -87,7 +91,7 @@ def restored_view(
     ix.add_many({ids[i]: (x[i], "") for i in range(n)})
     blob = ix.dump()
     assert blob is not None and blob.startswith(SNAPSHOT_MAGIC)
-    back = ScopedIndex.restore(buffer(blob), IndexPolicy(ann_threshold=300))
+    back = ScopedIndex.restore(buffer(blob), WIDE)
     sub = back._by_scope[""]
     assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == dtype
     return back, {ids[i]: x[i] for i in range(n)}
@@ -165,7 +169,7 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change(
     assert [e for e, _ in back.search(q, "", 5, -1.0)] == top(live, q, 5)
     blob = back.dump()  # the worker's path: one graph again
     assert blob is not None and not sub.viewed
-    again = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
+    again = ScopedIndex.restore(blob, WIDE)
     assert again.ids() == set(live)
     for eid in list(live)[::11]:
         assert again.search(live[eid], "", 1, 0.99)[0][0] == eid
@@ -282,7 +286,9 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     assert report is not None and report.published and report.entries == N
     assert snap.snapshot_tenant("t") is None  # not due: the log has not moved
     source = snap.manager()._indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
-    assert source.calibrated is None  # the worker dumps its index: a replica calibrates
+    # The worker measured the width before the dump, for the replicas that load it.
+    assert source.calibrated is not None and source.calibrated[0] == N - N // 10
+    assert source.calibrated_for == (CONFIG.top_k, CONFIG.ann_ef_search)
     # After the snapshot: puts, an invalidation, a replaced question.
     writer = make_manager(CONFIG)
     late = [writer.put(f"late {i}", f"late {i}", tenant="t", embedding=x[N + i]) for i in range(50)]
@@ -294,8 +300,8 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     assert "index loaded from snapshot" in caplog.text
     assert zscans(redis_client) == scans  # the ids were not scanned
     hnsw = fresh._indexes["t"].index._by_scope[""]
-    assert hnsw.calibrated is not None and hnsw.calibrated[0] == N - N // 10  # before the replay
-    assert "search width" in caplog.text
+    assert hnsw.calibrated == source.calibrated  # taken from the snapshot, not measured
+    assert "calibrated by the worker" in caplog.text
     hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 7], 0.97))
     assert hit is not None and hit.entry_id == late[7].entry_id
     assert fresh.lookup("q1?", tenant="t", embedding=x[1]) is None  # invalidated
@@ -486,3 +492,64 @@ def test_the_leading_worker_publishes_snapshots(redis_client: redis.Redis) -> No
     assert info is not None and info.entries == 300 and info.dim == DIM
     leader.snapshots.close()
     standby_lease.snapshots.close()
+
+
+@pytest.mark.parametrize("replica", ["other top_k", "other ann_ef_search", "same"])
+def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for(
+    make_manager: Any, redis_client: redis.Redis, caplog: Any, monkeypatch: Any, replica: str
+) -> None:
+    """The worker's width serves a replica that searches as the worker measured it: the
+    same ``top_k`` (candidates per lookup) and configured width (a floor). Another
+    replica measures its own before it serves."""
+    import dataclasses
+
+    import zerda_cache.index as index_module
+
+    monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
+    monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
+    st = RedisStorage(redis_client, CONFIG)
+    fill(st, vectors(N), scope_every=N)  # one HNSW scope
+    assert Snapshotter(st).snapshot_tenant("t") is not None
+    changes = {"other top_k": {"top_k": 3}, "other ann_ef_search": {"ann_ef_search": 64}}
+    cfg = dataclasses.replace(CONFIG, **changes.get(replica, {}))
+    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+        fresh = make_manager(cfg)
+        assert fresh.sync_index("t") == N
+    hnsw = fresh._indexes["t"].index._by_scope[""]
+    assert hnsw.calibrated_for == (cfg.top_k, cfg.ann_ef_search)
+    measured = "search width" in caplog.text and "calibrated by the worker" not in caplog.text
+    assert measured == (replica != "same")
+    assert hnsw.search_width() >= cfg.ann_ef_search
+
+
+def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import zerda_cache.index as index_module
+
+    monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
+    monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
+    x = vectors(600)
+    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300))
+    ix.add_many({f"{i:032x}": (x[i], "") for i in range(600)})
+    widths = ix.calibrate(5)
+    assert set(widths) == {""} and widths[""][1] is not None
+    assert ix.calibrate(5) == {"": (widths[""][0], None)}  # the same size: not measured again
+    blob = ix.dump()
+    assert blob is not None
+    back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
+    sub = back._by_scope[""]
+    assert sub.calibrated == (600, widths[""][0]) and sub.calibrated_for == (5, 16)
+    floor64 = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300, ef_search=64))
+    assert floor64._by_scope[""].calibrated is None  # measured from another floor
+    n = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8
+    head = msgpack.unpackb(blob[lead : lead + n], raw=False)
+    for bad in ([600, 0, 5, 32], [600, 32], "wide"):
+        head["scopes"][""]["calibrated"] = bad
+        packed = msgpack.packb(head)
+        forged = SNAPSHOT_MAGIC + len(packed).to_bytes(8, "little") + packed
+        body = blob[lead + n + (-(lead + n) % 64) :]
+        forged += b"\0" * (-len(forged) % 64) + body
+        with pytest.raises(ValueError):
+            ScopedIndex.restore(forged, IndexPolicy(ann_threshold=300))

@@ -142,12 +142,14 @@ ANN_BACKENDS = ("usearch", "hnswlib")
 #: near-copy's source 79% of the time and M=32/128 99% (search width 64; 99.8% at 128,
 #: which the index takes past 500k entries: ``index.WIDE_FROM``), for 1.2x the index's
 #: bytes, 2.2x its build time and 1.5x its search (docs/BENCHMARKS.md, "HNSW
-#: parameters"). The search width: 32 up to 250k entries, where it found every near-copy
-#: of 100k real MiniLM embeddings and of 250k clustered vectors, in 0.70x and 0.79x the
-#: time of 64 (then doubled with the size: ``index.WIDE_FROM``).
+#: parameters"). The search width: 16, where a search finds as many near-copies of 20k
+#: and 100k real MiniLM embeddings and of 20k and 100k clustered vectors as at 32
+#: (0.998-1.000), in 0.74-0.83x the time. It is where calibration starts
+#: (``index.CALIBRATE_FROM``: an index of 20k entries or more measures the width it
+#: needs) and a floor; uncalibrated, it doubles with the size past ``index.WIDE_FROM``.
 DEFAULT_ANN_M = 32
 DEFAULT_ANN_EF_CONSTRUCTION = 128
-DEFAULT_ANN_EF_SEARCH = 32
+DEFAULT_ANN_EF_SEARCH = 16
 #: With an error bound set, this share of lookups that could be served by similarity is
 #: verified instead (the app calls its LLM and the cache compares answers), so that the
 #: labels keep up with the traffic near and above the serving threshold.

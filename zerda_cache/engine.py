@@ -1090,7 +1090,8 @@ class CacheEngine:
 
     def _calibrate(self, ti: TenantIndex, index: ScopedIndex) -> Flow[None]:
         """Measure the search width a newly built index needs on its own vectors, before
-        it is in use (``ScopedIndex.calibrate``; CPU work, off the event loop). A failure
+        it is in use (``ScopedIndex.calibrate``; CPU work, off the event loop), unless
+        the snapshot it was restored from carries the worker's measure of it. A failure
         leaves the size schedule's width: the index is sound without it."""
         if not self.calibrate_indexes or self._closed:
             return
@@ -1108,11 +1109,11 @@ class CacheEngine:
             return
         for scope, (width, seconds) in widths.items():
             log.info(
-                "tenant %s: HNSW search width %d for scope %r (calibrated in %.1f s)",
+                "tenant %s: HNSW search width %d for scope %r (%s)",
                 ti.keys.tenant,
                 width,
                 scope,
-                seconds,
+                "calibrated by the worker" if seconds is None else f"calibrated in {seconds:.1f} s",
             )
 
     def _scan_batch(

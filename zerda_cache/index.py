@@ -31,21 +31,22 @@ log = logging.getLogger(__name__)
 #: slack (allocated but unused rows) under ~7% of the vectors' bytes.
 _MIN_GROW_ROWS = 256
 _GROW_FACTOR = 1.0625
-#: An HNSW index searches wider as it grows: ``ef_search`` up to this many entries, then
-#: doubled each time the size doubles (with the default 32: 32 up to 250k, 64 up to 500k,
-#: 128 up to 1M). Measured (docs/BENCHMARKS.md, "HNSW parameters"), M=32,
-#: ef_construction=128, int8 graphs, near-copy recall@1: 1.000 at width 32 on 100k real
-#: MiniLM embeddings (as at 16 and 64; the search at 32 took 0.70x as long as at 64) and
-#: on 100k and 250k clustered random 384-d vectors; on 1M of those, 0.980 at 32 and 0.998
-#: at 128. M=16 with ef_construction 64 (the earlier defaults) got 0.79 at 64 and 0.93 at
-#: 256 on the same 1M vectors: its graph is too sparse there, whatever the width.
-WIDE_FROM = 250_000
+#: An uncalibrated HNSW index (see ``CALIBRATE_FROM``) searches wider as it grows:
+#: ``ef_search`` up to this many entries, then doubled each time the size doubles (with
+#: the default 16: 16 up to 125k, 32 up to 250k, 64 up to 500k, 128 up to 1M). Measured
+#: (docs/BENCHMARKS.md, "HNSW parameters"), M=32, ef_construction=128, int8 graphs,
+#: near-copy recall@1: 0.998-1.000 at width 16 on 20k and 100k real MiniLM embeddings
+#: and clustered random 384-d vectors (as at 32), 1.000 at 32 on 250k clustered vectors;
+#: on 1M of those, 0.980 at 32 and 0.998 at 128. M=16 with ef_construction 64 (the
+#: earlier defaults) got 0.79 at 64 and 0.93 at 256 on the same 1M vectors: its graph is
+#: too sparse there, whatever the width.
+WIDE_FROM = 125_000
 #: A built HNSW index of this many entries or more measures the width it needs on its own
 #: vectors (``_SlottedAnn.calibrate``) instead of taking ``WIDE_FROM``'s schedule, which
 #: is set for hard data (clustered random vectors) and so searches real embeddings wider
 #: than they need. Probes: stored vectors moved to this cosine (a paraphrase, further
 #: than the benchmarks' near-copies at 0.97), searched at ``ef_search``, then twice as
-#: wide, ... up to 16x; the first width at which no more than ``CALIBRATION_MISSES`` of
+#: wide, ... up to 32x; the first width at which no more than ``CALIBRATION_MISSES`` of
 #: them miss (find nothing as similar as their source) is kept. A width that misses 0.1%
 #: of such probes passes 92% of the time, one that misses 0.5% 12%: the recall target is
 #: 99.5% of near-copies (issue 13), which are easier than these probes.
@@ -53,6 +54,8 @@ CALIBRATE_FROM = 20_000
 CALIBRATION_PROBES = 1_000
 CALIBRATION_MISSES = 2
 CALIBRATION_COSINE = 0.9
+#: Widths tried: ``ef_search`` times 1, 2, ... 2**(CALIBRATION_STEPS - 1).
+CALIBRATION_STEPS = 6
 #: The graph size from which usearch inserts a batch on every core (see
 #: ``UsearchIndex._graph_add``).
 PARALLEL_INSERT_FROM = 20_000
@@ -200,6 +203,17 @@ class ExactIndex:
         return index
 
 
+#: How far under its source's similarity a probe's best may be and still count as found
+#: (``_SlottedAnn.calibrate``): float64 rounding, not a nearer miss.
+_SLACK = 1e-9
+
+
+def _rescore(vectors: npt.NDArray[np.float64], query: Vector) -> npt.NDArray[np.float64]:
+    """The similarities of a search's candidates in float64, from the vectors the index
+    holds: one matrix-vector product (~2x as fast as a multiply and a sum here)."""
+    return vectors @ np.asarray(query, dtype=np.float64)
+
+
 class _SlottedAnn:
     """Bookkeeping shared by the approximate indexes: entry ids <-> dense integer slots.
 
@@ -220,6 +234,10 @@ class _SlottedAnn:
         self.dim = dim
         #: (entries, width) of the last ``calibrate``, if any.
         self.calibrated: tuple[int, int] | None = None
+        #: The ``k`` and ``ef_search`` that calibration was made for (``calibrate``, or
+        #: the snapshot the index was restored from): a replica of the same ``top_k``
+        #: and configured width need not measure again (``ScopedIndex.calibrate``).
+        self.calibrated_for: tuple[int, int] | None = None
         self._cap = capacity
         self._hi = np.zeros(capacity, dtype=np.uint64)  # slot -> id, high 64 bits
         self._lo = np.zeros(capacity, dtype=np.uint64)  # slot -> id, low 64 bits
@@ -350,7 +368,7 @@ class _SlottedAnn:
         ``CALIBRATE_FROM``; ``k`` candidates asked, as a lookup's ``top_k``), and use it;
         the width, or None below ``CALIBRATE_FROM`` entries (the schedule's then).
 
-        Never narrower than ``ef_search`` (the configured width is a floor), at most 16
+        Never narrower than ``ef_search`` (the configured width is a floor), at most 32
         times it (the widest tried, kept if none did better). Call it before the index
         is in use or with the index's lock held: the searches it makes set the width."""
         n = len(self._slot)
@@ -366,27 +384,29 @@ class _SlottedAnn:
         noise /= np.linalg.norm(noise, axis=1, keepdims=True)
         cos = CALIBRATION_COSINE
         probes = (cos * rows + math.sqrt(1 - cos * cos) * noise).astype(np.float32)
-        # The source's similarity as a search re-scores it (the same float64 arithmetic).
-        own = np.multiply(stored, probes.astype(np.float64)).sum(axis=1)
-        before = self.calibrated
+        # The source's similarity as a search re-scores it (``_rescore``; a matrix-vector
+        # product may round its last bit differently with more rows: ``_SLACK``).
+        own = np.array([_rescore(s[None, :], p)[0] for s, p in zip(stored, probes, strict=True)])
+        before, before_for = self.calibrated, self.calibrated_for
         width = self.ef_search
         try:
-            for step in range(5):
+            for step in range(CALIBRATION_STEPS):
                 width = self.ef_search * 2**step
                 self.calibrated = (n, width)  # the width the searches below use
                 misses = 0
                 for probe, floor in zip(probes, own, strict=True):
                     found = self.search(probe, k, -1.0)
-                    if not found or found[0][1] < floor:
+                    if not found or found[0][1] < floor - _SLACK:
                         misses += 1
                         if misses > CALIBRATION_MISSES:
                             break
                 if misses <= CALIBRATION_MISSES:
                     break
         except BaseException:
-            self.calibrated = before
+            self.calibrated, self.calibrated_for = before, before_for
             raise
         self.calibrated = (n, width)
+        self.calibrated_for = (k, self.ef_search)
         return width
 
     def search(self, query: Vector, k: int, threshold: float) -> list[tuple[str, float]]:
@@ -396,11 +416,17 @@ class _SlottedAnn:
         slots = self._graph_search(query, min(k * self._oversample, n))
         if slots.size == 0:
             return []
-        exact = np.multiply(self._graph_vectors(slots), query.astype(np.float64)).sum(axis=1)
+        exact = _rescore(self._graph_vectors(slots), query)
         keep = exact >= threshold
         slots, exact = slots[keep], exact[keep]
         order = np.argsort(-exact, kind="stable")[:k]
-        return [(self._id(int(slots[i])), float(exact[i])) for i in order]
+        sel = slots[order]
+        return [
+            (f"{hi:016x}{lo:016x}", sim)
+            for hi, lo, sim in zip(
+                self._hi[sel].tolist(), self._lo[sel].tolist(), exact[order].tolist(), strict=True
+            )
+        ]
 
     def vector(self, entry_id: str) -> Vector | None:
         slot = self._slot.get(self._key(entry_id))
@@ -487,7 +513,7 @@ class UsearchIndex(_SlottedAnn):
         *,
         m: int = 32,
         ef_construction: int = 128,
-        ef_search: int = 32,
+        ef_search: int = 16,
         capacity: int = 1024,
         dtype: str = "i8",
     ) -> None:
@@ -781,6 +807,13 @@ class UsearchIndex(_SlottedAnn):
                 raise ValueError("a usearch dump whose graph and slots do not agree")
             index._base_live = np.zeros(index._cap, dtype=bool)
             index._base_live[used] = True
+        calibrated = data.get("calibrated")  # the worker's (``ScopedIndex.dump``), if any
+        if calibrated is not None:
+            at, width, k, floor = (int(v) for v in calibrated)
+            if min(at, width, k, floor) < 1:
+                raise ValueError(f"a usearch dump calibrated at {calibrated!r}")
+            if floor == policy.ef_search:  # measured from this replica's own floor
+                index.calibrated, index.calibrated_for = (at, width), (k, floor)
         return index
 
     def _restore_rows(self, rows: Any) -> None:
@@ -805,7 +838,7 @@ class HnswIndex(_SlottedAnn):
         *,
         m: int = 32,
         ef_construction: int = 128,
-        ef_search: int = 32,
+        ef_search: int = 16,
         capacity: int = 1024,
     ) -> None:
         import hnswlib
@@ -880,7 +913,7 @@ class IndexPolicy:
     dtype: str = "i8"
     m: int = 32
     ef_construction: int = 128
-    ef_search: int = 32
+    ef_search: int = 16
 
     def __post_init__(self) -> None:
         if self.dtype not in USEARCH_DTYPES:
@@ -1032,18 +1065,30 @@ class ScopedIndex:
             sub = self._by_scope.get(scope)
             return [] if sub is None else sub.search(query, k, threshold)
 
-    def calibrate(self, k: int) -> dict[str, tuple[int, float]]:
+    def calibrate(self, k: int) -> dict[str, tuple[int, float | None]]:
         """Calibrate the search width of every HNSW sub-index large enough
         (``_SlottedAnn.calibrate``, for lookups of ``k`` candidates, the replica's
         ``top_k``: a tenant's own differs little, the width being at least 2k): the
-        width chosen and the seconds it took, by scope."""
+        width chosen and the seconds it took, by scope. A sub-index calibrated already
+        at its present size for the same ``k`` and configured width (by the worker,
+        before it dumped the snapshot this index was restored from) keeps its width
+        without measuring again: the graph is the same, so would be the width; its
+        seconds are ``None``."""
         with self._lock:
             subs = list(self._by_scope.items())
-        widths = {}
+        widths: dict[str, tuple[int, float | None]] = {}
         for scope, sub in subs:
             if isinstance(sub, _SlottedAnn):
                 started = time.perf_counter()
                 with self._lock:
+                    done = sub.calibrated
+                    if (
+                        done is not None
+                        and done[0] == len(sub)
+                        and sub.calibrated_for == (k, sub.ef_search)
+                    ):
+                        widths[scope] = (done[1], None)
+                        continue
                     width = sub.calibrate(k)
                 if width is not None:
                     widths[scope] = (width, time.perf_counter() - started)
@@ -1086,7 +1131,8 @@ class ScopedIndex:
         backend, which serialises only to files).
 
         Format 3: ``SNAPSHOT_MAGIC``, the header's length (8 bytes, little-endian), a
-        msgpack header (the slot tables, exact scopes whole), then each HNSW scope's
+        msgpack header (the slot tables, exact scopes whole, each HNSW scope's
+        calibrated search width if it has one, ``calibrated``), then each HNSW scope's
         usearch graph and, for an ``i8`` scope, its float16 rows, each at a 64-byte
         aligned offset the header gives. These stay out of msgpack so that ``restore``
         can serve them where they lie, with no copy. Format 2 was the same with float16
@@ -1111,6 +1157,8 @@ class ScopedIndex:
                     return None
                 if isinstance(sub, UsearchIndex):
                     entry: dict[str, Any] = {"kind": "usearch", "dtype": sub.dtype}
+                    if sub.calibrated is not None and sub.calibrated_for is not None:
+                        entry["calibrated"] = [*sub.calibrated, *sub.calibrated_for]
                     entry["graph"] = place(sub.graph_bytes())
                     if sub.dtype == "i8":
                         entry["rows"] = place(sub.rows_bytes())
