@@ -604,6 +604,32 @@ def test_a_trimmed_log_makes_a_reader_rebuild(
     assert len(live) == 400 and reader.index_ids("t") == live
 
 
+def test_a_replica_more_than_a_batch_behind_catches_up_on_a_lookup(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """A lookup reads the log backwards from its newest event, a batch at most: more
+    events than that since the replica's position are read forward, all of them."""
+    from zerda_cache.storage import RedisStorage
+    from zerda_cache.storage.plans import CATCHUP_BATCH
+
+    reader = make_manager()
+    st = RedisStorage(redis_client, CacheConfig())  # the other replica's writes, pipelined
+    reader.put("q0", "a0", tenant="t", embedding=unit(500))
+    assert reader.sync_index("t") == 1
+    calls = [
+        st.plan_put("t", f"q{i}", f"a{i}", unit(500 + i), scope="")
+        for i in range(1, CATCHUP_BATCH + 20)
+    ]
+    pipe = redis_client.pipeline(transaction=False)
+    for c in calls:
+        st.scripts.put(keys=c.keys, args=c.args, client=pipe)
+    pipe.execute()
+    hit = reader.lookup("q3 again", tenant="t", embedding=near(unit(503), 0.97))
+    assert hit is not None and hit.response == "a3"  # among the oldest of the new events
+    live = {m.decode() for m in redis_client.zrange(tenant_keys("t").ids, 0, -1)}
+    assert len(live) == CATCHUP_BATCH + 20 and reader.index_ids("t") == live
+
+
 def test_a_tenant_recreated_with_another_dimension_is_rebuilt(
     make_manager: Any, registry: CollectorRegistry
 ) -> None:

@@ -588,33 +588,41 @@ def test_a_stream_holds_what_was_added_after_a_mark_until_trimmed_or_re_created(
     assert LogInfo().holds_since(0)
 
 
+@pytest.mark.parametrize("reader", ["read_log", "peek_log"])
 def test_a_log_read_from_a_position_says_whether_events_may_be_missing(
-    redis_client: redis.Redis,
+    redis_client: redis.Redis, reader: str
 ) -> None:
-    """One XRANGE from the reader's position: while that event is still in the log the
-    read is whole; once it is trimmed away (or was never an event), it may not be."""
+    """One range from the reader's position (forward for catch-ups, backward from the
+    newest event for lookups): while that event is still in the log the read is whole;
+    once it is trimmed away (or was never an event), it may not be."""
     from zerda_cache.storage.driver import run_sync
     from zerda_cache.storage.plans import CATCHUP_BATCH
 
     st = RedisStorage(redis_client, CacheConfig())
+
+    def read(after: str) -> Any:
+        return run_sync(st._read(getattr(st, reader)("acme", after)))
+
     k = tenant_keys("acme")
     ids = [
         redis_client.xadd(k.log, {"op": "add", "id": f"e{i}", "sc": ""}).decode() for i in range(5)
     ]
-    whole = run_sync(st._read_log("acme", ids[1]))
+    whole = read(ids[1])
     assert not whole.maybe_trimmed and whole.count == 3 and list(whole.adds) == ["e2", "e3", "e4"]
-    assert whole.last_id == ids[4] and not whole.more
-    caught_up = run_sync(st._read_log("acme", ids[4]))
+    assert whole.last_id == ids[4] and not whole.more and not whole.partial
+    caught_up = read(ids[4])
     assert caught_up.empty and caught_up.count == 0 and not caught_up.maybe_trimmed
-    assert run_sync(st._read_log("acme", "0-0")).maybe_trimmed  # never an event
+    assert read("0-0").maybe_trimmed  # never an event
     redis_client.xadd(k.log, {"op": "del", "id": "e0"})
     redis_client.xtrim(k.log, maxlen=3, approximate=False)  # ids[0], ids[1] and ids[2] go
-    gone = run_sync(st._read_log("acme", ids[1]))
+    gone = read(ids[1])
     assert gone.maybe_trimmed and list(gone.adds) == ["e3", "e4"] and gone.dels == {"e0"}
-    # A full batch says so, whether or not the position's event is part of the reply.
     for i in range(CATCHUP_BATCH + 5):
         redis_client.xadd(k.log, {"op": "add", "id": f"f{i}", "sc": ""})
-    full = run_sync(st._read_log("acme", ids[4]))
-    assert full.count == CATCHUP_BATCH and full.more and not full.maybe_trimmed
-    rest = run_sync(st._read_log("acme", full.last_id or ""))
-    assert rest.count == 6 and not rest.more and not rest.maybe_trimmed
+    full = read(ids[4])
+    if reader == "read_log":  # a full batch says so
+        assert full.count == CATCHUP_BATCH and full.more and not full.maybe_trimmed
+        rest = read(full.last_id or "")
+        assert rest.count == 6 and not rest.more and not rest.maybe_trimmed
+    else:  # only the newest batch came back: nothing to apply, read forward
+        assert full.partial and full.empty and not full.maybe_trimmed

@@ -481,7 +481,7 @@ class CacheEngine:
         position = ti.last_id
         digest = codec.query_digest(query, scope)  # read here, and checked by a speculative hit
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = [
-            st.read_log(tenant, position) if live else st.read_dim(tenant),
+            st.peek_log(tenant, position) if live else st.read_dim(tenant),
             st.read_digest(tenant, digest),
         ]
         pending = self._pending_misses.pop(tenant, 0)
@@ -817,18 +817,18 @@ class CacheEngine:
     def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
         """Apply ``delta`` (read at ``position``) and what follows; True if the index
         changed. The common case (no news) takes no lock."""
-        if delta.empty and not delta.maybe_trimmed and ti.last_id == position:
+        if delta.empty and not (delta.maybe_trimmed or delta.partial) and ti.last_id == position:
             return False
         return (yield from locked(ti.lock, self._catch_up_locked(ti, delta, position)))
 
     def _catch_up_locked(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
         if not ti.usable:  # a rebuild began meanwhile: it replays the log itself
             return False
-        changed = False
-        if ti.last_id != position:
-            # Another thread or task applied events meanwhile: read on from where it is.
+        changed = ti.last_id != position
+        if changed or delta.partial:
+            # Another thread or task applied events meanwhile, or more happened than a
+            # lookup's peek returns: read on from where the index is.
             delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
-            changed = True
         return (yield from self._apply_locked(ti, delta)) or changed
 
     def _apply_locked(self, ti: TenantIndex, delta: LogDelta, paced: bool = False) -> Flow[bool]:

@@ -19,9 +19,10 @@ does not update it.) XINFO is asked only when the event at the position is no lo
 the log, which is rare.
 
 This module does no I/O and knows no Redis command: storage reads the log
-(``StoragePlans.read_log``, ``Storage._log_info``) and the manager's flows feed what it read
-to a ``TenantIndex``. Mutation is serialised by the caller: the manager holds the tenant's
-flow lock (a ``threading.Lock`` or an ``asyncio.Lock``) around every build and catch-up.
+(``StoragePlans.read_log``, for lookups ``peek_log``; ``Storage._log_info``) and the
+manager's flows feed what it read to a ``TenantIndex``. Mutation is serialised by the
+caller: the manager holds the tenant's flow lock (a ``threading.Lock`` or an
+``asyncio.Lock``) around every build and catch-up.
 """
 
 from __future__ import annotations

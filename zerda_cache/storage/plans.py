@@ -311,10 +311,28 @@ class LogDelta:
     count: int = 0  # events read, applied or not
     more: bool = False  # the batch was full: read again
     maybe_trimmed: bool = False  # the position's event is gone: ask XINFO
+    partial: bool = False  # a lookup's peek saw only the newest events: read them all
 
     @property
     def empty(self) -> bool:
         return not self.adds and not self.dels and self.last_id is None
+
+
+def _log_delta(delta: LogDelta, events: list[Any]) -> LogDelta:
+    """``delta`` with ``events`` (log entries after the reader's position, oldest first)
+    folded in: the last add or delete of each id wins."""
+    for event_id, fields in events:
+        op, eid = fields.get(b"op"), text(fields.get(b"id", b""))
+        if op == b"add":
+            delta.adds[eid] = text(fields.get(b"sc", b""))
+            delta.dels.discard(eid)
+        elif op == b"del":
+            delta.adds.pop(eid, None)
+            delta.dels.add(eid)
+        delta.last_id = text(event_id)
+    delta.count = len(events)
+    delta.more = len(events) >= CATCHUP_BATCH
+    return delta
 
 
 #: Batches of lookups' features a tenant's lookup sample keeps (``seen``; ~32 each).
@@ -914,18 +932,37 @@ class StoragePlans:
                     events = events[1:]
                 else:
                     delta.maybe_trimmed = True
-            for event_id, fields in events:
-                op, eid = fields.get(b"op"), text(fields.get(b"id", b""))
-                if op == b"add":
-                    delta.adds[eid] = text(fields.get(b"sc", b""))
-                    delta.dels.discard(eid)
-                elif op == b"del":
-                    delta.adds.pop(eid, None)
-                    delta.dels.add(eid)
-                delta.last_id = text(event_id)
-            delta.count = len(events)
-            delta.more = len(events) >= CATCHUP_BATCH
-            return delta
+            return _log_delta(delta, events)
+
+        return ReadPlan("catch-up", queue, parse, 1)
+
+    def peek_log(self, tenant: str, after: str) -> ReadPlan[LogDelta]:
+        """``read_log`` for a lookup: the same delta, read from the log's newest end.
+
+        The forward range seeks the position inside its stream node: ~10 us of the
+        server's thread (commandstats, Redis 7.0, a 100k-event log), as much as the rest
+        of a lookup's reads but the hit script. Backwards from the newest event, a
+        replica that is current (the common case) reads one event. Up to
+        ``CATCHUP_BATCH`` events after the position come back whole, as from
+        ``read_log``; with more (the newest batch only, not the position's event), the
+        delta is ``partial``: nothing to apply from it, read the log forward instead."""
+        log_key = self.keys(tenant).log
+
+        def queue(pipe: Any) -> None:
+            pipe.xrevrange(log_key, max="+", min=after, count=CATCHUP_BATCH + 1)
+
+        def parse(res: list[Any]) -> LogDelta:
+            (events,) = res
+            delta = LogDelta()
+            events.reverse()
+            if events and text(events[0][0]) == after:
+                events = events[1:]
+            elif len(events) > CATCHUP_BATCH:  # more than a batch since: some not seen
+                delta.partial = True
+                return delta
+            elif events:  # every event from the position on, and not the position's
+                delta.maybe_trimmed = True
+            return _log_delta(delta, events)
 
         return ReadPlan("catch-up", queue, parse, 1)
 
