@@ -6,7 +6,7 @@ bounded by its index's, so this measures the index the replica builds
 graph dtype) it builds the index from ``--n`` vectors in bulk (as a replica's build
 does), then searches ``--queries`` near-copies (cosine ``--cos`` of a random entry) at
 every ``ef_search`` of ``--efs`` (the width searched doubles with the size past
-``WIDE_FROM``, 250k entries: the "search width" column), one query at a time on one
+``WIDE_FROM``, 125k entries: the "search width" column), one query at a time on one
 thread, for ``--k`` (8, a lookup's ``top_k``) candidates re-scored as a lookup's.
 Recall@1 is how often the source entry came first; "exact agrees" how often the index's
 first result is exact search's first (float32 matrix product, the reference), which

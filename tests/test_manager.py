@@ -607,8 +607,9 @@ def test_a_trimmed_log_makes_a_reader_rebuild(
 def test_a_replica_more_than_a_batch_behind_catches_up_on_a_lookup(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:
-    """A lookup reads the log backwards from its newest event, a batch at most: more
-    events than that since the replica's position are read forward, all of them."""
+    """A lookup reads the log backwards from its newest event, ``PEEK_EVENTS`` at most:
+    more events than that since the replica's position are read forward, in batches of
+    ``CATCHUP_BATCH``, all of them."""
     from zerda_cache.storage import RedisStorage
     from zerda_cache.storage.plans import CATCHUP_BATCH
 

@@ -517,8 +517,10 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
         assert fresh.sync_index("t") == N
     hnsw = fresh._indexes["t"].index._by_scope[""]
     assert hnsw.calibrated_for == (cfg.top_k, cfg.ann_ef_search)
-    measured = "search width" in caplog.text and "calibrated by the worker" not in caplog.text
-    assert measured == (replica != "same")
+    widths = [r.getMessage() for r in caplog.records if r.name == "zerda_cache.engine"]
+    widths = [m for m in widths if "HNSW search width" in m]
+    assert len(widths) == 1
+    assert ("calibrated by the worker" in widths[0]) == (replica == "same")
     assert hnsw.search_width() >= cfg.ann_ef_search
 
 
@@ -529,27 +531,92 @@ def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
-    x = vectors(600)
+    x = vectors(601)
     ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300))
     ix.add_many({f"{i:032x}": (x[i], "") for i in range(600)})
     widths = ix.calibrate(5)
     assert set(widths) == {""} and widths[""][1] is not None
-    assert ix.calibrate(5) == {"": (widths[""][0], None)}  # the same size: not measured again
+    width = widths[""][0]
+    assert ix.calibrate(5) == {"": (width, None)}  # the same graph: not measured again
     blob = ix.dump()
     assert blob is not None
     back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
     sub = back._by_scope[""]
-    assert sub.calibrated == (600, widths[""][0]) and sub.calibrated_for == (5, 16)
+    assert sub.calibrated == (600, width) and sub.calibrated_for == (5, 16)
     floor64 = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300, ef_search=64))
     assert floor64._by_scope[""].calibrated is None  # measured from another floor
     n = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
     lead = len(SNAPSHOT_MAGIC) + 8
     head = msgpack.unpackb(blob[lead : lead + n], raw=False)
-    for bad in ([600, 0, 5, 32], [600, 32], "wide"):
-        head["scopes"][""]["calibrated"] = bad
+    body = blob[lead + n + (-(lead + n) % 64) :]
+    assert head["scopes"][""]["calibrated"] == [600, width, 5, 16, 1]
+
+    def with_calibrated(value: Any) -> ScopedIndex:
+        head["scopes"][""]["calibrated"] = value
         packed = msgpack.packb(head)
         forged = SNAPSHOT_MAGIC + len(packed).to_bytes(8, "little") + packed
-        body = blob[lead + n + (-(lead + n) % 64) :]
         forged += b"\0" * (-len(forged) % 64) + body
+        return ScopedIndex.restore(forged, IndexPolicy(ann_threshold=300))
+
+    # The header re-assembled as it was restores with the width (the control for below).
+    assert with_calibrated([600, width, 5, 16, 1])._by_scope[""].calibrated == (600, width)
+    for bad in (
+        [600, 0, 5, 16, 1],
+        [600, 16],
+        "wide",
+        [600, 16, 5, 16, True],
+        [600, 16.5, 5, 16, 1],
+    ):
         with pytest.raises(ValueError):
-            ScopedIndex.restore(forged, IndexPolicy(ann_threshold=300))
+            with_calibrated(bad)
+    # Well formed, but not measured on this graph as this replica would: measured again.
+    for other in (
+        [599, width, 5, 16, 1],
+        [600, 8, 5, 16, 1],
+        [600, 1024, 5, 16, 1],
+        [600, width, 5, 16, 2],
+    ):
+        assert with_calibrated(other)._by_scope[""].calibrated is None, other
+    # A changed graph is measured again, whatever its size.
+    ix.remove(f"{0:032x}")
+    ix.add(f"{600:032x}", x[600], "")
+    assert len(ix) == 600 and ix.calibrate(5)[""][1] is not None
+
+
+def test_the_worker_measures_the_graph_it_dumps(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that took over from another serves the last snapshot's graph in place,
+    with what changed since in a second graph; it folds them into the one graph the dump
+    will hold before it measures the width that replicas will take."""
+    import zerda_cache.index as index_module
+
+    monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
+    monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
+    st = RedisStorage(redis_client, CONFIG)
+    x = vectors(N + 200)
+    fill(st, x[:N], scope_every=N)  # one HNSW scope (and q0 alone in "other")
+    assert Snapshotter(st).snapshot_tenant("t") is not None
+    later = Snapshotter(st)  # the next leader: its index is the snapshot's, viewed
+    assert later.manager().sync_index("t") == N
+    sub = later.manager()._indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
+    assert isinstance(sub, UsearchIndex) and sub.viewed
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(N, N + 200):
+        c = st.plan_put("t", f"new {i}", f"a{i}", x[i])
+        st.scripts.put(keys=c.keys, args=c.args, client=pipe)
+    pipe.execute()
+    report = later.snapshot_tenant("t", force=True)
+    assert report is not None and report.published and report.entries == N + 200
+    assert not sub.viewed  # folded before it was measured
+    info = st.snapshot_info("t")
+    assert info is not None
+    blob = st.read_snapshot("t", info)
+    assert blob is not None
+    n = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8
+    head = msgpack.unpackb(blob[lead : lead + n], raw=False)
+    at, width, k, floor, _ = head["scopes"][""]["calibrated"]
+    # The HNSW scope's entries (q0 is in the exact scope "other"), the graph measured whole.
+    assert (at, k, floor) == (N + 199, CONFIG.top_k, CONFIG.ann_ef_search)
+    assert sub.calibrated == (at, width)

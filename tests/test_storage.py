@@ -626,3 +626,41 @@ def test_a_log_read_from_a_position_says_whether_events_may_be_missing(
         assert rest.count == 6 and not rest.more and not rest.maybe_trimmed
     else:  # only the newest batch came back: nothing to apply, read forward
         assert full.partial and full.empty and not full.maybe_trimmed
+
+
+def test_a_lookups_peek_at_the_log_is_whole_up_to_its_size(redis_client: redis.Redis) -> None:
+    """``peek_log`` returns up to ``PEEK_EVENTS`` events after the position, all of them
+    (never ``more``); past that, or with the position trimmed away and more than that
+    after it, it is ``partial`` and the forward read says the rest."""
+    from zerda_cache.storage.driver import run_sync
+    from zerda_cache.storage.plans import PEEK_EVENTS
+
+    st = RedisStorage(redis_client, CacheConfig())
+
+    def peek(after: str) -> Any:
+        return run_sync(st._read(st.peek_log("acme", after)))
+
+    k = tenant_keys("acme")
+
+    def add(n: int, prefix: str) -> list[str]:
+        return [
+            redis_client.xadd(k.log, {"op": "add", "id": f"{prefix}{i}", "sc": ""}).decode()
+            for i in range(n)
+        ]
+
+    start = add(1, "s")[0]
+    ids = add(PEEK_EVENTS, "e")
+    whole = peek(start)
+    assert whole.count == PEEK_EVENTS and not whole.more and not whole.partial
+    assert list(whole.adds) == [f"e{i}" for i in range(PEEK_EVENTS)] and whole.last_id == ids[-1]
+    add(1, "f")
+    over = peek(start)  # one more than a peek returns
+    assert over.partial and over.empty and not over.maybe_trimmed
+    assert not peek(ids[0]).partial  # from a later position, a peek holds them all again
+    redis_client.xtrim(k.log, maxlen=PEEK_EVENTS + 1, approximate=False)  # start goes
+    gone = peek(start)  # the position trimmed, and more than a peek after it
+    assert gone.partial and not gone.maybe_trimmed
+    assert run_sync(st._read_log("acme", start)).maybe_trimmed  # the forward read says so
+    redis_client.xtrim(k.log, maxlen=3, approximate=False)
+    few = peek(start)  # the position trimmed, every event after it returned
+    assert few.maybe_trimmed and not few.partial and few.count == 3

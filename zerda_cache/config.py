@@ -390,7 +390,8 @@ class CacheConfig:
         ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
             ``ann_ef_search`` is the narrowest search width: a replica that builds or
             loads an index of ``index.CALIBRATE_FROM`` entries or more measures on its
-            vectors the width they need (this, twice this, ... up to 16x) and uses it.
+            vectors the width they need (this, twice this, ... up to 32x) and uses it,
+            or takes the worker's measure from the snapshot it loads.
         vector_storage: ``float16`` (default) or ``float32``: see ``VECTOR_STORAGES``.
         max_error_rate: the error bound δ of every tenant without its own
             ``max_error_rate`` setting: serve a near match only where labelled outcomes

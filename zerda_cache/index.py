@@ -56,6 +56,10 @@ CALIBRATION_MISSES = 2
 CALIBRATION_COSINE = 0.9
 #: Widths tried: ``ef_search`` times 1, 2, ... 2**(CALIBRATION_STEPS - 1).
 CALIBRATION_STEPS = 6
+#: The version of the method above, in a snapshot's calibrated width
+#: (``ScopedIndex.dump``): a replica takes the worker's width only if measured as it
+#: would measure it (probes, cosine, misses and widths as above).
+CALIBRATION_METHOD = 1
 #: The graph size from which usearch inserts a batch on every core (see
 #: ``UsearchIndex._graph_add``).
 PARALLEL_INSERT_FROM = 20_000
@@ -235,8 +239,9 @@ class _SlottedAnn:
         #: (entries, width) of the last ``calibrate``, if any.
         self.calibrated: tuple[int, int] | None = None
         #: The ``k`` and ``ef_search`` that calibration was made for (``calibrate``, or
-        #: the snapshot the index was restored from): a replica of the same ``top_k``
-        #: and configured width need not measure again (``ScopedIndex.calibrate``).
+        #: the snapshot the index was restored from), while the graph is the one it
+        #: measured (any change clears it): a replica of the same ``top_k`` and
+        #: configured width need not measure again (``ScopedIndex.calibrate``).
         self.calibrated_for: tuple[int, int] | None = None
         self._cap = capacity
         self._hi = np.zeros(capacity, dtype=np.uint64)  # slot -> id, high 64 bits
@@ -309,6 +314,7 @@ class _SlottedAnn:
     def add(self, entry_id: str, vector: Vector) -> None:
         if vector.shape != (self.dim,):
             raise ValueError(f"expected a ({self.dim},) vector, got {vector.shape}")
+        self.calibrated_for = None  # a changed graph: measured again before it is reused
         slot, new = self._assign(self._key(entry_id))
         if not new:
             self._graph_remove(slot)  # replace: drop the old vector first
@@ -318,6 +324,7 @@ class _SlottedAnn:
         """Insert or replace many vectors: the new ones in one call of the library, which
         inserts them on every core (a replica's index build; an exact index converted)."""
         keys = [self._key(e) for e in entry_ids]
+        self.calibrated_for = None
         new = [i for i, key in enumerate(keys) if key not in self._slot]
         for i, key in enumerate(keys):
             if key in self._slot:
@@ -341,6 +348,7 @@ class _SlottedAnn:
         slot = self._slot.pop(self._key(entry_id), None)
         if slot is None:
             return False
+        self.calibrated_for = None
         self._graph_remove(slot)
         self._free.append(slot)
         return True
@@ -521,8 +529,9 @@ class UsearchIndex(_SlottedAnn):
             raise ValueError(f"dtype must be one of {USEARCH_DTYPES}, got {dtype!r}")
         super().__init__(dim, capacity)
         self.dtype = dtype
-        # int8 distances can order near neighbours wrongly: re-score twice as many (the
-        # search width, 32 at least, already holds them; 16 rows cost a few microseconds).
+        # int8 distances can order near neighbours wrongly: re-score twice as many (16
+        # for the default top_k of 8, as many as the default width holds; 16 rows cost a
+        # few microseconds).
         self._oversample = 2 if dtype == "i8" else 1
         self.ef_search = self._width = ef_search
         self._m, self._ef_construction = m, ef_construction
@@ -700,6 +709,7 @@ class UsearchIndex(_SlottedAnn):
             full.add(keys, vecs, threads=1 if small else 0)
         full.expansion_search = self._width
         self._graph = full
+        self.calibrated_for = None  # another graph than the one measured
         self._base = self._base_buffer = self._base_live = None
         self._base_dead = 0
         self._fold_rows()
@@ -807,14 +817,29 @@ class UsearchIndex(_SlottedAnn):
                 raise ValueError("a usearch dump whose graph and slots do not agree")
             index._base_live = np.zeros(index._cap, dtype=bool)
             index._base_live[used] = True
-        calibrated = data.get("calibrated")  # the worker's (``ScopedIndex.dump``), if any
-        if calibrated is not None:
-            at, width, k, floor = (int(v) for v in calibrated)
-            if min(at, width, k, floor) < 1:
-                raise ValueError(f"a usearch dump calibrated at {calibrated!r}")
-            if floor == policy.ef_search:  # measured from this replica's own floor
-                index.calibrated, index.calibrated_for = (at, width), (k, floor)
+        index._restore_calibration(data.get("calibrated"), policy.ef_search)
         return index
+
+    def _restore_calibration(self, calibrated: Any, floor: int) -> None:
+        """Take the worker's calibrated width (``ScopedIndex.dump``'s ``calibrated``:
+        entries, width, ``k``, ``ef_search``, method) if it was measured on this graph as
+        this replica would measure it: from the same floor, by the same method, within
+        the widths calibration tries. Otherwise the replica measures its own. Raises
+        ``ValueError`` for a field of another shape (a damaged header)."""
+        if calibrated is None:
+            return
+        if not isinstance(calibrated, list | tuple) or len(calibrated) != 5:
+            raise ValueError(f"a usearch dump calibrated as {calibrated!r}")
+        if not all(type(v) is int and v >= 1 for v in calibrated):
+            raise ValueError(f"a usearch dump calibrated as {calibrated!r}")
+        at, width, k, measured_from, method = calibrated
+        if (
+            method == CALIBRATION_METHOD
+            and measured_from == floor
+            and at == len(self._slot)
+            and floor <= width <= floor * 2 ** (CALIBRATION_STEPS - 1)
+        ):
+            self.calibrated, self.calibrated_for = (at, width), (k, floor)
 
     def _restore_rows(self, rows: Any) -> None:
         """The i8 index's float16 rows of slots ``[0, next)``, as ``rows_bytes`` made
@@ -1065,6 +1090,15 @@ class ScopedIndex:
             sub = self._by_scope.get(scope)
             return [] if sub is None else sub.search(query, k, threshold)
 
+    def fold(self) -> None:
+        """Make every HNSW scope served in place from a snapshot one graph again, as
+        ``dump`` would (``UsearchIndex.graph_bytes``): the worker measures the search
+        width of the graph it is about to dump, not of a view and its changes."""
+        with self._lock:
+            for sub in self._by_scope.values():
+                if isinstance(sub, UsearchIndex) and sub.viewed and sub.moved:
+                    sub.graph_bytes()
+
     def calibrate(self, k: int) -> dict[str, tuple[int, float | None]]:
         """Calibrate the search width of every HNSW sub-index large enough
         (``_SlottedAnn.calibrate``, for lookups of ``k`` candidates, the replica's
@@ -1157,9 +1191,15 @@ class ScopedIndex:
                     return None
                 if isinstance(sub, UsearchIndex):
                     entry: dict[str, Any] = {"kind": "usearch", "dtype": sub.dtype}
-                    if sub.calibrated is not None and sub.calibrated_for is not None:
-                        entry["calibrated"] = [*sub.calibrated, *sub.calibrated_for]
                     entry["graph"] = place(sub.graph_bytes())
+                    # After the graph: a width measured on a view that graph_bytes just
+                    # folded into another graph is not this graph's (calibrated_for).
+                    if sub.calibrated is not None and sub.calibrated_for is not None:
+                        entry["calibrated"] = [
+                            *sub.calibrated,
+                            *sub.calibrated_for,
+                            CALIBRATION_METHOD,
+                        ]
                     if sub.dtype == "i8":
                         entry["rows"] = place(sub.rows_bytes())
                     scopes[scope] = {**entry, **sub._dump_slots()}

@@ -128,6 +128,7 @@ class Snapshotter:
         the index has not changed size since it was last measured; a failure only means
         that replicas measure it themselves."""
         try:
+            index.fold()  # the graph the dump will hold, measured as a replica will use it
             widths = index.calibrate(self.config.top_k)
         except Exception as exc:
             log.warning(

@@ -62,6 +62,9 @@ EvictReason = Literal["expired", "low_reward", "capacity", "invalidated", "repla
 REASONS: tuple[EvictReason, ...] = get_args(EvictReason)
 #: Events read per log read (XRANGE) while catching up.
 CATCHUP_BATCH = 1_000
+#: Events a lookup's peek at the log returns at most (``peek_log``, an XREVRANGE): a
+#: replica further behind reads the log forward, in batches, instead.
+PEEK_EVENTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -943,13 +946,14 @@ class StoragePlans:
         server's thread (commandstats, Redis 7.0, a 100k-event log), as much as the rest
         of a lookup's reads but the hit script. Backwards from the newest event, a
         replica that is current (the common case) reads one event. Up to
-        ``CATCHUP_BATCH`` events after the position come back whole, as from
-        ``read_log``; with more (the newest batch only, not the position's event), the
-        delta is ``partial``: nothing to apply from it, read the log forward instead."""
+        ``PEEK_EVENTS`` events after the position come back whole, as from
+        ``read_log`` (every one of them: never ``more``); with more (the newest
+        ``PEEK_EVENTS`` + 1 only, not the position's event), the delta is ``partial``:
+        nothing to apply from it, read the log forward instead."""
         log_key = self.keys(tenant).log
 
         def queue(pipe: Any) -> None:
-            pipe.xrevrange(log_key, max="+", min=after, count=CATCHUP_BATCH + 1)
+            pipe.xrevrange(log_key, max="+", min=after, count=PEEK_EVENTS + 1)
 
         def parse(res: list[Any]) -> LogDelta:
             (events,) = res
@@ -957,12 +961,14 @@ class StoragePlans:
             events.reverse()
             if events and text(events[0][0]) == after:
                 events = events[1:]
-            elif len(events) > CATCHUP_BATCH:  # more than a batch since: some not seen
+            elif len(events) > PEEK_EVENTS:  # more than a peek returns: some not seen
                 delta.partial = True
                 return delta
             elif events:  # every event from the position on, and not the position's
                 delta.maybe_trimmed = True
-            return _log_delta(delta, events)
+            delta = _log_delta(delta, events)
+            delta.more = False  # all of them (PEEK_EVENTS < CATCHUP_BATCH)
+            return delta
 
         return ReadPlan("catch-up", queue, parse, 1)
 
