@@ -395,8 +395,9 @@ def main() -> None:
     body += (
         " Near-copy recall counts a lookup right when it served the source entry or the "
         'entry exact search puts first (a closer neighbour than the source). "Index '
-        "ready\" includes the replica's calibration of its search width (docs/"
-        "operations.md, 'Search width')."
+        "ready\" includes the replica's calibration of its search width, measured by the "
+        "replica itself when it builds the index, taken from the snapshot (the worker's "
+        "measure) when it loads one (docs/operations.md, 'Search width')."
     )
     if "minilm" in kinds and args.n > 137_551:
         body += (
