@@ -142,11 +142,12 @@ ANN_BACKENDS = ("usearch", "hnswlib")
 #: near-copy's source 79% of the time and M=32/128 99% (search width 64; 99.8% at 128,
 #: which the index takes past 500k entries: ``index.WIDE_FROM``), for 1.2x the index's
 #: bytes, 2.2x its build time and 1.5x its search (docs/BENCHMARKS.md, "HNSW
-#: parameters"). The search width: 16, where a search finds as many near-copies of 20k
-#: and 100k real MiniLM embeddings and of 20k and 100k clustered vectors as at 32
-#: (0.998-1.000), in 0.74-0.83x the time. It is where calibration starts
-#: (``index.CALIBRATE_FROM``: an index of 20k entries or more measures the width it
-#: needs) and a floor; uncalibrated, it doubles with the size past ``index.WIDE_FROM``.
+#: parameters"). The search width: 16, where a search found near-copies of 20k and 100k
+#: real MiniLM embeddings and of 20k clustered vectors as often as at 32 (0.998-1.000),
+#: and of 100k clustered vectors 0.999 against 1.000 (calibration chose 32 there), in
+#: 0.72-0.83x the time. It is where calibration starts (``index.CALIBRATE_FROM``: an
+#: index of 20k entries or more measures the width it needs) and a floor; uncalibrated,
+#: it doubles with the size past ``index.WIDE_FROM``.
 DEFAULT_ANN_M = 32
 DEFAULT_ANN_EF_CONSTRUCTION = 128
 DEFAULT_ANN_EF_SEARCH = 16
