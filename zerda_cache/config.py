@@ -145,7 +145,7 @@ ANN_BACKENDS = ("usearch", "hnswlib")
 #: parameters"). The search width: 16, where a search found near-copies of 20k and 100k
 #: real MiniLM embeddings and of 20k clustered vectors as often as at 32 (0.998-1.000),
 #: and of 100k clustered vectors 0.999 against 1.000 (calibration chose 32 there), in
-#: 0.71-0.83x the time. It is where calibration starts (``index.CALIBRATE_FROM``: an
+#: 0.71-0.94x the time. It is where calibration starts (``index.CALIBRATE_FROM``: an
 #: index of 20k entries or more measures the width it needs) and a floor; uncalibrated,
 #: it doubles with the size past ``index.WIDE_FROM``.
 DEFAULT_ANN_M = 32
