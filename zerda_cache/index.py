@@ -1098,7 +1098,8 @@ class ScopedIndex:
         with self._lock:
             for sub in self._by_scope.values():
                 if isinstance(sub, UsearchIndex) and sub.viewed and sub.moved:
-                    sub.graph_bytes()
+                    sub._materialize()
+                    sub._fold_rows()
 
     def calibrate(self, k: int) -> dict[str, tuple[int, float | None]]:
         """Calibrate the search width of every HNSW sub-index large enough
