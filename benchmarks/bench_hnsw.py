@@ -17,7 +17,10 @@ Data: ``random`` (the clustered synthetic vectors of ``bench_lookup``, any size)
 ``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's 137,551 distinct questions, then
 of their word prefixes up to 1M: ``bench_lookup.minilm``; cached in ``.cache/quality``).
 The "calibrated width" is what a replica would search the index at
-(``UsearchIndex.calibrate``), before the rows set their widths themselves.
+(``UsearchIndex.calibrate``), before the rows set their widths themselves. ``--across``
+adds a table of the configurations against each other, each at that width, their
+queries interleaved (build times and the first table's search times are each measured
+at their own moment on a shared machine: compare them within a configuration).
 
     .venv/bin/python benchmarks/bench_hnsw.py --n 1000000 --configs 32:128:i8,32:128:f16
 """
@@ -44,10 +47,12 @@ def measure(
     x: np.ndarray, m: int, efc: int, dtype: str, efs: list[int], queries: np.ndarray,
     src: np.ndarray, truth: np.ndarray, k: int,
 ) -> tuple[
-    float, float, list[tuple[int, int, float, float, float]], tuple[int | None, float]
+    float, float, list[tuple[int, int, float, float, float]], tuple[int | None, float],
+    UsearchIndex,
 ]:  # fmt: skip
     """Build seconds, bytes per entry, per ef: (ef, the width searched, recall@1, exact
-    agrees, ms p50), and the calibrated width (None: too small) and its seconds."""
+    agrees, ms p50), the calibrated width (None: too small) and its seconds, and the
+    index, calibrated (for ``across``)."""
     n = len(x)
     ids = [f"{i:032x}" for i in range(n)]
     t0 = time.perf_counter()
@@ -62,6 +67,7 @@ def measure(
     t0 = time.perf_counter()
     calibrated = index.calibrate(CacheConfig().top_k)  # a replica's, with the default top_k
     calibration = (calibrated, time.perf_counter() - t0)
+    measured, floor = index.calibrated, index.ef_search
     index.calibrated = None  # the rows below set their widths themselves
     # The queries in blocks of 100, every block at every width in turn, so that no width
     # runs on a cache the others warmed (run width after width, the first one's times
@@ -89,7 +95,31 @@ def measure(
         out.append((ef, widths[ef], hits[ef] / asked, agree[ef] / asked, p50))
         print(f"  ef={ef}: recall@1 {hits[ef] / asked:.3f}, exact agrees {agree[ef] / asked:.3f}",
               file=sys.stderr)  # fmt: skip
-    return build, per_entry, out, calibration
+    index.calibrated, index.ef_search = measured, floor  # as a replica would search it
+    return build, per_entry, out, calibration, index
+
+
+def across(
+    indexes: dict[str, UsearchIndex], queries: np.ndarray, src: np.ndarray, k: int
+) -> dict[str, tuple[int, float, float]]:
+    """Each index at the width a replica would search it at (calibrated, or the
+    schedule's), the queries in blocks of 100 given to every index in turn, so that the
+    configurations share the machine's noise: by config, (width, recall@1, ms p50)."""
+    times: dict[str, list[float]] = {name: [] for name in indexes}
+    hits = dict.fromkeys(indexes, 0)
+    for start in range(0, len(queries), 100):
+        block = slice(start, start + 100)
+        for name, index in indexes.items():
+            for q, s in zip(queries[block], src[block], strict=True):
+                t1 = time.perf_counter()
+                found = index.search(q, k, -1.0)
+                times[name].append(time.perf_counter() - t1)
+                hits[name] += bool(found) and int(found[0][0], 16) == s
+    return {
+        name: (index.search_width(), hits[name] / len(queries),
+               float(np.percentile(times[name], 50)) * 1e3)
+        for name, index in indexes.items()
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -104,6 +134,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--cos", type=float, default=0.97)
     parser.add_argument("--section", default=None, help="default: hnsw-<data>-<n>")
+    parser.add_argument(
+        "--across",
+        action="store_true",
+        help="also time the configs against each other, each at its calibrated width, "
+        "interleaved (keeps every config's index in memory)",
+    )
     args = parser.parse_args()
     from _report import table, write_section
 
@@ -115,11 +151,15 @@ def main() -> None:
     truth = exact_first(x, queries)
     efs = [int(e) for e in args.efs.split(",")]
     rows = []
+    kept: dict[str, UsearchIndex] = {}
     for config in args.configs.split(","):
         m, efc, dtype = (config + ":i8").split(":")[:3]
-        build, per_entry, res, calibration = measure(
+        build, per_entry, res, calibration, index = measure(
             x, int(m), int(efc), dtype, efs, queries, src, truth, args.k
         )
+        if args.across:
+            kept[f"{m}:{efc}:{dtype}"] = index
+        del index
         base = res[0][4]
         size = f"{per_entry:,.0f} ({per_entry / (4 * x.shape[1]):.2f}x)"
         chosen, took = calibration
@@ -150,6 +190,21 @@ def main() -> None:
         f"cosine {CALIBRATION_COSINE}, from width {UsearchIndex(4).ef_search} up; "
         "how long it took), where the rows set the width themselves."
     )
+    if kept:
+        got = across(kept, queries, src, args.k)
+        first = next(iter(got.values()))[2]
+        body += "\n\n" + table(
+            ["M:ef_construction:graph vectors", "width searched (calibrated)",
+             f"near-copy recall@1 (cosine {args.cos})", "search ms p50 (/ first config)"],
+            [[name, str(width), f"**{recall:.4f}**", f"{ms:.3f} ({ms / first:.2f}x)"]
+             for name, (width, recall, ms) in got.items()],
+        )  # fmt: skip
+        body += (
+            "\n\nThe configurations against each other, each at the width a replica would "
+            "search it at (its calibrated width, else the schedule's), the same queries in "
+            "blocks of 100 given to every index in turn: these times, unlike the first "
+            "table's across configurations, share the machine's noise."
+        )
     print(body)
     name = args.section or f"hnsw-{args.data}-{len(x) // 1000}k"
     write_section(name, f"HNSW parameters: recall and search time at {len(x):,} entries "
