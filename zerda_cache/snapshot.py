@@ -125,8 +125,8 @@ class Snapshotter:
         that load it (``ScopedIndex.calibrate``, at the configuration's ``top_k``): a
         replica of the same ``top_k`` and ``ann_ef_search`` takes it from the snapshot
         instead of measuring it before it serves (~1.5 s at 1M entries). Skipped while
-        the index has not changed size since it was last measured; a failure only means
-        that replicas measure it themselves."""
+        the index has not changed since it was last measured; a failure only means that
+        replicas measure it themselves."""
         try:
             index.fold()  # the graph the dump will hold, measured as a replica will use it
             widths = index.calibrate(self.config.top_k)

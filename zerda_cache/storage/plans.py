@@ -942,10 +942,9 @@ class StoragePlans:
     def peek_log(self, tenant: str, after: str) -> ReadPlan[LogDelta]:
         """``read_log`` for a lookup: the same delta, read from the log's newest end.
 
-        The forward range seeks the position inside its stream node: ~10 us of the
-        server's thread (commandstats, Redis 7.0, a 100k-event log), as much as the rest
-        of a lookup's reads but the hit script. Backwards from the newest event, a
-        replica that is current (the common case) reads one event. Up to
+        The forward range first walks the position's stream node (up to 100 events) to
+        find it, on the server's thread, at every lookup. Backwards from the newest
+        event, a replica that is current (the common case) reads one event. Up to
         ``PEEK_EVENTS`` events after the position come back whole, as from
         ``read_log`` (every one of them: never ``more``); with more (the newest
         ``PEEK_EVENTS`` + 1 only, not the position's event), the delta is ``partial``:
@@ -966,9 +965,7 @@ class StoragePlans:
                 return delta
             elif events:  # every event from the position on, and not the position's
                 delta.maybe_trimmed = True
-            delta = _log_delta(delta, events)
-            delta.more = False  # all of them (PEEK_EVENTS < CATCHUP_BATCH)
-            return delta
+            return _log_delta(delta, events)  # fewer than CATCHUP_BATCH: never ``more``
 
         return ReadPlan("catch-up", queue, parse, 1)
 
