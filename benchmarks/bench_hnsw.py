@@ -122,6 +122,42 @@ def across(
     }  # fmt: skip
 
 
+def in_memory(index: UsearchIndex, huge: bool) -> UsearchIndex:
+    """``index`` restored as a replica restores the worker's snapshot: its graph and rows
+    copied into private anonymous memory (``RedisStorage.read_snapshot``'s), advised for
+    transparent huge pages or not, and served in place from there."""
+    import mmap
+
+    from zerda_cache.index import IndexPolicy
+    from zerda_cache.storage.store import _advise_huge_pages
+
+    graph, rows = bytes(index.graph_bytes()), memoryview(index.rows_bytes()).cast("B")
+    buf = mmap.mmap(-1, len(graph) + len(rows), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if huge and not _advise_huge_pages(buf):
+        raise SystemExit("this kernel offers no transparent huge pages")
+    view = memoryview(buf)
+    view[: len(graph)] = graph
+    view[len(graph) :] = rows
+    data = {"dtype": index.dtype, **index._dump_slots()}
+    policy = IndexPolicy(ef_search=index.ef_search)
+    out = UsearchIndex.restore(index.dim, data, policy, view[: len(graph)], view[len(graph) :])
+    out.calibrated = index.calibrated
+    return out
+
+
+def pages(
+    index: UsearchIndex, queries: np.ndarray, src: np.ndarray, k: int
+) -> dict[str, tuple[int, float, float]]:
+    """The same graph searched where a build leaves it (usearch's memory, 4 KB pages)
+    and as a replica serves a snapshot, in 4 KB and in huge pages, interleaved."""
+    views = {
+        "built (usearch's memory)": index,
+        "snapshot view, 4 KB pages": in_memory(index, huge=False),
+        "snapshot view, huge pages": in_memory(index, huge=True),
+    }
+    return across(views, queries, src, k)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -140,6 +176,12 @@ def main() -> None:
         help="also time the configs against each other, each at its calibrated width, "
         "interleaved (keeps every config's index in memory)",
     )
+    parser.add_argument(
+        "--pages",
+        action="store_true",
+        help="also time each i8 config's graph in 4 KB pages against huge pages "
+        "(a snapshot view, as a replica serves it), interleaved",
+    )
     args = parser.parse_args()
     from _report import table, write_section
 
@@ -152,6 +194,7 @@ def main() -> None:
     efs = [int(e) for e in args.efs.split(",")]
     rows = []
     kept: dict[str, UsearchIndex] = {}
+    paged: list[list[str]] = []
     for config in args.configs.split(","):
         m, efc, dtype = (config + ":i8").split(":")[:3]
         build, per_entry, res, calibration, index = measure(
@@ -159,6 +202,10 @@ def main() -> None:
         )
         if args.across:
             kept[f"{m}:{efc}:{dtype}"] = index
+        if args.pages and dtype == "i8":
+            for where, (width, recall, ms) in pages(index, queries, src, args.k).items():
+                paged.append([f"{m}:{efc}:{dtype}", where, str(width), f"**{recall:.4f}**",
+                              f"{ms:.3f}"])  # fmt: skip
         del index
         base = res[0][4]
         size = f"{per_entry:,.0f} ({per_entry / (4 * x.shape[1]):.2f}x)"
@@ -205,10 +252,37 @@ def main() -> None:
             "blocks of 100 given to every index in turn: these times, unlike the first "
             "table's across configurations, share the machine's noise."
         )
+    if paged:
+        built: dict[str, float] = {}  # each config's time against its graph as built
+        for row in paged:
+            first = built.setdefault(row[0], float(row[4]))
+            row[4] += f" ({float(row[4]) / first:.2f}x)"
+        body += "\n\n" + table(
+            ["M:ef_construction:graph vectors", "memory searched", "width searched",
+             f"near-copy recall@1 (cosine {args.cos})", "search ms p50 (/ as built)"],
+            paged,
+        )  # fmt: skip
+        body += (
+            "\n\nThe same graph where the build left it and restored as a replica restores "
+            "the worker's snapshot (copied into private anonymous memory and searched in "
+            "place), with that memory advised for transparent huge pages "
+            "(`madvise(MADV_HUGEPAGE)`, as `RedisStorage.read_snapshot` does) or not, at "
+            "the width a replica would search it at; the same queries in blocks of 100 "
+            "given to each in turn. An HNSW search reads one random node after another: "
+            "with 4 KB pages nearly each costs a TLB miss. This kernel's setting: "
+            f"`{_thp_setting()}`."
+        )
     print(body)
     name = args.section or f"hnsw-{args.data}-{len(x) // 1000}k"
     write_section(name, f"HNSW parameters: recall and search time at {len(x):,} entries "
                   f"({args.data}) (bench_hnsw.py)", body)  # fmt: skip
+
+
+def _thp_setting() -> str:
+    try:
+        return Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 from typing import Any
 
 import msgpack
@@ -173,6 +174,39 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change(
     assert again.ids() == set(live)
     for eid in list(live)[::11]:
         assert again.search(live[eid], "", 1, 0.99)[0][0] == eid
+
+
+@pytest.mark.parametrize("remove_first", [False, True])
+@pytest.mark.parametrize("dtype", ["i8", "f16"])
+def test_a_view_searches_right_in_each_state_its_shortcuts_cover(
+    dtype: str, remove_first: bool
+) -> None:
+    # A search of the view skips what has nothing to do: the removed-vector filter
+    # until one is removed, the merge until one is added. Each state, against brute force.
+    back, live = restored_view(seed=3, dtype=dtype, buffer=in_mmap)
+    sub = back._by_scope[""]
+    assert isinstance(sub, UsearchIndex)
+    queries = vectors(8, 123)
+
+    def agrees() -> None:
+        for q in queries:
+            assert [e for e, _ in back.search(q, "", 5, -1.0)] == top(live, q, 5)
+
+    agrees()  # nothing removed, nothing added
+    ids = list(live)
+    for step in range(2):
+        if remove_first == (step == 0):
+            for eid in ids[::5]:
+                assert back.remove(eid)
+                del live[eid]
+            assert sub._base_dead > 0
+        else:
+            for i in range(100):
+                eid = f"{50_000 + i:032x}"
+                live[eid] = vectors(1, 60_000 + i)[0]
+                back.add(eid, live[eid], "")
+            assert len(sub._graph) == 100
+        agrees()
 
 
 @pytest.mark.parametrize("dtype", ["i8", "f16"])
@@ -465,6 +499,43 @@ def test_a_new_generation_replaces_the_old_and_a_race_is_lost_whole(
         keys=[keys.snap, keys.snap_chunk("zz", 0)], args=["commit", first.generation, "zz", 1]
     )
     assert stale == 0 and st.snapshot_info("t") == second
+
+
+def vm_flags(buf: memoryview) -> list[str]:
+    """The kernel's flags of the mapping that holds ``buf``'s first byte (smaps)."""
+    import ctypes
+
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf.obj))
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError("the buffer lies in no mapping")
+
+
+@pytest.mark.skipif(
+    not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
+    reason="transparent huge pages are a Linux feature",
+)
+def test_a_snapshot_is_read_into_memory_advised_for_huge_pages(
+    redis_client: redis.Redis,
+) -> None:
+    # Its graph is searched where it lies, one random node after another: with 2 MB
+    # pages, the TLB covers it (the kernel's "hg" flag: MADV_HUGEPAGE was given).
+    st = RedisStorage(redis_client, CONFIG)
+    blob = bytes(range(256)) * 40_000  # ~10 MB: several chunks
+    assert st.write_snapshot("t", blob, last_id="1-0", added=1, entries=1, dim=DIM)
+    info = st.snapshot_info("t")
+    assert info is not None
+    got = st.read_snapshot("t", info)
+    assert got is not None and got == blob
+    assert isinstance(got.obj, mmap.mmap)
+    assert "hg" in vm_flags(got)
 
 
 def test_small_tenants_get_no_snapshot(redis_client: redis.Redis) -> None:

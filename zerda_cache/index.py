@@ -553,6 +553,8 @@ class UsearchIndex(_SlottedAnn):
         nb = len(self._base_rows)
         if nb == 0:
             return self._rows[slots]
+        if not slots.size or int(slots.max()) < nb:  # the common case: all the snapshot's
+            return self._base_rows[slots]
         low = slots < nb
         out = np.empty((len(slots), self.dim), dtype=np.float16)
         out[low] = self._base_rows[slots[low]]
@@ -613,22 +615,31 @@ class UsearchIndex(_SlottedAnn):
         assert self._base_live is not None
         # Vectors removed from the base still sit in its graph: ask it for more when
         # there are any, wider until k are left (the removed ones may be exactly the
-        # query's nearest), drop them, and merge with the vectors added since.
-        size = len(self._base)
-        wide = k if self._base_dead == 0 else min(size, max(2 * k, k + 8))
-        while True:
-            found = self._base.search(query, wide, threads=1)
+        # query's nearest), drop them, and merge with the vectors added since. Each step
+        # is skipped where it has nothing to do (a few numpy calls, ~10% of a search).
+        live = None  # every vector of the base is served until one is removed
+        if self._base_dead == 0:
+            found = self._base.search(query, k, threads=1)
             keys = np.asarray(found.keys, dtype=np.int64)
-            dist = np.asarray(found.distances, dtype=np.float64)
-            live = self._base_live[keys]
-            if int(live.sum()) >= k or wide >= size or len(keys) < wide:
-                break
-            wide = min(size, wide * 4)
-        keys, dist = keys[live], dist[live]
-        if len(self._graph):
-            more = self._graph.search(query, k, threads=1)
-            keys = np.concatenate([keys, np.asarray(more.keys, dtype=np.int64)])
-            dist = np.concatenate([dist, np.asarray(more.distances, dtype=np.float64)])
+        else:
+            size = len(self._base)
+            wide = min(size, max(2 * k, k + 8))
+            while True:
+                found = self._base.search(query, wide, threads=1)
+                keys = np.asarray(found.keys, dtype=np.int64)
+                live = self._base_live[keys]
+                if int(live.sum()) >= k or wide >= size or len(keys) < wide:
+                    break
+                wide = min(size, wide * 4)
+            keys = keys[live]
+        if not len(self._graph):
+            return keys  # in usearch's order, nearest first
+        dist = np.asarray(found.distances, dtype=np.float64)
+        if live is not None:
+            dist = dist[live]
+        more = self._graph.search(query, k, threads=1)
+        keys = np.concatenate([keys, np.asarray(more.keys, dtype=np.int64)])
+        dist = np.concatenate([dist, np.asarray(more.distances, dtype=np.float64)])
         return keys[np.argsort(dist, kind="stable")[:k]]
 
     def _graph_vectors(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
