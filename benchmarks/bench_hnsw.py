@@ -149,7 +149,7 @@ def in_memory(index: UsearchIndex, huge: bool) -> UsearchIndex:
 
 def pages(
     index: UsearchIndex, queries: np.ndarray, src: np.ndarray, k: int
-) -> dict[str, tuple[int, float, float]]:
+) -> dict[str, tuple[int, float, float, float]]:
     """The same graph searched where a build leaves it (usearch's memory, 4 KB pages)
     and as a replica serves a snapshot, in 4 KB and in huge pages, interleaved."""
     views = {

@@ -86,8 +86,8 @@ def _advise_huge_pages(buf: Any) -> bool:
     with 4 KB pages nearly every node visited costs a TLB miss and a page walk, with 2 MB
     pages a few hundred entries cover a million-entry graph. At 1M MiniLM embeddings a
     search took 0.81x as long as in 4 KB pages (p99 0.85x; docs/BENCHMARKS.md,
-    "hnsw-minilm-1000k-pages"), at 100k 0.97x. False where the advice is not available
-    (another OS, a kernel without THP); the memory works the same."""
+    "hnsw-minilm-1000k-pages"). False where the advice is not available (another OS, a
+    kernel without THP); the memory works the same."""
     import mmap
 
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
