@@ -13,6 +13,10 @@ first result is exact search's first (float32 matrix product, the reference), wh
 separates the graph's misses from near-copies that have a closer neighbour than their
 source.
 
+Graph vectors: ``i8`` (int8 scaled to the range, ``UsearchIndex.quant``: the default),
+``i8u`` (int8 as usearch converts floats, ``127 x`` truncated: before ``quant``) or
+``f16``.
+
 Data: ``random`` (the clustered synthetic vectors of ``bench_lookup``, any size) or
 ``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's 137,551 distinct questions, then
 of their word prefixes up to 1M: ``bench_lookup.minilm``; cached in ``.cache/quality``).
@@ -56,7 +60,11 @@ def measure(
     n = len(x)
     ids = [f"{i:032x}" for i in range(n)]
     t0 = time.perf_counter()
-    index = UsearchIndex(x.shape[1], m=m, ef_construction=efc, capacity=n, dtype=dtype)
+    index = UsearchIndex(
+        x.shape[1], m=m, ef_construction=efc, capacity=n, dtype="i8" if dtype == "i8u" else dtype
+    )
+    if dtype == "i8u":  # usearch's own int8 conversion (127 x, truncated), as before quant
+        index.quant = 0.0
     for start in range(0, n, 100_000):  # bulk, like a replica's build (which reads batches)
         index.add_many(ids[start : start + 100_000], x[start : start + 100_000])
         print(f"\r  M={m} efc={efc} {dtype}: {min(n, start + 100_000):,}/{n:,}", end="",
@@ -204,7 +212,7 @@ def main() -> None:
         )
         if args.across:
             kept[f"{m}:{efc}:{dtype}"] = index
-        if args.pages and dtype == "i8":
+        if args.pages and dtype.startswith("i8"):
             for where, (width, recall, ms, p99) in pages(index, queries, src, args.k).items():
                 paged.append([f"{m}:{efc}:{dtype}", where, str(width), f"**{recall:.4f}**",
                               f"{ms:.3f}", f"{p99:.3f}"])  # fmt: skip
@@ -228,8 +236,10 @@ def main() -> None:
     body += (
         f"\n\n{args.data} vectors, {len(x):,} entries, 384-d; {args.queries:,} near-copies of "
         "random entries. The index is `zerda_cache.index.UsearchIndex` (usearch, inner "
-        "product; i8: int8 vectors in the graph, candidates re-scored from float16 rows "
-        "beside it; f16: float16 vectors in the graph) built in bulk on every core; each "
+        "product; i8: int8 vectors in the graph, scaled to the int8 range "
+        "(`UsearchIndex.quant`), candidates re-scored from float16 rows beside it; i8u: "
+        "the same with usearch's own int8 conversion, 127 x truncated, as before `quant`; "
+        "f16: float16 vectors in the graph) built in bulk on every core; each "
         f"search is one query on one thread for {args.k} candidates, re-scored in float64 "
         "as a lookup's, blocks of 100 queries at each width in turn (the times compare "
         "widths on the same warm graph). Build seconds are for this shared "

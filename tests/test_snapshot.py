@@ -16,7 +16,13 @@ import redis
 from conftest import near
 
 from zerda_cache import CacheConfig, EvictionConfig
-from zerda_cache.index import SNAPSHOT_MAGIC, IndexPolicy, ScopedIndex, UsearchIndex
+from zerda_cache.index import (
+    SNAPSHOT_MAGIC,
+    IndexPolicy,
+    ScopedIndex,
+    UsearchIndex,
+    dump_format,
+)
 from zerda_cache.snapshot import Snapshotter
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
@@ -270,6 +276,130 @@ def test_an_int8_view_dumps_its_own_rows_and_grows_past_its_capacity() -> None:
         assert folded.search(vec, "", 1, 0.99)[0][0] == eid
 
 
+def dump_head(blob: bytes) -> dict[str, Any]:
+    head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8 + head_len
+    head: dict[str, Any] = msgpack.unpackb(blob[lead - head_len : lead], raw=False)
+    return head
+
+
+def graph_int8(sub: UsearchIndex, eid: str) -> np.ndarray:
+    """The int8 vector ``sub``'s graph holds for ``eid`` (the base's, if viewed)."""
+    key = np.array([sub._slot[int(eid, 16)]], dtype=np.uint64)
+    graph = sub._graph if sub._graph.contains(key[0]) else sub._base
+    return np.asarray(graph.get(key, dtype="i8")).reshape(-1).astype(np.int64)
+
+
+def test_an_int8_graph_holds_its_vectors_scaled_to_the_int8_range_through_a_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """usearch would store 127 x (truncated) of a unit vector x: at 128-d, components of
+    ~0.07 make a handful of int8 levels. The graph holds round(x * quant), quant set from
+    the first vectors so that they use the range, and kept through a dump for the
+    vectors added later; queries are converted the same way."""
+    dim = 128
+    x = np.random.default_rng(8).normal(size=(1_200, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ix = ScopedIndex(dim, IndexPolicy(ann_threshold=300))
+    ids = [f"{i:032x}" for i in range(len(x))]
+    ix.add_many({ids[i]: (x[i], "") for i in range(1_000)})
+    sub = ix._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.quant is not None
+    assert sub.quant == pytest.approx(127 / (1.25 * float(np.abs(x[:1_000]).max())))
+    assert sub.quant > 2 * 127  # the range usearch's own conversion would leave unused
+    np.testing.assert_array_equal(graph_int8(sub, ids[3]), np.rint(x[3] * sub.quant))
+    assert max(int(np.abs(graph_int8(sub, e)).max()) for e in ids[:1_000]) == round(127 / 1.25)
+    asked: list[np.ndarray] = []
+    search = sub._graph.search
+    monkeypatch.setattr(
+        sub._graph, "search", lambda q, *a, **kw: asked.append(q) or search(q, *a, **kw)
+    )
+    assert ix.search(x[7], "", 1, 0.99)[0][0] == ids[7]
+    np.testing.assert_array_equal(asked[0], np.rint(x[7] * sub.quant).astype(np.int8))
+    blob = ix.dump()
+    assert blob is not None and dump_head(blob)["v"] == 4 and dump_format(blob) == "4"
+    back = ScopedIndex.restore(in_mmap(blob), IndexPolicy(ann_threshold=300, ef_search=64))
+    view = back._by_scope[""]
+    assert isinstance(view, UsearchIndex) and view.viewed and view.quant == sub.quant
+    for i in range(1_000, 1_200):  # into the view's own graph, scaled as the base
+        back.add(ids[i], x[i], "")
+    np.testing.assert_array_equal(graph_int8(view, ids[1_100]), np.rint(x[1_100] * sub.quant))
+    for i in (3, 500, 1_050, 1_199):
+        assert back.search(x[i], "", 1, 0.99)[0][0] == ids[i]
+    folded = ScopedIndex.restore(back.dump(), WIDE)  # the view and its graph made one
+    whole = folded._by_scope[""]
+    assert isinstance(whole, UsearchIndex) and whole.quant == sub.quant
+    np.testing.assert_array_equal(graph_int8(whole, ids[1_150]), graph_int8(view, ids[1_150]))
+    for i in (3, 1_150):
+        assert folded.search(x[i], "", 1, 0.99)[0][0] == ids[i]
+
+
+def test_an_empty_int8_graph_dumps_no_scale_and_a_dump_of_vectors_needs_one() -> None:
+    empty = UsearchIndex(DIM)
+    assert empty.quant is None
+    back = UsearchIndex.restore(DIM, empty.dump(), IndexPolicy())
+    assert back.quant is None and len(back) == 0
+    x = vectors(10, 3)
+    back.add_many([f"{i:032x}" for i in range(10)], x)  # the first vectors set it
+    assert back.quant == pytest.approx(127 / (1.25 * float(np.abs(x).max())))
+    data = back.dump()
+    assert UsearchIndex.restore(DIM, data, IndexPolicy()).quant == back.quant
+    with pytest.raises(ValueError, match="no quant"):
+        UsearchIndex.restore(DIM, {**data, "quant": None}, IndexPolicy())
+
+
+def test_an_int8_snapshot_from_before_quant_is_served_then_rebuilt_scaled_when_dumped() -> None:
+    """A snapshot of an earlier version (format 3, no ``quant``): its graph holds 127 x
+    truncated to int8, so what is added to it is converted the same way, and searched
+    so; the worker's next dump of it builds the graph again, scaled (format 4)."""
+    x = vectors(900, 9)
+    old = UsearchIndex(DIM)
+    old.quant = 0.0  # as every i8 graph was converted before
+    ids = [f"{i:032x}" for i in range(len(x))]
+    old.add_many(ids[:800], x[:800])
+    np.testing.assert_array_equal(graph_int8(old, ids[1]), np.trunc(127 * x[1]))
+    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300))
+    ix._by_scope[""] = old
+    blob = ix.dump()  # rebuilt scaled already: the earlier version's dump is made by hand
+    assert blob is not None and old.quant
+    head = dump_head(blob)
+    scope = head["scopes"][""]
+    assert head["v"] == 4 and scope.pop("quant") == old.quant
+    head["v"] = 3
+    earlier_graph = UsearchIndex(DIM)
+    earlier_graph.quant = 0.0
+    earlier_graph.add_many(ids[:800], x[:800])
+    graph = bytes(earlier_graph._graph.save())  # graph_bytes() would rescale it
+    new = msgpack.packb(head, use_bin_type=True)
+    lead = SNAPSHOT_MAGIC + len(new).to_bytes(8, "little") + new
+    lead += b"\0" * (-len(lead) % 64)
+    head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    old_lead = len(SNAPSHOT_MAGIC) + 8 + head_len
+    body = bytearray(blob[old_lead + (-old_lead % 64) :])
+    at, size = scope["graph"]
+    assert size == len(graph)  # the same layout: only the int8 values differ
+    body[at : at + size] = graph
+    earlier = lead + bytes(body)
+    assert dump_format(earlier) == "3"
+    back = ScopedIndex.restore(earlier, WIDE)
+    view = back._by_scope[""]
+    assert isinstance(view, UsearchIndex) and view.viewed and view.quant == 0.0
+    np.testing.assert_array_equal(graph_int8(view, ids[1]), np.trunc(127 * x[1]))
+    for i in range(800, 900):
+        back.add(ids[i], x[i], "")
+    np.testing.assert_array_equal(graph_int8(view, ids[850]), np.trunc(127 * x[850]))
+    for i in (1, 400, 850, 899):
+        assert back.search(x[i], "", 1, 0.99)[0][0] == ids[i]
+    again = back.dump()
+    assert again is not None and dump_format(again) == "4"
+    assert view.quant and not view.viewed  # built again from its float16 rows, scaled
+    rows = x[850].astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(graph_int8(view, ids[850]), np.rint(rows * view.quant))
+    scaled = ScopedIndex.restore(again, WIDE)
+    for i in (1, 400, 850, 899):
+        assert scaled.search(x[i], "", 1, 0.99)[0][0] == ids[i]
+
+
 def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
     back, _ = restored_view(n=600, seed=4)
     blob = back.dump()
@@ -297,6 +427,9 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
         "f16 claimed": with_head(dtype="f16"),  # an int8 graph is not a float16 one
         "unknown dtype": with_head(dtype="b1"),
         "rows over the graph": with_head(rows=[0, rows_len]),  # written in place: refused
+        "negative quant": with_head(quant=-3.0),
+        "quant not a number": with_head(quant="300"),
+        "infinite quant": with_head(quant=float("inf")),
     }
     assert ScopedIndex.restore(with_head()).ids() == back.ids()  # the rewrite itself is sound
     for name, bad in cases.items():
@@ -543,6 +676,21 @@ def test_small_tenants_get_no_snapshot(redis_client: redis.Redis) -> None:
     fill(st, vectors(100))
     assert Snapshotter(st).snapshot_tenant("t") is None
     assert st.snapshot_info("t") is None
+
+
+@pytest.mark.parametrize(("dtype", "fmt"), [("i8", "4"), ("f16", "3")])
+def test_a_snapshot_names_its_dumps_format(redis_client: redis.Redis, dtype: str, fmt: str) -> None:
+    """Scaled int8 graphs are format 4, which replicas of earlier versions do not read
+    (they scan); float16 graphs stay format 3, which they do."""
+    cfg = CacheConfig(
+        ann_threshold=300, ann_dtype=dtype, eviction=EvictionConfig(snapshot_min_entries=100)
+    )
+    st = RedisStorage(redis_client, cfg)
+    fill(st, vectors(600), scope_every=1_000)
+    snap = Snapshotter(st)
+    assert snap.snapshot_tenant("t", force=True) is not None
+    snap.close()
+    assert redis_client.hget(tenant_keys("t").snap, "fmt") == fmt.encode()
 
 
 def test_the_leading_worker_publishes_snapshots(redis_client: redis.Redis) -> None:

@@ -72,6 +72,10 @@ SNAPSHOT_MAGIC = b"ZCIX\x02\0\0\0"
 #: from float16 rows kept beside the graph) or ``f16`` (float16 in the graph only: less
 #: memory, slower searches). See ``UsearchIndex``.
 USEARCH_DTYPES = ("i8", "f16")
+#: An ``i8`` graph's vectors are ``round(x * scale)``, the scale set from the first
+#: vectors the graph gets: 127 over this much more than their largest component, so that
+#: a stored vector's components use the int8 range (see ``UsearchIndex.quant``).
+QUANT_HEADROOM = 1.25
 
 
 class ExactIndex:
@@ -509,6 +513,18 @@ class UsearchIndex(_SlottedAnn):
 
     ``dtype="f16"``: the graph holds float16 vectors and the candidates are re-scored
     from them (similarities accurate to ~1e-3 before that, ~1e-4 measured).
+
+    ``quant`` (``i8``): the graph holds ``round(x * quant)`` of each unit vector ``x``,
+    ``quant`` set once, from the first vectors the graph gets (``QUANT_HEADROOM``). Given
+    floats, usearch would store ``127 * x`` truncated: a 384-d MiniLM embedding's
+    components are ~0.04 on average and at most ~0.33, so its int8 values would be ~5
+    and at most ~42, and the distances the graph is built and walked by would be that
+    coarse. An inner product of vectors all scaled alike orders them as the unscaled
+    one does. 0.0: usearch's own conversion (a graph dumped before ``quant``: the worker
+    builds it again, scaled, when it dumps it, ``_rescale``); None: not set yet (no
+    vector added). An index whose first vectors are few (an ``ann_threshold`` far under
+    the default 5,000) may get a scale under which later vectors' largest components are
+    clipped: only the graph's walk is the coarser for it, not the similarities served.
     """
 
     def __init__(
@@ -529,6 +545,7 @@ class UsearchIndex(_SlottedAnn):
         # for the default top_k of 8, as many as the default width holds; 16 rows cost a
         # few microseconds).
         self._oversample = 2 if dtype == "i8" else 1
+        self.quant: float | None = None
         self.ef_search = self._width = ef_search
         self._m, self._ef_construction = m, ef_construction
         self._graph = self._new_graph()
@@ -581,7 +598,22 @@ class UsearchIndex(_SlottedAnn):
         threads = 1 if len(self._graph) + len(slots) < PARALLEL_INSERT_FROM else 0
         if self._rows is not None:
             self._set_rows(slots, vectors)
-        self._graph.add(slots.astype(np.uint64), vectors, threads=threads)
+        self._graph.add(slots.astype(np.uint64), self._to_graph(vectors, fit=True), threads=threads)
+
+    def _to_graph(self, vectors: Vector, fit: bool = False) -> Any:
+        """``vectors`` as the graph holds them (``quant``); ``fit``: set ``quant`` from
+        them if it is not set yet (vectors about to be added)."""
+        if self.dtype != "i8":
+            return vectors
+        q = self.quant
+        if q is None:
+            if not fit:
+                return vectors
+            top = float(np.max(np.abs(vectors))) if vectors.size else 0.0
+            q = self.quant = 127.0 / (QUANT_HEADROOM * top) if top > 0 else 0.0
+        if q == 0.0:
+            return vectors
+        return np.clip(np.rint(vectors * q), -127, 127).astype(np.int8)
 
     def _graph_grow(self, capacity: int) -> None:
         if self._rows is not None:  # usearch grows its graph itself; the rows, here
@@ -604,6 +636,7 @@ class UsearchIndex(_SlottedAnn):
             self._graph.remove(slot)
 
     def _graph_search(self, query: Vector, k: int) -> npt.NDArray[np.int64]:
+        query = self._to_graph(query)
         width = self.search_width()
         if width != self._width:
             self._graph.expansion_search = self._width = width
@@ -713,13 +746,34 @@ class UsearchIndex(_SlottedAnn):
             else:
                 vecs = np.asarray(self._graph.get(keys), dtype=np.float16)
             small = len(full) + len(keys) < PARALLEL_INSERT_FROM  # see _graph_add
-            full.add(keys, vecs, threads=1 if small else 0)
+            full.add(keys, self._to_graph(vecs), threads=1 if small else 0)
         full.expansion_search = self._width
         self._graph = full
         self.calibrated_for = None  # another graph than the one measured
         self._base = self._base_buffer = self._base_live = None
         self._base_dead = 0
         self._fold_rows()
+
+    def _rescale(self) -> None:
+        """Build the graph again from the float16 rows, its vectors scaled (``quant``): a
+        graph of usearch's own int8 conversion, from a snapshot of an earlier version,
+        is replaced on the worker's first dump of it, so that the tenant's next snapshot
+        is scaled (a bulk build: minutes at a million vectors, once)."""
+        assert self._rows is not None
+        slots = np.fromiter(self._slot.values(), dtype=np.int64, count=len(self._slot))
+        vecs = self._rows_at(slots).astype(np.float32)
+        self._base = self._base_buffer = self._base_live = None
+        self._base_dead = 0
+        self._fold_rows()
+        self.quant = None
+        graph = self._new_graph()
+        if len(slots):
+            small = len(slots) < PARALLEL_INSERT_FROM  # see _graph_add
+            graph.add(slots.astype(np.uint64), self._to_graph(vecs, fit=True),
+                      threads=1 if small else 0)  # fmt: skip
+        graph.expansion_search = self._width
+        self._graph = graph
+        self.calibrated_for = None  # another graph than the one measured
 
     def _fold_rows(self) -> None:
         """Make the i8 rows one matrix again (a copy of a snapshot's rows)."""
@@ -740,7 +794,11 @@ class UsearchIndex(_SlottedAnn):
 
     def graph_bytes(self) -> Any:
         """usearch's serialisation of the graph (a buffer): the base's own memory when
-        nothing changed since the snapshot it views, else the graph made whole first."""
+        nothing changed since the snapshot it views, else the graph made whole first (or
+        built again, scaled: ``_rescale``)."""
+        if self.dtype == "i8" and self.quant == 0.0:
+            self._rescale()
+            return self._graph.save()
         if self._base is not None and self._base_dead == 0 and len(self._graph) == 0:
             return self._base_buffer
         self._materialize()
@@ -760,9 +818,14 @@ class UsearchIndex(_SlottedAnn):
     def dump(self) -> dict[str, Any]:
         """The index as plain data: usearch's own serialisation and the slot table (and
         for ``i8``, the float16 rows)."""
-        out = {"kind": "usearch", "dtype": self.dtype, "graph": bytes(self.graph_bytes())}
+        out: dict[str, Any] = {
+            "kind": "usearch",
+            "dtype": self.dtype,
+            "graph": bytes(self.graph_bytes()),
+        }
         if self._rows is not None:
-            out["rows"] = bytes(memoryview(self.rows_bytes()).cast("B"))
+            out["rows"] = np.asarray(self.rows_bytes()).tobytes()  # empty too
+            out["quant"] = self.quant
         return {**out, **self._dump_slots()}
 
     @classmethod
@@ -819,6 +882,7 @@ class UsearchIndex(_SlottedAnn):
             raise ValueError("a usearch dump whose graph and slots do not agree")
         if dtype == "i8":
             index._restore_rows(data["rows"] if rows is None else rows)
+            index.quant = _restored_quant(data)
         if graph is not None:
             if not np.asarray(loaded.contains(used.astype(np.uint64)), dtype=bool).all():
                 raise ValueError("a usearch dump whose graph and slots do not agree")
@@ -1175,13 +1239,18 @@ class ScopedIndex:
         usearch graph and, for an ``i8`` scope, its float16 rows, each at a 64-byte
         aligned offset the header gives. These stay out of msgpack so that ``restore``
         can serve them where they lie, with no copy. Format 2 was the same with float16
-        graphs only (no ``dtype``, no rows)."""
+        graphs only (no ``dtype``, no rows). Format 4 is format 3 with an ``i8`` graph
+        whose vectors were scaled before int8 (``UsearchIndex.quant``, in the header):
+        a replica of a version before it would search such a graph with vectors
+        converted another way, so it is given a format it refuses (it builds its
+        index itself)."""
         import msgpack
 
         with self._lock:
             scopes: dict[str, Any] = {}
             parts: list[Any] = []
             at = 0
+            version = 3
 
             def place(buf: Any) -> list[int]:
                 nonlocal at
@@ -1207,10 +1276,12 @@ class ScopedIndex:
                         ]
                     if sub.dtype == "i8":
                         entry["rows"] = place(sub.rows_bytes())
+                        entry["quant"] = sub.quant
+                        version = max(version, 4 if sub.quant else 3)
                     scopes[scope] = {**entry, **sub._dump_slots()}
                 else:
                     scopes[scope] = sub.dump()
-            head = bytes(msgpack.packb({"v": 3, "dim": self.dim, "scopes": scopes}))
+            head = bytes(msgpack.packb({"v": version, "dim": self.dim, "scopes": scopes}))
             lead = SNAPSHOT_MAGIC + len(head).to_bytes(8, "little") + head
             return b"".join([lead, b"\0" * (-len(lead) % 64), *parts])
 
@@ -1218,8 +1289,8 @@ class ScopedIndex:
     def restore(cls, blob: Any, policy: IndexPolicy | None = None) -> ScopedIndex:
         """The index ``dump`` made, from any buffer (``bytes``; a replica passes the
         memory it read the snapshot into). Sub-indexes are restored as they were dumped
-        (exact or usearch, with their dtype), with this policy's search width. A format-2
-        or 3 blob's HNSW graphs (and i8 rows) are served in place
+        (exact or usearch, with their dtype), with this policy's search width. A format-2,
+        3 or 4 blob's HNSW graphs (and i8 rows) are served in place
         (``UsearchIndex.restore``): the blob must not be changed afterwards, and one in
         private anonymous ``mmap`` memory (as ``read_snapshot`` returns it) is restored
         once: the pages before its graphs are given back. Format 1 (one msgpack
@@ -1244,8 +1315,9 @@ class ScopedIndex:
                 body = msgpack.unpackb(mv, raw=False)
         except Exception as exc:  # msgpack raises several types for bad input
             raise ValueError(f"not an index dump: {exc}") from exc
-        if not isinstance(body, dict) or body.get("v") not in ((1,) if graphs is None else (2, 3)):
-            raise ValueError("not an index dump of format 1, 2 or 3")
+        formats = (1,) if graphs is None else (2, 3, 4)
+        if not isinstance(body, dict) or body.get("v") not in formats:
+            raise ValueError("not an index dump of format 1, 2, 3 or 4")
         try:
             out = cls._restore_scopes(body, policy, graphs)
         except (KeyError, TypeError, AttributeError) as exc:  # a header of another shape
@@ -1275,6 +1347,40 @@ class ScopedIndex:
             else:
                 raise ValueError(f"unknown sub-index kind {data.get('kind')!r}")
         return out
+
+
+def dump_format(blob: Any) -> str:
+    """The format of a ``ScopedIndex.dump`` blob, as a snapshot's ``fmt`` names it: its
+    header's ``v`` ("2", "3", "4"), or "1" (one msgpack document)."""
+    import msgpack
+
+    mv = memoryview(blob).cast("B")
+    if mv[: len(SNAPSHOT_MAGIC)] != SNAPSHOT_MAGIC:
+        return "1"
+    head = len(SNAPSHOT_MAGIC) + 8
+    # The header's first key is "v" (``dump``): read it, not the slot tables after it.
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(bytes(mv[head : head + 64]))
+    unpacker.read_map_header()
+    key, version = unpacker.unpack(), unpacker.unpack()
+    if key != "v":
+        raise ValueError(f"an index dump whose header starts with {key!r}")
+    return str(version)
+
+
+def _restored_quant(data: Mapping[str, Any]) -> float | None:
+    """An ``i8`` dump's ``quant``: 0.0 (usearch's own conversion) for a dump made before
+    it, None for a graph that had no vector yet."""
+    if "quant" not in data:
+        return 0.0
+    quant = data["quant"]
+    if quant is None:
+        if len(data.get("slots", b"")):
+            raise ValueError("a usearch dump of vectors with no quant")
+        return None
+    if type(quant) is not float or not 0.0 <= quant < math.inf:
+        raise ValueError(f"a usearch dump quantised by {quant!r}")
+    return quant
 
 
 def _check_sections(scopes: Mapping[str, Any]) -> None:

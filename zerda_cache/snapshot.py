@@ -7,9 +7,10 @@ MiniLM embeddings on two cores, minutes at a million (``docs/BENCHMARKS.md``). T
 a replica would (a ``CacheManager`` of its own, caught up through the tenant's log), and
 publishes it with the log position it is at:
 
-* ``ScopedIndex.dump`` serialises it (format 3: a msgpack header, then usearch's own
+* ``ScopedIndex.dump`` serialises it (format 4: a msgpack header, then usearch's own
   format for each HNSW scope and the float16 rows beside an int8 graph, which a replica
-  serves in place) into one blob, stored in
+  serves in place; 3 where no int8 graph is scaled, ``UsearchIndex.quant``) into one
+  blob, stored in
   chunks of 16 MB (``p:{t}:snap:<gen>:<i>``, written with a TTL while unpublished);
 * ``snapshot.lua`` publishes the generation in the tenant's ``p:{t}:snap`` hash and
   deletes the previous one, in one step;

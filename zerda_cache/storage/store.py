@@ -69,11 +69,11 @@ CYCLE_LOG_MAXLEN = 1_000
 SNAPSHOT_CHUNK = 16 * 1024 * 1024
 #: Chunks of a snapshot not published within this long are garbage (a worker died).
 SNAPSHOT_UNPUBLISHED_TTL_MS = 3_600_000
-#: The snapshot format a worker publishes (``ScopedIndex.dump``). A replica reads this
-#: and the earlier ones; one of an earlier version does not know "3" (int8 graphs with
-#: float16 rows beside them) and scans instead.
-SNAPSHOT_FORMAT = "3"
-SNAPSHOT_FORMATS_READ = ("1", "2", "3")
+#: The snapshot formats a replica reads (``fmt`` in the ``snap`` hash: the dump's own,
+#: ``index.dump_format``). One of an earlier version does not know "4" (int8 graphs of
+#: vectors scaled before int8, ``UsearchIndex.quant``) or "3" (int8 graphs with float16
+#: rows beside them) and scans instead.
+SNAPSHOT_FORMATS_READ = ("1", "2", "3", "4")
 #: A snapshot chunk is copied into the replica's buffer this many bytes at a time.
 _COPY_STEP = 4 * 1024 * 1024
 
@@ -472,6 +472,8 @@ class Storage(StoragePlans):
         was published meanwhile (this one's chunks expire)."""
         import secrets
 
+        from zerda_cache.index import dump_format
+
         k = self.keys(tenant)
         old = yield from self._snapshot_info(tenant)
         gen = secrets.token_hex(6)
@@ -482,7 +484,7 @@ class Storage(StoragePlans):
             yield from self._command("snapshot", "set", key, part, px=SNAPSHOT_UNPUBLISHED_TTL_MS)
         old_keys = [] if old is None else _chunk_keys(k, old)
         fields = {
-            "fmt": SNAPSHOT_FORMAT,
+            "fmt": dump_format(blob),
             "last_id": last_id,
             "added": str(int(added)),
             "entries": str(int(entries)),
