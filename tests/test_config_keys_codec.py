@@ -41,6 +41,8 @@ from zerda_cache.validation import new_entry_id, validate_tenant
         (EvictionConfig, "max_bytes", 0),
         (EvictionConfig, "low_watermark", 1.0),
         (EvictionConfig, "scan_batch", 2.5),
+        (EvictionConfig, "snapshot_ef_construction", 0),
+        (EvictionConfig, "snapshot_ef_construction", "256"),
         (CacheConfig, "similarity_threshold", 1.01),
         (CacheConfig, "top_k", 0),
         (CacheConfig, "default_ttl_s", -5),

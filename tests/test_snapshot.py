@@ -693,6 +693,29 @@ def test_a_snapshot_names_its_dumps_format(redis_client: redis.Redis, dtype: str
     assert redis_client.hget(tenant_keys("t").snap, "fmt") == fmt.encode()
 
 
+@pytest.mark.parametrize(("setting", "built_at"), [(None, 128), (200, 200)])
+def test_the_worker_builds_the_snapshots_graphs_at_their_own_construction_width(
+    redis_client: redis.Redis, setting: int | None, built_at: int
+) -> None:
+    """Replicas build theirs at ``ann_ef_construction``; the worker's graphs, searched by
+    every replica that loads them, at ``snapshot_ef_construction`` (256 by default)."""
+    assert EvictionConfig().snapshot_ef_construction == 256
+    cfg = CacheConfig(
+        ann_threshold=300,
+        eviction=EvictionConfig(snapshot_min_entries=100, snapshot_ef_construction=setting),
+    )
+    st = RedisStorage(redis_client, cfg)
+    fill(st, vectors(600), scope_every=1_000)
+    snap = Snapshotter(st)
+    assert snap.snapshot_tenant("t", force=True) is not None
+    index = snap.manager()._indexes["t"].index
+    assert index is not None
+    sub = index._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub._ef_construction == built_at
+    assert sub._graph.expansion_add == built_at
+    snap.close()
+
+
 def test_the_leading_worker_publishes_snapshots(redis_client: redis.Redis) -> None:
     from prometheus_client import CollectorRegistry
 

@@ -230,6 +230,13 @@ def errors() -> Iterator[None]:
     "(default 50000; 0: none).",
 )
 @click.option("--snapshot-interval", type=float, default=None, help="Seconds between checks.")
+@click.option(
+    "--snapshot-ef-construction",
+    type=int,
+    default=None,
+    help="HNSW construction width of the snapshots' graphs (default 256; replicas build "
+    "their own at ann_ef_construction, 128).",
+)
 @click.option("--max-entries", type=int, default=None, help="Default capacity per tenant.")
 @click.option("--health-file", default=DEFAULT_HEALTH_FILE, show_default=True)
 @click.option("--worker-id", default=None)
@@ -247,6 +254,7 @@ def worker(
     full_scan_interval: float | None,
     snapshot_min_entries: int | None,
     snapshot_interval: float | None,
+    snapshot_ef_construction: int | None,
     max_entries: int | None,
     health_file: str,
     worker_id: str | None,
@@ -270,6 +278,7 @@ def worker(
                 ("full_scan_interval_s", full_scan_interval),
                 ("snapshot_min_entries", snapshot_min_entries),
                 ("snapshot_interval_s", snapshot_interval),
+                ("snapshot_ef_construction", snapshot_ef_construction),
                 ("max_entries", max_entries),
             )
             if value is not None

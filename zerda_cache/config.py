@@ -87,6 +87,13 @@ DEFAULT_SNAPSHOT_MIN_ENTRIES = 50_000
 #: the tenant's log has moved by a tenth of its entries, or by half the log's cap (a
 #: snapshot older than the log is useless: a replica would scan anyway).
 DEFAULT_SNAPSHOT_INTERVAL_S = 120.0
+#: HNSW's construction width for the graphs the worker builds for snapshots (a replica
+#: builds its own at ``ann_ef_construction``, 128): a better graph for twice the build
+#: time, paid once by the worker instead of by every replica's search. At 1M MiniLM
+#: embeddings (docs/BENCHMARKS.md, "hnsw-minilm-1000k-quant") the replica's calibration
+#: asks width 32 of such a graph, 64 of one built at 128; searches took 0.63x as long
+#: (p99 0.50x), the build 2.2x.
+DEFAULT_SNAPSHOT_EF_CONSTRUCTION = 256
 
 # --- the worker process ---------------------------------------------------------------------
 #: The leader lease's time to live: a standby takes over within it when the leader dies.
@@ -301,6 +308,8 @@ class EvictionConfig:
             worker runs each job.
         snapshot_min_entries / snapshot_interval_s: index snapshots for new replicas
             (``DEFAULT_SNAPSHOT_MIN_ENTRIES``; 0 turns them off).
+        snapshot_ef_construction: HNSW's construction width for the worker's snapshot
+            graphs (``DEFAULT_SNAPSHOT_EF_CONSTRUCTION``); None: ``ann_ef_construction``.
         full_scan_interval_s: the eviction job scans a tenant that is within its
             capacity whole at least this often (in between it reads only the expired
             ids and the arms that got a signal since its last run).
@@ -325,6 +334,7 @@ class EvictionConfig:
     decay_sweep_s: float = DEFAULT_DECAY_SWEEP_S
     snapshot_min_entries: int = DEFAULT_SNAPSHOT_MIN_ENTRIES
     snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S
+    snapshot_ef_construction: int | None = DEFAULT_SNAPSHOT_EF_CONSTRUCTION
 
     def __post_init__(self) -> None:
         for name in ("reward_weight", "usage_weight", "recency_weight"):
@@ -352,6 +362,7 @@ class EvictionConfig:
                 f"snapshot_min_entries must be an integer >= 0, got {self.snapshot_min_entries!r}"
             )
         _check_positive("snapshot_interval_s", self.snapshot_interval_s)
+        _check_count("snapshot_ef_construction", self.snapshot_ef_construction, allow_none=True)  # type: ignore[arg-type]
         _check_positive("decay_sweep_s", self.decay_sweep_s)
         _check_finite("full_scan_interval_s", self.full_scan_interval_s)
         if self.full_scan_interval_s < 0:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
 
@@ -65,10 +65,15 @@ class Snapshotter:
         self._manager: CacheManager | None = None
 
     def manager(self) -> CacheManager:
-        """The worker's own replica: its indexes are the snapshots' source."""
+        """The worker's own replica: its indexes are the snapshots' source, their graphs
+        built at ``EvictionConfig.snapshot_ef_construction``."""
         if self._manager is None:
+            cfg = self.config
+            efc = cfg.eviction.snapshot_ef_construction
+            if efc is not None:
+                cfg = replace(cfg, ann_ef_construction=efc)
             self._manager = CacheManager(
-                self.storage.client, self.config, metrics=ReplicaMetrics(CollectorRegistry())
+                self.storage.client, cfg, metrics=ReplicaMetrics(CollectorRegistry())
             )
             # Its indexes are dumped, not searched: they are calibrated when dumped
             # (``snapshot_tenant``), not when built.
