@@ -595,10 +595,15 @@ class UsearchIndex(_SlottedAnn):
         # unfindable in 3 builds of 4; at 50k, 2-8 (~1e-4). One thread loses none and
         # builds 50k in ~2x the time, so a graph is built on one thread up to
         # ``PARALLEL_INSERT_FROM`` vectors, where that costs a second or two.
-        threads = 1 if len(self._graph) + len(slots) < PARALLEL_INSERT_FROM else 0
         if self._rows is not None:
             self._set_rows(slots, vectors)
-        self._graph.add(slots.astype(np.uint64), self._to_graph(vectors, fit=True), threads=threads)
+        self._insert(self._graph, slots.astype(np.uint64), vectors)
+
+    def _insert(self, graph: Any, keys: npt.NDArray[np.uint64], vectors: Any) -> None:
+        """Add ``vectors`` to ``graph`` as it holds them (``_to_graph``), on one thread
+        up to ``PARALLEL_INSERT_FROM`` vectors (see ``_graph_add``)."""
+        small = len(graph) + len(keys) < PARALLEL_INSERT_FROM
+        graph.add(keys, self._to_graph(vectors, fit=True), threads=1 if small else 0)
 
     def _to_graph(self, vectors: Vector, fit: bool = False) -> Any:
         """``vectors`` as the graph holds them (``quant``); ``fit``: set ``quant`` from
@@ -745,10 +750,14 @@ class UsearchIndex(_SlottedAnn):
                 vecs = self._rows_at(keys.astype(np.int64)).astype(np.float32)
             else:
                 vecs = np.asarray(self._graph.get(keys), dtype=np.float16)
-            small = len(full) + len(keys) < PARALLEL_INSERT_FROM  # see _graph_add
-            full.add(keys, self._to_graph(vecs), threads=1 if small else 0)
-        full.expansion_search = self._width
-        self._graph = full
+            self._insert(full, keys, vecs)
+        self._replace_graph(full)
+
+    def _replace_graph(self, graph: Any) -> None:
+        """Serve ``graph`` alone from now on: the base view (if any) and what it was
+        measured at are dropped, the rows made one matrix again."""
+        graph.expansion_search = self._width
+        self._graph = graph
         self.calibrated_for = None  # another graph than the one measured
         self._base = self._base_buffer = self._base_live = None
         self._base_dead = 0
@@ -762,18 +771,11 @@ class UsearchIndex(_SlottedAnn):
         assert self._rows is not None
         slots = np.fromiter(self._slot.values(), dtype=np.int64, count=len(self._slot))
         vecs = self._rows_at(slots).astype(np.float32)
-        self._base = self._base_buffer = self._base_live = None
-        self._base_dead = 0
-        self._fold_rows()
-        self.quant = None
+        self.quant = None  # fitted again on these vectors
         graph = self._new_graph()
         if len(slots):
-            small = len(slots) < PARALLEL_INSERT_FROM  # see _graph_add
-            graph.add(slots.astype(np.uint64), self._to_graph(vecs, fit=True),
-                      threads=1 if small else 0)  # fmt: skip
-        graph.expansion_search = self._width
-        self._graph = graph
-        self.calibrated_for = None  # another graph than the one measured
+            self._insert(graph, slots.astype(np.uint64), vecs)
+        self._replace_graph(graph)
 
     def _fold_rows(self) -> None:
         """Make the i8 rows one matrix again (a copy of a snapshot's rows)."""
