@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
+from zerda_cache.errors import StorageError
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage, connect
@@ -177,6 +178,55 @@ def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
     assert split.capacity == whole.capacity and len(split.capacity) == 20
     assert split.low_reward == whole.low_reward
     assert STATE_BATCH == 500  # the default the docstrings name
+
+
+def test_a_whole_scan_reads_ahead_in_threads_that_end_with_it(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan takes its ZSCAN steps and state reads ahead of the batch it scores, in
+    threads: the plan is the same at any depth, and the threads end with the scan, when
+    it is stopped midway and when a read fails."""
+    cfg = CacheConfig(eviction=EvictionConfig(scan_batch=20, low_watermark=0.0))
+    st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
+    ids = bulk_put(st, "t", 300)
+    st.feedback_many([FeedbackSignal(e, "t", i % 3 == 0) for i, e in enumerate(ids[:90])])
+    st.set_tenant_settings("t", max_entries=250)
+
+    def scan_threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("zerda-scan")]
+
+    plans = []
+    for depth in (0, 1, 2, 3):
+        m = Maintenance(st)
+        m.read_ahead = depth
+        plans.append(m.plan_eviction("t"))
+    assert all(p.scanned == 300 and p.complete for p in plans)
+    assert len({tuple(sorted(p.capacity)) for p in plans}) == 1 and len(plans[0].capacity) == 50
+    assert scan_threads() == []
+
+    stop = threading.Event()
+    m = Maintenance(st, stop=stop)
+    seen: list[int] = []
+
+    def progress(n: int) -> None:
+        seen.append(n)
+        stop.set()  # asked to stop after the first batch
+
+    halted = m.plan_eviction("t", progress=progress)
+    assert not halted.complete and halted.capacity == [] and len(seen) == 1
+    assert scan_threads() == []
+
+    iter_ids = st.iter_ids
+
+    def failing(tenant: str, batch: int | None = None) -> Any:
+        it = iter_ids(tenant, batch)
+        yield next(it)
+        raise StorageError("iter_ids failed: the server went away")
+
+    monkeypatch.setattr(st, "iter_ids", failing)
+    with pytest.raises(StorageError, match="went away"):
+        Maintenance(st).plan_eviction("t")
+    assert scan_threads() == []
 
 
 def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.Redis) -> None:

@@ -852,10 +852,14 @@ class StoragePlans:
             flat = flat or []
             status, arr = codec.state_columns(flat[0::3], flat[1::3], flat[2::3])
             ok = status == 1
-            bad = np.flatnonzero(status == -1).tolist()
-            rows = arr[ok]
+            if ok.all():  # the usual batch: every entry there and sound
+                rows, kept, bad = arr, ids, []
+            else:
+                rows = arr[ok]
+                kept = [ids[i] for i in np.flatnonzero(ok).tolist()]
+                bad = np.flatnonzero(status == -1).tolist()
             return StateArrays(
-                ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
+                ids=kept,
                 alpha=rows[:, 0],
                 beta=rows[:, 1],
                 decayed_at=rows[:, 2],
