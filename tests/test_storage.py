@@ -251,6 +251,26 @@ def test_evict_skips_entry_changed_since_scored(storage: RedisStorage) -> None:
     assert storage.evict("acme", [(eid, current)], "low_reward").removed == [eid]
 
 
+def test_evict_batch_with_an_id_twice_removes_it_once(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    """The script takes a batch's removed ids out of the ids zset and the evidence set in
+    one call each, at its end: an id given twice is removed once, logged once, and its
+    second place reports it gone."""
+    a, b, c = put(storage, 1), put(storage, 2), put(storage, 3)
+    storage.feedback(FeedbackSignal(a, "acme", True))  # a has evidence: in the ev set
+    k = tenant_keys("acme")
+    assert redis_client.sismember(k.ev, a)
+    version_b = storage.load_states("acme", [b]).entries[b].version
+    out = storage.evict("acme", [(a, None), (b, version_b), (a, None)], "capacity")
+    assert out.removed == [a, b] and out.gone == [a] and out.changed == []
+    assert not redis_client.sismember(k.ev, a)
+    assert {x.decode() for x in redis_client.zrange(k.ids, 0, -1)} == {c}
+    dels = [f[b"id"].decode() for _, f in redis_client.xrange(k.log) if f[b"op"] == b"del"]
+    assert sorted(dels) == sorted([a, b])
+    assert storage.stats("acme")["evicted:capacity"] == 2 and storage.count("acme") == 1
+
+
 def test_evict_cleans_stray_ids_and_unknown_reason(
     storage: RedisStorage, redis_client: redis.Redis
 ) -> None:
