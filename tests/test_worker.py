@@ -124,25 +124,34 @@ def test_evictions_go_in_calls_of_at_most_evict_batch(
 ) -> None:
     """A call of the evict script holds the server's one thread: capacity evictions go
     in calls of at most ``EVICT_BATCH`` entries, whatever ``scan_batch`` is, and all of
-    them are carried out."""
+    them are carried out, in the order of their ids (the ids zset's own order for
+    entries of equal expiry, which keeps its skiplist's walks in the server's caches)."""
     from zerda_cache.maintenance import EVICT_BATCH
 
     monkeypatch.setattr("zerda_cache.maintenance.EVICT_BATCH", 7)
     cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
     st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
-    bulk_put(st, "t", 60)
+    ids = sorted(bulk_put(st, "t", 60))
+    # The 20 last ids in id order score lowest, the last one lowest of all: the plan
+    # lists them the other way round.
+    st.feedback_many(
+        [FeedbackSignal(e, "t", False, magnitude=1.0 + 0.1 * k) for k, e in enumerate(ids[40:])]
+    )
     st.set_tenant_settings("t", max_entries=40)
     sizes: list[int] = []
+    removed: list[str] = []
     evict = st.evict
 
     def counted(tenant: str, items: Any, *args: Any, **kwargs: Any) -> Any:
         sizes.append(len(items))
+        removed.extend(eid for eid, _ in items)
         return evict(tenant, items, *args, **kwargs)
 
     monkeypatch.setattr(st, "evict", counted)
     report = Maintenance(st).evict_tenant("t")
     assert report.removed == {"capacity": 20} and st.count("t") == 40
     assert sizes == [7, 7, 6]
+    assert removed == ids[40:]
     assert EVICT_BATCH == 100  # the default the docstrings name
 
 
