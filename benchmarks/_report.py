@@ -14,6 +14,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "docs" / "BENCHMARKS.md"
@@ -111,3 +112,22 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def busiest_commands(
+    client: Any, skip: tuple[str, ...] = (), top: int = 6
+) -> list[tuple[str, Any]]:
+    """Redis's own account per command since its stats were last reset (``INFO
+    commandstats``): the ``top`` commands by time, as ``(NAME, stats)`` with the
+    server's ``calls``, ``usec`` and ``usec_per_call``, leaving out the commands named in
+    ``skip`` (lower case, e.g. ``"ping"``) and the INFO and CONFIG of the measuring
+    itself. Commands that scripts call are counted twice: on their own, and within their
+    script's time."""
+    left_out = {"info", "config", *skip}
+    stats = [
+        (name.removeprefix("cmdstat_").upper(), v)
+        for name, v in client.info("commandstats").items()
+        if name.removeprefix("cmdstat_").split("|")[0] not in left_out
+    ]
+    stats.sort(key=lambda kv: -kv[1]["usec"])
+    return stats[:top]

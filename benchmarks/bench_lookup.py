@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import table, write_section
+from _report import busiest_commands, table, write_section
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import CacheConfig, CacheManager
@@ -312,15 +312,9 @@ def command_times(client: Any, lookups: int) -> str:
     the commands that took the most of its time, each with its calls per hit-and-miss
     pair of lookups and its microseconds per call. Commands that scripts call are
     counted twice: on their own, and within their script's time."""
-    stats = [
-        (name.removeprefix("cmdstat_"), v)
-        for name, v in client.info("commandstats").items()
-        if name.split("|")[0] not in ("cmdstat_ping", "cmdstat_config", "cmdstat_info")
-    ]
-    stats.sort(key=lambda kv: -kv[1]["usec"])
     return "; ".join(
-        f"{name.upper()} {v['calls'] / lookups:.2f} calls x {v['usec_per_call']:.1f} us"
-        for name, v in stats[:6]
+        f"{name} {v['calls'] / lookups:.2f} calls x {v['usec_per_call']:.1f} us"
+        for name, v in busiest_commands(client, skip=("ping",))
     )
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import table, write_section
+from _report import busiest_commands, table, write_section
 
 from zerda_cache import CacheConfig, FeedbackSignal, maintenance
 from zerda_cache.maintenance import Maintenance
@@ -157,16 +157,9 @@ def command_times(client: Any) -> str:
     and its microseconds per call. Commands that scripts call are counted twice: on
     their own, and within their script's time (EVALSHA: the decay, state and evict
     scripts together). The other client's GETs are left out."""
-    stats = [
-        (name.removeprefix("cmdstat_"), v)
-        for name, v in client.info("commandstats").items()
-        if name.split("|")[0] not in ("cmdstat_get", "cmdstat_info", "cmdstat_config")
-    ]
-    stats.sort(key=lambda kv: -kv[1]["usec"])
     return "; ".join(
-        f"{name.upper()} {v['calls']:,} calls, {v['usec'] / 1e6:.2f} s "
-        f"({v['usec_per_call']:.1f} us each)"
-        for name, v in stats[:7]
+        f"{name} {v['calls']:,} calls, {v['usec'] / 1e6:.2f} s ({v['usec_per_call']:.1f} us each)"
+        for name, v in busiest_commands(client, skip=("get",), top=7)
     )
 
 
