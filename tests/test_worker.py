@@ -194,7 +194,7 @@ def test_a_whole_scan_reads_ahead_in_threads_that_end_with_it(
 ) -> None:
     """The scan takes its ZSCAN steps and state reads ahead of the batch it scores, in
     threads: the plan is the same at any depth, and the threads end with the scan, when
-    it is stopped midway and when a read fails."""
+    it is stopped midway, when its caller fails and when a read fails."""
     cfg = CacheConfig(eviction=EvictionConfig(scan_batch=20, low_watermark=0.0))
     st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
     ids = bulk_put(st, "t", 300)
@@ -224,6 +224,13 @@ def test_a_whole_scan_reads_ahead_in_threads_that_end_with_it(
     halted = m.plan_eviction("t", progress=progress)
     assert not halted.complete and halted.capacity == [] and len(seen) == 1
     assert scan_threads() == []
+
+    def failing_progress(n: int) -> None:
+        raise RuntimeError("the caller's own error")
+
+    with pytest.raises(RuntimeError) as caught:  # its traceback holds the scan's frame
+        Maintenance(st).plan_eviction("t", progress=failing_progress)
+    assert caught.value.__traceback__ is not None and scan_threads() == []
 
     iter_ids = st.iter_ids
 
