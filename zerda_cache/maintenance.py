@@ -13,10 +13,10 @@ Eviction of one tenant is planned in one pass over its entries and then executed
    structure and keeps any entry whose version moved since it was scored (it was served
    or got feedback meanwhile): it survives this cycle and is scored again in the next.
 
-The scan's cost is linear in the tenant's entries (one ZSCAN step and one state-script
-call per batch, both read ahead of the scoring in threads); the capacity selection is a
-sort of the keepers' scores. Decay walks the same batches through the decay script. Both
-stop between batches when asked to stop.
+The scan's cost is linear in the tenant's entries (per ZSCAN step, a call of the state
+script per ``STATE_BATCH`` ids, read ahead of the scoring in threads, as the steps are);
+the capacity selection is a sort of the keepers' scores. Decay walks the same batches
+through the decay script. Both stop between batches when asked to stop.
 
 The pass also yields the tenant's expected-reward and confidence distributions, which the
 worker exports as metrics.
@@ -517,9 +517,11 @@ class Maintenance:
         # Each group in the order of its ids: the ids zset orders ids of equal expiry
         # (every entry without a TTL) by their bytes, so removals in that order walk
         # the same upper levels of its skiplist one after another, while the server's
-        # caches still hold them (97,500 ZREMs over a 1M-entry zset: ~1.6 against
-        # ~3.1 us an id, one-off measurement). A stopped cycle has removed some of
-        # each group, whichever scored lowest or not: all of them were due.
+        # caches still hold them (the ZREMs of 97,500 removals from a saved 1M-entry
+        # tenant: 0.145 s against 0.448 s of the server's time, commandstats). Groups
+        # go in turn: a cycle stopped in one has removed the groups before it whole,
+        # and of the one it stopped in, ids from the start of the id order, not its
+        # lowest-scored entries first. All of them were due.
         groups: list[tuple[EvictReason, list[tuple[str, int | None]]]] = [
             ("expired", [(eid, None) for eid in sorted(plan.expired)]),
             ("corrupt", [(eid, None) for eid in sorted(plan.corrupt)]),
@@ -825,10 +827,10 @@ class Maintenance:
 
 
 def _read_ahead(items: Iterator[T], depth: int) -> Iterator[T]:
-    """``items``, taken in a thread of their own up to ``depth`` items before the caller
-    asks for them (the whole scan's ZSCAN steps, each waiting on a round trip). An error
-    in ``items`` is raised here, after the items before it; closing this generator stops
-    the thread."""
+    """``items``, taken in a thread of their own ahead of the caller (``depth`` waiting
+    in a queue and one more in hand: the whole scan's ZSCAN steps, each waiting on a
+    round trip). An error in ``items`` is raised here, after the items before it;
+    closing this generator stops the thread."""
     out: queue.Queue[tuple[bool, object]] = queue.Queue(depth)
     stop = threading.Event()
 
@@ -857,7 +859,11 @@ def _read_ahead(items: Iterator[T], depth: int) -> Iterator[T]:
             more, item = out.get()
             if not more:
                 if isinstance(item, BaseException):
-                    raise item
+                    # Not ``raise item``: its traceback would hold this frame, and the
+                    # frame the error, a cycle that keeps the caller's whole scan alive
+                    # until the cyclic collector runs.
+                    exc, item = item, None
+                    raise exc
                 return
             yield item  # type: ignore[misc]
     finally:
