@@ -373,23 +373,18 @@ class Maintenance:
         keep_sizes: list[np.ndarray] = []
         keep_versions: list[np.ndarray] = []
         for batch, cols in self._states_ahead(tenant, now, set(plan.corrupt)):
-            batch_ids = [eid for eid, _ in batch]
-            if seen.isdisjoint(batch_ids):  # the usual batch: every id new
-                fresh = batch
-            else:  # ids seen already (reported, or a ZSCAN repeat)
-                fresh = [(eid, exp) for eid, exp in batch if eid not in seen]
-                batch_ids = [eid for eid, _ in fresh]
-                cols = cols.only(set(batch_ids))
-            seen.update(batch_ids)
-            expired = [eid for eid, expires_at in fresh if expires_at <= now]
-            if expired:
-                plan.expired += expired
-                live_ids = [eid for eid, expires_at in fresh if expires_at > now]
-            else:
-                live_ids = batch_ids
-            if len(cols.ids) + len(cols.corrupt) < len(live_ids):  # some gone meanwhile
-                found = {*cols.ids, *cols.corrupt}
-                plan.dangling += [eid for eid in live_ids if eid not in found]
+            fresh = [(eid, exp) for eid, exp in batch if eid not in seen]
+            if len(fresh) < len(batch):  # ids seen already (reported, or a ZSCAN repeat)
+                cols = cols.only({eid for eid, _ in fresh})
+            seen.update(eid for eid, _ in fresh)
+            live_ids = []
+            for eid, expires_at in fresh:
+                if expires_at <= now:
+                    plan.expired.append(eid)
+                else:
+                    live_ids.append(eid)
+            found = {*cols.ids, *cols.corrupt}
+            plan.dangling += [eid for eid in live_ids if eid not in found]
             if decay is not None:
                 self._decay_columns(tenant, cols, decay, policy.rl)
             plan.corrupt += cols.corrupt
@@ -397,20 +392,14 @@ class Maintenance:
             plan.bytes_scanned += int(cols.size.sum())
             scores, expected = self._scores(cols, now, policy)
             low = scores < 0
-            if low.any():
-                plan.low_reward += [
-                    (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(low).tolist()
-                ]
-                keep = ~low
-                keep_ids += [cols.ids[i] for i in np.flatnonzero(keep).tolist()]
-                keep_scores.append(scores[keep])
-                keep_sizes.append(cols.size[keep])
-                keep_versions.append(cols.version[keep])
-            else:
-                keep_ids += cols.ids
-                keep_scores.append(scores)
-                keep_sizes.append(cols.size)
-                keep_versions.append(cols.version)
+            plan.low_reward += [
+                (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(low).tolist()
+            ]
+            keep = ~low
+            keep_ids += [cols.ids[i] for i in np.flatnonzero(keep).tolist()]
+            keep_scores.append(scores[keep])
+            keep_sizes.append(cols.size[keep])
+            keep_versions.append(cols.version[keep])
             plan.rewards.add(expected)
             plan.confidences.add(cols.confidence)
             if progress is not None:

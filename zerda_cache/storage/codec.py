@@ -337,28 +337,21 @@ def state_columns(
     n = len(arms)
     status = np.zeros(n, dtype=np.int8)
     values = np.zeros((n, STATE_COLUMNS), dtype=np.float64)
-    if None in arms or None in uses or None in sizes:
-        present = [
-            i
-            for i in range(n)
-            if arms[i] is not None or uses[i] is not None or sizes[i] is not None
-        ]
-        arms = [arms[i] for i in present]
-        uses = [uses[i] for i in present]
-        sizes = [sizes[i] for i in present]
-    else:  # every entry still there: the usual batch
-        present = list(range(n))
+    present = [
+        i for i in range(n) if arms[i] is not None or uses[i] is not None or sizes[i] is not None
+    ]
     if not present:
         return status, values
     at = np.array(present, dtype=np.int64)
     try:
-        fine, rows = _state_block(arms, uses, sizes)
+        fine, rows = _state_block([arms[i] for i in present], [uses[i] for i in present],
+                                  [sizes[i] for i in present])  # fmt: skip
     except _Malformed:  # rare: one entry at a time, with the same checks
         fine = np.zeros(len(present), dtype=bool)
         rows = np.zeros((len(present), STATE_COLUMNS), dtype=np.float64)
-        for j in range(len(present)):
+        for j, i in enumerate(present):
             try:
-                one, row = _state_block([arms[j]], [uses[j]], [sizes[j]])
+                one, row = _state_block([arms[i]], [uses[i]], [sizes[i]])
             except _Malformed:
                 continue
             fine[j], rows[j] = one[0], row[0]
@@ -371,7 +364,7 @@ _NUMBER_TYPES = frozenset({int, float})
 
 
 def _state_block(
-    arms: Sequence[bytes | None], uses: Sequence[bytes | None], sizes: Sequence[bytes | None]
+    arms: list[bytes | None], uses: list[bytes | None], sizes: list[bytes | None]
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
     """``state_columns`` for entries that all exist: which are fine, and their values.
     Raises ``_Malformed`` when any value is not the right shape."""

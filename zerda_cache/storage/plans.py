@@ -852,14 +852,10 @@ class StoragePlans:
             flat = flat or []
             status, arr = codec.state_columns(flat[0::3], flat[1::3], flat[2::3])
             ok = status == 1
-            if ok.all():  # the usual batch: every entry there and sound
-                rows, kept, bad = arr, ids, []
-            else:
-                rows = arr[ok]
-                kept = [ids[i] for i in np.flatnonzero(ok).tolist()]
-                bad = np.flatnonzero(status == -1).tolist()
+            bad = np.flatnonzero(status == -1).tolist()
+            rows = arr[ok]
             return StateArrays(
-                ids=kept,
+                ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
                 alpha=rows[:, 0],
                 beta=rows[:, 1],
                 decayed_at=rows[:, 2],
