@@ -40,7 +40,7 @@ from bench_lookup import dataset
 from zerda_cache import CacheConfig
 from zerda_cache.config import DEFAULT_TOP_K
 from zerda_cache.engine import _REBASE_DRIFT
-from zerda_cache.index import IndexPolicy, ScopedIndex, UsearchIndex
+from zerda_cache.index import IndexPolicy, ScopedIndex, UsearchIndex, dump_format
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.store import SnapshotInfo
 from zerda_cache.testing import RedisServer
@@ -180,7 +180,15 @@ def main() -> None:
         st = RedisStorage(client, CacheConfig())
         for fmt, blob in blobs.items():
             assert blob is not None
-            st.write_snapshot("t", blob, last_id="1-0", added=1, entries=args.n, dim=x.shape[1])
+            st.write_snapshot(
+                "t",
+                blob,
+                fmt=dump_format(blob),
+                last_id="1-0",
+                added=1,
+                entries=args.n,
+                dim=x.shape[1],
+            )
             info = st.snapshot_info("t")
             assert info is not None
             size = f"{len(blob) / 1e6:,.0f}"

@@ -619,11 +619,11 @@ def test_a_new_generation_replaces_the_old_and_a_race_is_lost_whole(
 ) -> None:
     st = RedisStorage(redis_client, CONFIG)
     keys = tenant_keys("t")
-    assert st.write_snapshot("t", b"x" * 100, last_id="1-0", added=1, entries=1, dim=DIM)
+    assert st.write_snapshot("t", b"x" * 100, fmt="1", last_id="1-0", added=1, entries=1, dim=DIM)
     first = st.snapshot_info("t")
     assert first is not None and st.read_snapshot("t", first) == b"x" * 100
     assert redis_client.ttl(keys.snap_chunk(first.generation, 0)) == -1  # published
-    assert st.write_snapshot("t", b"y" * 50, last_id="2-0", added=2, entries=1, dim=DIM)
+    assert st.write_snapshot("t", b"y" * 50, fmt="1", last_id="2-0", added=2, entries=1, dim=DIM)
     second = st.snapshot_info("t")
     assert second is not None and second.generation != first.generation
     assert redis_client.exists(keys.snap_chunk(first.generation, 0)) == 0  # deleted
@@ -662,7 +662,7 @@ def test_a_snapshot_is_read_into_memory_advised_for_huge_pages(
     # pages, the TLB covers it (the kernel's "hg" flag: MADV_HUGEPAGE was given).
     st = RedisStorage(redis_client, CONFIG)
     blob = bytes(range(256)) * 40_000  # ~10 MB: several chunks
-    assert st.write_snapshot("t", blob, last_id="1-0", added=1, entries=1, dim=DIM)
+    assert st.write_snapshot("t", blob, fmt="1", last_id="1-0", added=1, entries=1, dim=DIM)
     info = st.snapshot_info("t")
     assert info is not None
     got = st.read_snapshot("t", info)

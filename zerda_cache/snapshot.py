@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
 
-from zerda_cache.index import ScopedIndex
+from zerda_cache.index import ScopedIndex, dump_format
 from zerda_cache.manager import CacheManager
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
@@ -113,7 +113,13 @@ class Snapshotter:
         if blob is None or dim is None:
             return None
         published = st.write_snapshot(
-            tenant, blob, last_id=last_id, added=added, entries=count, dim=dim
+            tenant,
+            blob,
+            fmt=dump_format(blob),
+            last_id=last_id,
+            added=added,
+            entries=count,
+            dim=dim,
         )
         report = SnapshotReport(tenant, count, len(blob), time.perf_counter() - started, published)
         log.info(

@@ -70,9 +70,9 @@ SNAPSHOT_CHUNK = 16 * 1024 * 1024
 #: Chunks of a snapshot not published within this long are garbage (a worker died).
 SNAPSHOT_UNPUBLISHED_TTL_MS = 3_600_000
 #: The snapshot formats a replica reads (``fmt`` in the ``snap`` hash: the dump's own,
-#: ``index.dump_format``). One of an earlier version does not know "4" (int8 graphs of
-#: vectors scaled before int8, ``UsearchIndex.quant``) or "3" (int8 graphs with float16
-#: rows beside them) and scans instead.
+#: ``index.dump_format``, given by the writer). One of an earlier version does not know
+#: "4" (int8 graphs of vectors scaled before int8, ``UsearchIndex.quant``) or "3" (int8
+#: graphs with float16 rows beside them) and scans instead.
 SNAPSHOT_FORMATS_READ = ("1", "2", "3", "4")
 #: A snapshot chunk is copied into the replica's buffer this many bytes at a time.
 _COPY_STEP = 4 * 1024 * 1024
@@ -464,15 +464,22 @@ class Storage(StoragePlans):
         return view
 
     def _write_snapshot(
-        self, tenant: str, blob: bytes, *, last_id: str, added: int, entries: int, dim: int
+        self,
+        tenant: str,
+        blob: bytes,
+        *,
+        fmt: str,
+        last_id: str,
+        added: int,
+        entries: int,
+        dim: int,
     ) -> Flow[bool]:
-        """Store ``blob`` as the tenant's index snapshot at log position ``(last_id,
-        added)``: the chunks first (unreferenced, with a TTL), then ``snapshot.lua``
-        publishes them and deletes the previous generation. False if another snapshot
-        was published meanwhile (this one's chunks expire)."""
+        """Store ``blob``, an index dump of format ``fmt`` (``index.dump_format``), as
+        the tenant's index snapshot at log position ``(last_id, added)``: the chunks
+        first (unreferenced, with a TTL), then ``snapshot.lua`` publishes them and
+        deletes the previous generation. False if another snapshot was published
+        meanwhile (this one's chunks expire)."""
         import secrets
-
-        from zerda_cache.index import dump_format
 
         k = self.keys(tenant)
         old = yield from self._snapshot_info(tenant)
@@ -484,7 +491,7 @@ class Storage(StoragePlans):
             yield from self._command("snapshot", "set", key, part, px=SNAPSHOT_UNPUBLISHED_TTL_MS)
         old_keys = [] if old is None else _chunk_keys(k, old)
         fields = {
-            "fmt": dump_format(blob),
+            "fmt": fmt,
             "last_id": last_id,
             "added": str(int(added)),
             "entries": str(int(entries)),
