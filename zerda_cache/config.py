@@ -190,7 +190,7 @@ def _check_unit(name: str, value: float, *, closed_low: bool = True) -> None:
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
 
 
-def _check_count(name: str, value: int, *, allow_none: bool = False) -> None:
+def _check_count(name: str, value: int | None, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -345,7 +345,7 @@ class EvictionConfig:
         if self.reward_weight + self.usage_weight + self.recency_weight <= 0:
             raise ValueError("reward_weight + usage_weight + recency_weight must be > 0")
         _check_count("max_entries", self.max_entries)
-        _check_count("max_bytes", self.max_bytes, allow_none=True)  # type: ignore[arg-type]
+        _check_count("max_bytes", self.max_bytes, allow_none=True)
         _check_finite("low_watermark", self.low_watermark)
         if not 0 <= self.low_watermark < 1:
             raise ValueError(f"low_watermark must be in [0, 1), got {self.low_watermark!r}")
@@ -362,7 +362,7 @@ class EvictionConfig:
                 f"snapshot_min_entries must be an integer >= 0, got {self.snapshot_min_entries!r}"
             )
         _check_positive("snapshot_interval_s", self.snapshot_interval_s)
-        _check_count("snapshot_ef_construction", self.snapshot_ef_construction, allow_none=True)  # type: ignore[arg-type]
+        _check_count("snapshot_ef_construction", self.snapshot_ef_construction, allow_none=True)
         _check_positive("decay_sweep_s", self.decay_sweep_s)
         _check_finite("full_scan_interval_s", self.full_scan_interval_s)
         if self.full_scan_interval_s < 0:
@@ -484,7 +484,7 @@ class CacheConfig:
         _check_count("embedding_cache_size", self.embedding_cache_size)
         _check_positive("embedding_cache_ttl_s", self.embedding_cache_ttl_s)
         _check_count("max_tenant_labels", self.max_tenant_labels)
-        _check_count("ann_threshold", self.ann_threshold, allow_none=True)  # type: ignore[arg-type]
+        _check_count("ann_threshold", self.ann_threshold, allow_none=True)
         if self.ann_backend not in ANN_BACKENDS:
             raise ValueError(f"ann_backend must be one of {ANN_BACKENDS}, got {self.ann_backend!r}")
         if self.ann_dtype not in ANN_DTYPES:
