@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import Clock, near
 from conftest import unit as _unit
+from state_support import set_state_part
 
 from zerda_cache import (
     CacheConfig,
@@ -126,7 +127,10 @@ def test_allkeys_lru_evicting_under_memory_pressure_serves_nothing_wrong(
     kept = {k.decode().rsplit(":", 1)[1] for k in admin.scan_iter(match="zc:{t}:e:*")}
     listed = {m.decode() for m, _ in admin.zscan_iter(tenant_keys("t").ids)}
     maintenance.sweep_orphans()
-    assert admin.sismember("zc:tenants", "t")
+    # (Unless Redis evicted every entry hash: the cycle's own writes, the states it gives
+    # entries whose state was lost among them, can take the last ones on a server this
+    # full. Then there is no tenant left to register.)
+    assert admin.sismember("zc:tenants", "t") or not kept
     assert {m.decode() for m, _ in admin.zscan_iter(tenant_keys("t").ids)} == kept | listed
     maintenance.run_eviction()
     assert {m.decode() for m, _ in admin.zscan_iter(tenant_keys("t").ids)} == kept
@@ -210,8 +214,8 @@ def test_entries_with_a_corrupt_doc_meta_or_vec_are_evicted(
     redis_client.hset(key(ids["doc"]), "doc", b"\xc1")
     redis_client.hset(key(ids["vec"]), "vec", b"\x01\x02\x03")
     redis_client.hset(key(ids["meta"]), "meta", b"\xc1")
-    redis_client.hdel(key(ids["arm"]), "arm")
-    redis_client.hdel(key(ids["sz"]), "sz")
+    set_state_part(redis_client, "t", ids["arm"], "arm", None)
+    set_state_part(redis_client, "t", ids["sz"], "sz", None)
     with pytest.raises(CorruptEntryError):
         st.feedback(FeedbackSignal(ids["meta"], "t", True))
     with pytest.raises(CorruptEntryError):  # not EntryNotFoundError

@@ -13,6 +13,7 @@ import pytest
 import redis
 import redis.asyncio
 from conftest import Blocking, Clock, close_loop
+from state_support import read_state, set_state_part, set_state_value, stored
 
 from zerda_cache import (
     CacheConfig,
@@ -26,6 +27,8 @@ from zerda_cache import (
     RLConfig,
     StorageError,
 )
+from zerda_cache.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY
+from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.keys import tenant_keys
@@ -291,6 +294,108 @@ def test_invalidate(storage: RedisStorage) -> None:
     assert storage.stats("acme")["evicted:invalidated"] == 1
 
 
+# --- the state hash -----------------------------------------------------------------------
+def test_an_entry_keeps_its_state_in_the_tenant_state_hash(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    """The entry's own hash holds its content; its learning state is one field of the
+    tenant's state hash, written by every script that changes it and removed with it."""
+    k = tenant_keys("acme")
+    eid, other = put(storage, 1), put(storage, 2)
+    assert set(redis_client.hkeys(k.entry(eid))) == {b"doc", b"vec", b"meta", b"dg"}
+    state = read_state(redis_client, "acme", eid)
+    assert state["arm"]["a"] == 1.0 and state["use"]["v"] == 1
+    assert state["sz"] == storage.get_entry("acme", eid).size_bytes
+    assert storage.hit("acme", eid).status == "served"
+    assert read_state(redis_client, "acme", eid)["use"]["n"] == 1
+    storage.feedback(FeedbackSignal(eid, "acme", True))
+    assert read_state(redis_client, "acme", eid)["arm"]["n"] == 1
+    assert storage.invalidate("acme", eid) is True
+    assert redis_client.hkeys(k.st) == [other.encode()]
+    storage.evict("acme", [(other, None)], "invalidated")
+    assert not redis_client.exists(k.st) and storage.stats("acme")["bytes"] == 0
+
+
+def _to_layout_0_1(client: redis.Redis, tenant: str, entry_id: str) -> None:
+    """Store an entry as zerda-cache 0.1 did: ``arm``, ``use`` and ``sz`` (a decimal
+    string) fields of its own hash, nothing in the state hash."""
+    k = tenant_keys(tenant)
+    raw = client.hget(k.st, entry_id)
+    assert raw is not None
+    arm, use, size = msgpack.unpackb(raw)
+    old = {"arm": msgpack.packb(arm), "use": msgpack.packb(use), "sz": str(size)}
+    client.hset(k.entry(entry_id), mapping=old)
+    client.hdel(k.st, entry_id)
+
+
+def test_entries_written_before_the_state_hash_are_read_and_moved_to_it(
+    storage: RedisStorage, redis_client: redis.Redis, clock: Clock
+) -> None:
+    """An upgrade loses nothing: entries stored by zerda-cache 0.1 are read as they are,
+    and each script that touches one moves its state to the state hash, unchanged."""
+    k = tenant_keys("acme")
+    ids = [put(storage, i) for i in range(7)]
+    before = {eid: storage.get_entry("acme", eid) for eid in ids}
+    stats = storage.stats("acme")
+    for eid in ids:
+        _to_layout_0_1(redis_client, "acme", eid)
+    moved = lambda eid: (  # noqa: E731
+        redis_client.hexists(k.st, eid)
+        and not redis_client.hexists(k.entry(eid), "arm")
+        and not redis_client.hexists(k.entry(eid), "sz")
+    )
+    # Readers take either layout and move nothing.
+    for eid in ids:
+        got = storage.get_entry("acme", eid)
+        assert (got.bandit_arm, got.version, got.size_bytes) == (
+            before[eid].bandit_arm, before[eid].version, before[eid].size_bytes)  # fmt: skip
+    assert sorted(storage.load_states("acme", ids).entries) == sorted(ids)
+    assert not any(moved(eid) for eid in ids)
+    # Each script moves what it touches.
+    assert storage.hit("acme", ids[0]).status == "served" and moved(ids[0])
+    assert read_state(redis_client, "acme", ids[0])["use"]["n"] == 1
+    storage.feedback(FeedbackSignal(ids[1], "acme", True))
+    assert moved(ids[1]) and read_state(redis_client, "acme", ids[1])["arm"]["n"] == 1
+    clock.t += 10
+    storage.decay("acme", [ids[2]])
+    assert moved(ids[2])
+    cols = storage.state_arrays("acme", [ids[3], ids[4]])
+    assert cols.ids == [ids[3], ids[4]] and all(moved(e) for e in ids[3:5])
+    assert cols.size.tolist() == [before[e].size_bytes for e in ids[3:5]]
+    assert cols.version.tolist() == [1, 1]
+    # Removal takes the old fields' size off the byte count.
+    assert storage.invalidate("acme", ids[5]) is True
+    assert storage.stats("acme")["bytes"] == stats["bytes"] - before[ids[5]].size_bytes
+    # An old entry whose arm does not decode moves as corrupt and stays corrupt.
+    redis_client.hset(k.entry(ids[6]), "arm", b"\xc1")
+    assert storage.hit("acme", ids[6]).status == "corrupt" and moved(ids[6])
+    assert storage.state_arrays("acme", [ids[6]]).corrupt == [ids[6]]
+    assert storage.invalidate("acme", ids[6]) is True
+    assert storage.stats("acme")["bytes"] == stats["bytes"] - sum(
+        before[e].size_bytes for e in ids[5:])  # fmt: skip
+
+
+def test_an_entry_whose_hash_was_lost_is_reported_by_a_lookup_and_evicted(
+    redis_client: redis.Redis,
+) -> None:
+    """The whole scan reads states, not entries' hashes: an entry whose hash went (an
+    allkeys-* eviction, a DEL) while its id and state remain is reported by the first
+    lookup that finds it, never served, and the worker removes it whole."""
+    storage = RedisStorage(redis_client, CacheConfig())
+    k = tenant_keys("acme")
+    lost, kept = put(storage, 1), put(storage, 2)
+    redis_client.delete(k.entry(lost))
+    assert storage.hit("acme", lost).status == "corrupt"
+    assert redis_client.smembers(k.bad) == {lost.encode()}
+    with pytest.raises(CorruptEntryError):
+        storage.feedback(FeedbackSignal(lost, "acme", True))
+    report = Maintenance(storage).evict_tenant("acme")
+    assert report.removed == {"corrupt": 1}
+    assert redis_client.hkeys(k.st) == [kept.encode()]
+    assert redis_client.zrange(k.ids, 0, -1) == [kept.encode()]
+    assert storage.stats("acme")["bytes"] == storage.get_entry("acme", kept).size_bytes
+
+
 def test_iter_ids_with_expiry(storage: RedisStorage, clock: Clock) -> None:
     ids = {put(storage, i, ttl_s=5 if i % 2 else None) for i in range(25)}
     seen = [eid for batch in storage.iter_ids("acme", batch=4) for eid, _ in batch]
@@ -460,19 +565,22 @@ def test_corrupt_value_is_reported_and_tenant_keeps_working(
 ) -> None:
     bad, good = put(storage, 1), put(storage, 2)
     key = tenant_keys("acme").entry(bad)
-    redis_client.hset(key, field, b"\xc1garbage")
+    if field in ("arm", "use"):  # a map inside the state that does not decode
+        set_state_part(redis_client, "acme", bad, field, b"\xa3bad")
+    else:
+        redis_client.hset(key, field, b"\xc1garbage")
     with pytest.raises(CorruptEntryError, match=field):
         storage.get_entry("acme", bad)
     assert storage.hit("acme", bad).status == "corrupt"  # never served
     if field in ("arm", "use"):  # the learning state itself: the scripts refuse to touch it
         storage.feedback(FeedbackSignal(good, "acme", True))
-        before = redis_client.hgetall(key)
+        before = stored(redis_client, "acme", bad)
         with pytest.raises(CorruptEntryError):
             storage.feedback(FeedbackSignal(bad, "acme", True))
         clock.t = 5000.0
         out = storage.decay("acme", [bad, good])
         assert out.corrupt == [bad] and out.decayed == 1
-        assert redis_client.hgetall(key) == before  # nothing written to the bad entry
+        assert stored(redis_client, "acme", bad) == before  # nothing written to the bad entry
     if field != "doc":
         assert storage.load_states("acme", [bad, good]).corrupt == [bad]
     # The rest of the tenant still works, and the corrupt entry can be removed.
@@ -499,17 +607,16 @@ def test_an_infinite_or_impossible_arm_is_corrupt_everywhere(
     bar) and NaN was written back: now it is corrupt for every script and the decoder,
     never served, never rewritten, and removable."""
     eid = put(storage, 1)
-    key = tenant_keys("acme").entry(eid)
-    state = msgpack.unpackb(redis_client.hget(key, field))
-    redis_client.hset(key, field, msgpack.packb({**state, name: value}))
-    before = redis_client.hgetall(key)
+    state = read_state(redis_client, "acme", eid)[field]
+    set_state_value(redis_client, "acme", eid, field, {**state, name: value})
+    before = stored(redis_client, "acme", eid)
     assert storage.hit("acme", eid).status == "corrupt"
     with pytest.raises(CorruptEntryError):
         storage.feedback(FeedbackSignal(eid, "acme", False))
     assert storage.decay("acme", [eid]).corrupt == [eid]
     assert storage.state_arrays("acme", [eid]).corrupt == [eid]
     assert storage.load_states("acme", [eid]).corrupt == [eid]
-    assert redis_client.hgetall(key) == before
+    assert stored(redis_client, "acme", eid) == before
     assert storage.invalidate("acme", eid) is True
 
 
@@ -520,21 +627,20 @@ def test_corrupt_negative_streak_is_corrupt_everywhere(
     """A bad ``use.ns`` makes the entry corrupt for every script and for the decoder: it
     is neither served nor silently rewritten."""
     eid = put(storage, 1)
-    key = tenant_keys("acme").entry(eid)
-    use = msgpack.unpackb(redis_client.hget(key, "use"))
-    redis_client.hset(key, "use", msgpack.packb({**use, "ns": ns}))
-    before = redis_client.hgetall(key)
+    use = read_state(redis_client, "acme", eid)["use"]
+    set_state_value(redis_client, "acme", eid, "use", {**use, "ns": ns})
+    before = stored(redis_client, "acme", eid)
     assert storage.hit("acme", eid).status == "corrupt"
     with pytest.raises(CorruptEntryError):
         storage.feedback(FeedbackSignal(eid, "acme", False))
     with pytest.raises(CorruptEntryError, match="use"):
         storage.get_entry("acme", eid)
-    assert redis_client.hgetall(key) == before
+    assert stored(redis_client, "acme", eid) == before
 
 
 def test_corrupt_wrong_shape_msgpack(storage: RedisStorage, redis_client: redis.Redis) -> None:
     eid = put(storage, 1)
-    redis_client.hset(tenant_keys("acme").entry(eid), "arm", msgpack.packb({"a": "x"}))
+    set_state_value(redis_client, "acme", eid, "arm", {"a": "x"})
     with pytest.raises(CorruptEntryError):
         storage.feedback(FeedbackSignal(eid, "acme", True))
 
@@ -684,3 +790,53 @@ def test_a_lookups_peek_at_the_log_is_whole_up_to_its_size(redis_client: redis.R
     redis_client.xtrim(k.log, maxlen=3, approximate=False)
     few = peek(start)  # the position trimmed, every event after it returned
     assert few.maybe_trimmed and not few.partial and few.count == 3
+
+
+def test_entries_whose_state_was_lost_get_the_state_a_put_gives(
+    redis_client: redis.Redis,
+) -> None:
+    """The state hash is one key: an allkeys-* eviction (or a DEL) of it loses every
+    entry's evidence, not its answers. An entry found without a state gets the one a put
+    gives (the prior, default similarity and quality) from the first script that needs
+    it, the worker's scan included; nothing is evicted for it."""
+    storage = RedisStorage(redis_client, CacheConfig())
+    k = tenant_keys("acme")
+    ids = [put(storage, i) for i in range(4)]
+    storage.feedback(FeedbackSignal(ids[0], "acme", True))
+    sizes = [storage.get_entry("acme", eid).size_bytes for eid in ids]
+    redis_client.delete(k.st)
+    assert storage.hit("acme", ids[0]).status == "served"
+    state = read_state(redis_client, "acme", ids[0])
+    assert (state["arm"]["a"], state["arm"]["b"], state["arm"]["n"]) == (1, 1, 0)
+    assert state["use"]["ss"] == DEFAULT_SIMILARITY and state["use"]["qs"] == DEFAULT_QUALITY
+    assert state["use"]["n"] == 1 and state["sz"] == sizes[0]
+    storage.feedback(FeedbackSignal(ids[1], "acme", False))
+    assert read_state(redis_client, "acme", ids[1])["arm"]["n"] == 1
+    cols = storage.state_arrays("acme", ids[2:])
+    assert cols.ids == ids[2:] and cols.corrupt == [] and cols.size.tolist() == sizes[2:]
+    assert Maintenance(storage).plan_eviction("acme").total == 0
+    assert storage.count("acme") == 4
+
+
+def test_on_an_allkeys_server_the_whole_scan_finds_the_hashes_redis_evicted(
+    redis_client: redis.Redis,
+) -> None:
+    """The scan reads states, not hashes. Where Redis may evict an entry's hash on its
+    own (maxmemory-policy allkeys-*), it checks each hash too, so that the id and state
+    of one Redis evicted are removed; elsewhere only a lookup finds such an entry."""
+    storage = RedisStorage(redis_client, CacheConfig())
+    k = tenant_keys("acme")
+    ids = [put(storage, i) for i in range(5)]
+    redis_client.delete(k.entry(ids[0]))
+    assert Maintenance(storage).plan_eviction("acme").dangling == []
+    policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        m = Maintenance(storage)
+        plan = m.plan_eviction("acme")
+        assert plan.dangling == [ids[0]] and plan.scanned == 4
+        m.execute(plan)
+    finally:
+        redis_client.config_set("maxmemory-policy", policy)
+    assert not redis_client.hexists(k.st, ids[0]) and redis_client.zscore(k.ids, ids[0]) is None
+    assert storage.count("acme") == 4

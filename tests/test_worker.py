@@ -19,6 +19,7 @@ import redis
 from conftest import Clock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from state_support import read_state, set_state_part, set_state_value
 
 from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
 from zerda_cache.errors import StorageError
@@ -106,7 +107,7 @@ def test_expired_corrupt_and_byte_capacity(redis_client: redis.Redis) -> None:
     ids = bulk_put(st, "t", 40)
     st.set_tenant_settings("t", max_bytes=20 * st.get_entry("t", ids[0]).size_bytes)
     short = st.put("t", "short-lived", "x", np.ones(DIM), ttl_s=5).entry_id
-    redis_client.hset(tenant_keys("t").entry(ids[1]), "arm", b"\xc1")
+    set_state_part(redis_client, "t", ids[1], "arm", b"\xc1")
     clock.t += 10
     m = Maintenance(st)
     plan = m.plan_eviction("t")
@@ -171,9 +172,9 @@ def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
     sizes: list[int] = []
     state_arrays = st.state_arrays
 
-    def counted(tenant: str, entry_ids: Any) -> Any:
+    def counted(tenant: str, entry_ids: Any, **kw: Any) -> Any:
         sizes.append(len(entry_ids))
-        return state_arrays(tenant, entry_ids)
+        return state_arrays(tenant, entry_ids, **kw)
 
     monkeypatch.setattr(st, "state_arrays", counted)
     monkeypatch.setattr("zerda_cache.maintenance.STATE_BATCH", 100)
@@ -249,15 +250,16 @@ def test_a_whole_scan_reads_ahead_in_threads_that_end_with_it(
 def test_an_id_whose_entry_is_gone_is_planned_as_dangling_and_cleaned(
     redis_client: redis.Redis,
 ) -> None:
-    """An id left in the ids zset after its hash went (hand-made damage, a half-applied
-    script) is found by the whole scan, whatever batch it is in, and removed from the
-    tenant's structures as already gone, not counted as evicted."""
+    """An id left in the ids zset after its hash and state went (hand-made damage, a
+    half-applied script) is found by the whole scan, whatever batch it is in, and removed
+    from the tenant's structures as already gone, not counted as evicted."""
     cfg = CacheConfig(eviction=EvictionConfig(scan_batch=20))
     st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
     ids = bulk_put(st, "t", 100)
     k = tenant_keys("t")
     gone = sorted(ids)[:3]
     redis_client.delete(*(k.entry(e) for e in gone))
+    redis_client.hdel(k.st, *gone)
     m = Maintenance(st)
     plan = m.plan_eviction("t")
     assert sorted(plan.dangling) == gone and plan.scanned == 97 and plan.capacity == []
@@ -284,7 +286,7 @@ def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.
     st.feedback_many([FeedbackSignal(ids[0], "t", False, magnitude=40.0)])  # bad answer
     st.feedback_many([FeedbackSignal(ids[1], "t", True)])  # a liked one
     short = st.put("t", "short-lived", "x", np.ones(DIM), ttl_s=5).entry_id
-    redis_client.hset(tenant_keys("t").entry(ids[2]), "use", b"\xc1")  # no scan finds it
+    set_state_part(redis_client, "t", ids[2], "use", b"\xc1")  # no scan finds it
     clock.t += 10
     plan = m.plan_incremental("t")
     assert plan is not None and plan.incremental
@@ -707,9 +709,9 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
     st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))
     ids = bulk_put(st, "t", 15)
     keys = tenant_keys("t")
-    arm = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "arm"))
-    use = msgpack.unpackb(redis_client.hget(keys.entry(ids[0]), "use"))
-    damage: list[tuple[str, bytes]] = [
+    first = read_state(redis_client, "t", ids[0])
+    arm, use = first["arm"], first["use"]
+    damage: list[tuple[str, bytes | None]] = [
         ("arm", b"\xc1"),  # not msgpack
         ("arm", msgpack.packb([1, 2])),  # not a map
         ("arm", msgpack.packb({**arm, "a": True})),  # a boolean
@@ -718,16 +720,17 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
         ("use", msgpack.packb({**use, "c": float("nan")})),
         ("use", msgpack.packb({**use, "ns": 1.5})),  # not a whole number
         ("use", msgpack.packb({**use, "ns": None})),  # nil: absent, fine
-        ("sz", b"lots"),
+        ("sz", msgpack.packb("lots")),
+        ("use", None),  # nil
     ]
     for eid, (name, value) in zip(ids, damage, strict=False):
-        redis_client.hset(keys.entry(eid), name, value)
-    redis_client.hdel(keys.entry(ids[9]), "use")
+        set_state_part(redis_client, "t", eid, name, value)
     redis_client.delete(keys.entry(ids[10]))  # gone: neither fine nor corrupt
-    redis_client.hset(keys.entry(ids[12]), "use", msgpack.packb({**use, "la": "x"}))  # a str
-    redis_client.hset(keys.entry(ids[13]), "sz", b"inf")
-    huge = msgpack.packb({**arm, "a": 1e308, "b": 1e308})  # finite, but the sum is not
-    redis_client.hset(keys.entry(ids[14]), "arm", huge)
+    redis_client.hdel(keys.st, ids[10])
+    set_state_value(redis_client, "t", ids[12], "use", {**use, "la": "x"})  # a str
+    set_state_value(redis_client, "t", ids[13], "sz", float("inf"))
+    huge = {**arm, "a": 1e308, "b": 1e308}  # finite, but the sum is not
+    set_state_value(redis_client, "t", ids[14], "arm", huge)
     cols = st.state_arrays("t", ids)
     by_scripts = set(st.decay("t", ids).corrupt)
     assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9, 12, 14)}
@@ -735,7 +738,7 @@ def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Re
     assert set(cols.corrupt) == by_scripts | {ids[8], ids[13]}
     assert cols.ids == [ids[7], ids[11]]
     assert cols.alpha.tolist() == [arm["a"], arm["a"]]
-    assert cols.size.tolist() == [int(redis_client.hget(keys.entry(i), "sz")) for i in cols.ids]
+    assert cols.size.tolist() == [read_state(redis_client, "t", i)["sz"] for i in cols.ids]
     # A batch of fine entries only is decoded in one go: the same values.
     fine = st.state_arrays("t", [ids[7], ids[11]])
     assert fine.ids == cols.ids and fine.corrupt == []

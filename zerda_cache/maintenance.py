@@ -295,7 +295,7 @@ class Maintenance:
             report.swept = cursor == 0
         else:  # data from before the list existed, or its flag was lost: scan it all once
             for batch in st.iter_ids(tenant, size):
-                cols = self._state_arrays(tenant, [eid for eid, _ in batch])
+                cols = self._state_arrays(tenant, [eid for eid, _ in batch], rl)
                 self._decay_columns(tenant, cols, report, rl)
                 if self._halted():
                     break
@@ -352,12 +352,16 @@ class Maintenance:
         unless ``decay`` is given: then the same scan also persists the decay of every
         arm with evidence, and counts it there).
 
-        Per batch: the ZSCAN step gives ids and expiry times; one command (the read-only
-        ``state`` script) gives the stored arms and usage, which ``codec.state_columns``
-        decodes into columns here, off the server's thread; the learner scores the whole
-        batch at once.
+        Per batch: the ZSCAN step gives ids and expiry times; one command (the ``state``
+        script, one HMGET of the tenant's state hash) gives the stored arms and usage,
+        which ``codec.state_columns`` decodes into columns here, off the server's thread;
+        the learner scores the whole batch at once. On a server whose maxmemory-policy
+        may evict entries' hashes (allkeys-*, or one that does not say), the script also
+        checks that each hash exists, so that the ids of those Redis evicted are found.
         """
         st = self.storage
+        policy_name = st.eviction_policy()
+        check = policy_name is None or policy_name.startswith("allkeys")
         # Signals from here on are read by the incremental plans that follow this scan.
         mark = st.feedback_mark(tenant)
         now = st.now() if now is None else now
@@ -372,7 +376,7 @@ class Maintenance:
         keep_scores: list[np.ndarray] = []
         keep_sizes: list[np.ndarray] = []
         keep_versions: list[np.ndarray] = []
-        for batch, cols in self._states_ahead(tenant, now, set(plan.corrupt)):
+        for batch, cols in self._states_ahead(tenant, now, set(plan.corrupt), policy.rl, check):
             fresh = [(eid, exp) for eid, exp in batch if eid not in seen]
             if len(fresh) < len(batch):  # ids seen already (reported, or a ZSCAN repeat)
                 cols = cols.only({eid for eid, _ in fresh})
@@ -422,7 +426,7 @@ class Maintenance:
         return plan
 
     def _states_ahead(
-        self, tenant: str, now: float, skip: set[str]
+        self, tenant: str, now: float, skip: set[str], rl: RLConfig, check: bool
     ) -> Iterator[tuple[IdBatch, StateArrays]]:
         """The ids zset in ZSCAN batches, each with the learning state of its ids that
         are live at ``now`` and not in ``skip``. The next batches' ZSCAN steps and state
@@ -433,7 +437,7 @@ class Maintenance:
 
         def read(batch: IdBatch) -> tuple[IdBatch, StateArrays]:
             live = [eid for eid, expires_at in batch if expires_at > now and eid not in skip]
-            return batch, self._state_arrays(tenant, live)
+            return batch, self._state_arrays(tenant, live, rl, check)
 
         depth = self.read_ahead
         batches = st.iter_ids(tenant, self.eviction.scan_batch)
@@ -453,10 +457,17 @@ class Maintenance:
                 if close is not None:
                     close()  # a scan stopped early: its ZSCAN thread stops too
 
-    def _state_arrays(self, tenant: str, ids: list[str]) -> StateArrays:
-        """The learning state of ``ids``, read in calls of at most ``STATE_BATCH``."""
+    def _state_arrays(
+        self, tenant: str, ids: list[str], rl: RLConfig, check: bool = False
+    ) -> StateArrays:
+        """The learning state of ``ids``, read in calls of at most ``STATE_BATCH``
+        (``rl``: the tenant's prior, for an entry whose state was lost; ``check``: read
+        an entry whose hash is gone as gone)."""
         step, st = STATE_BATCH, self.storage
-        parts = [st.state_arrays(tenant, ids[i : i + step]) for i in range(0, len(ids), step)]
+        parts = [
+            st.state_arrays(tenant, ids[i : i + step], rl=rl, check_hashes=check)
+            for i in range(0, len(ids), step)
+        ]
         return StateArrays.concat(parts) if parts else st.state_arrays(tenant, [])
 
     def _scores(
@@ -663,7 +674,7 @@ class Maintenance:
             else (changed[i : i + batch] for i in range(0, len(changed), batch))
         )
         for ids in batches:
-            cols = self._state_arrays(tenant, [eid for eid in ids if eid not in seen])
+            cols = self._state_arrays(tenant, [eid for eid in ids if eid not in seen], rl)
             seen.update(ids)
             plan.corrupt += cols.corrupt
             plan.scanned += len(cols.ids)
@@ -725,6 +736,10 @@ class Maintenance:
                 break
         # The registry may be gone too (another key of the same eviction).
         self.storage.register_tenants(sorted(seen))
+        # Redis evicts entries' hashes as well: each tenant's next eviction is a whole
+        # scan, which finds the ids and states whose hash went (``plan_eviction``).
+        for tenant in seen:
+            self._full_scans.pop(tenant, None)
         if adopted:
             log.warning("took back %d entries whose ids were lost (allkeys-* eviction?)", adopted)
         return adopted

@@ -753,9 +753,9 @@ def seed_tenants(
         ids = [c.parse(r).entry_id for c, r in zip(calls, pipe.execute(), strict=True)]
         liked = ids[:with_feedback]
         st.feedback_many([FeedbackSignal(e, tenant, True, magnitude=4.0) for e in liked])
-        key = tenant_keys(tenant).entry
+        states = tenant_keys(tenant).st
         for eid in liked:
-            arm = msgpack.unpackb(client.hget(key(eid), "arm"))
+            arm = msgpack.unpackb(client.hget(states, eid))[0]
             arms[(tenant, eid)] = (float(arm["a"]), float(arm["t"]))
     return arms
 
@@ -897,10 +897,10 @@ def leader_fault(
                 res.miscounted += abs(counted - removed) + max(0, count - target)
                 res.notes.append(f"{t}: {count} left, {removed} removed, {counted} counted")
         for (t, eid), (alpha0, t0) in arms.items():
-            raw = client.hget(tenant_keys(t).entry(eid), "arm")
+            raw = client.hget(tenant_keys(t).st, eid)
             if raw is None:
                 continue  # evicted (to capacity): nothing left to decay
-            arm = msgpack.unpackb(raw)
+            arm = msgpack.unpackb(raw)[0]
             res.arms += 1
             prior = 1.0
             want = prior + (alpha0 - prior) * FAULT_RL["usage_decay"] ** (

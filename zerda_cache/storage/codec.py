@@ -11,15 +11,25 @@ Entry hash fields (see ``storage/keys.py`` for the keys):
 ``vec``   the L2-normalised embedding as little-endian float32 bytes, or (``float16``
           storage) ``h`` then little-endian float16 bytes
 ``meta``  msgpack ``{v, ct: created_at, ttl, sc: scope, dim}`` (written by the put script)
-``arm``   msgpack ``{a: alpha, b: beta, n: pulls, r: reward_sum, t: decayed_at}``
-``use``   msgpack ``{n: usage_count, la: last_access, c: confidence, v: version,
+``dg``    digest of (normalised query, scope): the exact-match key
+========  ==========================================================================
+
+An entry's learning state is its field of the tenant's state hash ``st``: the msgpack
+array ``[arm, use, sz]``, where
+
+========  ==========================================================================
+``arm``   ``{a: alpha, b: beta, n: pulls, r: reward_sum, t: decayed_at}``
+``use``   ``{n: usage_count, la: last_access, c: confidence, v: version,
           ss: similarity, qs: quality, sb: the entry's own similarity bar, pm: lowest
           similarity of a positive signal}``: everything the hit and feedback scripts need
-          besides the arm, so they decode two small maps and nothing else. ``v`` is
-          bumped by every hit and feedback (eviction's "changed since scored" check).
-``dg``    digest of (normalised query, scope): the exact-match key
+          besides the arm. ``v`` is bumped by every hit and feedback (eviction's "changed
+          since scored" check).
 ``sz``    bytes of doc + vec, for the tenant's byte count
 ========  ==========================================================================
+
+Entries written before the state hash (zerda-cache 0.1) hold ``arm``, ``use`` and ``sz`` as
+fields of their own hash, which the scripts move to ``st`` the first time they touch the
+entry (``zc_raw_state`` in lua/_lib.lua); the readers here take either.
 """
 
 from __future__ import annotations
@@ -227,7 +237,10 @@ def unpack_doc(raw: object, *, key: str = "?") -> tuple[str, str, dict[str, Any]
 
 
 def unpack_arm(raw: object, *, key: str = "?") -> BanditArm:
-    arm = _unpack_map(raw, key, "arm")
+    return _arm(_unpack_map(raw, key, "arm"), key)
+
+
+def _arm(arm: dict[str, Any], key: str) -> BanditArm:
     for name in ("a", "b"):
         if _num(arm, name, key, "arm") <= 0:
             raise CorruptEntryError(key, f"arm.{name} must be > 0, got {arm[name]!r}")
@@ -257,7 +270,10 @@ class Use:
 
 
 def unpack_use(raw: object, *, key: str = "?") -> Use:
-    use = _unpack_map(raw, key, "use")
+    return _use(_unpack_map(raw, key, "use"), key)
+
+
+def _use(use: dict[str, Any], key: str) -> Use:
     return Use(
         count=int(_num(use, "n", key, "use")),
         last_access=_num(use, "la", key, "use"),
@@ -279,6 +295,31 @@ def _streak(use: dict[str, Any], key: str) -> int:
     if not (math.isfinite(ns) and 0 <= ns < 1e9 and ns == int(ns)):
         raise CorruptEntryError(key, f"use.ns is not a count: {ns!r}")
     return int(ns)
+
+
+def unpack_state(raw: object, *, key: str = "?") -> tuple[BanditArm, Use, int]:
+    """Decode an entry's state (its field of the state hash: msgpack ``[arm, use, sz]``),
+    checked as ``unpack_arm`` and ``unpack_use`` check, with ``sz`` a whole number."""
+    if not isinstance(raw, bytes | bytearray):
+        raise CorruptEntryError(key, "state is missing")
+    try:
+        state = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptEntryError(key, f"state is not valid msgpack ({exc})") from exc
+    if not isinstance(state, list) or len(state) < 3:
+        raise CorruptEntryError(key, "state is not an [arm, use, sz] array")
+    arm, use, size = state[:3]
+    for name, value in (("arm", arm), ("use", use)):
+        if not isinstance(value, dict):
+            raise CorruptEntryError(key, f"{name} is a {type(value).__name__}, not a map")
+    if (
+        isinstance(size, bool)
+        or not isinstance(size, int | float)
+        or not math.isfinite(size)
+        or size != int(size)
+    ):
+        raise CorruptEntryError(key, f"sz is not a whole number: {size!r}")
+    return _arm(arm, key), _use(use, key), int(size)
 
 
 def trusted_arm(raw: bytes) -> BanditArm:
@@ -320,38 +361,34 @@ class _Malformed(Exception):
 
 
 def state_columns(
-    arms: Sequence[bytes | None], uses: Sequence[bytes | None], sizes: Sequence[bytes | None]
+    states: Sequence[bytes | None],
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64]]:
-    """Decode the ``arm``, ``use`` and ``sz`` fields of a batch of entries (the worker's
-    scan, lua/state.lua) into a status per entry (1 fine, 0 gone: no field at all, -1
-    corrupt) and an n x ``STATE_COLUMNS`` matrix of values (zeros unless fine).
+    """Decode the states of a batch of entries (the worker's scan, lua/state.lua) into a
+    status per entry (1 fine, 0 gone: no state, -1 corrupt) and an n x
+    ``STATE_COLUMNS`` matrix of values (zeros unless fine).
 
-    Corrupt is what the scripts that write arms call corrupt (``zc_state``: ``arm`` and
-    ``use`` msgpack maps whose fields are finite numbers, never booleans, with a finite
-    sum, alpha and beta > 0, ``use.ns`` absent, nil or a whole number in [0, 1e9)) and,
-    as the scan needs the size, a ``sz`` that is not a finite number. On hand-made
-    damage it is stricter than Lua in places, as the lookups' decoder is: bytes after
-    the map, keys that are not strings, a size written in hex. Over the whole batch
-    at once: ~2 us an entry in the worker, against ~8 us for the same decoding and
-    checks in Lua, in the server's one thread."""
-    n = len(arms)
+    Corrupt is what the scripts that write arms call corrupt (``zc_state``: an array whose
+    ``arm`` and ``use`` are msgpack maps whose fields are finite numbers, never booleans,
+    with a finite sum, alpha and beta > 0, ``use.ns`` absent, nil or a whole number in
+    [0, 1e9)) and, as the scan needs the size, a ``sz`` that is not a finite number. On
+    hand-made damage it is stricter than Lua in places, as the lookups' decoder is: bytes
+    after the array, keys that are not strings. Over the whole batch at once, off the
+    server's one thread."""
+    n = len(states)
     status = np.zeros(n, dtype=np.int8)
     values = np.zeros((n, STATE_COLUMNS), dtype=np.float64)
-    present = [
-        i for i in range(n) if arms[i] is not None or uses[i] is not None or sizes[i] is not None
-    ]
+    present = [i for i in range(n) if states[i] is not None]
     if not present:
         return status, values
     at = np.array(present, dtype=np.int64)
     try:
-        fine, rows = _state_block([arms[i] for i in present], [uses[i] for i in present],
-                                  [sizes[i] for i in present])  # fmt: skip
+        fine, rows = _state_block([states[i] for i in present])  # type: ignore[misc]
     except _Malformed:  # rare: one entry at a time, with the same checks
         fine = np.zeros(len(present), dtype=bool)
         rows = np.zeros((len(present), STATE_COLUMNS), dtype=np.float64)
         for j, i in enumerate(present):
             try:
-                one, row = _state_block([arms[i]], [uses[i]], [sizes[i]])
+                one, row = _state_block([states[i]])  # type: ignore[list-item]
             except _Malformed:
                 continue
             fine[j], rows[j] = one[0], row[0]
@@ -361,27 +398,26 @@ def state_columns(
 
 
 _NUMBER_TYPES = frozenset({int, float})
+_STATE_GET = itemgetter(0, 1, 2)
 
 
-def _state_block(
-    arms: list[bytes | None], uses: list[bytes | None], sizes: list[bytes | None]
-) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
-    """``state_columns`` for entries that all exist: which are fine, and their values.
-    Raises ``_Malformed`` when any value is not the right shape."""
+def _state_block(states: list[bytes]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+    """``state_columns`` for entries that all have a state: which are fine, and their
+    values. Raises ``_Malformed`` when any value is not the right shape."""
     unpack = msgpack.unpackb
     try:
         # raw=True: keys stay bytes (~25% faster here); a str value stays bytes, and so
         # is refused as a number all the same.
-        arm = [unpack(raw, raw=True) for raw in arms]
-        use = [unpack(raw, raw=True) for raw in uses]
+        decoded = [unpack(raw, raw=True) for raw in states]
+        arm, use, size = zip(*map(_STATE_GET, decoded), strict=True)
         # Row by row into one flat list each (itemgetter, in C), checked and converted
         # in one pass: ~10% less than a list per field.
         flat_arm = list(chain.from_iterable(map(_ARM_GET, arm)))
         flat_use = list(chain.from_iterable(map(_USE_GET, use)))
         streaks = [d.get(b"ns") for d in use]
-        size = np.array([float(raw) for raw in sizes], dtype=np.float64)  # type: ignore[arg-type]
         kinds = set(map(type, flat_arm))
         kinds.update(map(type, flat_use))
+        kinds.update(map(type, size))
         if not kinds <= _NUMBER_TYPES:  # a string, a boolean, a nil, a nested map...
             raise _Malformed
         mat = np.concatenate(
@@ -391,6 +427,7 @@ def _state_block(
             ],
             axis=1,
         ).T
+        sizes = np.array(size, dtype=np.float64)
     except _Malformed:
         raise
     except Exception as exc:  # msgpack raises several unrelated types; so do the lookups
@@ -403,13 +440,13 @@ def _state_block(
         total = mat.sum(axis=0)  # zc_all_numbers' test: finite fields whose sum overflows
     fine = (
         np.isfinite(total)
-        & np.isfinite(size)
+        & np.isfinite(sizes)
         & (mat[0] > 0)
         & (mat[1] > 0)
         & ~np.array(bad_streak, dtype=bool)
     )
     # alpha, beta, decayed_at (arm.t), uses (use.n), last access, confidence, version, size
-    rows = np.stack([mat[0], mat[1], mat[4], mat[5], mat[6], mat[7], mat[8], size], axis=1)
+    rows = np.stack([mat[0], mat[1], mat[4], mat[5], mat[6], mat[7], mat[8], sizes], axis=1)
     return fine, rows
 
 

@@ -9,7 +9,8 @@ Layout (``p`` is the configured prefix, ``zc`` by default):
 =====================  =======  ==========================================================
 key                    type     holds
 =====================  =======  ==========================================================
-``p:{t}:e:<id>``       hash     one entry: doc, vec, meta, arm, use, ver
+``p:{t}:e:<id>``       hash     one entry: doc, vec, meta, dg (and dsp, under a bound)
+``p:{t}:st``           hash     entry id -> its learning state: msgpack [arm, use, sz]
 ``p:{t}:ids``          zset     live entry ids, scored by expiry (unix s, +inf = none)
 ``p:{t}:q``            hash     digest of (normalised query, scope) -> entry id
 ``p:{t}:log``          stream   add/del events that keep replicas' vector indexes current
@@ -51,6 +52,7 @@ class TenantKeys:
     tenant: str
     base: str  # "p:{t}:"
     ids: str
+    st: str
     q: str
     log: str
     stats: str
@@ -82,6 +84,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         tenant=tenant,
         base=base,
         ids=base + "ids",
+        st=base + "st",
         q=base + "q",
         log=base + "log",
         stats=base + "stats",

@@ -464,7 +464,10 @@ def _evalsha(call: ScriptCall[T], sha: str) -> ReadPlan[T]:
     return ReadPlan(call.script, queue, lambda replies: call.parse(replies[0]), 1)
 
 
-_STATE_FIELDS = ("arm", "use", "meta", "sz")
+#: The fields of an entry's hash that its state is read with: ``meta``, and the ``arm``,
+#: ``use`` and ``sz`` of an entry written before the state hash (zerda-cache 0.1) whose
+#: state no script has moved there yet (``codec``).
+_STATE_FIELDS = ("meta", "arm", "use", "sz")
 
 
 class StoragePlans:
@@ -588,7 +591,8 @@ class StoragePlans:
             displaced = text(res[1]) or None
             return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
 
-        return ScriptCall("put", [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg], args, parse)
+        keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg, k.st]
+        return ScriptCall("put", keys, args, parse)
 
     def needs_registration(self, tenant: str) -> bool:
         """True until this process has added ``tenant`` to the global tenant set.
@@ -629,7 +633,7 @@ class StoragePlans:
             "" if min_reward is None else repr(float(min_reward)),
             "" if similarity is None else repr(float(similarity)),
         ]
-        keys = [key, k.ids, k.stats]
+        keys = [key, k.ids, k.stats, k.st, k.bad]
         if asked is not None:
             keys.append(k.q)
             args += [asked, "" if own_bar is None else repr(float(own_bar))]
@@ -694,7 +698,7 @@ class StoragePlans:
         sigs = list(signals)
         tenant = sigs[0].tenant_id
         k = self.keys(tenant)
-        keys = [k.stats, k.fb, k.ev]
+        keys = [k.stats, k.fb, k.ev, k.st]
         args: list[Any] = [self._now_arg(), *self._rl_static(rl)[1]]
         for sig in sigs:
             if sig.tenant_id != tenant:
@@ -750,7 +754,7 @@ class StoragePlans:
                 log.warning("decay skipped corrupt entry %s", k.entry(eid))
             return DecayOutcome(int(decayed), int(missing), bad)
 
-        keys = [k.cfg, k.ev, *(k.entry(eid) for eid in ids)]
+        keys = [k.cfg, k.ev, k.st, *(k.entry(eid) for eid in ids)]
         args = [
             self._now_arg(),
             *self._rl_args(rl),
@@ -772,7 +776,8 @@ class StoragePlans:
             raise ValueError(f"unknown eviction reason {reason!r}; use one of {REASONS}")
         k = self.keys(tenant)
         cands = list(candidates)
-        keys = [k.ids, k.q, k.log, k.stats, k.cfg, k.ev, *(k.entry(eid) for eid, _ in cands)]
+        keys = [k.ids, k.q, k.log, k.stats, k.cfg, k.ev, k.st]
+        keys += [k.entry(eid) for eid, _ in cands]
         args: list[Any] = [
             reason,
             self.config.index_log_maxlen,
@@ -799,20 +804,21 @@ class StoragePlans:
 
         def queue(pipe: Any) -> None:
             pipe.hmget(key, fields)
+            pipe.hget(k.st, entry_id)
             pipe.zscore(k.ids, entry_id)
 
         def parse(res: list[Any]) -> IntelligentCacheEntry:
-            raw, score = res
+            raw, state, score = res
             values = dict(zip(fields, raw, strict=True))
             if values["doc"] is None:
                 raise EntryNotFoundError(tenant, entry_id)
-            entry = _state_entry(tenant, entry_id, key, values, score)
+            entry = _state_entry(tenant, entry_id, key, values, state, score)
             entry.query, entry.response, entry.metadata = codec.unpack_doc(values["doc"], key=key)
             if with_vector:
                 entry.embedding = codec.decode_vector(values["vec"], key=key)
             return entry
 
-        return ReadPlan("get_entry", queue, parse, 2)
+        return ReadPlan("get_entry", queue, parse, 3)
 
     def read_states(self, tenant: str, entry_ids: Sequence[str]) -> ReadPlan[StateBatch]:
         k = self.keys(tenant)
@@ -821,36 +827,46 @@ class StoragePlans:
         def queue(pipe: Any) -> None:
             for eid in ids:
                 pipe.hmget(k.entry(eid), _STATE_FIELDS)
+            pipe.hmget(k.st, ids)
             pipe.zmscore(k.ids, ids)
 
         def parse(res: list[Any]) -> StateBatch:
             out = StateBatch()
-            *rows, scores = res
-            for eid, raw, score in zip(ids, rows, scores, strict=True):
-                if all(value is None for value in raw):
+            *rows, states, scores = res
+            for eid, raw, state, score in zip(ids, rows, states, scores, strict=True):
+                if state is None and all(value is None for value in raw):
                     out.missing.append(eid)
                     continue
                 key = k.entry(eid)
                 try:
                     values = dict(zip(_STATE_FIELDS, raw, strict=True))
-                    out.entries[eid] = _state_entry(tenant, eid, key, values, score)
+                    out.entries[eid] = _state_entry(tenant, eid, key, values, state, score)
                 except CorruptEntryError as exc:
                     log.warning("skipping corrupt entry: %s", exc)
                     out.corrupt.append(eid)
                     self._suspect(tenant, eid, exc)
             return out
 
-        return ReadPlan("load_states", queue, parse, len(ids) + 1)
+        return ReadPlan("load_states", queue, parse, len(ids) + 2)
 
-    def plan_state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> ScriptCall[StateArrays]:
-        """Plan reading ``arm``, ``use`` and ``sz`` of many entries into columns, in one
-        command (the read-only ``state`` script; ``codec.state_columns`` decodes)."""
+    def plan_state_arrays(
+        self,
+        tenant: str,
+        entry_ids: Sequence[str],
+        *,
+        rl: RLConfig | None = None,
+        check_hashes: bool = False,
+    ) -> ScriptCall[StateArrays]:
+        """Plan reading the states of many entries into columns, in one command (the
+        ``state`` script: one HMGET of the state hash; ``codec.state_columns`` decodes).
+        ``rl``: the prior an entry whose state was lost gets (by default the
+        configuration's); ``check_hashes``: an entry whose hash is gone reads as gone
+        even if its state remains (an EXISTS per entry)."""
         k = self.keys(tenant)
         ids = list(entry_ids)
 
-        def parse(flat: Any) -> StateArrays:
-            flat = flat or []
-            status, arr = codec.state_columns(flat[0::3], flat[1::3], flat[2::3])
+        def parse(states: Any) -> StateArrays:
+            status, arr = codec.state_columns(states or [])
             ok = status == 1
             bad = np.flatnonzero(status == -1).tolist()
             rows = arr[ok]
@@ -867,7 +883,8 @@ class StoragePlans:
                 corrupt=[ids[i] for i in bad],
             )
 
-        return ScriptCall("state", [k.entry(eid) for eid in ids], [], parse)
+        args = [self._now_arg(), *self._rl_args(rl)[:2], "1" if check_hashes else "", *ids]
+        return ScriptCall("state", [k.st, *(k.entry(eid) for eid in ids)], args, parse)
 
     def read_vectors(
         self, tenant: str, entry_ids: Sequence[str]
@@ -1255,14 +1272,23 @@ def _unit_score(name: str, value: object) -> float:
 
 
 def _state_entry(
-    tenant: str, entry_id: str, key: str, values: Mapping[str, Any], score: float | None
+    tenant: str,
+    entry_id: str,
+    key: str,
+    values: Mapping[str, Any],
+    state: bytes | None,
+    score: float | None,
 ) -> IntelligentCacheEntry:
     meta = codec.unpack_meta(values["meta"], key=key)
-    use = codec.unpack_use(values["use"], key=key)
-    try:
-        size = int(values["sz"])
-    except (TypeError, ValueError) as exc:
-        raise CorruptEntryError(key, "sz is not an integer") from exc
+    if state is not None:
+        arm, use, size = codec.unpack_state(state, key=key)
+    else:  # written before the state hash, and not yet moved there
+        arm = codec.unpack_arm(values["arm"], key=key)
+        use = codec.unpack_use(values["use"], key=key)
+        try:
+            size = int(values["sz"])
+        except (TypeError, ValueError) as exc:
+            raise CorruptEntryError(key, "sz is not an integer") from exc
     return IntelligentCacheEntry(
         entry_id=entry_id,
         tenant=tenant,
@@ -1277,7 +1303,7 @@ def _state_entry(
         usage_count=use.count,
         last_access=use.last_access,
         confidence_score=use.confidence,
-        bandit_arm=codec.unpack_arm(values["arm"], key=key),
+        bandit_arm=arm,
         version=use.version,
         size_bytes=size,
         similarity_bar=use.similarity_bar,

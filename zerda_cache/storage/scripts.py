@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 #: Scripts that need the shared library of arm formulas.
-_WITH_LIB = frozenset({"put", "hit", "feedback", "decay", "evict", "label", "traffic"})
+_WITH_LIB = frozenset({"put", "hit", "feedback", "decay", "evict", "state", "label", "traffic"})
 #: Each script's shebang flags (Redis 7 / Valkey 7.2 and later). Under ``maxmemory``
 #: with ``noeviction`` a server refuses scripts that write unless they say
 #: ``allow-oom``: serving, feedback, decay, eviction and the lease must keep working on
@@ -22,14 +22,15 @@ _WITH_LIB = frozenset({"put", "hit", "feedback", "decay", "evict", "label", "tra
 #: cache serves what it holds and the worker can free memory. ``put`` has a shebang and
 #: no flag: a full server refuses it before it runs, so a refused put writes nothing (a
 #: script without a shebang would fail at its first write, after the ones before it).
-#: ``state`` only reads.
+#: ``state`` reads, and moves the state of entries written before the state hash into it
+#: (the same bytes, and the fields it frees).
 FLAGS = {
     "put": "",
     "hit": "allow-oom",
     "feedback": "allow-oom",
     "decay": "allow-oom",
     "evict": "allow-oom",
-    "state": "no-writes",
+    "state": "allow-oom",
     "lease_renew": "allow-oom",
     "lease_release": "allow-oom",
     "lease_acquire": "allow-oom",

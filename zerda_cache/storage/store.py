@@ -335,9 +335,17 @@ class Storage(StoragePlans):
             return StateBatch()
         return (yield from self._read(self.read_states(tenant, entry_ids)))
 
-    def _state_arrays(self, tenant: str, entry_ids: Sequence[str]) -> Flow[StateArrays]:
-        """Learning state of many entries as columns, in one command."""
-        plan = self.plan_state_arrays(tenant, entry_ids)
+    def _state_arrays(
+        self,
+        tenant: str,
+        entry_ids: Sequence[str],
+        *,
+        rl: RLConfig | None = None,
+        check_hashes: bool = False,
+    ) -> Flow[StateArrays]:
+        """Learning state of many entries as columns, in one command
+        (``plan_state_arrays``)."""
+        plan = self.plan_state_arrays(tenant, entry_ids, rl=rl, check_hashes=check_hashes)
         if not entry_ids:
             return plan.parse(None)
         return (yield from self._run(plan))

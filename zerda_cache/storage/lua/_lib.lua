@@ -66,28 +66,52 @@ end
 local ZC_ARM_FIELDS = {'a', 'b', 'n', 'r', 't'}
 local ZC_USE_FIELDS = {'n', 'la', 'c', 'v', 'ss', 'qs', 'sb', 'pm'}
 
-local function zc_unpack2(raw_a, raw_b)
-  return cmsgpack.unpack(raw_a), cmsgpack.unpack(raw_b)
-end
-
 -- The run of complaints: absent (0) or a whole number >= 0.
 local function zc_valid_streak(ns)
   return ns == nil or (type(ns) == 'number' and ns >= 0 and ns < 1e9 and ns % 1 == 0)
 end
 
--- Decode arm and use together (one pcall for both); nil if either is missing or corrupt.
+-- An entry's learning state is one field of the tenant's state hash (`st`, field: the
+-- entry id): the msgpack array [arm, use, sz]. One hash for the tenant rather than fields
+-- of each entry's own hash, so that the worker's whole scan reads a batch of states from
+-- one key (docs/design.md, "The worker's cycle"). Packed as the fixarray marker (0x93)
+-- and the three packed values, so that a script that packs the arm and the use for its
+-- reply packs each once.
+local function zc_pack_state(packed_arm, packed_use, size)
+  return '\147' .. packed_arm .. packed_use .. cmsgpack.pack(size)
+end
+
+-- `raw` if it is one msgpack map, else nil: what an entry written before the state hash
+-- held in each of its own `arm` and `use` fields.
+local function zc_one_map(raw)
+  if not raw then
+    return nil
+  end
+  local ok, val, extra = pcall(cmsgpack.unpack, raw)
+  if ok and type(val) == 'table' and extra == nil then
+    return raw
+  end
+  return nil
+end
+
+-- Decode a raw state: arm, use and sz; nil if it is missing, or its arm or use corrupt.
 -- use = {n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality,
 --        sb=the entry's own similarity bar, pm=lowest similarity of a positive signal,
 --        ns=negative signals in a row (absent when 0)}
-local function zc_state(raw_arm, raw_use)
-  if not raw_arm or not raw_use then
+-- sz (bytes of doc + vec) comes as stored, unchecked: only the worker's scan uses it.
+local function zc_state(raw)
+  if not raw then
     return nil
   end
-  local ok, arm, use = pcall(zc_unpack2, raw_arm, raw_use)
-  if ok and type(arm) == 'table' and type(use) == 'table'
+  local ok, s = pcall(cmsgpack.unpack, raw)
+  if not ok or type(s) ~= 'table' then
+    return nil
+  end
+  local arm, use = s[1], s[2]
+  if type(arm) == 'table' and type(use) == 'table'
       and zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS)
       and arm.a > 0 and arm.b > 0 and zc_valid_streak(use.ns) then
-    return arm, use
+    return arm, use, s[3]
   end
   return nil
 end
@@ -116,6 +140,42 @@ local function zc_confidence(arm, use)
   elseif raw > 1.0 then
     return 1.0
   end
+  return raw
+end
+
+-- The raw state of entry `id` (hash `key`), or nil when it has none. With `prior` (a
+-- script that writes the state: {a = prior alpha, b = prior beta, now = now}):
+-- * an entry written before the state hash (zerda-cache 0.1) holds `arm`, `use` and `sz`
+--   in its own hash: they move to the state hash here, as they are (a piece that does
+--   not decode stays corrupt: nil in its place). Without `prior` they are only read.
+-- * an entry whose hash exists without any state (the state hash was lost: an allkeys-*
+--   eviction of the key, a DEL) gets the state a put gives (the prior; similarity and
+--   quality at their defaults, entry.DEFAULT_SIMILARITY and DEFAULT_QUALITY): it lost its
+--   evidence, not its answer.
+local function zc_raw_state(st_key, key, id, prior)
+  local raw = redis.call('HGET', st_key, id)
+  if raw then
+    return raw
+  end
+  local old = redis.call('HMGET', key, 'arm', 'use', 'sz')
+  if old[1] or old[2] or old[3] then
+    raw = zc_pack_state(zc_one_map(old[1]) or '\192', zc_one_map(old[2]) or '\192',
+                        tonumber(old[3]))
+    if prior then
+      redis.call('HSET', st_key, id, raw)
+      redis.call('HDEL', key, 'arm', 'use', 'sz')
+    end
+    return raw
+  end
+  if not prior or redis.call('EXISTS', key) == 0 then
+    return nil
+  end
+  local arm = {a = prior.a, b = prior.b, n = 0, r = 0, t = prior.now}
+  local use = {n = 0, la = prior.now, c = 0, v = 1, ss = 1, qs = 0.5, sb = 0, pm = 2}
+  use.c = zc_confidence(arm, use)
+  local size = redis.call('HSTRLEN', key, 'doc') + redis.call('HSTRLEN', key, 'vec')
+  raw = zc_pack_state(cmsgpack.pack(arm), cmsgpack.pack(use), size)
+  redis.call('HSET', st_key, id, raw)
   return raw
 end
 

@@ -1,13 +1,15 @@
 -- KEYS[1] ids zset  KEYS[2] q hash  KEYS[3] log stream  KEYS[4] stats hash  KEYS[5] cfg hash
--- KEYS[6] evidence set  KEYS[7..] entry hashes, one per (id, version) pair in ARGV
+-- KEYS[6] evidence set  KEYS[7] state hash  KEYS[8..] entry hashes, one per (id, version)
+-- pair in ARGV
 -- ARGV[1] reason  ARGV[2] log maxlen  ARGV[3] the worker's lease epoch ('' = not fenced)
 -- ARGV[4], ARGV[5], ...: entry id, expected version ('' = any).
 -- returns one status per entry: 1 removed; 0 already gone (stray index entries cleaned);
 -- -1 changed since it was scored (kept); an error FENCED (nothing written) when a worker
 -- with a newer lease epoch has written to this tenant.
--- Removes an entry from every structure at once: hash, ids, exact-match map, replicas'
--- indexes (a 'del' event in the log) and the byte count. An unconditional removal never
--- decodes msgpack, so a corrupt entry can always be removed.
+-- Removes an entry from every structure at once: hash, state, ids, exact-match map,
+-- replicas' indexes (a 'del' event in the log) and the byte count. A corrupt entry can
+-- always be removed: an unconditional removal decodes its state only for its size, and
+-- frees nothing from the count when that does not decode.
 if zc_fenced(KEYS[5], ARGV[3]) then
   return redis.error_reply('FENCED a worker with a newer lease wrote to this tenant')
 end
@@ -16,16 +18,21 @@ local out = {}
 local removed, freed = 0, 0
 local gone_ids, gone_here = {}, {}  -- removed here: out of the ids zset and the evidence
 -- set at the end, in one call each
-for i = 7, #KEYS do
-  local id, want = ARGV[(i - 7) * 2 + 4], ARGV[(i - 7) * 2 + 5]
+for i = 8, #KEYS do
+  local id, want = ARGV[(i - 8) * 2 + 4], ARGV[(i - 8) * 2 + 5]
   local key = KEYS[i]
-  local state = redis.call('HMGET', key, 'sz', 'dg', 'use')
-  -- whatever fields a corrupt entry lost, it exists while it has one
-  local exists = state[1] or state[2] or state[3] or redis.call('EXISTS', key) == 1
+  local raw = zc_raw_state(KEYS[7], key, id, nil)
+  local dg = redis.call('HGET', key, 'dg')
+  -- whatever a corrupt entry lost, it exists while it has its state or a field
+  local exists = raw or dg or redis.call('EXISTS', key) == 1
+  local ok, state = pcall(cmsgpack.unpack, raw or '')
+  if not ok or type(state) ~= 'table' then
+    state = {}
+  end
   local changed = false
   if exists and want ~= '' then
-    local ok, use = pcall(cmsgpack.unpack, state[3] or '')
-    changed = not ok or type(use) ~= 'table' or use.v ~= tonumber(want)
+    local use = state[2]
+    changed = type(use) ~= 'table' or use.v ~= tonumber(want)
   end
   if not exists and gone_here[id] then  -- the same id twice in one batch
     out[#out + 1] = 0
@@ -38,15 +45,24 @@ for i = 7, #KEYS do
   elseif changed then
     out[#out + 1] = -1
   else
+    local doc_vec = redis.call('HSTRLEN', key, 'doc') + redis.call('HSTRLEN', key, 'vec')
     redis.call('DEL', key)
+    if raw then  -- at once, so that the state never outlives the hash (see below)
+      redis.call('HDEL', KEYS[7], id)
+    end
     gone_ids[#gone_ids + 1] = id
     gone_here[id] = true
-    if state[2] and redis.call('HGET', KEYS[2], state[2]) == id then
-      redis.call('HDEL', KEYS[2], state[2])
+    if dg and redis.call('HGET', KEYS[2], dg) == id then
+      redis.call('HDEL', KEYS[2], dg)
     end
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
     removed = removed + 1
-    freed = freed + (tonumber(state[1]) or 0)
+    local size = tonumber(state[3])
+    if not (size and size >= 0 and size < 2 ^ 53 and size % 1 == 0) then
+      -- a state that does not decode: what its size counts, read before the DEL above
+      size = doc_vec
+    end
+    freed = freed + size
     out[#out + 1] = 1
   end
 end
@@ -63,6 +79,8 @@ for at = 1, #gone_ids, 1000 do
 end
 if removed > 0 then
   redis.call('HINCRBY', KEYS[4], 'evicted:' .. reason, removed)
+end
+if freed > 0 then  -- never -0, which HINCRBY refuses
   redis.call('HINCRBY', KEYS[4], 'bytes', -freed)
 end
 return out

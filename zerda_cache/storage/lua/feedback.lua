@@ -1,5 +1,6 @@
 -- KEYS[1] stats hash  KEYS[2] feedback stream  KEYS[3] evidence set (ids of arms with a
--- signal: the decay job's work list)  KEYS[4..] entry hashes, one per signal
+-- signal: the decay job's work list)  KEYS[4] state hash  KEYS[5..] entry hashes, one per
+-- signal
 -- ARGV[1] now ('' = server TIME)  ARGV[2] positive_feedback_reward
 -- ARGV[3] negative_feedback_penalty  ARGV[4] prior_alpha  ARGV[5] prior_beta
 -- ARGV[6] usage_decay  ARGV[7] decay_interval_s  ARGV[8] feedback log maxlen (approximate:
@@ -9,7 +10,8 @@
 -- then six per signal: entry id, positive (1/0), magnitude, source, caller's timestamp,
 -- the similarity the entry was served at ('' = unknown)
 -- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
--- {-3} corrupt (its arm, use or meta missing or undecodable: nothing written for it).
+-- {-3} corrupt (its arm, use or meta missing or undecodable, as when its hash was lost
+-- while its state remains: nothing written for it).
 -- CachePolicyLearner.record_feedback, applied where the arm lives, for a batch of signals
 -- of one tenant: one call amortises the script overhead over the batch.
 local now = zc_now(ARGV[1])
@@ -18,16 +20,17 @@ local pa, pb = tonumber(ARGV[4]), tonumber(ARGV[5])
 local decay, interval = tonumber(ARGV[6]), tonumber(ARGV[7])
 local margin, near_share = tonumber(ARGV[9]), tonumber(ARGV[10])
 local forget = tonumber(ARGV[11])
+local prior = {a = pa, b = pb, now = now}
 local out = {}
 local n_pos, n_neg = 0, 0
-for i = 4, #KEYS do
-  local base = 11 + (i - 4) * 6
-  local raw = redis.call('HMGET', KEYS[i], 'arm', 'use', 'sz', 'meta')
-  if not raw[1] and not raw[2] and not raw[3] then
+for i = 5, #KEYS do
+  local base = 11 + (i - 5) * 6
+  local state = zc_raw_state(KEYS[4], KEYS[i], ARGV[base + 1], prior)
+  if not state then
     out[#out + 1] = {0}
   else
-    local arm, use = zc_state(raw[1], raw[2])
-    if not arm or not zc_unpack(raw[4]) then
+    local arm, use, size = zc_state(state)
+    if not arm or not zc_unpack(redis.call('HGET', KEYS[i], 'meta')) then
       out[#out + 1] = {-3}
     else
       local positive = ARGV[base + 2] == '1'
@@ -78,7 +81,7 @@ for i = 4, #KEYS do
       use.c = zc_confidence(arm, use)
       local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
       redis.call('SADD', KEYS[3], ARGV[base + 1])
-      redis.call('HSET', KEYS[i], 'arm', packed_arm, 'use', packed_use)
+      redis.call('HSET', KEYS[4], ARGV[base + 1], zc_pack_state(packed_arm, packed_use, size))
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'id', ARGV[base + 1],
                  'pos', ARGV[base + 2], 'mag', ARGV[base + 3], 'src', ARGV[base + 4],
                  'ts', ARGV[base + 5])

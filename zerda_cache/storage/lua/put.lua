@@ -1,5 +1,5 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] q hash  KEYS[4] log stream  KEYS[5] stats hash
--- KEYS[6] cfg hash.  ARGV: see below.  returns {1, displaced_id or '', created_at (string)}
+-- KEYS[6] cfg hash  KEYS[7] state hash.  ARGV: see below.  returns {1, displaced_id or '', created_at (string)}
 -- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists.
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
 -- ARGV[4] vec (float32 bytes)  ARGV[5] dim  ARGV[6] digest of (normalised query, scope)
@@ -39,7 +39,8 @@ use.c = zc_confidence(arm, use)
 local size = #ARGV[3] + #ARGV[4]
 
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'vec', ARGV[4], 'meta', cmsgpack.pack(meta),
-           'arm', cmsgpack.pack(arm), 'use', cmsgpack.pack(use), 'dg', digest, 'sz', size)
+           'dg', digest)
+redis.call('HSET', KEYS[7], id, zc_pack_state(cmsgpack.pack(arm), cmsgpack.pack(use), size))
 local expires = '+inf'
 if ttl > 0 then
   expires = string.format('%.17g', now + ttl)
