@@ -338,7 +338,9 @@ def main() -> None:
     notes = [
         f"Server: {version} ({server_conf}), no persistence, default `CacheConfig` (float16 "
         f"vector storage), the state read {maintenance.STATE_BATCH} entries a call "
-        "(`maintenance.STATE_BATCH`; `--state-batch`). One tenant, 384-d vectors, 10% of "
+        "(`maintenance.STATE_BATCH`; `--state-batch`), each call one HMGET of the "
+        "tenant's state hash (`p:{t}:st`; before commit a780d98, of three fields of each "
+        "entry's own hash). One tenant, 384-d vectors, 10% of "
         "entries with one feedback signal; capacity 5% under the size. The first decay "
         "pass is a whole scan that fills the list of arms with evidence (`p:{t}:ev`), "
         "once in a tenant's life; the scripts keep the list from then on. The whole scan "

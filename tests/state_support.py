@@ -1,42 +1,55 @@
 """Reading and damaging entries' learning state by hand, as the tests do.
 
-An entry's state is its field of the tenant's state hash: msgpack ``[arm, use, sz]``
-(``zerda_cache/storage/codec.py``).
+An entry's state is its field of the tenant's state hash: 15 little-endian float64
+(``zerda_cache/storage/codec.py``, ``STATE_FIELDS``).
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
-import msgpack
 import redis
 
+from zerda_cache.storage.codec import STATE_FIELDS
 from zerda_cache.storage.keys import tenant_keys
 
-PARTS = ("arm", "use", "sz")
+_STATE = struct.Struct("<" + "d" * len(STATE_FIELDS))
+_ARM = ("a", "b", "n", "r", "t")
+_USE = ("n", "la", "c", "v", "ss", "qs", "sb", "pm", "ns")  # "n" is the state's "un"
 
 
 def read_state(client: redis.Redis, tenant: str, entry_id: str) -> dict[str, Any]:
-    """The entry's stored state, decoded: ``{"arm": ..., "use": ..., "sz": ...}``."""
+    """The entry's stored state: ``{"arm": {a, b, n, r, t}, "use": {n, la, c, v, ss, qs,
+    sb, pm, ns}, "sz": ...}``."""
     raw = client.hget(tenant_keys(tenant).st, entry_id)
     assert raw is not None, f"{entry_id} has no state"
-    return dict(zip(PARTS, msgpack.unpackb(raw), strict=True))
+    values = _STATE.unpack(raw)
+    return {
+        "arm": dict(zip(_ARM, values[:5], strict=True)),
+        "use": dict(zip(_USE, values[5:14], strict=True)),
+        "sz": values[14],
+    }
 
 
-def set_state_part(
-    client: redis.Redis, tenant: str, entry_id: str, part: str, raw: bytes | None
-) -> None:
-    """Put the msgpack bytes ``raw`` (``None``: a nil) in place of one part of the
-    entry's stored state, leaving the others as they are."""
-    pieces = {name: msgpack.packb(v) for name, v in read_state(client, tenant, entry_id).items()}
-    pieces[part] = b"\xc0" if raw is None else raw
-    packed = b"\x93" + b"".join(pieces[name] for name in PARTS)
+def write_state(client: redis.Redis, tenant: str, entry_id: str, state: dict[str, Any]) -> None:
+    """Store ``state`` (``read_state``'s shape) as the entry's state."""
+    arm, use = state["arm"], state["use"]
+    packed = _STATE.pack(*(arm[k] for k in _ARM), *(use.get(k, 0) for k in _USE), state["sz"])
     client.hset(tenant_keys(tenant).st, entry_id, packed)
 
 
 def set_state_value(client: redis.Redis, tenant: str, entry_id: str, part: str, value: Any) -> None:
-    """``set_state_part`` with a value to pack."""
-    set_state_part(client, tenant, entry_id, part, msgpack.packb(value))
+    """Replace one part of the entry's state (``arm`` or ``use``: a map; ``sz``: a
+    number), leaving the others as they are."""
+    state = read_state(client, tenant, entry_id)
+    state[part] = value
+    write_state(client, tenant, entry_id, state)
+
+
+def set_raw_state(client: redis.Redis, tenant: str, entry_id: str, raw: bytes) -> None:
+    """Store ``raw`` as the entry's state, whatever it is."""
+    client.hset(tenant_keys(tenant).st, entry_id, raw)
 
 
 def stored(client: redis.Redis, tenant: str, entry_id: str) -> tuple[Any, Any]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import Clock, near
 from conftest import unit as _unit
-from state_support import set_state_part
+from state_support import set_raw_state, set_state_value
 
 from zerda_cache import (
     CacheConfig,
@@ -214,8 +214,8 @@ def test_entries_with_a_corrupt_doc_meta_or_vec_are_evicted(
     redis_client.hset(key(ids["doc"]), "doc", b"\xc1")
     redis_client.hset(key(ids["vec"]), "vec", b"\x01\x02\x03")
     redis_client.hset(key(ids["meta"]), "meta", b"\xc1")
-    set_state_part(redis_client, "t", ids["arm"], "arm", None)
-    set_state_part(redis_client, "t", ids["sz"], "sz", None)
+    set_raw_state(redis_client, "t", ids["arm"], b"x")
+    set_state_value(redis_client, "t", ids["sz"], "sz", float("nan"))
     with pytest.raises(CorruptEntryError):
         st.feedback(FeedbackSignal(ids["meta"], "t", True))
     with pytest.raises(CorruptEntryError):  # not EntryNotFoundError

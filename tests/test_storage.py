@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis.asyncio
 from conftest import Blocking, Clock, close_loop
-from state_support import read_state, set_state_part, set_state_value, stored
+from state_support import read_state, set_raw_state, set_state_value, stored
 
 from zerda_cache import (
     CacheConfig,
@@ -320,10 +320,13 @@ def _to_layout_0_1(client: redis.Redis, tenant: str, entry_id: str) -> None:
     """Store an entry as zerda-cache 0.1 did: ``arm``, ``use`` and ``sz`` (a decimal
     string) fields of its own hash, nothing in the state hash."""
     k = tenant_keys(tenant)
-    raw = client.hget(k.st, entry_id)
-    assert raw is not None
-    arm, use, size = msgpack.unpackb(raw)
-    old = {"arm": msgpack.packb(arm), "use": msgpack.packb(use), "sz": str(size)}
+    state = read_state(client, tenant, entry_id)
+    use = {n: v for n, v in state["use"].items() if n != "ns" or v}  # 0.1 left a 0 run out
+    old = {
+        "arm": msgpack.packb(state["arm"]),
+        "use": msgpack.packb(use),
+        "sz": str(int(state["sz"])),
+    }
     client.hset(k.entry(entry_id), mapping=old)
     client.hdel(k.st, entry_id)
 
@@ -565,8 +568,9 @@ def test_corrupt_value_is_reported_and_tenant_keeps_working(
 ) -> None:
     bad, good = put(storage, 1), put(storage, 2)
     key = tenant_keys("acme").entry(bad)
-    if field in ("arm", "use"):  # a map inside the state that does not decode
-        set_state_part(redis_client, "acme", bad, field, b"\xa3bad")
+    if field in ("arm", "use"):  # a number of the state that is not finite
+        part = read_state(redis_client, "acme", bad)[field]
+        set_state_value(redis_client, "acme", bad, field, {**part, "t": math.nan, "c": math.nan})
     else:
         redis_client.hset(key, field, b"\xc1garbage")
     with pytest.raises(CorruptEntryError, match=field):
@@ -620,7 +624,7 @@ def test_an_infinite_or_impossible_arm_is_corrupt_everywhere(
     assert storage.invalidate("acme", eid) is True
 
 
-@pytest.mark.parametrize("ns", ["x", float("inf"), -1, 1.5])
+@pytest.mark.parametrize("ns", [float("nan"), float("inf"), -1, 1.5])
 def test_corrupt_negative_streak_is_corrupt_everywhere(
     ns: object, storage: RedisStorage, redis_client: redis.Redis
 ) -> None:
@@ -638,11 +642,19 @@ def test_corrupt_negative_streak_is_corrupt_everywhere(
     assert stored(redis_client, "acme", eid) == before
 
 
-def test_corrupt_wrong_shape_msgpack(storage: RedisStorage, redis_client: redis.Redis) -> None:
+@pytest.mark.parametrize("raw", [b"", b"x", bytes(119), bytes(121)])
+def test_a_state_of_the_wrong_size_is_corrupt(
+    raw: bytes, storage: RedisStorage, redis_client: redis.Redis
+) -> None:
     eid = put(storage, 1)
-    set_state_value(redis_client, "acme", eid, "arm", {"a": "x"})
+    set_raw_state(redis_client, "acme", eid, raw)
     with pytest.raises(CorruptEntryError):
         storage.feedback(FeedbackSignal(eid, "acme", True))
+    with pytest.raises(CorruptEntryError, match="bytes"):
+        storage.get_entry("acme", eid)
+    assert storage.hit("acme", eid).status == "corrupt"
+    assert storage.state_arrays("acme", [eid]).corrupt == [eid]
+    assert storage.invalidate("acme", eid) is True
 
 
 # --- server clock and errors ---

@@ -19,7 +19,7 @@ import redis
 from conftest import Clock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from state_support import read_state, set_state_part, set_state_value
+from state_support import read_state, set_raw_state, set_state_value
 
 from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
 from zerda_cache.errors import StorageError
@@ -107,7 +107,7 @@ def test_expired_corrupt_and_byte_capacity(redis_client: redis.Redis) -> None:
     ids = bulk_put(st, "t", 40)
     st.set_tenant_settings("t", max_bytes=20 * st.get_entry("t", ids[0]).size_bytes)
     short = st.put("t", "short-lived", "x", np.ones(DIM), ttl_s=5).entry_id
-    set_state_part(redis_client, "t", ids[1], "arm", b"\xc1")
+    set_raw_state(redis_client, "t", ids[1], b"\xc1")
     clock.t += 10
     m = Maintenance(st)
     plan = m.plan_eviction("t")
@@ -286,7 +286,7 @@ def test_a_tenant_within_capacity_is_evicted_without_a_scan(redis_client: redis.
     st.feedback_many([FeedbackSignal(ids[0], "t", False, magnitude=40.0)])  # bad answer
     st.feedback_many([FeedbackSignal(ids[1], "t", True)])  # a liked one
     short = st.put("t", "short-lived", "x", np.ones(DIM), ttl_s=5).entry_id
-    set_state_part(redis_client, "t", ids[2], "use", b"\xc1")  # no scan finds it
+    set_raw_state(redis_client, "t", ids[2], b"\xc1")  # no scan finds it
     clock.t += 10
     plan = m.plan_incremental("t")
     assert plan is not None and plan.incremental
@@ -701,45 +701,50 @@ def test_health_file_is_not_touched_while_redis_is_unreachable(
 
 
 def test_the_scan_judges_learning_state_as_the_scripts_do(redis_client: redis.Redis) -> None:
-    """What the worker's scan (the ``state`` script) calls corrupt is what the scripts
-    that write an arm call corrupt (here: the decay script's answer for the same
-    entries), and the scan also needs a size."""
-    import msgpack
-
+    """What the worker's scan (the ``state`` script, decoded in numpy) calls corrupt is
+    what the scripts that write an arm call corrupt (here: the decay script's answer for
+    the same entries), and the scan also needs a size."""
     st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))
-    ids = bulk_put(st, "t", 15)
+    ids = bulk_put(st, "t", 16)
     keys = tenant_keys("t")
     first = read_state(redis_client, "t", ids[0])
     arm, use = first["arm"], first["use"]
-    damage: list[tuple[str, bytes | None]] = [
-        ("arm", b"\xc1"),  # not msgpack
-        ("arm", msgpack.packb([1, 2])),  # not a map
-        ("arm", msgpack.packb({**arm, "a": True})),  # a boolean
-        ("arm", msgpack.packb({**arm, "b": -1.0})),  # not positive
-        ("arm", msgpack.packb({k: v for k, v in arm.items() if k != "r"})),  # a field missing
-        ("use", msgpack.packb({**use, "c": float("nan")})),
-        ("use", msgpack.packb({**use, "ns": 1.5})),  # not a whole number
-        ("use", msgpack.packb({**use, "ns": None})),  # nil: absent, fine
-        ("sz", msgpack.packb("lots")),
-        ("use", None),  # nil
+    nan, inf = float("nan"), float("inf")
+    damage: list[tuple[str, Any]] = [
+        ("raw", b"\xc1"),  # not a state at all
+        ("raw", bytes(119)),  # one byte short
+        ("arm", {**arm, "a": nan}),
+        ("arm", {**arm, "b": -1.0}),  # not positive
+        ("arm", {**arm, "a": 0.0}),
+        ("use", {**use, "c": nan}),
+        ("use", {**use, "ns": 1.5}),  # not a whole number
+        ("use", {**use, "ns": 0.0}),  # no run: fine
+        ("sz", nan),  # unknown size: fine for the scripts, not for the scan
+        ("use", {**use, "ns": -1.0}),
+        ("gone", None),  # neither fine nor corrupt
+        ("use", {**use, "ns": 2.0}),  # a run of two: fine
+        ("use", {**use, "la": -inf}),
+        ("sz", inf),
+        ("arm", {**arm, "a": 1e308, "b": 1e308}),  # finite, but the sum is not
+        ("raw", bytes(121)),
     ]
-    for eid, (name, value) in zip(ids, damage, strict=False):
-        set_state_part(redis_client, "t", eid, name, value)
-    redis_client.delete(keys.entry(ids[10]))  # gone: neither fine nor corrupt
-    redis_client.hdel(keys.st, ids[10])
-    set_state_value(redis_client, "t", ids[12], "use", {**use, "la": "x"})  # a str
-    set_state_value(redis_client, "t", ids[13], "sz", float("inf"))
-    huge = {**arm, "a": 1e308, "b": 1e308}  # finite, but the sum is not
-    set_state_value(redis_client, "t", ids[14], "arm", huge)
+    for eid, (name, value) in zip(ids, damage, strict=True):
+        if name == "raw":
+            set_raw_state(redis_client, "t", eid, value)
+        elif name == "gone":
+            redis_client.delete(keys.entry(eid))
+            redis_client.hdel(keys.st, eid)
+        else:
+            set_state_value(redis_client, "t", eid, name, value)
     cols = st.state_arrays("t", ids)
     by_scripts = set(st.decay("t", ids).corrupt)
-    assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9, 12, 14)}
+    assert by_scripts == {ids[i] for i in (0, 1, 2, 3, 4, 5, 6, 9, 12, 14, 15)}
     # The scan needs the size too (capacity in bytes): a bad one is corrupt there.
     assert set(cols.corrupt) == by_scripts | {ids[8], ids[13]}
     assert cols.ids == [ids[7], ids[11]]
     assert cols.alpha.tolist() == [arm["a"], arm["a"]]
     assert cols.size.tolist() == [read_state(redis_client, "t", i)["sz"] for i in cols.ids]
-    # A batch of fine entries only is decoded in one go: the same values.
+    # A batch of fine entries only: the same values.
     fine = st.state_arrays("t", [ids[7], ids[11]])
     assert fine.ids == cols.ids and fine.corrupt == []
     for name in ("alpha", "beta", "decayed_at", "usage_count", "last_access", "confidence"):
@@ -770,3 +775,20 @@ def test_worker_jobs_on_a_redis_cluster(cluster_client: Any) -> None:
     assert [e for e, _ in plan.low_reward] == [survivor]
     clock.t += 3_600
     assert m.decay_tenant("t").decayed > 0
+
+
+def test_a_corrupt_report_is_checked_before_the_entry_is_evicted(
+    redis_client: redis.Redis,
+) -> None:
+    """A replica's report is a suspicion: the worker reads the entry whole first. One of
+    another version may take an entry this one reads for corrupt (0.1 reads an entry
+    whose state is in the state hash as having none): that report is dropped."""
+    st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))
+    ids = bulk_put(st, "t", 5)
+    k = tenant_keys("t")
+    redis_client.hset(k.entry(ids[1]), "meta", b"\xc1")  # the scan reads no meta
+    redis_client.sadd(k.bad, ids[0], ids[1])
+    report = Maintenance(st).evict_tenant("t")
+    assert report.removed == {"corrupt": 1}
+    assert st.count("t") == 4 and redis_client.zscore(k.ids, ids[0]) is not None
+    assert redis_client.scard(k.bad) == 0

@@ -27,7 +27,7 @@ from zerda_cache.policy_learner import CachePolicyLearner, EvictionCandidate, Fe
 from zerda_cache.prompt import PromptRequest, prompt_scope
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AdmissionCheck",

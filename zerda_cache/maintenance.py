@@ -39,7 +39,7 @@ import numpy as np
 
 from zerda_cache.calibration import bin_of
 from zerda_cache.config import EvictionConfig, RLConfig
-from zerda_cache.errors import FencedError, StorageError
+from zerda_cache.errors import CorruptEntryError, EntryNotFoundError, FencedError, StorageError
 from zerda_cache.match_model import (
     HOLDOUT,
     MIN_EACH_KIND,
@@ -369,7 +369,7 @@ class Maintenance:
         plan = EvictionPlan(tenant=tenant, now=now, limits=self.limits(tenant, policy))
         # Entries replicas found undecodable (a doc, meta or vec; the scan reads only
         # the learning state): evicted as corrupt, whatever their score.
-        plan.reported = st.suspects(tenant)
+        plan.reported = self._reported(tenant)
         plan.corrupt += plan.reported
         seen: set[str] = set(plan.corrupt)
         keep_ids: list[str] = []
@@ -424,6 +424,31 @@ class Maintenance:
         )
         self.last_plans[tenant] = plan
         return plan
+
+    def _reported(self, tenant: str) -> list[str]:
+        """The ids replicas reported undecodable that are: each is read whole
+        (``get_entry``: doc, vector, meta and state) before it is planned for eviction.
+        A replica of another version can report an entry this one reads (zerda-cache 0.1
+        takes an entry whose state is in the state hash for corrupt, during a rolling
+        upgrade): its report is dropped, and the entry kept."""
+        st = self.storage
+        confirmed, unfounded = [], []
+        for eid in st.suspects(tenant):
+            try:
+                st.get_entry(tenant, eid)
+            except (CorruptEntryError, EntryNotFoundError):
+                confirmed.append(eid)
+            else:
+                unfounded.append(eid)
+        if unfounded:
+            st.forget_suspects(tenant, unfounded)
+            log.warning(
+                "tenant %s: %d entries reported corrupt read fine here; kept (a replica "
+                "of another version?)",
+                tenant,
+                len(unfounded),
+            )
+        return confirmed
 
     def _states_ahead(
         self, tenant: str, now: float, skip: set[str], rl: RLConfig, check: bool
@@ -659,7 +684,7 @@ class Maintenance:
         previous = self.last_plans.get(tenant)
         if previous is not None:
             plan.rewards, plan.confidences = previous.rewards, previous.confidences
-        plan.reported = st.suspects(tenant)
+        plan.reported = self._reported(tenant)
         plan.corrupt += plan.reported
         seen: set[str] = set(plan.corrupt)
         plan.expired = [eid for eid in st.expired_ids(tenant, now) if eid not in seen]

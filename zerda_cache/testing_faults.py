@@ -49,6 +49,7 @@ import numpy as np
 import redis
 
 import zerda_cache
+from zerda_cache.storage import codec
 from zerda_cache.storage.keys import leader_key, tenant_keys, tenants_key
 
 #: The package's source root: child processes import this very zerda_cache.
@@ -728,8 +729,6 @@ def seed_tenants(
     """Load ``entries`` entries into each tenant (the put script, pipelined) and give
     ``with_feedback`` of them positive evidence; returns their arms ``(alpha, t)``. The
     tenants are not registered (``zc:tenants``): workers do not see them yet."""
-    import msgpack
-
     from zerda_cache import CacheConfig, FeedbackSignal, RLConfig
     from zerda_cache.storage import RedisStorage
 
@@ -755,8 +754,8 @@ def seed_tenants(
         st.feedback_many([FeedbackSignal(e, tenant, True, magnitude=4.0) for e in liked])
         states = tenant_keys(tenant).st
         for eid in liked:
-            arm = msgpack.unpackb(client.hget(states, eid))[0]
-            arms[(tenant, eid)] = (float(arm["a"]), float(arm["t"]))
+            arm = codec.unpack_state(client.hget(states, eid))[0]
+            arms[(tenant, eid)] = (arm.alpha, arm.decayed_at)
     return arms
 
 
@@ -783,8 +782,6 @@ def leader_fault(
     mid-cycle and must write nothing more). Then: every tenant is at its capacity target
     exactly (nothing evicted twice) with as many removals as eviction counts, and every
     arm with evidence was decayed after the fault to exactly its time-based value."""
-    import msgpack
-
     workdir.mkdir(parents=True, exist_ok=True)
     res = LeaderResult(f"worker leader {sig.name} mid-cycle, standby takes over", tenants)
     names = [f"t{i:02d}" for i in range(tenants)]
@@ -900,7 +897,8 @@ def leader_fault(
             raw = client.hget(tenant_keys(t).st, eid)
             if raw is None:
                 continue  # evicted (to capacity): nothing left to decay
-            arm = msgpack.unpackb(raw)[0]
+            state = codec.unpack_state(raw)[0]
+            arm = {"a": state.alpha, "t": state.decayed_at}
             res.arms += 1
             prior = 1.0
             want = prior + (alpha0 - prior) * FAULT_RL["usage_decay"] ** (

@@ -10,7 +10,8 @@ Layout (``p`` is the configured prefix, ``zc`` by default):
 key                    type     holds
 =====================  =======  ==========================================================
 ``p:{t}:e:<id>``       hash     one entry: doc, vec, meta, dg (and dsp, under a bound)
-``p:{t}:st``           hash     entry id -> its learning state: msgpack [arm, use, sz]
+``p:{t}:st``           hash     entry id -> its learning state: arm, use and sz as 15
+                                float64 (storage/codec.py)
 ``p:{t}:ids``          zset     live entry ids, scored by expiry (unix s, +inf = none)
 ``p:{t}:q``            hash     digest of (normalised query, scope) -> entry id
 ``p:{t}:log``          stream   add/del events that keep replicas' vector indexes current

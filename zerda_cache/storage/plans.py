@@ -862,29 +862,27 @@ class StoragePlans:
         ``rl``: the prior an entry whose state was lost gets (by default the
         configuration's); ``check_hashes``: an entry whose hash is gone reads as gone
         even if its state remains (an EXISTS per entry)."""
+        raw = self.plan_raw_states(tenant, entry_ids, rl=rl, check_hashes=check_hashes)
+        ids = list(entry_ids)
+        return ScriptCall(
+            "state", raw.keys, raw.args, lambda states: state_arrays_of(ids, states or [])
+        )
+
+    def plan_raw_states(
+        self,
+        tenant: str,
+        entry_ids: Sequence[str],
+        *,
+        rl: RLConfig | None = None,
+        check_hashes: bool = False,
+    ) -> ScriptCall[list[bytes | None]]:
+        """``plan_state_arrays``, undecoded: the states as stored, ``None`` where none."""
         k = self.keys(tenant)
         ids = list(entry_ids)
-
-        def parse(states: Any) -> StateArrays:
-            status, arr = codec.state_columns(states or [])
-            ok = status == 1
-            bad = np.flatnonzero(status == -1).tolist()
-            rows = arr[ok]
-            return StateArrays(
-                ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
-                alpha=rows[:, 0],
-                beta=rows[:, 1],
-                decayed_at=rows[:, 2],
-                usage_count=rows[:, 3],
-                last_access=rows[:, 4],
-                confidence=rows[:, 5],
-                version=rows[:, 6].astype(np.int64),
-                size=rows[:, 7].astype(np.int64),
-                corrupt=[ids[i] for i in bad],
-            )
-
         args = [self._now_arg(), *self._rl_args(rl)[:2], "1" if check_hashes else "", *ids]
-        return ScriptCall("state", [k.st, *(k.entry(eid) for eid in ids)], args, parse)
+        return ScriptCall(
+            "state", [k.st, *(k.entry(eid) for eid in ids)], args, lambda res: list(res or [])
+        )
 
     def read_vectors(
         self, tenant: str, entry_ids: Sequence[str]
@@ -1255,6 +1253,26 @@ class StoragePlans:
                 log.warning("tenant %s: %d misses not counted: %s", tenant, n, res[0])
 
         return ReadPlan("count misses", queue, parse, 1, tolerant=(0,))
+
+
+def state_arrays_of(ids: Sequence[str], states: Sequence[bytes | None]) -> StateArrays:
+    """The states of ``ids`` as stored (``None``: gone), decoded into columns."""
+    status, arr = codec.state_columns(states)
+    ok = status == 1
+    bad = np.flatnonzero(status == -1).tolist()
+    rows = arr[ok]
+    return StateArrays(
+        ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
+        alpha=rows[:, 0],
+        beta=rows[:, 1],
+        decayed_at=rows[:, 2],
+        usage_count=rows[:, 3],
+        last_access=rows[:, 4],
+        confidence=rows[:, 5],
+        version=rows[:, 6].astype(np.int64),
+        size=rows[:, 7].astype(np.int64),
+        corrupt=[ids[i] for i in bad],
+    )
 
 
 def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:

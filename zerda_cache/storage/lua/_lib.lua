@@ -72,48 +72,54 @@ local function zc_valid_streak(ns)
 end
 
 -- An entry's learning state is one field of the tenant's state hash (`st`, field: the
--- entry id): the msgpack array [arm, use, sz]. One hash for the tenant rather than fields
--- of each entry's own hash, so that the worker's whole scan reads a batch of states from
--- one key (docs/design.md, "The worker's cycle"). Packed as the fixarray marker (0x93)
--- and the three packed values, so that a script that packs the arm and the use for its
--- reply packs each once.
-local function zc_pack_state(packed_arm, packed_use, size)
-  return '\147' .. packed_arm .. packed_use .. cmsgpack.pack(size)
-end
-
--- `raw` if it is one msgpack map, else nil: what an entry written before the state hash
--- held in each of its own `arm` and `use` fields.
-local function zc_one_map(raw)
-  if not raw then
-    return nil
-  end
-  local ok, val, extra = pcall(cmsgpack.unpack, raw)
-  if ok and type(val) == 'table' and extra == nil then
-    return raw
-  end
-  return nil
-end
-
--- Decode a raw state: arm, use and sz; nil if it is missing, or its arm or use corrupt.
--- use = {n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality,
+-- entry id): 15 little-endian float64, 120 bytes (ZC_STATE):
+--   arm: a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at
+--   use: n=uses, la=last access, c=confidence, v=version, ss=similarity, qs=quality,
 --        sb=the entry's own similarity bar, pm=lowest similarity of a positive signal,
---        ns=negative signals in a row (absent when 0)}
--- sz (bytes of doc + vec) comes as stored, unchecked: only the worker's scan uses it.
-local function zc_state(raw)
-  if not raw then
-    return nil
-  end
-  local ok, s = pcall(cmsgpack.unpack, raw)
-  if not ok or type(s) ~= 'table' then
-    return nil
-  end
-  local arm, use = s[1], s[2]
+--        ns=negative signals in a row
+--   sz: bytes of doc + vec
+-- One hash for the tenant rather than fields of each entry's own hash, so that the
+-- worker's whole scan reads a batch of states from one key; fixed-width numbers rather
+-- than msgpack maps, so that the worker decodes a batch as one array (codec.state_columns)
+-- instead of ~2 us of msgpack an entry (docs/design.md, "The worker's cycle").
+local ZC_STATE = '<' .. string.rep('d', 15)
+local ZC_STATE_BYTES = 120
+
+-- `arm` and `use` as tables, checked (zc_all_numbers and the rest of zc_state's tests);
+-- nil, nil if either is not.
+local function zc_valid_state(arm, use)
   if type(arm) == 'table' and type(use) == 'table'
       and zc_all_numbers(arm, ZC_ARM_FIELDS) and zc_all_numbers(use, ZC_USE_FIELDS)
       and arm.a > 0 and arm.b > 0 and zc_valid_streak(use.ns) then
-    return arm, use, s[3]
+    return arm, use
   end
-  return nil
+  return nil, nil
+end
+
+local function zc_pack_state(arm, use, size)
+  return struct.pack(ZC_STATE, arm.a, arm.b, arm.n, arm.r, arm.t, use.n, use.la, use.c,
+                     use.v, use.ss, use.qs, use.sb, use.pm, use.ns or 0, size)
+end
+
+-- Decode a raw state: arm, use and sz; nil if it is missing or corrupt (not 120 bytes, a
+-- field that is not finite, alpha or beta not positive, a run of negatives that is not a
+-- whole number). sz comes as stored, unchecked: only the worker's scan uses it (NaN:
+-- unknown). A run of 0 reads as absent, as in the maps a script returns.
+local function zc_state(raw)
+  if not raw or #raw ~= ZC_STATE_BYTES then
+    return nil
+  end
+  local a, b, n, r, t, un, la, c, v, ss, qs, sb, pm, ns, size = struct.unpack(ZC_STATE, raw)
+  local arm = {a = a, b = b, n = n, r = r, t = t}
+  local use = {n = un, la = la, c = c, v = v, ss = ss, qs = qs, sb = sb, pm = pm}
+  if ns ~= 0 then
+    use.ns = ns
+  end
+  arm, use = zc_valid_state(arm, use)
+  if not arm then
+    return nil
+  end
+  return arm, use, size
 end
 
 -- BanditArm.decay_to: shrink the excess over the prior for the time since arm.t. An arm
@@ -145,9 +151,10 @@ end
 
 -- The raw state of entry `id` (hash `key`), or nil when it has none. With `prior` (a
 -- script that writes the state: {a = prior alpha, b = prior beta, now = now}):
--- * an entry written before the state hash (zerda-cache 0.1) holds `arm`, `use` and `sz`
---   in its own hash: they move to the state hash here, as they are (a piece that does
---   not decode stays corrupt: nil in its place). Without `prior` they are only read.
+-- * an entry written by zerda-cache 0.1 holds msgpack `arm` and `use` maps and `sz` in its
+--   own hash: they move to the state hash here, with their values (an arm or use that
+--   does not decode, or is corrupt, moves as a corrupt state: one byte; a size that is
+--   not a number as NaN). Without `prior` they are only read.
 -- * an entry whose hash exists without any state (the state hash was lost: an allkeys-*
 --   eviction of the key, a DEL) gets the state a put gives (the prior; similarity and
 --   quality at their defaults, entry.DEFAULT_SIMILARITY and DEFAULT_QUALITY): it lost its
@@ -159,8 +166,8 @@ local function zc_raw_state(st_key, key, id, prior)
   end
   local old = redis.call('HMGET', key, 'arm', 'use', 'sz')
   if old[1] or old[2] or old[3] then
-    raw = zc_pack_state(zc_one_map(old[1]) or '\192', zc_one_map(old[2]) or '\192',
-                        tonumber(old[3]))
+    local arm, use = zc_valid_state(zc_unpack(old[1]), zc_unpack(old[2]))
+    raw = arm and zc_pack_state(arm, use, tonumber(old[3]) or 0 / 0) or 'x'
     if prior then
       redis.call('HSET', st_key, id, raw)
       redis.call('HDEL', key, 'arm', 'use', 'sz')
@@ -174,7 +181,7 @@ local function zc_raw_state(st_key, key, id, prior)
   local use = {n = 0, la = prior.now, c = 0, v = 1, ss = 1, qs = 0.5, sb = 0, pm = 2}
   use.c = zc_confidence(arm, use)
   local size = redis.call('HSTRLEN', key, 'doc') + redis.call('HSTRLEN', key, 'vec')
-  raw = zc_pack_state(cmsgpack.pack(arm), cmsgpack.pack(use), size)
+  raw = zc_pack_state(arm, use, size)
   redis.call('HSET', st_key, id, raw)
   return raw
 end

@@ -34,8 +34,7 @@ for i = 4, #KEYS do
       zc_decay(arm, now, pa, pb, decay, interval)
       if arm.t ~= before then  -- arms at their prior, or already at now, are not rewritten
         use.c = zc_confidence(arm, use)
-        redis.call('HSET', KEYS[3], id,
-                   zc_pack_state(cmsgpack.pack(arm), cmsgpack.pack(use), size))
+        redis.call('HSET', KEYS[3], id, zc_pack_state(arm, use, size))
         redis.call('SADD', KEYS[2], id)
         decayed = decayed + 1
       end

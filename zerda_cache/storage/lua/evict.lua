@@ -8,8 +8,8 @@
 -- with a newer lease epoch has written to this tenant.
 -- Removes an entry from every structure at once: hash, state, ids, exact-match map,
 -- replicas' indexes (a 'del' event in the log) and the byte count. A corrupt entry can
--- always be removed: an unconditional removal decodes its state only for its size, and
--- frees nothing from the count when that does not decode.
+-- always be removed: an unconditional removal reads its state only for its size, and
+-- takes that from its doc and vec when the state does not say.
 if zc_fenced(KEYS[5], ARGV[3]) then
   return redis.error_reply('FENCED a worker with a newer lease wrote to this tenant')
 end
@@ -25,14 +25,14 @@ for i = 8, #KEYS do
   local dg = redis.call('HGET', key, 'dg')
   -- whatever a corrupt entry lost, it exists while it has its state or a field
   local exists = raw or dg or redis.call('EXISTS', key) == 1
-  local ok, state = pcall(cmsgpack.unpack, raw or '')
-  if not ok or type(state) ~= 'table' then
-    state = {}
+  local version, size  -- read without the checks: a corrupt state is removed all the same
+  if raw and #raw == ZC_STATE_BYTES then
+    local fields = {struct.unpack(ZC_STATE, raw)}
+    version, size = fields[9], fields[15]
   end
   local changed = false
   if exists and want ~= '' then
-    local use = state[2]
-    changed = type(use) ~= 'table' or use.v ~= tonumber(want)
+    changed = version ~= tonumber(want)
   end
   if not exists and gone_here[id] then  -- the same id twice in one batch
     out[#out + 1] = 0
@@ -57,7 +57,6 @@ for i = 8, #KEYS do
     end
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
     removed = removed + 1
-    local size = tonumber(state[3])
     if not (size and size >= 0 and size < 2 ^ 53 and size % 1 == 0) then
       -- a state that does not decode: what its size counts, read before the DEL above
       size = doc_vec

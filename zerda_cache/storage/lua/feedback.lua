@@ -81,7 +81,7 @@ for i = 5, #KEYS do
       use.c = zc_confidence(arm, use)
       local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
       redis.call('SADD', KEYS[3], ARGV[base + 1])
-      redis.call('HSET', KEYS[4], ARGV[base + 1], zc_pack_state(packed_arm, packed_use, size))
+      redis.call('HSET', KEYS[4], ARGV[base + 1], zc_pack_state(arm, use, size))
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'id', ARGV[base + 1],
                  'pos', ARGV[base + 2], 'mag', ARGV[base + 3], 'src', ARGV[base + 4],
                  'ts', ARGV[base + 5])

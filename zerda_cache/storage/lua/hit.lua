@@ -77,6 +77,6 @@ end
 use.v = use.v + 1
 use.c = zc_confidence(arm, use)
 local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
-redis.call('HSET', KEYS[4], id, zc_pack_state(packed_arm, packed_use, size))
+redis.call('HSET', KEYS[4], id, zc_pack_state(arm, use, size))
 redis.call('HINCRBY', KEYS[3], 'hits', 1)
 return {1, packed_arm, packed_use, raw[2], raw[1]}

@@ -40,7 +40,7 @@ local size = #ARGV[3] + #ARGV[4]
 
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'vec', ARGV[4], 'meta', cmsgpack.pack(meta),
            'dg', digest)
-redis.call('HSET', KEYS[7], id, zc_pack_state(cmsgpack.pack(arm), cmsgpack.pack(use), size))
+redis.call('HSET', KEYS[7], id, zc_pack_state(arm, use, size))
 local expires = '+inf'
 if ttl > 0 then
   expires = string.format('%.17g', now + ttl)

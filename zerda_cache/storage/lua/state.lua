@@ -3,8 +3,8 @@
 -- ARGV[4] '1': check that each entry's hash exists too (a state without its hash reads as
 -- none), for a server whose maxmemory-policy may evict entries' hashes (allkeys-*)
 -- ARGV[5..] the entry ids of KEYS[2..], in order.
--- returns n - 1 values: each entry's state as stored (msgpack [arm, use, sz]; nil where
--- it has none). One call reads a whole batch of the worker's scan with one HMGET of the
+-- returns n - 1 values: each entry's state as stored (15 float64, lua/_lib.lua; nil
+-- where it has none). One call reads a whole batch of the worker's scan with one HMGET of the
 -- state hash; the values are decoded and checked by the worker (codec.state_columns), not
 -- here, off the server's one thread that every lookup of every replica waits behind. An
 -- entry without a state there (written before the state hash, or its state lost) gets it
