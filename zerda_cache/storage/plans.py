@@ -849,25 +849,6 @@ class StoragePlans:
 
         return ReadPlan("load_states", queue, parse, len(ids) + 2)
 
-    def plan_state_arrays(
-        self,
-        tenant: str,
-        entry_ids: Sequence[str],
-        *,
-        rl: RLConfig | None = None,
-        check_hashes: bool = False,
-    ) -> ScriptCall[StateArrays]:
-        """Plan reading the states of many entries into columns, in one command (the
-        ``state`` script: one HMGET of the state hash; ``codec.state_columns`` decodes).
-        ``rl``: the prior an entry whose state was lost gets (by default the
-        configuration's); ``check_hashes``: an entry whose hash is gone reads as gone
-        even if its state remains (an EXISTS per entry)."""
-        raw = self.plan_raw_states(tenant, entry_ids, rl=rl, check_hashes=check_hashes)
-        ids = list(entry_ids)
-        return ScriptCall(
-            "state", raw.keys, raw.args, lambda states: state_arrays_of(ids, states or [])
-        )
-
     def plan_raw_states(
         self,
         tenant: str,
@@ -876,7 +857,12 @@ class StoragePlans:
         rl: RLConfig | None = None,
         check_hashes: bool = False,
     ) -> ScriptCall[list[bytes | None]]:
-        """``plan_state_arrays``, undecoded: the states as stored, ``None`` where none."""
+        """Plan reading the states of many entries as stored (``None`` where none; the
+        ``state`` script: one HMGET of the state hash, and the move or the return of a
+        state for an entry without one there; ``state_arrays_of`` decodes). ``rl``: the
+        prior an entry whose state was lost gets (by default the configuration's);
+        ``check_hashes``: an entry whose hash is gone reads as gone even if its state
+        remains (an EXISTS per entry)."""
         k = self.keys(tenant)
         ids = list(entry_ids)
         args = [self._now_arg(), *self._rl_args(rl)[:2], "1" if check_hashes else "", *ids]

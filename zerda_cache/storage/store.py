@@ -344,7 +344,7 @@ class Storage(StoragePlans):
         rl: RLConfig | None = None,
         check_hashes: bool = False,
     ) -> Flow[StateArrays]:
-        """Learning state of many entries as columns (``plan_state_arrays``). Without
+        """Learning state of many entries as columns (``plan_raw_states``). Without
         ``check_hashes``, one plain HMGET of the state hash, and the script only for the
         entries that have no state there (written by 0.1, their state lost, or gone): at
         1M entries the server spent 3.3 s on the scan's reads that way against 4.7 s

@@ -45,7 +45,10 @@ for i = 8, #KEYS do
   elseif changed then
     out[#out + 1] = -1
   else
-    local doc_vec = redis.call('HSTRLEN', key, 'doc') + redis.call('HSTRLEN', key, 'vec')
+    if not (size and size >= 0 and size < 2 ^ 53 and size % 1 == 0) then
+      -- a state that does not say: what its size counts, read before the DEL
+      size = redis.call('HSTRLEN', key, 'doc') + redis.call('HSTRLEN', key, 'vec')
+    end
     redis.call('DEL', key)
     if raw then  -- at once, so that the state never outlives the hash (see below)
       redis.call('HDEL', KEYS[7], id)
@@ -57,10 +60,6 @@ for i = 8, #KEYS do
     end
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'op', 'del', 'id', id)
     removed = removed + 1
-    if not (size and size >= 0 and size < 2 ^ 53 and size % 1 == 0) then
-      -- a state that does not decode: what its size counts, read before the DEL above
-      size = doc_vec
-    end
     freed = freed + size
     out[#out + 1] = 1
   end
