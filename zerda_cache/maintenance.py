@@ -352,12 +352,12 @@ class Maintenance:
         unless ``decay`` is given: then the same scan also persists the decay of every
         arm with evidence, and counts it there).
 
-        Per batch: the ZSCAN step gives ids and expiry times; one command (the ``state``
-        script, one HMGET of the tenant's state hash) gives the stored arms and usage,
-        which ``codec.state_columns`` decodes into columns here, off the server's thread;
-        the learner scores the whole batch at once. On a server whose maxmemory-policy
-        may evict entries' hashes (allkeys-*, or one that does not say), the script also
-        checks that each hash exists, so that the ids of those Redis evicted are found.
+        Per batch: the ZSCAN step gives ids and expiry times; one HMGET of the tenant's
+        state hash gives the stored states, which ``codec.state_columns`` decodes into
+        columns here, off the server's thread; the learner scores the whole batch at
+        once. On a server whose maxmemory-policy may evict entries' hashes (allkeys-*, or
+        one that does not say), the ``state`` script reads them instead and checks that
+        each hash exists, so that the ids of those Redis evicted are found.
         """
         st = self.storage
         policy_name = st.eviction_policy()
