@@ -109,7 +109,7 @@ def _sentinel_primary(url: str, config: CacheConfig, *, asyncio: bool) -> Any:
         import redis.asyncio.sentinel
 
         options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1, RETRY_ON)
-        group: Any = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        group: Any = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             sentinels, sentinel_kwargs=timeouts
         )
     else:
@@ -117,5 +117,5 @@ def _sentinel_primary(url: str, config: CacheConfig, *, asyncio: bool) -> Any:
         import redis.sentinel
 
         options["retry"] = redis.retry.Retry(NoBackoff(), 1, RETRY_ON)
-        group = redis.sentinel.Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+        group = redis.sentinel.Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call, unused-ignore]
     return group.master_for(service, **options)
