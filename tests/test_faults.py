@@ -171,6 +171,26 @@ def test_a_stalled_leader_cannot_finish_its_cycle(redis_client: Any) -> None:
     assert st.invalidate("t", ids[-1]) is True
 
 
+def test_a_plan_carried_out_after_a_newer_leader_claimed_the_tenant_removes_nothing(
+    redis_client: Any,
+) -> None:
+    """The evict calls go out two at a time: every one a newer lease refuses is counted
+    as refused, none raises, and the older worker stops there."""
+    cfg = CacheConfig(eviction=EvictionConfig(max_entries=10, low_watermark=0.0, scan_batch=5))
+    st = RedisStorage(redis_client)
+    for i in range(40):
+        st.put("t", f"q{i}", "a", unit(i))
+    old = Maintenance(RedisStorage(redis_client, cfg), fence=lambda: 5, worker_id="old")
+    plan = old.plan_eviction("t")
+    assert len(plan.capacity) == 30
+    Maintenance(st, fence=lambda: 6, worker_id="new").claim(["t"])
+    report = old.execute(plan)
+    assert report.removed == {} and old.fenced and st.count("t") == 40
+    # the same plan by a worker of the newest lease is carried out whole, in batches of 5
+    newer = Maintenance(RedisStorage(redis_client, cfg), fence=lambda: 6, worker_id="new")
+    assert newer.execute(plan).removed == {"capacity": 30} and st.count("t") == 10
+
+
 def test_a_new_leader_claims_every_tenant_before_its_first_write(redis_client: Any) -> None:
     """A stalled leader could write to a tenant the new leader had planned but not yet
     written to. The new leader's first cycle writes its epoch into every tenant's fence

@@ -27,9 +27,10 @@ from zerda_cache import (
     RLConfig,
     StorageError,
 )
-from zerda_cache.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY
+from zerda_cache.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY, IntelligentCacheEntry
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
+from zerda_cache.storage import store as store_module
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.keys import tenant_keys
 
@@ -592,6 +593,31 @@ def test_corrupt_value_is_reported_and_tenant_keeps_working(
     assert storage.hit("acme", good).status == "served"
     assert storage.invalidate("acme", bad) is True
     assert storage.count("acme") == 1
+
+
+def test_read_entries_returns_each_entry_or_its_error_in_order(
+    storage: RedisStorage, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "READ_ENTRIES_BATCH", 2)  # several round trips
+    ids = [put(storage, i) for i in range(1, 6)]
+    redis_client.hset(tenant_keys("acme").entry(ids[1]), "doc", b"\xc1garbage")
+    assert storage.invalidate("acme", ids[3]) is True
+    asked = [ids[0], ids[1], ids[3], ids[4], ids[2], "e" * 32]
+    out = storage.read_entries("acme", asked)
+    assert len(out) == len(asked)
+    assert isinstance(out[1], CorruptEntryError)
+    assert isinstance(out[2], EntryNotFoundError) and isinstance(out[5], EntryNotFoundError)
+    for at in (0, 3, 4):
+        entry = out[at]
+        assert isinstance(entry, IntelligentCacheEntry) and entry.entry_id == asked[at]
+        alone = storage.get_entry("acme", asked[at])
+        assert (entry.query, entry.response, entry.version) == (
+            alone.query,
+            alone.response,
+            alone.version,
+        )
+        assert np.array_equal(entry.embedding, alone.embedding)
+    assert storage.read_entries("acme", []) == []
 
 
 @pytest.mark.parametrize(

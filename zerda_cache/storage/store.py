@@ -26,6 +26,7 @@ from zerda_cache.config import CacheConfig, RLConfig
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import (
     CorruptEntryError,
+    EntryNotFoundError,
     InvalidEntryError,
     InvalidSettingError,
     StorageError,
@@ -63,6 +64,8 @@ from zerda_cache.validation import validate_entry_id, validate_tenant
 
 log = logging.getLogger(__name__)
 
+#: Entries ``read_entries`` reads per round trip (three commands each).
+READ_ENTRIES_BATCH = 200
 #: The worker's cycle log keeps about this many records.
 CYCLE_LOG_MAXLEN = 1_000
 #: An index snapshot is stored in strings of at most this many bytes (Redis caps a
@@ -327,6 +330,21 @@ class Storage(StoragePlans):
         """
         return (yield from self._read(self.read_entry(tenant, entry_id, with_vector=with_vector)))
 
+    def _read_entries(
+        self, tenant: str, entry_ids: Sequence[str], *, with_vector: bool = True
+    ) -> Flow[list[IntelligentCacheEntry | EntryNotFoundError | CorruptEntryError]]:
+        """Load many whole entries, ``READ_ENTRIES_BATCH`` a round trip: each one's entry,
+        or the error ``get_entry`` would raise for it (not raised here)."""
+        out: list[IntelligentCacheEntry | EntryNotFoundError | CorruptEntryError] = []
+        ids = list(entry_ids)
+        for at in range(0, len(ids), READ_ENTRIES_BATCH):
+            plans = [
+                _errors_returned(self.read_entry(tenant, eid, with_vector=with_vector))
+                for eid in ids[at : at + READ_ENTRIES_BATCH]
+            ]
+            out += yield from self._read(self.batch("read_entries", plans))
+        return out
+
     def _load_states(self, tenant: str, entry_ids: Sequence[str]) -> Flow[StateBatch]:
         """Arms, usage and meta of many entries in one round trip.
 
@@ -394,6 +412,8 @@ class Storage(StoragePlans):
         nxt, items = yield from self._command(
             "iter_ids", "zscan", self.keys(tenant).ids, cursor=cursor, count=count
         )
+        if items and isinstance(items[0][0], bytes):  # the usual client: one decode each
+            return int(nxt), [(member.decode(), score) for member, score in items]
         return int(nxt), [(text(member), float(score)) for member, score in items]
 
     def _scan_evidence(
@@ -766,6 +786,7 @@ class Storage(StoragePlans):
         yield from self._read(self.count_misses(tenant, n))
 
     get_entry = op(_get_entry)
+    read_entries = op(_read_entries)
     load_states = op(_load_states)
     state_arrays = op(_state_arrays)
     vectors = op(_vectors)
@@ -1052,6 +1073,19 @@ def _is_entry_id(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _errors_returned(plan: ReadPlan[T]) -> ReadPlan[T | EntryNotFoundError | CorruptEntryError]:
+    """``plan``, whose parse returns an absent or corrupt entry's error instead of raising
+    it (one entry of a batch must not fail the others)."""
+
+    def parse(replies: list[Any]) -> T | EntryNotFoundError | CorruptEntryError:
+        try:
+            return plan.parse(replies)
+        except (EntryNotFoundError, CorruptEntryError) as exc:
+            return exc
+
+    return ReadPlan(plan.name, plan.queue, parse, plan.size, plan.scripts, plan.tolerant)
 
 
 def _ignore(replies: list[Any]) -> None:
