@@ -124,10 +124,11 @@ def test_evictions_go_in_calls_of_at_most_evict_batch(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A call of the evict script holds the server's one thread: capacity evictions go
-    in calls of at most ``EVICT_BATCH`` entries, whatever ``scan_batch`` is, and all of
-    them are carried out, in the order of their ids (the ids zset's own order for
-    entries of equal expiry, which keeps its skiplist's walks in the server's caches)."""
-    from zerda_cache.maintenance import EVICT_BATCH
+    in calls of at most ``EVICT_BATCH`` entries, whatever ``scan_batch`` is, at most
+    ``EVICT_IN_FLIGHT`` at once, and all of them are carried out, each call a run of the
+    ids in their order (the ids zset's own order for entries of equal expiry, which
+    keeps its skiplist's walks in the server's caches)."""
+    from zerda_cache.maintenance import EVICT_BATCH, EVICT_IN_FLIGHT
 
     monkeypatch.setattr("zerda_cache.maintenance.EVICT_BATCH", 7)
     cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
@@ -139,21 +140,30 @@ def test_evictions_go_in_calls_of_at_most_evict_batch(
         [FeedbackSignal(e, "t", False, magnitude=1.0 + 0.1 * k) for k, e in enumerate(ids[40:])]
     )
     st.set_tenant_settings("t", max_entries=40)
-    sizes: list[int] = []
-    removed: list[str] = []
+    calls: list[list[str]] = []
+    running, most = 0, 0
+    lock = threading.Lock()
     evict = st.evict
 
     def counted(tenant: str, items: Any, *args: Any, **kwargs: Any) -> Any:
-        sizes.append(len(items))
-        removed.extend(eid for eid, _ in items)
-        return evict(tenant, items, *args, **kwargs)
+        nonlocal running, most
+        with lock:
+            calls.append([eid for eid, _ in items])
+            running += 1
+            most = max(most, running)
+        try:
+            return evict(tenant, items, *args, **kwargs)
+        finally:
+            with lock:
+                running -= 1
 
     monkeypatch.setattr(st, "evict", counted)
     report = Maintenance(st).evict_tenant("t")
     assert report.removed == {"capacity": 20} and st.count("t") == 40
-    assert sizes == [7, 7, 6]
-    assert removed == ids[40:]
-    assert EVICT_BATCH == 100  # the default the docstrings name
+    assert sorted(len(call) for call in calls) == [6, 7, 7]
+    assert [eid for call in sorted(calls) for eid in call] == ids[40:]
+    assert 1 <= most <= EVICT_IN_FLIGHT
+    assert (EVICT_BATCH, EVICT_IN_FLIGHT) == (50, 2)  # the defaults the docstrings name
 
 
 def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(

@@ -227,10 +227,8 @@ class Distribution:
     def add(self, values: np.ndarray) -> None:
         if values.size == 0:
             return
-        # one sort and one search for every bucket (the worker adds each scan batch)
-        below = np.searchsorted(np.sort(values, axis=None), self.buckets, side="right")
-        for i, count in enumerate(below.tolist()):
-            self.counts[i] += count
+        for i, bound in enumerate(self.buckets):
+            self.counts[i] += int(np.count_nonzero(values <= bound))
         self.total += int(values.size)
         self.sum += float(values.sum())
 

@@ -371,23 +371,12 @@ def state_columns(
     n = len(states)
     status = np.zeros(n, dtype=np.int8)
     values = np.zeros((n, STATE_COLUMNS), dtype=np.float64)
-    try:  # the usual batch, every state there and of its size: no loop in Python
-        sizes = np.fromiter(map(len, states), np.int64, n)  # type: ignore[arg-type]
-        whole = bool((sizes == STATE_BYTES).all())
-    except TypeError:  # a None: an entry gone
-        whole = False
-    if whole:
-        sized: Sequence[int] = range(n)
-        status[:] = -1
-        blob = b"".join(states)  # type: ignore[arg-type]
-    else:
-        present = [i for i, raw in enumerate(states) if raw is not None]
-        sized = [i for i in present if len(states[i] or b"") == STATE_BYTES]
-        status[present] = -1
-        if not sized:
-            return status, values
-        blob = b"".join([states[i] or b"" for i in sized])
-    mat = np.frombuffer(blob, dtype="<f8")
+    present = [i for i, raw in enumerate(states) if raw is not None]
+    sized = [i for i in present if len(states[i] or b"") == STATE_BYTES]
+    status[present] = -1
+    if not sized:
+        return status, values
+    mat = np.frombuffer(b"".join([states[i] or b"" for i in sized]), dtype="<f8")
     mat = mat.reshape(len(sized), len(STATE_FIELDS))
     with np.errstate(over="ignore", invalid="ignore"):
         arm_sum = mat[:, 0:5].sum(axis=1)  # zc_all_numbers' test: a sum that is not

@@ -1245,11 +1245,10 @@ def state_arrays_of(ids: Sequence[str], states: Sequence[bytes | None]) -> State
     """The states of ``ids`` as stored (``None``: gone), decoded into columns."""
     status, arr = codec.state_columns(states)
     ok = status == 1
-    whole = bool(ok.all())  # the usual batch: every state there and sound
-    bad = [] if whole else np.flatnonzero(status == -1).tolist()
-    rows = arr if whole else arr[ok]
+    bad = np.flatnonzero(status == -1).tolist()
+    rows = arr[ok]
     return StateArrays(
-        ids=list(ids) if whole else [ids[i] for i in np.flatnonzero(ok).tolist()],
+        ids=[ids[i] for i in np.flatnonzero(ok).tolist()],
         alpha=rows[:, 0],
         beta=rows[:, 1],
         decayed_at=rows[:, 2],

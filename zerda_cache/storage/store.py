@@ -412,8 +412,6 @@ class Storage(StoragePlans):
         nxt, items = yield from self._command(
             "iter_ids", "zscan", self.keys(tenant).ids, cursor=cursor, count=count
         )
-        if items and isinstance(items[0][0], bytes):  # the usual client: one decode each
-            return int(nxt), [(member.decode(), score) for member, score in items]
         return int(nxt), [(text(member), float(score)) for member, score in items]
 
     def _scan_evidence(
