@@ -86,11 +86,12 @@ EVICT_IN_FLIGHT = 2
 DECAY_BATCH = 100
 #: Entries whose state one call of the read-only ``state`` script reads, at most (each
 #: ZSCAN step of ``scan_batch`` ids is read in calls of this many). Smaller calls let
-#: other clients in sooner but cost the worker a round trip and a decode each: at 1M
-#: entries, 100 a call made another client's GET during a full cycle 0.70 / 3.37 ms p50
-#: / p99 against 1.43 / 4.30 ms, and the cycle 14.3 s against 9.6 s, past the 10 s target
-#: (docs/BENCHMARKS.md, ``bench_worker.py --state-batch 100`` beside the default). 500
-#: stands.
+#: other clients in sooner but cost the worker a round trip and a decode each. A full
+#: cycle at 1M entries (a saved tenant, another client sending a GET every millisecond,
+#: medians of 3 rounds side by side, 2026-12-04): 100 a call 8.63 s, that GET 0.22 / 1.70
+#: ms p50 / p99; 200: 6.90 s, 0.28 / 1.79 ms; 500: 5.77 s, 0.44 / 2.02 ms. bench_worker's
+#: tenant, loaded by puts, is slower to scan (500: 7.5 s, 100: 9.0 s, docs/BENCHMARKS.md):
+#: 100 would leave the 10 s target no margin on a slower host. 500 stands.
 STATE_BATCH = 500
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
