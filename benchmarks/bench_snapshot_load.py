@@ -176,7 +176,6 @@ def main() -> None:
     current = index.dump()
     now = dump_format(current)  # the format a worker writes today
     blobs = {"1": format1(index), now: current}
-    del current
     del index
     rows = []
     restored: dict[str, ScopedIndex] = {}

@@ -25,6 +25,7 @@ from zerda_cache import (
     FeedbackSignal,
     FencedError,
     StorageError,
+    maintenance,
 )
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import RedisStorage, connect
@@ -171,21 +172,36 @@ def test_a_stalled_leader_cannot_finish_its_cycle(redis_client: Any) -> None:
     assert st.invalidate("t", ids[-1]) is True
 
 
+@pytest.mark.parametrize("second", ["refused", "fails"])
 def test_a_plan_carried_out_after_a_newer_leader_claimed_the_tenant_removes_nothing(
-    redis_client: Any,
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch, second: str
 ) -> None:
-    """The evict calls go out two at a time: every one a newer lease refuses is counted
-    as refused, none raises, and the older worker stops there."""
+    """The evict calls go out two at a time: the first refusal stops the cycle, no call
+    is sent after it, the call already under way is waited for (refused too, or failed
+    on its own: the cycle ends as stopped either way, nothing raises)."""
     cfg = CacheConfig(eviction=EvictionConfig(max_entries=10, low_watermark=0.0, scan_batch=5))
     st = RedisStorage(redis_client)
     for i in range(40):
         st.put("t", f"q{i}", "a", unit(i))
-    old = Maintenance(RedisStorage(redis_client, cfg), fence=lambda: 5, worker_id="old")
+    mine = RedisStorage(redis_client, cfg)
+    old = Maintenance(mine, fence=lambda: 5, worker_id="old")
     plan = old.plan_eviction("t")
-    assert len(plan.capacity) == 30
+    assert len(plan.capacity) == 30  # 6 calls of 5
     Maintenance(st, fence=lambda: 6, worker_id="new").claim(["t"])
+    first = min(eid for eid, _ in plan.capacity)
+    calls: list[str] = []
+    evict = mine.evict
+
+    def sent(tenant: str, items: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(items[0][0])
+        if second == "fails" and items[0][0] != first:
+            raise StorageError("evict failed: connection lost")
+        return evict(tenant, items, *args, **kwargs)
+
+    monkeypatch.setattr(mine, "evict", sent)
     report = old.execute(plan)
     assert report.removed == {} and old.fenced and st.count("t") == 40
+    assert first in calls and len(calls) <= maintenance.EVICT_IN_FLIGHT
     # the same plan by a worker of the newest lease is carried out whole, in batches of 5
     newer = Maintenance(RedisStorage(redis_client, cfg), fence=lambda: 6, worker_id="new")
     assert newer.execute(plan).removed == {"capacity": 30} and st.count("t") == 10

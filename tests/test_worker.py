@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 import redis
@@ -164,6 +165,40 @@ def test_evictions_go_in_calls_of_at_most_evict_batch(
     assert [eid for call in sorted(calls) for eid in call] == ids[40:]
     assert 1 <= most <= EVICT_IN_FLIGHT
     assert (EVICT_BATCH, EVICT_IN_FLIGHT) == (50, 2)  # the defaults the docstrings name
+
+
+def test_a_stop_during_the_removals_sends_no_further_call(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm stop (SIGTERM) during the removals: the calls already under way finish
+    and are counted, no other is sent (``EVICT_IN_FLIGHT`` at most), and the plan's
+    feedback mark is not kept (the next cycle reads those signals again)."""
+    from zerda_cache.maintenance import EVICT_IN_FLIGHT
+
+    monkeypatch.setattr("zerda_cache.maintenance.EVICT_BATCH", 3)
+    cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
+    st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
+    bulk_put(st, "t", 60)
+    st.set_tenant_settings("t", max_entries=30)  # 30 to remove: 10 calls of 3
+    stop = threading.Event()
+    m = Maintenance(st, stop=stop)
+    plan = m.plan_eviction("t")
+    assert len(plan.capacity) == 30
+    calls = 0
+    evict = st.evict
+
+    def stopping(tenant: str, items: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        out = evict(tenant, items, *args, **kwargs)
+        stop.set()  # SIGTERM arrives once the first call is done
+        return out
+
+    monkeypatch.setattr(st, "evict", stopping)
+    report = m.execute(plan)
+    assert 1 <= calls <= EVICT_IN_FLIGHT
+    assert report.removed == {"capacity": 3 * calls} and st.count("t") == 60 - 3 * calls
+    assert "t" not in m._feedback_marks
 
 
 def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
@@ -792,13 +827,18 @@ def test_a_corrupt_report_is_checked_before_the_entry_is_evicted(
 ) -> None:
     """A replica's report is a suspicion: the worker reads the entry whole first. One of
     another version may take an entry this one reads for corrupt (0.1 reads an entry
-    whose state is in the state hash as having none): that report is dropped."""
+    whose state is in the state hash as having none): that report is dropped. So is a
+    report of an entry of a newer schema, which this version cannot read but must not
+    evict (a rolling upgrade)."""
     st = RedisStorage(redis_client, CacheConfig(), clock=Clock(50_000.0))
     ids = bulk_put(st, "t", 5)
     k = tenant_keys("t")
     redis_client.hset(k.entry(ids[1]), "meta", b"\xc1")  # the scan reads no meta
-    redis_client.sadd(k.bad, ids[0], ids[1])
+    newer = msgpack.packb({"v": 2, "q": "q", "r": "a", "m": {}}, use_bin_type=True)
+    redis_client.hset(k.entry(ids[2]), "doc", newer)
+    redis_client.sadd(k.bad, ids[0], ids[1], ids[2])
     report = Maintenance(st).evict_tenant("t")
     assert report.removed == {"corrupt": 1}
-    assert st.count("t") == 4 and redis_client.zscore(k.ids, ids[0]) is not None
+    assert st.count("t") == 4 and redis_client.zscore(k.ids, ids[1]) is None
+    assert redis_client.hget(k.entry(ids[2]), "doc") == newer
     assert redis_client.scard(k.bad) == 0

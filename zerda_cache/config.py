@@ -302,8 +302,8 @@ class EvictionConfig:
         scan_batch: ids per ZSCAN or SSCAN step of the worker's scans, and the least a
             decay job's run takes; their state is read, and they are evicted and
             decayed, in calls of at most ``maintenance.STATE_BATCH`` (500),
-            ``EVICT_BATCH`` and ``DECAY_BATCH`` (100), so that one call holds Redis
-            briefly.
+            ``EVICT_BATCH`` (50, two at a time) and ``DECAY_BATCH`` (100), so that one
+            call holds Redis briefly.
         eviction_interval_s / decay_job_interval_s / metrics_interval_s: how often the
             worker runs each job.
         snapshot_min_entries / snapshot_interval_s: index snapshots for new replicas

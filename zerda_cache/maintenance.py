@@ -24,6 +24,7 @@ worker exports as metrics.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
@@ -39,7 +40,13 @@ import numpy as np
 
 from zerda_cache.calibration import bin_of
 from zerda_cache.config import EvictionConfig, RLConfig
-from zerda_cache.errors import CorruptEntryError, EntryNotFoundError, FencedError, StorageError
+from zerda_cache.errors import (
+    CorruptEntryError,
+    EntryNotFoundError,
+    FencedError,
+    SchemaVersionError,
+    StorageError,
+)
 from zerda_cache.match_model import (
     HOLDOUT,
     MIN_EACH_KIND,
@@ -54,7 +61,7 @@ from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
 from zerda_cache.storage.plans import EvictOutcome, LabelLogs, LogInfo
-from zerda_cache.storage.store import IdBatch
+from zerda_cache.storage.store import READ_ENTRIES_BATCH, IdBatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,8 +75,9 @@ T = TypeVar("T")
 READ_AHEAD = 2
 #: Entries removed per call of the evict script, at most (``EvictionConfig.scan_batch``
 #: if smaller). A removal costs the server ~15-20 us (the hash, the state, the ids, the
-#: exact-match map, a log event): 500 a call held its one thread ~20 ms, every replica's
-#: lookups waiting behind it (bench_worker, another client's GET p99 during a full cycle).
+#: exact-match map, a log event; ~40 us when 500 a call held its one thread ~20 ms, every
+#: replica's lookups waiting behind it: bench_worker, another client's GET p99 during a
+#: full cycle).
 EVICT_BATCH = 50
 #: Calls of the evict script under way at once (``Maintenance.execute``): with two, the
 #: worker packs and parses one while the server runs the other, and another client's
@@ -198,9 +206,11 @@ class Maintenance:
     Args:
         storage: the sync storage (its config carries the defaults).
         learner: scores entries (default: one built from the storage's config).
-        stop: set it to finish the current batch and stop (a warm stop).
+        stop: set it to finish the current batch and stop (a warm stop; of the
+            removals, the calls already sent: ``EVICT_IN_FLIGHT`` at most).
         active: checked between batches too; a worker passes "I still hold the lease",
-            so a leader that lost its lease mid-cycle stops before another one starts.
+            so a leader that lost its lease mid-cycle sends no further batch (the
+            fencing token refuses what is already under way, if a newer leader wrote).
         fence: the fencing token (lease epoch) every decay and evict write carries; a
             write refused because a newer leader wrote to the tenant (``FencedError``)
             stops the cycle. ``None``: writes are not fenced (the CLI's one-off passes).
@@ -245,8 +255,9 @@ class Maintenance:
         return self.stop.is_set() or self.fenced or not self.active()
 
     def _refused(self, tenant: str, exc: FencedError) -> None:
+        if not self.fenced:  # once (two evict calls in flight are both refused)
+            log.warning("tenant %s: %s; this worker lost the lease, its cycle stops", tenant, exc)
         self.fenced = True
-        log.warning("tenant %s: %s; this worker lost the lease, its cycle stops", tenant, exc)
 
     # -- tenants -------------------------------------------------------------------------------
     def tenants(self) -> list[str]:
@@ -444,11 +455,16 @@ class Maintenance:
         st = self.storage
         confirmed, unfounded = [], []
         suspects = st.suspects(tenant)
-        for eid, read in zip(suspects, st.read_entries(tenant, suspects), strict=True):
-            if isinstance(read, (CorruptEntryError, EntryNotFoundError)):
-                confirmed.append(eid)
-            else:
-                unfounded.append(eid)
+        step = READ_ENTRIES_BATCH  # entries held at once: each may be large
+        for at in range(0, len(suspects), step):
+            chunk = suspects[at : at + step]
+            for eid, read in zip(chunk, st.read_entries(tenant, chunk), strict=True):
+                # Another version's entry (a schema unknown here) is not corrupt: kept.
+                bad = isinstance(read, (CorruptEntryError, EntryNotFoundError))
+                if bad and not isinstance(read, SchemaVersionError):
+                    confirmed.append(eid)
+                else:
+                    unfounded.append(eid)
         if unfounded:
             st.forget_suspects(tenant, unfounded)
             log.warning(
@@ -587,13 +603,18 @@ class Maintenance:
                             fence=self.fence(),
                         )
                     )
-                    if len(sent) >= EVICT_IN_FLIGHT and not self._count(
-                        plan, reason, sent.popleft(), report
-                    ):
-                        stopped = True
-                        break
-                while sent:  # what was sent is done: count it
-                    stopped = not self._count(plan, reason, sent.popleft(), report) or stopped
+                    if len(sent) >= EVICT_IN_FLIGHT:
+                        try:
+                            counted = self._count(plan, reason, sent.popleft(), report)
+                        except BaseException:
+                            with contextlib.suppress(Exception):  # this error is the one
+                                self._drain(plan, reason, sent, report)
+                            raise
+                        if not counted:
+                            stopped = True
+                            break
+                if not self._drain(plan, reason, sent, report):
+                    stopped = True
                 if stopped or self._halted():
                     report.seconds = time.perf_counter() - started
                     return report
@@ -601,6 +622,26 @@ class Maintenance:
             self._feedback_marks[plan.tenant] = plan.feedback_mark
         report.seconds = time.perf_counter() - started
         return report
+
+    def _drain(
+        self,
+        plan: EvictionPlan,
+        reason: EvictReason,
+        sent: deque[Future[EvictOutcome]],
+        report: EvictionReport,
+    ) -> bool:
+        """Wait for every call still under way and count it: what they removed is gone
+        whatever happens next (another call's error is raised after them, the first of
+        their own after all of them). False if one was refused."""
+        ok, error = True, None
+        while sent:
+            try:
+                ok = self._count(plan, reason, sent.popleft(), report) and ok
+            except Exception as exc:  # the first error is raised once all are counted
+                error = error or exc
+        if error is not None:
+            raise error
+        return ok
 
     def _count(
         self,
@@ -610,11 +651,19 @@ class Maintenance:
         report: EvictionReport,
     ) -> bool:
         """Add one evict call's outcome to ``report``; False when it was refused (a
-        worker with a newer lease wrote to the tenant: this one stops)."""
+        worker with a newer lease wrote to the tenant: this one stops), or failed after
+        a refusal (the cycle is over either way: it ends as stopped, not as an error)."""
         try:
             out = sent.result()
         except FencedError as exc:
             self._refused(plan.tenant, exc)
+            return False
+        except StorageError as exc:
+            if not self.fenced:
+                raise
+            log.warning(
+                "tenant %s: an evict call sent before the refusal failed: %s", plan.tenant, exc
+            )
             return False
         report.removed[reason] = report.removed.get(reason, 0) + len(out.removed)
         if reason == "corrupt" and plan.reported:
