@@ -24,7 +24,6 @@ worker exports as metrics.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import queue
@@ -83,7 +82,8 @@ EVICT_BATCH = 50
 #: worker packs and parses one while the server runs the other, and another client's
 #: command waits behind both at worst, so each call is half of what one alone could be.
 #: The removals of a full cycle at 1M entries (97,500; a saved tenant, another client
-#: sending a GET every millisecond, medians of 3 rounds side by side), calls of 100 one
+#: sending a GET every millisecond, medians of 3 rounds side by side; a one-off probe,
+#: not a benchmark script), calls of 100 one
 #: at a time: 2.51 s, that GET 1.18 / 2.55 ms p50 / p99; 100 two at a time: 2.16 s,
 #: 2.40 / 5.74 ms; 50 two at a time: 1.62 s, 1.06 / 3.63 ms.
 EVICT_IN_FLIGHT = 2
@@ -96,7 +96,7 @@ DECAY_BATCH = 100
 #: ZSCAN step of ``scan_batch`` ids is read in calls of this many). Smaller calls let
 #: other clients in sooner but cost the worker a round trip and a decode each. A full
 #: cycle at 1M entries (a saved tenant, another client sending a GET every millisecond,
-#: medians of 3 rounds side by side, 2026-12-04): 100 a call 8.63 s, that GET 0.22 / 1.70
+#: medians of 3 rounds side by side, 2026-12-04, a one-off probe): 100 a call 8.63 s, that GET 0.22 / 1.70
 #: ms p50 / p99; 200: 6.90 s, 0.28 / 1.79 ms; 500: 5.77 s, 0.44 / 2.02 ms. bench_worker's
 #: tenant, loaded by puts, is slower to scan (500: 7.5 s, 100: 9.0 s, docs/BENCHMARKS.md):
 #: 100 would leave the 10 s target no margin on a slower host. 500 stands.
@@ -603,18 +603,14 @@ class Maintenance:
                             fence=self.fence(),
                         )
                     )
-                    if len(sent) >= EVICT_IN_FLIGHT:
-                        try:
-                            counted = self._count(plan, reason, sent.popleft(), report)
-                        except BaseException:
-                            with contextlib.suppress(Exception):  # this error is the one
-                                self._drain(plan, reason, sent, report)
-                            raise
-                        if not counted:
-                            stopped = True
-                            break
-                if not self._drain(plan, reason, sent, report):
-                    stopped = True
+                    if len(sent) >= EVICT_IN_FLIGHT and not self._count(
+                        plan, reason, sent.popleft(), report
+                    ):
+                        stopped = True
+                        break
+                while sent:  # what was sent is done: count it (the pool's exit waits
+                    # for a call still under way when one raised)
+                    stopped = not self._count(plan, reason, sent.popleft(), report) or stopped
                 if stopped or self._halted():
                     report.seconds = time.perf_counter() - started
                     return report
@@ -622,26 +618,6 @@ class Maintenance:
             self._feedback_marks[plan.tenant] = plan.feedback_mark
         report.seconds = time.perf_counter() - started
         return report
-
-    def _drain(
-        self,
-        plan: EvictionPlan,
-        reason: EvictReason,
-        sent: deque[Future[EvictOutcome]],
-        report: EvictionReport,
-    ) -> bool:
-        """Wait for every call still under way and count it: what they removed is gone
-        whatever happens next (another call's error is raised after them, the first of
-        their own after all of them). False if one was refused."""
-        ok, error = True, None
-        while sent:
-            try:
-                ok = self._count(plan, reason, sent.popleft(), report) and ok
-            except Exception as exc:  # the first error is raised once all are counted
-                error = error or exc
-        if error is not None:
-            raise error
-        return ok
 
     def _count(
         self,
