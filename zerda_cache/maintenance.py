@@ -96,8 +96,9 @@ DECAY_BATCH = 100
 #: ZSCAN step of ``scan_batch`` ids is read in calls of this many). Smaller calls let
 #: other clients in sooner but cost the worker a round trip and a decode each. A full
 #: cycle at 1M entries (a saved tenant, another client sending a GET every millisecond,
-#: medians of 3 rounds side by side, 2026-12-04, a one-off probe): 100 a call 8.63 s, that GET 0.22 / 1.70
-#: ms p50 / p99; 200: 6.90 s, 0.28 / 1.79 ms; 500: 5.77 s, 0.44 / 2.02 ms. bench_worker's
+#: medians of 3 rounds side by side, 2026-12-04, a one-off probe): 100 a call 8.63 s,
+#: that GET 0.22 / 1.70 ms p50 / p99; 200: 6.90 s, 0.28 / 1.79 ms; 500: 5.77 s, 0.44 /
+#: 2.02 ms. bench_worker's
 #: tenant, loaded by puts, is slower to scan (500: 7.5 s, 100: 9.0 s, docs/BENCHMARKS.md):
 #: 100 would leave the 10 s target no margin on a slower host. 500 stands.
 STATE_BATCH = 500
