@@ -127,6 +127,20 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         right += h is not None and (same(h.query, texts[i]) or same(h.query, texts[best[j]]))
         h = m.lookup(texts[i], tenant=TENANT, embedding=vecs[i])
         exact += h is not None and same(h.query, texts[i])
+    # Where the lookup's time goes: the index search alone (no Redis) on the same
+    # near-copies, and how many of them find several candidates within the tie margin
+    # (their lookup reads the candidates' states first: two round trips, not one).
+    cfg = m.config
+    margin = cfg.rl.similarity_tie_margin
+    alone, ties = [], 0
+    for q in nears:
+        t = time.perf_counter()
+        found = m._indexes[TENANT].search(q, "", cfg.top_k, cfg.similarity_threshold)
+        alone.append(time.perf_counter() - t)
+        ties += len(found) > 1 and found[1][1] >= found[0][1] - margin
+    widths = sorted(
+        {s.search_width() for s in index._by_scope.values() if hasattr(s, "search_width")}
+    )
     m.close()
     # The build alone: another fresh manager, nothing else running meanwhile.
     quiet = CacheManager(client, CacheConfig(), metrics=ReplicaMetrics(CollectorRegistry()))
@@ -147,6 +161,11 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         "p50_ms": float(np.percentile(lat, 50)) * 1e3,
         "p99_ms": float(np.percentile(lat, 99)) * 1e3,
         "ping_ms": float(np.percentile(ping, 50)) * 1e3,
+        "ping99_ms": float(np.percentile(ping, 99)) * 1e3,
+        "search_p50_ms": float(np.percentile(alone, 50)) * 1e3,
+        "search_p99_ms": float(np.percentile(alone, 99)) * 1e3,
+        "ties": ties / lookups,
+        "widths": widths,
         "index_ratio": index.nbytes() / raw,
         "rss_ratio": grown / raw,
     }
@@ -327,7 +346,7 @@ def main() -> None:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.baseline,
                              capture_output=True, text=True).stdout.strip()  # fmt: skip
         sides.insert(0, (f"baseline {rev}", args.baseline))
-    rows, vrows, srows = [], [], []
+    rows, vrows, srows, brows = [], [], [], []
     kinds = args.data.split(",")
     for kind in kinds:
         texts, vecs = data(kind, args.n)
@@ -361,6 +380,15 @@ def main() -> None:
                     f"{r['index_ratio']:.2f}x / {r['rss_ratio']:.2f}x",
                 ])  # fmt: skip
                 print(rows[-1], flush=True)
+                ping = r["ping_ms"]
+                brows.append([
+                    kind, name, f"{args.n:,}", "/".join(map(str, r["widths"])) or "exact",
+                    f"{ping:.3f} / {r['ping99_ms']:.3f}",
+                    f"{r['search_p50_ms']:.2f} ({r['search_p50_ms'] / ping:.1f}x)",
+                    f"{r['search_p99_ms']:.2f} ({r['search_p99_ms'] / ping:.1f}x)",
+                    f"{(r['p50_ms'] - r['search_p50_ms']) / ping:.1f}x",
+                    f"{r['ties']:.1%}",
+                ])  # fmt: skip
         if args.vset:
             v = vector_sets(kind, args.n, args.lookups)
             if v:
@@ -414,6 +442,20 @@ def main() -> None:
             "worker's snapshot; a replica that builds the index from scratch was not run."
         )
     body += "\n\n" + targets(rows)
+    body += "\n\n" + table(
+        ["data", "library", "entries", "search width", "PING p50 / p99 ms",
+         "index search alone p50 ms (/ PING p50)", "p99 ms (/ PING p50)",
+         "rest of the lookup p50 (/ PING p50)", "near-copies with tied candidates"],
+        brows,
+    )  # fmt: skip
+    body += (
+        "\n\nWhere a lookup's time goes, after the build: the replica's own index searched "
+        "alone (no Redis) for the same near-copies, at the width it searches (calibrated: "
+        "docs/operations.md, 'Search width'); the rest is the lookup p50 less the search "
+        "p50 (its round trip, the scripts, the Python). A near-copy with several "
+        "candidates within `similarity_tie_margin` of the best has their state read "
+        "before the hit script runs: two round trips instead of one."
+    )
     if vrows:
         body += "\n\n" + table(
             ["data", "vectors", "VADD/s (pipelined 500)", "VADD µs per call (server)",

@@ -110,7 +110,7 @@ def main() -> None:
         ratio = r["per_entry"] / r["payload"]
         out.append(
             [
-                storage,
+                f"{storage} (the default)" if storage == CacheConfig().vector_storage else storage,
                 f"{r['per_entry']:,.0f}",
                 f"{r['payload']:,.0f}",
                 f"**{ratio:.2f}x**",
