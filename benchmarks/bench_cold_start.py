@@ -22,6 +22,10 @@ process with ``PYTHONPATH=DIR``), side by side. ``--vset`` adds Redis 8.2's vect
 script as a put would run it), VSIM p50 against PING, recall@1, and memory per vector.
 
     .venv/bin/python benchmarks/bench_cold_start.py [--n 100000] [--baseline /tmp/base] [--vset]
+
+At 1M entries the load and the worker's build take ~20 min; ``--snapshot-only --keep DIR``
+saves the tenant with its snapshot as an RDB in DIR the first time and starts from it the
+next (for trying a change to the lookup path; the section says which commit made it).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -307,6 +313,48 @@ def publish_snapshot(url: str) -> list[str]:
     return [f"{report.seconds:.1f}", f"{report.bytes / 1e6:,.0f}", f"{per_entry:,.0f}"]
 
 
+class Saved:
+    """A tenant loaded and snapshotted by an earlier run, kept as an RDB (``--keep``)."""
+
+    def __init__(self, folder: Path, kind: str, n: int) -> None:
+        self.rdb = folder / f"{kind}-{n}.rdb"
+        self.info = folder / f"{kind}-{n}.json"
+        self.meta: dict[str, Any] = json.loads(self.info.read_text()) if self.exists() else {}
+
+    def exists(self) -> bool:
+        return self.rdb.exists() and self.info.exists()
+
+    def describe(self) -> str:
+        return f"{self.rdb.name}, commit {self.meta['commit']}, {self.meta['saved']}"
+
+    def server(self, folder: Path) -> Any:
+        """A server started from a copy of the RDB in ``folder``, once it has read it."""
+        from zerda_cache.testing import RedisServer
+
+        shutil.copyfile(self.rdb, folder / "dump.rdb")
+        # The later --dir wins: the server reads dump.rdb there. Until it has read it, it
+        # answers PING with LOADING, which the harness waits out.
+        server = RedisServer(kind="redis", extra_args=["--dir", str(folder)], startup_timeout=900)
+        server.start()
+        print(f"restored {self.describe()}", flush=True)
+        return server
+
+    def save(self, server: Any, worker: list[str]) -> None:
+        import redis
+        from _report import git_rev
+
+        client = redis.Redis.from_url(server.url, socket_timeout=None)
+        client.save()
+        directory = client.config_get("dir")["dir"]
+        client.close()
+        self.rdb.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(directory) / "dump.rdb", self.rdb)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        self.meta = {"commit": git_rev(), "saved": when, "worker": worker}
+        self.info.write_text(json.dumps(self.meta))
+        print(f"saved {self.rdb}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=100_000)
@@ -328,6 +376,15 @@ def main() -> None:
     parser.add_argument(
         "--section", default="cold-start", help="docs section (e.g. cold-start-1m for --n 1000000)"
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --snapshot-only: save the loaded tenant with its published snapshot "
+        "(an RDB per data kind and size) in DIR, or start from the one saved there, "
+        "skipping the load and the worker's build (~15 min at 1M entries)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind,url
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
@@ -346,19 +403,33 @@ def main() -> None:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.baseline,
                              capture_output=True, text=True).stdout.strip()  # fmt: skip
         sides.insert(0, (f"baseline {rev}", args.baseline))
+    if args.keep is not None and not args.snapshot_only:
+        raise SystemExit("--keep saves the tenant with its snapshot: use it with --snapshot-only")
     rows, vrows, srows, brows = [], [], [], []
+    kept: list[str] = []
     kinds = args.data.split(",")
     for kind in kinds:
-        texts, vecs = data(kind, args.n)
-        with RedisServer(kind="redis") as server:
+        saved = None if args.keep is None else Saved(args.keep, kind, args.n)
+        restored = Path(tempfile.mkdtemp(prefix="zerda-kept-"))
+        server = saved.server(restored) if saved is not None and saved.exists() else None
+        if server is None:
+            server = RedisServer(kind="redis").start()
+            texts, vecs = data(kind, args.n)
             load(server.url, texts, vecs)
             del texts, vecs
+        with server:
             runs = [] if args.snapshot_only else list(sides)
             if args.snapshot or args.snapshot_only:
                 runs.append(("current, from the snapshot", None))
             for name, src in runs:
                 if name.endswith("snapshot"):
-                    srows.append([kind, f"{args.n:,}", *publish_snapshot(server.url)])
+                    if saved is not None and saved.exists():
+                        srows.append(saved.meta["worker"])
+                        kept.append(saved.describe())
+                    else:
+                        srows.append([kind, f"{args.n:,}", *publish_snapshot(server.url)])
+                        if saved is not None:
+                            saved.save(server, srows[-1])
                 env = {**os.environ, **({"PYTHONPATH": str(src)} if src else {})}
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", f"{kind},{server.url}",
@@ -389,6 +460,7 @@ def main() -> None:
                     f"{(r['p50_ms'] - r['search_p50_ms']) / ping:.1f}x",
                     f"{r['ties']:.1%}",
                 ])  # fmt: skip
+        shutil.rmtree(restored, ignore_errors=True)
         if args.vset:
             v = vector_sets(kind, args.n, args.lookups)
             if v:
@@ -440,6 +512,12 @@ def main() -> None:
         body += (
             " This run (`--snapshot-only`) measured only the replica that loads the "
             "worker's snapshot; a replica that builds the index from scratch was not run."
+        )
+    if kept:
+        body += (
+            " The tenant and its snapshot were not loaded and built by this run but "
+            f"restored from an RDB saved by an earlier one (`--keep`): {'; '.join(kept)}; "
+            "the worker's row is that run's."
         )
     body += "\n\n" + targets(rows)
     body += "\n\n" + table(
