@@ -31,6 +31,7 @@ next (for trying a change to the lookup path; the section says which commit made
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -119,6 +120,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         j += 1
     ready = time.perf_counter() - t0
     index = m._indexes[TENANT].index
+    loaded = getattr(m._indexes[TENANT], "snapshot", None) is not None  # or built it
     assert index is not None
     grown = rss() - before
     lat, ping = [], []
@@ -137,13 +139,13 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     # near-copies, and how many of them find several candidates within the tie margin
     # (their lookup reads the candidates' states first: two round trips, not one).
     cfg = m.config
-    margin = cfg.rl.similarity_tie_margin
+    margin = getattr(cfg.rl, "similarity_tie_margin", None)  # None: a baseline before it
     alone, ties = [], 0
     for q in nears:
         t = time.perf_counter()
         found = m._indexes[TENANT].search(q, "", cfg.top_k, cfg.similarity_threshold)
         alone.append(time.perf_counter() - t)
-        ties += len(found) > 1 and found[1][1] >= found[0][1] - margin
+        ties += margin is not None and len(found) > 1 and found[1][1] >= found[0][1] - margin
     widths = sorted(
         {s.search_width() for s in index._by_scope.values() if hasattr(s, "search_width")}
     )
@@ -170,7 +172,8 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         "ping99_ms": float(np.percentile(ping, 99)) * 1e3,
         "search_p50_ms": float(np.percentile(alone, 50)) * 1e3,
         "search_p99_ms": float(np.percentile(alone, 99)) * 1e3,
-        "ties": ties / lookups,
+        "ties": None if margin is None else ties / lookups,
+        "from_snapshot": loaded,
         "widths": widths,
         "index_ratio": index.nbytes() / raw,
         "rss_ratio": grown / raw,
@@ -313,6 +316,23 @@ def publish_snapshot(url: str) -> list[str]:
     return [f"{report.seconds:.1f}", f"{report.bytes / 1e6:,.0f}", f"{per_entry:,.0f}"]
 
 
+def settings() -> dict[str, Any]:
+    """What a saved tenant must have been made with to stand for this checkout's: the
+    stored vectors' encoding, the index's parameters and the snapshot's calibration."""
+    from dataclasses import asdict
+
+    from zerda_cache import CacheConfig
+    from zerda_cache.index import CALIBRATION_METHOD
+
+    cfg = asdict(CacheConfig())
+    made = {
+        k: v for k, v in cfg.items() if k.startswith("ann_") or k in ("vector_storage", "top_k")
+    }
+    made["snapshot_ef_construction"] = cfg["eviction"]["snapshot_ef_construction"]
+    made["calibration_method"] = CALIBRATION_METHOD
+    return made
+
+
 class Saved:
     """A tenant loaded and snapshotted by an earlier run, kept as an RDB (``--keep``)."""
 
@@ -328,10 +348,22 @@ class Saved:
         return f"{self.rdb.name}, commit {self.meta['commit']}, {self.meta['saved']}"
 
     def server(self, folder: Path) -> Any:
-        """A server started from a copy of the RDB in ``folder``, once it has read it."""
+        """A server started from the RDB (linked or copied into ``folder``), once it has
+        read it. Refuses an RDB made with other settings than this checkout's."""
         from zerda_cache.testing import RedisServer
 
-        shutil.copyfile(self.rdb, folder / "dump.rdb")
+        now = settings()
+        if self.meta.get("settings") != now:
+            old = self.meta.get("settings") or {}
+            differ = sorted(k for k in now.keys() | old.keys() if now.get(k) != old.get(k))
+            raise SystemExit(
+                f"{self.rdb} was made with other settings ({', '.join(differ)}): "
+                "delete it (and its .json) to load and build again"
+            )
+        try:  # the server never writes it: no save points, and it is killed, not shut down
+            os.link(self.rdb, folder / "dump.rdb")
+        except OSError:
+            shutil.copyfile(self.rdb, folder / "dump.rdb")
         # The later --dir wins: the server reads dump.rdb there. Until it has read it, it
         # answers PING with LOADING, which the harness waits out.
         server = RedisServer(kind="redis", extra_args=["--dir", str(folder)], startup_timeout=900)
@@ -348,9 +380,19 @@ class Saved:
         directory = client.config_get("dir")["dir"]
         client.close()
         self.rdb.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(Path(directory) / "dump.rdb", self.rdb)
+        self.info.unlink(missing_ok=True)  # no .json beside a half-written RDB
+        part = self.rdb.with_suffix(".part")
+        shutil.copyfile(Path(directory) / "dump.rdb", part)
+        part.replace(self.rdb)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()  # fmt: skip
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        self.meta = {"commit": git_rev(), "saved": when, "worker": worker}
+        self.meta = {
+            "commit": git_rev() + (" with uncommitted changes" if dirty else ""),
+            "saved": when,
+            "worker": worker,
+            "settings": settings(),
+        }
         self.info.write_text(json.dumps(self.meta))
         print(f"saved {self.rdb}", flush=True)
 
@@ -383,7 +425,7 @@ def main() -> None:
         metavar="DIR",
         help="with --snapshot-only: save the loaded tenant with its published snapshot "
         "(an RDB per data kind and size) in DIR, or start from the one saved there, "
-        "skipping the load and the worker's build (~15 min at 1M entries)",
+        "skipping the load and the worker's build (~20 min at 1M entries)",
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind,url
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
@@ -410,14 +452,15 @@ def main() -> None:
     kinds = args.data.split(",")
     for kind in kinds:
         saved = None if args.keep is None else Saved(args.keep, kind, args.n)
-        restored = Path(tempfile.mkdtemp(prefix="zerda-kept-"))
-        server = saved.server(restored) if saved is not None and saved.exists() else None
-        if server is None:
-            server = RedisServer(kind="redis").start()
-            texts, vecs = data(kind, args.n)
-            load(server.url, texts, vecs)
-            del texts, vecs
-        with server:
+        with contextlib.ExitStack() as stack:
+            if saved is not None and saved.exists():
+                kept_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                server = stack.enter_context(saved.server(kept_dir))
+            else:
+                server = stack.enter_context(RedisServer(kind="redis"))
+                texts, vecs = data(kind, args.n)
+                load(server.url, texts, vecs)
+                del texts, vecs
             runs = [] if args.snapshot_only else list(sides)
             if args.snapshot or args.snapshot_only:
                 runs.append(("current, from the snapshot", None))
@@ -437,6 +480,8 @@ def main() -> None:
                     env=env, capture_output=True, text=True, check=True,
                 )  # fmt: skip
                 r = json.loads(out.stdout.strip().splitlines()[-1])
+                if name.endswith("snapshot") and not r["from_snapshot"]:
+                    raise SystemExit("the replica built its index instead of loading the snapshot")
                 first = r["first_exact_s"]
                 worst = r["during_max_ms"]
                 rows.append([
@@ -458,9 +503,8 @@ def main() -> None:
                     f"{r['search_p50_ms']:.2f} ({r['search_p50_ms'] / ping:.1f}x)",
                     f"{r['search_p99_ms']:.2f} ({r['search_p99_ms'] / ping:.1f}x)",
                     f"{(r['p50_ms'] - r['search_p50_ms']) / ping:.1f}x",
-                    f"{r['ties']:.1%}",
+                    "-" if r["ties"] is None else f"{r['ties']:.1%}",
                 ])  # fmt: skip
-        shutil.rmtree(restored, ignore_errors=True)
         if args.vset:
             v = vector_sets(kind, args.n, args.lookups)
             if v:
