@@ -140,12 +140,16 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     # (their lookup reads the candidates' states first: two round trips, not one).
     cfg = m.config
     margin = getattr(cfg.rl, "similarity_tie_margin", None)  # None: a baseline before it
-    alone, ties = [], 0
+    alone, tied = [], []
     for q in nears:
         t = time.perf_counter()
         found = m._indexes[TENANT].search(q, "", cfg.top_k, cfg.similarity_threshold)
         alone.append(time.perf_counter() - t)
-        ties += margin is not None and len(found) > 1 and found[1][1] >= found[0][1] - margin
+        tied.append(margin is not None and len(found) > 1 and found[1][1] >= found[0][1] - margin)
+    ties = sum(tied)
+    # The lookups' p50 by their kind: one round trip (a clear leader), or two (ties).
+    by_kind = [[x for x, k in zip(lat, tied, strict=True) if k == want] for want in (False, True)]
+    kind_p50 = [float(np.percentile(xs, 50)) * 1e3 if xs else None for xs in by_kind]
     widths = sorted(
         {s.search_width() for s in index._by_scope.values() if hasattr(s, "search_width")}
     )
@@ -173,6 +177,8 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         "search_p50_ms": float(np.percentile(alone, 50)) * 1e3,
         "search_p99_ms": float(np.percentile(alone, 99)) * 1e3,
         "ties": None if margin is None else ties / lookups,
+        "p50_clear_ms": kind_p50[0],
+        "p50_tied_ms": kind_p50[1],
         "from_snapshot": loaded,
         "widths": widths,
         "index_ratio": index.nbytes() / raw,
@@ -504,6 +510,10 @@ def main() -> None:
                     f"{r['search_p99_ms']:.2f} ({r['search_p99_ms'] / ping:.1f}x)",
                     f"{(r['p50_ms'] - r['search_p50_ms']) / ping:.1f}x",
                     "-" if r["ties"] is None else f"{r['ties']:.1%}",
+                    " / ".join(
+                        "-" if v is None else f"{v:.2f} ({v / ping:.1f}x)"
+                        for v in (r["p50_clear_ms"], r["p50_tied_ms"])
+                    ),
                 ])  # fmt: skip
         if args.vset:
             v = vector_sets(kind, args.n, args.lookups)
@@ -567,7 +577,8 @@ def main() -> None:
     body += "\n\n" + table(
         ["data", "library", "entries", "search width", "PING p50 / p99 ms",
          "index search alone p50 ms (/ PING p50)", "p99 ms (/ PING p50)",
-         "rest of the lookup p50 (/ PING p50)", "near-copies with tied candidates"],
+         "rest of the lookup p50 (/ PING p50)", "near-copies with tied candidates",
+         "lookup p50 ms (/ PING p50): clear leader / tied"],
         brows,
     )  # fmt: skip
     body += (
@@ -576,7 +587,9 @@ def main() -> None:
         "docs/operations.md, 'Search width'); the rest is the lookup p50 less the search "
         "p50 (its round trip, the scripts, the Python). A near-copy with several "
         "candidates within `similarity_tie_margin` of the best has their state read "
-        "before the hit script runs: two round trips instead of one."
+        "before the hit script runs: two round trips instead of one; the last column "
+        'splits the lookup p50 by that ("-": no lookup of that kind, or a baseline '
+        "without the margin)."
     )
     if vrows:
         body += "\n\n" + table(
