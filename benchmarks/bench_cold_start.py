@@ -138,17 +138,21 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     # Where the lookup's time goes: the index search alone (no Redis) on the same
     # near-copies, and how many of them find several candidates within the tie margin
     # (their lookup reads the candidates' states first: two round trips, not one).
+    from zerda_cache import engine
+
     cfg = m.config
-    margin = getattr(cfg.rl, "similarity_tie_margin", None)  # None: a baseline before it
+    leads = getattr(engine, "clear_leader", None)  # the lookup's own rule (a baseline: none)
     alone, tied = [], []
     for q in nears:
         t = time.perf_counter()
         found = m._indexes[TENANT].search(q, "", cfg.top_k, cfg.similarity_threshold)
         alone.append(time.perf_counter() - t)
-        tied.append(margin is not None and len(found) > 1 and found[1][1] >= found[0][1] - margin)
-    ties = sum(tied)
+        if leads is not None:
+            tied.append(bool(found) and not leads(found, cfg.rl.similarity_tie_margin))
     # The lookups' p50 by their kind: one round trip (a clear leader), or two (ties).
-    by_kind = [[x for x, k in zip(lat, tied, strict=True) if k == want] for want in (False, True)]
+    # Without the rule (a baseline), tied is empty, and so are both kinds.
+    pairs = list(zip(lat, tied, strict=True)) if tied else []
+    by_kind = [[x for x, k in pairs if k == want] for want in (False, True)]
     kind_p50 = [float(np.percentile(xs, 50)) * 1e3 if xs else None for xs in by_kind]
     widths = sorted(
         {s.search_width() for s in index._by_scope.values() if hasattr(s, "search_width")}
@@ -176,7 +180,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         "ping99_ms": float(np.percentile(ping, 99)) * 1e3,
         "search_p50_ms": float(np.percentile(alone, 50)) * 1e3,
         "search_p99_ms": float(np.percentile(alone, 99)) * 1e3,
-        "ties": None if margin is None else ties / lookups,
+        "ties": sum(tied) / lookups if tied else None,
         "p50_clear_ms": kind_p50[0],
         "p50_tied_ms": kind_p50[1],
         "from_snapshot": loaded,
@@ -458,8 +462,9 @@ def main() -> None:
     kinds = args.data.split(",")
     for kind in kinds:
         saved = None if args.keep is None else Saved(args.keep, kind, args.n)
+        restoring = saved is not None and saved.exists()
         with contextlib.ExitStack() as stack:
-            if saved is not None and saved.exists():
+            if saved is not None and restoring:
                 kept_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
                 server = stack.enter_context(saved.server(kept_dir))
             else:
@@ -472,7 +477,7 @@ def main() -> None:
                 runs.append(("current, from the snapshot", None))
             for name, src in runs:
                 if name.endswith("snapshot"):
-                    if saved is not None and saved.exists():
+                    if saved is not None and restoring:
                         srows.append(saved.meta["worker"])
                         kept.append(saved.describe())
                     else:

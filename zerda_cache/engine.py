@@ -218,6 +218,13 @@ class PutResult:
 SameAnswer = Callable[[str, str], bool]
 
 
+def clear_leader(found: Sequence[tuple[str, float]], margin: float) -> bool:
+    """Whether the first of a search's candidates (best first) is the only one, or ahead
+    of the next by more than ``margin`` (``similarity_tie_margin``): then ranking puts
+    it first whatever the arms say, and a lookup serves it in its first round trip."""
+    return len(found) == 1 or (len(found) > 1 and found[1][1] < found[0][1] - margin)
+
+
 def same_text(cached: str, fresh: str) -> bool:
     """The default answer equivalence: equal after Unicode normalisation, case folding
     and collapsing whitespace and punctuation. Strict: an LLM that words the same answer
@@ -526,9 +533,7 @@ class CacheEngine:
         # script). If it is this one, it is served as such, under its own bar. Refused,
         # the others are ranked as usual (their state read first, as with several
         # candidates within the margin, where the bandit ranks them).
-        alone = len(found) == 1 or (
-            len(found) > 1 and found[1][1] < found[0][1] - policy.rl.similarity_tie_margin
-        )
+        alone = clear_leader(found, policy.rl.similarity_tie_margin)
         if self._speculate and alone and safe:
             spec = found[0]
             parts.append(self._plan_hit(tenant, *spec, policy, exact_bar, asked=digest))

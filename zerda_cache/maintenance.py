@@ -74,18 +74,18 @@ T = TypeVar("T")
 READ_AHEAD = 2
 #: Entries removed per call of the evict script, at most (``EvictionConfig.scan_batch``
 #: if smaller). A removal costs the server ~15-20 us (the hash, the state, the ids, the
-#: exact-match map, a log event; ~40 us when 500 a call held its one thread ~20 ms, every
-#: replica's lookups waiting behind it: bench_worker, another client's GET p99 during a
-#: full cycle).
+#: exact-match map, a log event). 500 a call held its one thread ~20 ms (~40 us each),
+#: every replica's lookups waiting behind it (bench_worker, another client's GET p99
+#: during a full cycle).
 EVICT_BATCH = 50
 #: Calls of the evict script under way at once (``Maintenance.execute``): with two, the
 #: worker packs and parses one while the server runs the other, and another client's
 #: command waits behind both at worst, so each call is half of what one alone could be.
 #: The removals of a full cycle at 1M entries (97,500; a saved tenant, another client
 #: sending a GET every millisecond, medians of 3 rounds side by side; a one-off probe,
-#: not a benchmark script), calls of 100 one
-#: at a time: 2.51 s, that GET 1.18 / 2.55 ms p50 / p99; 100 two at a time: 2.16 s,
-#: 2.40 / 5.74 ms; 50 two at a time: 1.62 s, 1.06 / 3.63 ms.
+#: not a benchmark script), calls of 100 one at a time: 2.51 s, that GET 1.18 / 2.55 ms
+#: p50 / p99; 100 two at a time: 2.16 s, 2.40 / 5.74 ms; 50 two at a time: 1.62 s,
+#: 1.06 / 3.63 ms.
 EVICT_IN_FLIGHT = 2
 #: Arms whose decay is persisted per call of the decay script, at most (``scan_batch`` if
 #: smaller): rewriting an arm costs the server ~14 us (read, decode, decay, encode, write),
@@ -98,9 +98,9 @@ DECAY_BATCH = 100
 #: cycle at 1M entries (a saved tenant, another client sending a GET every millisecond,
 #: medians of 3 rounds side by side, 2026-12-04, a one-off probe): 100 a call 8.63 s,
 #: that GET 0.22 / 1.70 ms p50 / p99; 200: 6.90 s, 0.28 / 1.79 ms; 500: 5.77 s, 0.44 /
-#: 2.02 ms. bench_worker's
-#: tenant, loaded by puts, is slower to scan (500: 7.5 s, 100: 9.0 s, docs/BENCHMARKS.md):
-#: 100 would leave the 10 s target no margin on a slower host. 500 stands.
+#: 2.02 ms. bench_worker's tenant, loaded by puts, is slower to scan (500: 7.5 s, 100:
+#: 9.0 s, docs/BENCHMARKS.md): 100 would leave the 10 s target no margin on a slower
+#: host. 500 stands.
 STATE_BATCH = 500
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
@@ -609,8 +609,9 @@ class Maintenance:
                     ):
                         stopped = True
                         break
-                while sent:  # what was sent is done: count it (the pool's exit waits
-                    # for a call still under way when one raised)
+                # What was sent is done: count it (when one raises, the pool's exit
+                # waits for a call still under way).
+                while sent:
                     stopped = not self._count(plan, reason, sent.popleft(), report) or stopped
                 if stopped or self._halted():
                     report.seconds = time.perf_counter() - started
