@@ -591,8 +591,11 @@ def main() -> None:
         "alone (no Redis) for the same near-copies, at the width it searches (calibrated: "
         "docs/operations.md, 'Search width'); the rest is the lookup p50 less the search "
         "p50 (its round trip, the scripts, the Python). A near-copy with several "
-        "candidates within `similarity_tie_margin` of the best has their state read "
-        "before the hit script runs: two round trips instead of one; the last column "
+        "candidates within `similarity_tie_margin` of the best is tied: the hit script "
+        "also reads the rivals' arms and serves the leader in the one round trip when no "
+        "Thompson draw could rank another first (none of them has feedback here); where "
+        "a draw could, and in a baseline without that, their states first and the hit "
+        "script next, two round trips. The last column "
         'splits the lookup p50 by that ("-": no lookup of that kind, or a baseline '
         "without the margin)."
     )

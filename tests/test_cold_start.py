@@ -251,6 +251,15 @@ class CountingRedis(redis.Redis):
         self.connection_pool.get_connection = counted  # type: ignore[method-assign]
 
 
+def counting_manager(url: str, cfg: CacheConfig) -> tuple[CountingRedis, CacheManager]:
+    """A manager on a ``CountingRedis`` client, the hit script loaded beforehand so that no
+    NOSCRIPT retry enters the count."""
+    client = CountingRedis.from_url(url)
+    m = CacheManager(client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
+    client.script_load(script_source("hit"))
+    return client, m
+
+
 def test_round_trips_of_a_lookup_while_building_and_once_built(
     make_manager: Any, redis_server: Any
 ) -> None:
@@ -283,13 +292,13 @@ def test_round_trips_of_a_lookup_while_building_and_once_built(
 def test_one_round_trip_serves_a_clear_best_of_several_candidates(redis_server: Any) -> None:
     """Several candidates, the most similar ahead of the next by more than
     ``similarity_tie_margin``: the ranking would put it first whatever the arms say, so
-    the lookup serves it in its one round trip. Within the margin, the bandit ranks
-    them: their state first, then the hit script. A clear best the hit script refuses
-    (under the serving bar) is skipped, as ranking skips it, and the next is served."""
+    the lookup serves it in its one round trip. Within the margin, the same when the
+    bandit would rank it first whatever it draws (no evidence on either: their means);
+    otherwise the bandit ranks them on the states the hit script returned, and a second
+    trip serves. A clear best the hit script refuses (under the serving bar) is skipped,
+    as ranking skips it, and the next is served."""
     cfg = CacheConfig(similarity_threshold=0.8, rl=RLConfig(min_reward_to_serve=0.4))
-    client = CountingRedis.from_url(redis_server.url)
-    m = CacheManager(client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
-    client.script_load(script_source("hit"))  # no NOSCRIPT retry in the count
+    client, m = counting_manager(redis_server.url, cfg)
     a = unit(1)
     best = m.put("qa", "answer a", tenant="s", embedding=a).entry_id
     second = m.put("qb", "answer b", tenant="s", embedding=near(a, 0.95, seed=5)).entry_id
@@ -306,8 +315,17 @@ def test_one_round_trip_serves_a_clear_best_of_several_candidates(redis_server: 
     client.trips = 0
     hit = m.lookup("q?", tenant="s", embedding=query)
     assert hit is not None and hit.entry_id == best and client.trips == 1
-    # Two within the margin: ranked by the bandit, two round trips.
+    # Two within the margin, neither with evidence: the bandit scores them their means,
+    # so the more similar is first whatever it draws, and the hit script serves it.
     twin = m.put("qt", "answer t", tenant="s", embedding=near(a, 0.999, seed=6)).entry_id
+    assert sims[best] > float(near(a, 0.999, seed=6) @ query)
+    m.lookup("warm", tenant="s", embedding=unit(999))
+    client.trips = 0
+    hit = m.lookup("q?", tenant="s", embedding=query)
+    assert hit is not None and hit.entry_id == best and client.trips == 1
+    # The twin with evidence: its draw may put it first, so the bandit ranks them here,
+    # on the states the hit script returned with its refusal: two round trips.
+    m.feedback(FeedbackSignal(twin, "s", True))
     m.lookup("warm", tenant="s", embedding=unit(999))
     client.trips = 0
     hit = m.lookup("q?", tenant="s", embedding=query)

@@ -518,25 +518,46 @@ class CacheEngine:
         bar = None if bound is None else (NEVER if explore else policy.exact_bar(override))
         exact_bar = bar if bar else None
         spec: tuple[str, float] | None = None
+
+        def servable(cands: list[tuple[str, float]]) -> list[tuple[str, float]]:
+            """Near matches the bound lets this lookup serve (all of them without one)."""
+            if bound is None:
+                return cands
+            if threshold is None or explore:
+                return []
+            return [c for c in cands if c[0] in feats and score_of(model, feats[c[0]]) >= threshold]
+
         safe = bound is None or (
             threshold is not None
             and not explore
             and bool(found)
             and score_of(model, feats[found[0][0]]) >= threshold
         )
-        # The common lookup: serve the most similar candidate in the same round trip
-        # when it is the only one, or the only one within ``similarity_tie_margin`` of
-        # the top: the ranking would put it first whatever the arms say, and the hit
-        # script refuses it for what ranking would skip it for (gone, expired, under the
+        # The common lookup: serve the most similar candidate in the same round trip.
+        # When it is the only one, or the only one within ``similarity_tie_margin`` of
+        # the top, the ranking would put it first whatever the arms say; the hit script
+        # refuses it for what ranking would skip it for (gone, expired, under the
         # serving bar or its similarity bar) and for the one thing ranking puts before
         # it: the question's own entry, when that is another (the digest, checked in the
-        # script). If it is this one, it is served as such, under its own bar. Refused,
-        # the others are ranked as usual (their state read first, as with several
-        # candidates within the margin, where the bandit ranks them).
-        alone = clear_leader(found, policy.rl.similarity_tie_margin)
-        if self._speculate and alone and safe:
+        # script). If it is this one, it is served as such, under its own bar. With
+        # rivals within the margin, the script also reads their arms and serves it only
+        # if the bandit would rank it first whatever it drew (arms without evidence
+        # score their mean: a tie of fresh entries goes to the more similar); if not,
+        # or refused, it returns every candidate's state and they are ranked here as
+        # usual, one round trip later.
+        if self._speculate and safe and found:
             spec = found[0]
-            parts.append(self._plan_hit(tenant, *spec, policy, exact_bar, asked=digest))
+            rivals: list[tuple[str, float]] = []
+            if not clear_leader(found, policy.rl.similarity_tie_margin):
+                floor = spec[1] - policy.rl.similarity_tie_margin
+                rivals = servable([c for c in found[1:] if c[1] >= floor])
+            # every candidate's id, the leader first and its rivals next (plan_hit)
+            tied = [eid for eid, _ in rivals]
+            ids = [spec[0], *tied, *(e for e, _ in found[1:] if e not in tied)] if tied else []
+            plan = self._plan_hit(
+                tenant, *spec, policy, exact_bar, asked=digest, rivals=rivals, candidates=ids
+            )
+            parts.append(plan)
         if spec is None and found:
             parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
@@ -566,8 +587,11 @@ class CacheEngine:
                 if spec[0] == exact_id:  # the question itself: an exact hit, similarity 1
                     spec = (spec[0], 1.0)
                 exact = spec[0] == exact_id
-                served = self._spec_hit(tenant, spec, outcome.served, exact, policy)
+                served = self._spec_hit(tenant, spec, outcome, exact, policy)
                 return served, n_found, False, self._asked(exact_id, served)
+            if outcome.states is not None:  # a tie's (or a refused leader's) candidates
+                states = outcome.states
+                ghosts.update(states.missing)
             if outcome.status is HitStatus.GONE:
                 ghosts.add(spec[0])
             elif exact_bar is not None and spec[0] == exact_id:  # under its bar: verify
@@ -580,22 +604,17 @@ class CacheEngine:
         if changed:
             found = self._search(ti, vec, scope, policy)
             feats = self._features(found, policy)
-        # A near match that gave way to the question's own entry stays a candidate.
+        # A near match that gave way to the question's own entry, or to the bandit's
+        # ranking of a tie, stays a candidate.
         tried = (
-            {spec[0]} if spec is not None and replies[-1].status is not HitStatus.NOT_OWN else set()
+            {spec[0]}
+            if spec is not None and replies[-1].status not in (HitStatus.NOT_OWN, HitStatus.TIED)
+            else set()
         )
         found = [(eid, sim) for eid, sim in found if eid not in tried]
         if exact_id in tried:
             exact_id = None
         now = yield from self._now()
-
-        def servable(cands: list[tuple[str, float]]) -> list[tuple[str, float]]:
-            """Near matches the bound lets this lookup serve (all of them without one)."""
-            if bound is None:
-                return cands
-            if threshold is None or explore:
-                return []
-            return [c for c in cands if c[0] in feats and score_of(model, feats[c[0]]) >= threshold]
 
         near = servable(found)
         hit = None
@@ -607,7 +626,7 @@ class CacheEngine:
             plan = self._plan_hit(tenant, exact_id, 1.0, policy, exact_bar)
             outcome = yield from st._run(plan)
             if outcome.served is not None:
-                hit = self._spec_hit(tenant, (exact_id, 1.0), outcome.served, True, policy)
+                hit = self._spec_hit(tenant, (exact_id, 1.0), outcome, True, policy)
             elif outcome.status is HitStatus.GONE:
                 ghosts.add(exact_id)
             elif exact_bar is not None:
@@ -768,12 +787,15 @@ class CacheEngine:
         policy: TenantPolicy,
         exact_bar: float | None = None,
         asked: str | None = None,
+        rivals: Sequence[tuple[str, float]] = (),
+        candidates: Sequence[str] = (),
     ) -> ScriptCall[HitOutcome]:
         """The hit script's call; ``exact_bar``: the expected reward the question's own
         entry needs under a bound (``Calibration.exact_plan``), over the serving bar.
-        ``asked``: the question's exact-match digest, for a speculative near match, which the script
-        serves as the question's own entry (under ``exact_bar``) only if it is that, and
-        not at all if the question has another (``StoragePlans.plan_hit``)."""
+        ``asked``: the question's exact-match digest, for a speculative near match, which
+        the script serves as the question's own entry (under ``exact_bar``) only if it is
+        that, and not at all if the question has another. ``rivals``, ``candidates``: a
+        speculative near match's tie (``StoragePlans.plan_hit``)."""
         bar = policy.rl.serve_bar
         if exact_bar is not None and asked is None:
             bar = max(bar if bar is not None else 0.0, exact_bar)
@@ -786,6 +808,8 @@ class CacheEngine:
             rl=policy.rl,
             asked=asked,
             own_bar=exact_bar if asked is not None else None,
+            rivals=rivals,
+            candidates=candidates,
         )
 
     def _verify_exact(
@@ -1702,13 +1726,20 @@ class CacheEngine:
         self,
         tenant: str,
         cand: tuple[str, float],
-        served: IntelligentCacheEntry,
+        outcome: HitOutcome,
         exact: bool,
         policy: TenantPolicy,
     ) -> CacheHit:
-        """The hit of a speculatively served single candidate (its score for the record)."""
-        only = [(cand[0], cand[1], served)]
-        ((scored, score),) = self.learner.score_candidates(only, policy.rl)
+        """The hit of a candidate served without ranking, scored as ranking scores it: on
+        its confidence before this use (the hit script recomputes it), so that its score
+        is the same whichever way it was served."""
+        served = outcome.served
+        assert served is not None
+        after = served.confidence_score
+        if outcome.ranked_confidence is not None:
+            served.confidence_score = outcome.ranked_confidence
+        ((scored, score),) = self.learner.score_candidates([(cand[0], cand[1], served)], policy.rl)
+        served.confidence_score = after
         return self._hit(tenant, scored, score, exact, served)
 
     # -- metrics and fail-open -------------------------------------------------------------

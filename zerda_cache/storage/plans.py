@@ -40,7 +40,7 @@ from zerda_cache.errors import (
 )
 from zerda_cache.match_model import MatchModel, score_of
 from zerda_cache.policy import TenantPolicy, warn_rejected
-from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.policy_learner import CONFIDENCE_WEIGHT, FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.keys import TenantKeys, tenant_keys, tenants_key
@@ -87,6 +87,8 @@ class HitStatus(enum.StrEnum):
     BELOW_BAR = "below_bar"  #: the match is under the entry's own similarity bar
     #: the question asked has an entry of its own, another one (a speculative near match)
     NOT_OWN = "not_own"
+    #: a rival within the tie margin may rank above it: the lookup ranks them itself
+    TIED = "tied"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,11 @@ class HitOutcome:
     status: HitStatus
     entry: IntelligentCacheEntry | None = None
     reward: float | None = None
+    #: the candidates' states, read by a refused hit with rivals (``plan_hit``)
+    states: StateBatch | None = None
+    #: the served entry's confidence before this use counted (``entry`` has it after),
+    #: the one a ranking of it used
+    ranked_confidence: float | None = None
 
     @property
     def served(self) -> IntelligentCacheEntry | None:
@@ -613,6 +620,8 @@ class StoragePlans:
         rl: RLConfig | None = None,
         asked: str | None = None,
         own_bar: float | None = None,
+        rivals: Sequence[tuple[str, float]] = (),
+        candidates: Sequence[str] = (),
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
         now) is below it is not served (status ``unservable``); with ``similarity`` a
@@ -622,9 +631,21 @@ class StoragePlans:
         lookup serving its best near match before it knows whether the question is
         cached itself. If the digest names another entry, this one is not served
         (``not_own``: the lookup ranks that one first); if it names this one, it is
-        served as the question's own entry, at similarity 1 and under ``own_bar`` too."""
+        served as the question's own entry, at similarity 1 and under ``own_bar`` too.
+
+        ``rivals`` (with ``asked``): ``(id, similarity)`` of the lookup's candidates
+        within ``similarity_tie_margin`` of this one. It is served only if the ranking
+        would put it first whatever the Thompson draws (``TIED`` otherwise: nothing
+        written). ``candidates``: every candidate's id, this one first and the rivals
+        next, whose states come back with any reply but a hit (``HitOutcome.states``),
+        so that ranking them then needs no read of its own (hit.lua)."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
+        tied = bool(rivals)
+        if tied:
+            ids = list(candidates)
+            if asked is None or ids[: len(rivals) + 1] != [entry_id, *(r for r, _ in rivals)]:
+                raise ValueError("a tie needs the question's digest and its candidates in order")
         args = [
             self._now_arg(),
             entry_id,
@@ -637,8 +658,28 @@ class StoragePlans:
         if asked is not None:
             keys.append(k.q)
             args += [asked, "" if own_bar is None else repr(float(own_bar))]
+        if tied:
+            cfg = self.config.rl if rl is None else rl
+            keys += [k.entry(eid) for eid in ids]
+            args += [
+                repr(cfg.similarity_bonus_scale),
+                repr(CONFIDENCE_WEIGHT),
+                "1" if cfg.similarity_tie_margin >= 2 else "",  # the seed's order draws all
+                str(len(rivals)),
+                str(len(ids)),
+                *ids,
+                *(repr(float(sim)) for _, sim in rivals),
+            ]
 
         def parse(res: Any) -> HitOutcome:
+            outcome = parse_code(res)
+            if tied and outcome.status is not HitStatus.SERVED:
+                rows, states, scores = res[2]
+                batch = self._state_batch(tenant, ids, rows, states, scores)
+                return dataclasses.replace(outcome, states=batch)
+            return outcome
+
+        def parse_code(res: Any) -> HitOutcome:
             code = int(res[0])
             if code == 0:
                 return HitOutcome(HitStatus.GONE)
@@ -654,6 +695,8 @@ class StoragePlans:
                 return HitOutcome(HitStatus.BELOW_BAR)
             if code == -6:
                 return HitOutcome(HitStatus.NOT_OWN)
+            if code == -7:
+                return HitOutcome(HitStatus.TIED)
             try:
                 query, response, metadata = codec.unpack_doc(res[3], key=key)
                 meta = codec.unpack_meta(res[4], key=key)
@@ -682,7 +725,8 @@ class StoragePlans:
                 min_positive_similarity=use.min_positive_similarity,
                 negative_streak=use.negative_streak,
             )
-            return HitOutcome(HitStatus.SERVED, entry)
+            before = float(res[5]) if len(res) > 5 else None
+            return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before)
 
         return ScriptCall("hit", keys, args, parse)
 
@@ -831,23 +875,37 @@ class StoragePlans:
             pipe.zmscore(k.ids, ids)
 
         def parse(res: list[Any]) -> StateBatch:
-            out = StateBatch()
             *rows, states, scores = res
-            for eid, raw, state, score in zip(ids, rows, states, scores, strict=True):
-                if state is None and all(value is None for value in raw):
-                    out.missing.append(eid)
-                    continue
-                key = k.entry(eid)
-                try:
-                    values = dict(zip(_STATE_FIELDS, raw, strict=True))
-                    out.entries[eid] = _state_entry(tenant, eid, key, values, state, score)
-                except CorruptEntryError as exc:
-                    log.warning("skipping corrupt entry: %s", exc)
-                    out.corrupt.append(eid)
-                    self._suspect(tenant, eid, exc)
-            return out
+            return self._state_batch(tenant, ids, rows, states, scores)
 
         return ReadPlan("load_states", queue, parse, len(ids) + 2)
+
+    def _state_batch(
+        self,
+        tenant: str,
+        ids: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        states: Sequence[bytes | None],
+        scores: Sequence[Any],
+    ) -> StateBatch:
+        """The states of ``ids`` from their hashes' ``_STATE_FIELDS`` (``rows``), the
+        state hash and the ids' expiry scores, as ``read_states`` and a tied hit read
+        them."""
+        k = self.keys(tenant)
+        out = StateBatch()
+        for eid, raw, state, score in zip(ids, rows, states, scores, strict=True):
+            if state is None and all(value is None for value in raw):
+                out.missing.append(eid)
+                continue
+            key = k.entry(eid)
+            try:
+                values = dict(zip(_STATE_FIELDS, raw, strict=True))
+                out.entries[eid] = _state_entry(tenant, eid, key, values, state, score)
+            except CorruptEntryError as exc:
+                log.warning("skipping corrupt entry: %s", exc)
+                out.corrupt.append(eid)
+                self._suspect(tenant, eid, exc)
+        return out
 
     def plan_raw_states(
         self,

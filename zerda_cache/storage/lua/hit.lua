@@ -7,76 +7,162 @@
 -- ARGV[9] the similarity this entry matched at ('' = unknown)
 -- ARGV[10] the digest of the question asked ('' = not a speculative near match)
 -- ARGV[11] the bar of the question's own entry ('' = none)
--- returns {1, arm, use, doc, meta} served (msgpack values); {0} gone; {-1} expired;
--- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`); {-4, expected reward at now} expected reward below the bar; {-5}
--- similarity below the entry's own learned bar; {-6} the question asked has an entry of
--- its own, another one (nothing written, not served, for -4, -5 and -6).
+-- returns {1, arm, use, doc, meta, the confidence before this use} served (msgpack
+-- values: arm and use as written); {0} gone; {-1} expired;
+-- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
+-- {-4, expected reward at now} expected reward below the bar; {-5} similarity below the
+-- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
+-- {-7} a tie it may not win (nothing written, not served, for -4 to -7).
 -- With a digest (a lookup serving its best near match before it knows whether the
 -- question is cached itself): if the digest names another entry, that one is the
 -- lookup's to rank first, so this one is not served; if it names this one, it is served
 -- as the question's own entry (similarity 1, and its own bar too).
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
+--
+-- A tie (only with ARGV[10]; ARGV[12] = '' or absent: none): the lookup's candidates
+-- within similarity_tie_margin of this one, which the lookup's ranking would order by
+-- their composite score (PolicyLearner.score_candidates). This entry is served only if
+-- its lowest possible composite is above every rival's highest: an arm without evidence
+-- scores its mean, one with evidence (or every arm, ARGV[14] = '1') anything its Thompson
+-- draw in [0, 1] gives. Then the ranking would put it first whatever it drew. Otherwise
+-- nothing is written and the reply is {-7}: the lookup ranks them itself. The question's
+-- own entry (the digest names this one) ranks first whatever the rivals are.
+-- ARGV[12] similarity_bonus_scale  ARGV[13] the confidence weight  ARGV[14] draw every arm
+-- ARGV[15] R rivals  ARGV[16] N ids  ARGV[17 .. 16+N] the lookup's candidates, this
+-- entry first, then the R rivals, then the rest  ARGV[17+N .. 16+N+R] the rivals'
+-- similarities  KEYS[6+i] the entry hash of the i-th candidate.
+-- With a tie, a reply other than served carries at [3] the candidates' states as
+-- read_states reads them: {the HMGET of meta/arm/use/sz of each hash, the HMGET of the
+-- state hash, the ZMSCORE of the ids}, so that ranking them takes no read of its own.
 local now = zc_now(ARGV[1])
 local id = ARGV[2]
-local score = redis.call('ZSCORE', KEYS[2], id)
-local raw = redis.call('HMGET', KEYS[1], 'meta', 'doc')
-local state = zc_raw_state(KEYS[4], KEYS[1], id,
-                           {a = tonumber(ARGV[3]), b = tonumber(ARGV[4]), now = now})
-if not score or not (state or raw[1] or raw[2]) then
-  return {0}
-end
-if tonumber(score) <= now then
-  return {-1}
-end
-local bar, similarity = tonumber(ARGV[8]), tonumber(ARGV[9])
-if ARGV[10] and ARGV[10] ~= '' then
-  local own = redis.call('HGET', KEYS[6], ARGV[10])
-  if own and own ~= id then
-    return {-6}
+local prior_a, prior_b = tonumber(ARGV[3]), tonumber(ARGV[4])
+local decay, interval = tonumber(ARGV[5]), tonumber(ARGV[6])
+
+-- Whether this entry (its arm at now, matched at `similarity`) is sure to rank above the
+-- rivals: false for a rival that may rank above it, or whose state cannot be read here.
+local function first_of_tie(arm, use, similarity)
+  local s, w, every = tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
+  local r, n = tonumber(ARGV[15]), tonumber(ARGV[16])
+  local denom = 1.0 + s + w
+  -- The composite's lowest and highest, as score_candidates computes it (same operations
+  -- in the same order, so the same doubles).
+  local function span(a, u, sim)
+    local mean = a.a / (a.a + a.b)
+    if every or a.n ~= 0 then
+      return (sim + s * 0 + w * u.c) / denom, (sim + s * 1 + w * u.c) / denom
+    end
+    local c = (sim + s * mean + w * u.c) / denom
+    return c, c
   end
-  if own then
-    similarity = 1
-    local own_bar = tonumber(ARGV[11])
-    if own_bar and (not bar or own_bar > bar) then
-      bar = own_bar
+  local lowest = span(arm, use, similarity)
+  local ids = {}
+  for i = 1, r do
+    ids[i] = ARGV[17 + i]
+  end
+  local raws = redis.call('HMGET', KEYS[4], unpack(ids))
+  for i = 1, r do
+    local raw = raws[i]
+    if not raw then
+      -- no state: gone (then it does not compete), or a state to move or recreate
+      if redis.call('EXISTS', KEYS[7 + i]) == 1 then
+        return false
+      end
+    else
+      local a, u = zc_state(raw)
+      if not a then
+        return false
+      end
+      zc_decay(a, now, prior_a, prior_b, decay, interval)
+      local _, highest = span(a, u, tonumber(ARGV[16 + n + i]))
+      if not (lowest > highest) then
+        return false
+      end
     end
   end
+  return true
 end
-local arm, use, size = zc_state(state)
-if not arm then
-  return {-3}
-end
-if not (raw[1] or raw[2]) then
-  -- The entry's hash is gone (an allkeys-* eviction, a DEL) while its id and state remain:
-  -- the worker's scan reads states, not hashes, so this lookup reports it for eviction.
-  redis.call('SADD', KEYS[5], id)
-  return {-3}
-end
-zc_decay(arm, now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
-local reward = arm.a / (arm.a + arm.b)
-if bar and reward < bar then
-  return {-4, string.format('%.17g', reward)}
-end
-if similarity and similarity < use.sb then
-  return {-5}
-end
-if ARGV[7] == '1' then
-  local meta = zc_unpack(raw[1])
-  if not meta or type(meta.ttl) ~= 'number' then
+
+local function serve()
+  local score = redis.call('ZSCORE', KEYS[2], id)
+  local raw = redis.call('HMGET', KEYS[1], 'meta', 'doc')
+  local state = zc_raw_state(KEYS[4], KEYS[1], id, {a = prior_a, b = prior_b, now = now})
+  if not score or not (state or raw[1] or raw[2]) then
+    return {0}
+  end
+  if tonumber(score) <= now then
+    return {-1}
+  end
+  local bar, similarity = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local own = nil
+  if ARGV[10] and ARGV[10] ~= '' then
+    own = redis.call('HGET', KEYS[6], ARGV[10])
+    if own and own ~= id then
+      return {-6}
+    end
+    if own then
+      similarity = 1
+      local own_bar = tonumber(ARGV[11])
+      if own_bar and (not bar or own_bar > bar) then
+        bar = own_bar
+      end
+    end
+  end
+  local arm, use, size = zc_state(state)
+  if not arm then
     return {-3}
   end
-  if meta.ttl > 0 then
-    redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
+  if not (raw[1] or raw[2]) then
+    -- The entry's hash is gone (an allkeys-* eviction, a DEL) while its id and state
+    -- remain: the worker's scan reads states, not hashes, so this lookup reports it for
+    -- eviction.
+    redis.call('SADD', KEYS[5], id)
+    return {-3}
   end
+  zc_decay(arm, now, prior_a, prior_b, decay, interval)
+  local reward = arm.a / (arm.a + arm.b)
+  if bar and reward < bar then
+    return {-4, string.format('%.17g', reward)}
+  end
+  if similarity and similarity < use.sb then
+    return {-5}
+  end
+  if ARGV[12] and ARGV[12] ~= '' and not own and not first_of_tie(arm, use, similarity) then
+    return {-7}
+  end
+  if ARGV[7] == '1' then
+    local meta = zc_unpack(raw[1])
+    if not meta or type(meta.ttl) ~= 'number' then
+      return {-3}
+    end
+    if meta.ttl > 0 then
+      redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
+    end
+  end
+  use.n = use.n + 1
+  if now > use.la then
+    use.la = now
+  end
+  use.v = use.v + 1
+  local ranked_c = use.c  -- the confidence a ranking of it would have used
+  use.c = zc_confidence(arm, use)
+  local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
+  redis.call('HSET', KEYS[4], id, zc_pack_state(arm, use, size))
+  redis.call('HINCRBY', KEYS[3], 'hits', 1)
+  return {1, packed_arm, packed_use, raw[2], raw[1], string.format('%.17g', ranked_c)}
 end
-use.n = use.n + 1
-if now > use.la then
-  use.la = now
+
+local res = serve()
+if res[1] ~= 1 and ARGV[12] and ARGV[12] ~= '' then
+  local n = tonumber(ARGV[16])
+  local ids, rows = {}, {}
+  for i = 1, n do
+    ids[i] = ARGV[16 + i]
+    rows[i] = redis.call('HMGET', KEYS[6 + i], 'meta', 'arm', 'use', 'sz')
+  end
+  res[2] = res[2] or false
+  res[3] = {rows, redis.call('HMGET', KEYS[4], unpack(ids)),
+            redis.call('ZMSCORE', KEYS[2], unpack(ids))}
 end
-use.v = use.v + 1
-use.c = zc_confidence(arm, use)
-local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
-redis.call('HSET', KEYS[4], id, zc_pack_state(arm, use, size))
-redis.call('HINCRBY', KEYS[3], 'hits', 1)
-return {1, packed_arm, packed_use, raw[2], raw[1]}
+return res
