@@ -473,10 +473,14 @@ def main() -> None:
                 load(server.url, texts, vecs)
                 del texts, vecs
             runs = [] if args.snapshot_only else list(sides)
-            if args.snapshot or args.snapshot_only:
+            if args.snapshot_only:  # each side's replica loads the one snapshot
+                runs += [(f"{n if src else 'current'}, from the snapshot", src) for n, src in sides]
+            elif args.snapshot:
                 runs.append(("current, from the snapshot", None))
+            published = False
             for name, src in runs:
-                if name.endswith("snapshot"):
+                if name.endswith("snapshot") and not published:
+                    published = True
                     if saved is not None and restoring:
                         srows.append(saved.meta["worker"])
                         kept.append(saved.describe())
@@ -569,8 +573,9 @@ def main() -> None:
         )
     if args.snapshot_only:
         body += (
-            " This run (`--snapshot-only`) measured only the replica that loads the "
-            "worker's snapshot; a replica that builds the index from scratch was not run."
+            " This run (`--snapshot-only`) measured only replicas that load the worker's "
+            "snapshot (the baseline's too, with `--baseline`); a replica that builds the "
+            "index from scratch was not run."
         )
     if kept:
         body += (
