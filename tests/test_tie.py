@@ -16,7 +16,8 @@ from conftest import Clock, near, unit
 from state_support import read_state, set_raw_state, write_state
 from test_cold_start import counting_manager
 
-from zerda_cache import CacheConfig, FeedbackSignal, RLConfig
+from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
+from zerda_cache import engine as engine_module
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.policy_learner import CONFIDENCE_WEIGHT, CachePolicyLearner
 from zerda_cache.storage import RedisStorage
@@ -162,4 +163,79 @@ def test_a_tie_refused_or_asked_exactly_costs_no_extra_round_trip(redis_server: 
     client.trips = 0
     hit = m.lookup("q?", tenant="s", embedding=query)
     assert hit is not None and hit.entry_id == twin and client.trips == 2
+    m.close()
+
+
+def tie(m: CacheManager) -> tuple[str, str, Any]:
+    """Two entries within the margin of a query, the first (``best``) more similar."""
+    a = unit(1)
+    best = m.put("qa", "answer a", tenant="s", embedding=a).entry_id
+    twin = m.put("qt", "answer t", tenant="s", embedding=near(a, 0.999, seed=6)).entry_id
+    query = near(a, 0.99, seed=7)
+    gap = float(a @ query) - float(near(a, 0.999, seed=6) @ query)
+    assert 0 < gap < 0.01
+    m.lookup("warm", tenant="s", embedding=unit(999))  # the policy and the clock
+    return best, twin, query
+
+
+def test_a_tied_leader_the_script_cannot_prove_is_still_ranked(
+    redis_server: Any, redis_client: redis.Redis
+) -> None:
+    """A rival with evidence, however poor, might draw high: the script replies tied, and
+    the leader stays a candidate of the ranking, which serves it (a Beta(3, 40) draw
+    above 0.5 has a chance under 1e-9)."""
+    client, m = counting_manager(redis_server.url, CacheConfig(similarity_threshold=0.8))
+    best, twin, query = tie(m)
+    state = read_state(redis_client, "s", twin)
+    state["arm"].update(a=3.0, b=40.0, n=41.0)
+    write_state(redis_client, "s", twin, state)
+    client.trips = 0
+    hit = m.lookup("q?", tenant="s", embedding=query)
+    assert hit is not None and hit.entry_id == best and client.trips == 2
+    m.close()
+
+
+def test_equal_composites_are_left_to_the_ranking(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    """Two entries without feedback at the same similarity and confidence: equal
+    composites, which ranking orders by creation time, so the script proves neither."""
+    ids = [storage.put("t", f"q{i}", f"a{i}", np.eye(8)[i]).entry_id for i in range(2)]
+    for leader, rival in (ids, ids[::-1]):
+        outcome = storage.hit(
+            "t",
+            leader,
+            similarity=0.9,
+            asked=UNASKED,
+            rivals=[(rival, 0.9)],
+            candidates=[leader, rival],
+        )
+        assert outcome.status is HitStatus.TIED
+        assert outcome.states is not None and set(outcome.states.entries) == set(ids)
+
+
+def test_a_tied_leader_with_a_corrupt_answer_is_skipped(
+    redis_server: Any, redis_client: redis.Redis
+) -> None:
+    """The script serves a tie's leader whose answer does not decode here: not served
+    (and no states in that reply), the rival is, as for a clear leader."""
+    _, m = counting_manager(redis_server.url, CacheConfig(similarity_threshold=0.8))
+    best, twin, query = tie(m)
+    redis_client.hset(tenant_keys("s").entry(best), "doc", b"garbage")
+    hit = m.lookup("q?", tenant="s", embedding=query)
+    assert hit is not None and hit.entry_id == twin
+    m.close()
+
+
+def test_a_tie_of_more_candidates_than_the_script_takes_is_ranked(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``_TIE_MAX`` candidates a tie is not passed to the script: its states are
+    read first, then the ranked best served (two round trips)."""
+    monkeypatch.setattr(engine_module, "_TIE_MAX", 1)
+    client, m = counting_manager(redis_server.url, CacheConfig(similarity_threshold=0.8))
+    best, _, query = tie(m)
+    client.trips = 0
+    hit = m.lookup("q?", tenant="s", embedding=query)
+    assert hit is not None and hit.entry_id == best and client.trips == 2
     m.close()

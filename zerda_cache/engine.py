@@ -218,6 +218,11 @@ class PutResult:
 SameAnswer = Callable[[str, str], bool]
 
 
+#: The most candidates a tie passes to the hit script (Lua's unpack has a limit); a
+#: larger top_k ranks its ties after reading their states, as a cluster does.
+_TIE_MAX = 512
+
+
 def clear_leader(found: Sequence[tuple[str, float]], margin: float) -> bool:
     """Whether the first of a search's candidates (best first) is the only one, or ahead
     of the next by more than ``margin`` (``similarity_tie_margin``): then ranking puts
@@ -542,13 +547,14 @@ class CacheEngine:
         # script). If it is this one, it is served as such, under its own bar. With
         # rivals within the margin, the script also reads their arms and serves it only
         # if the bandit would rank it first whatever it drew (arms without evidence
-        # score their mean: a tie of fresh entries goes to the more similar); if not,
-        # or refused, it returns every candidate's state and they are ranked here as
-        # usual, one round trip later.
-        if self._speculate and safe and found:
+        # score their mean, so entries without feedback rank by similarity and
+        # confidence); if not, or refused, it returns every candidate's state and they
+        # are ranked here as usual, one round trip later.
+        tie = bool(found) and not clear_leader(found, policy.rl.similarity_tie_margin)
+        if self._speculate and safe and found and not (tie and len(found) > _TIE_MAX):
             spec = found[0]
             rivals: list[tuple[str, float]] = []
-            if not clear_leader(found, policy.rl.similarity_tie_margin):
+            if tie:
                 floor = spec[1] - policy.rl.similarity_tie_margin
                 rivals = servable([c for c in found[1:] if c[1] >= floor])
             # every candidate's id, the leader first and its rivals next (plan_hit)

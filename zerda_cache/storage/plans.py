@@ -673,7 +673,8 @@ class StoragePlans:
 
         def parse(res: Any) -> HitOutcome:
             outcome = parse_code(res)
-            if tied and outcome.status is not HitStatus.SERVED:
+            # (served by the script but corrupt here: no states in the reply)
+            if tied and int(res[0]) != 1:
                 rows, states, scores = res[2]
                 batch = self._state_batch(tenant, ids, rows, states, scores)
                 return dataclasses.replace(outcome, states=batch)

@@ -26,7 +26,8 @@
 -- its lowest possible composite is above every rival's highest: an arm without evidence
 -- scores its mean, one with evidence (or every arm, ARGV[14] = '1') anything its Thompson
 -- draw in [0, 1] gives. Then the ranking would put it first whatever it drew. Otherwise
--- nothing is written and the reply is {-7}: the lookup ranks them itself. The question's
+-- the reply is {-7}, the lookup ranks them itself, and nothing is written (but a state
+-- of this entry's moved or recreated, as reading it does: zc_raw_state). The question's
 -- own entry (the digest names this one) ranks first whatever the rivals are.
 -- ARGV[12] similarity_bonus_scale  ARGV[13] the confidence weight  ARGV[14] draw every arm
 -- ARGV[15] R rivals  ARGV[16] N ids  ARGV[17 .. 16+N] the lookup's candidates, this
