@@ -687,8 +687,11 @@ def test_dedup_put_catches_up_first(make_manager: Any) -> None:
 # --- Redis Cluster -------------------------------------------------------------------------------
 def test_manager_on_cluster(redis_cluster: Any, cluster_client: Any, make_manager: Any) -> None:
     url = redis_cluster.url
-    a = make_manager(url=url, cluster=True)
-    b = make_manager(url=url.replace("redis://", "redis+cluster://"), from_url=True)
+    # A first lookup waits for the index build at most redis_timeout_s, then serves exact
+    # matches only: on a loaded machine 0.5 s was once too short for a cluster's first.
+    cfg = CacheConfig(redis_timeout_s=5.0)
+    a = make_manager(cfg, url=url, cluster=True)
+    b = make_manager(cfg, url=url.replace("redis://", "redis+cluster://"), from_url=True)
     for tenant in ("t1", "t2", "tenant-three"):
         v = unit(len(tenant))
         res = a.put("q", f"answer for {tenant}", tenant=tenant, embedding=v)
