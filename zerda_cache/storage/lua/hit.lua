@@ -40,6 +40,7 @@ local now = zc_now(ARGV[1])
 local id = ARGV[2]
 local prior_a, prior_b = tonumber(ARGV[3]), tonumber(ARGV[4])
 local decay, interval = tonumber(ARGV[5]), tonumber(ARGV[6])
+local tied = ARGV[12] and ARGV[12] ~= ''  -- a tie: rivals to outrank (ARGV[12..])
 
 -- Whether this entry (its arm at now, matched at `similarity`) is sure to rank above the
 -- rivals: false for a rival that may rank above it, or whose state cannot be read here.
@@ -129,7 +130,7 @@ local function serve()
   if similarity and similarity < use.sb then
     return {-5}
   end
-  if ARGV[12] and ARGV[12] ~= '' and not own and not first_of_tie(arm, use, similarity) then
+  if tied and not own and not first_of_tie(arm, use, similarity) then
     return {-7}
   end
   if ARGV[7] == '1' then
@@ -155,7 +156,7 @@ local function serve()
 end
 
 local res = serve()
-if res[1] ~= 1 and ARGV[12] and ARGV[12] ~= '' then
+if res[1] ~= 1 and tied then
   local n = tonumber(ARGV[16])
   local ids, rows = {}, {}
   for i = 1, n do
