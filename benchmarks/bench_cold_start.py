@@ -305,6 +305,29 @@ def targets(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+#: Replicas of one run whose PING p50 differ by more than this are not comparable by
+#: their ratios: the shared host slowed down for one of them (docs/design.md, "What a
+#: lookup costs at 1M entries": PING 0.16 ms for one side, 0.55 ms for the next).
+PING_MISMATCH = 1.5
+
+
+def ping_mismatch(pings: list[tuple[str, float]]) -> str | None:
+    """A warning when the replicas of this run saw PING p50s more than ``PING_MISMATCH``
+    apart (their ratios to PING are then not comparable), else None."""
+    if len(pings) < 2:
+        return None
+    low = min(pings, key=lambda p: p[1])
+    high = max(pings, key=lambda p: p[1])
+    if high[1] <= PING_MISMATCH * low[1]:
+        return None
+    return (
+        f"**Not comparable side by side**: PING p50 was {high[1]:.3f} ms for {high[0]} "
+        f"against {low[1]:.3f} ms for {low[0]} ({high[1] / low[1]:.1f}x, more than "
+        f"{PING_MISMATCH}x): the host's speed changed between them, so their ratios to "
+        "PING do not compare. Run again."
+    )
+
+
 def publish_snapshot(url: str) -> list[str]:
     """What the worker's snapshot job does for the tenant, timed: its own build, the dump,
     the write."""
@@ -458,6 +481,7 @@ def main() -> None:
     if args.keep is not None and not args.snapshot_only:
         raise SystemExit("--keep saves the tenant with its snapshot: use it with --snapshot-only")
     rows, vrows, srows, brows = [], [], [], []
+    pings: list[tuple[str, float]] = []  # each replica's PING p50 (ms)
     kept: list[str] = []
     kinds = args.data.split(",")
     for kind in kinds:
@@ -512,6 +536,7 @@ def main() -> None:
                 ])  # fmt: skip
                 print(rows[-1], flush=True)
                 ping = r["ping_ms"]
+                pings.append((f"{kind}, {name}", ping))
                 brows.append([
                     kind, name, f"{args.n:,}", "/".join(map(str, r["widths"])) or "exact",
                     f"{ping:.3f} / {r['ping99_ms']:.3f}",
@@ -584,6 +609,10 @@ def main() -> None:
             "the worker's row is that run's."
         )
     body += "\n\n" + targets(rows)
+    uneven = ping_mismatch(pings)
+    if uneven:
+        print(uneven, file=sys.stderr)
+        body += "\n\n" + uneven
     body += "\n\n" + table(
         ["data", "library", "entries", "search width", "PING p50 / p99 ms",
          "index search alone p50 ms (/ PING p50)", "p99 ms (/ PING p50)",
