@@ -706,11 +706,16 @@ def test_manager_on_cluster(redis_cluster: Any, cluster_client: Any, make_manage
     )
 
 
-@pytest.mark.parametrize("backend", ["usearch", "hnswlib"])
+@pytest.mark.parametrize(
+    ("backend", "dtype"),
+    [("usearch", "i8"), ("usearch", "f16"), ("usearch", "b1"), ("hnswlib", "i8")],
+)
 def test_large_scope_uses_hnsw_and_stays_consistent(
-    redis_client: redis.Redis, backend: str, make_manager: Any
+    redis_client: redis.Redis, backend: str, dtype: str, make_manager: Any
 ) -> None:
-    cfg = CacheConfig(ann_threshold=200, similarity_threshold=0.9, ann_backend=backend)
+    cfg = CacheConfig(
+        ann_threshold=200, similarity_threshold=0.9, ann_backend=backend, ann_dtype=dtype
+    )
     writer = make_manager(cfg)
     reader = make_manager(cfg)
     ids = [

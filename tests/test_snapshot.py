@@ -17,6 +17,7 @@ from conftest import near
 
 from zerda_cache import CacheConfig, EvictionConfig
 from zerda_cache.index import (
+    CENTRE_FROM,
     SNAPSHOT_MAGIC,
     IndexPolicy,
     ScopedIndex,
@@ -132,7 +133,9 @@ def top(live: dict[str, np.ndarray], q: np.ndarray, k: int) -> list[str]:
     return [eid for _, eid in sims[:k]]
 
 
-@pytest.mark.parametrize(("dtype", "buffer"), [("i8", bytes), ("i8", in_mmap), ("f16", bytes)])
+@pytest.mark.parametrize(
+    ("dtype", "buffer"), [("i8", bytes), ("i8", in_mmap), ("f16", bytes), ("b1", in_mmap)]
+)
 def test_a_restored_graph_is_served_in_place_and_takes_every_change(
     dtype: str, buffer: Any
 ) -> None:
@@ -144,7 +147,7 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change(
     back, live = restored_view(dtype=dtype, buffer=buffer)
     sub = back._by_scope[""]
     assert isinstance(sub, UsearchIndex)
-    if dtype == "i8":
+    if dtype != "f16":
         in_place = np.shares_memory(sub._base_rows, np.frombuffer(sub._base_buffer.obj, np.uint8))
         assert in_place == (buffer is in_mmap)
     rng = np.random.default_rng(2)
@@ -173,7 +176,8 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change(
     for eid in live:  # the rows (or the graph's vectors) of every slot, snapshot's or new
         np.testing.assert_allclose(sub.vector(eid), live[eid], atol=2e-3)
     q = vectors(1, 99)[0]
-    assert [e for e, _ in back.search(q, "", 5, -1.0)] == top(live, q, 5)
+    if dtype != "b1":  # 16 bits order a far query's neighbours too coarsely to be exact
+        assert [e for e, _ in back.search(q, "", 5, -1.0)] == top(live, q, 5)
     blob = back.dump()  # the worker's path: one graph again
     assert blob is not None and not sub.viewed
     again = ScopedIndex.restore(blob, WIDE)
@@ -400,6 +404,50 @@ def test_an_int8_snapshot_from_before_quant_is_served_then_rebuilt_scaled_when_d
         assert scaled.search(x[i], "", 1, 0.99)[0][0] == ids[i]
 
 
+def test_a_binary_graph_keeps_its_centre_and_a_dump_without_a_fitting_one_is_refused() -> None:
+    """A ``b1`` graph's codes are signs of vectors less the centre fitted from its first
+    vectors: a restored graph must search with that same centre (a query coded with
+    another would walk the graph by the wrong bits), so the dump carries it, checked."""
+    back, live = restored_view(n=600, seed=6, dtype="b1")
+    sub = back._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.centre is not None
+    x = np.array(list(live.values()))
+    np.testing.assert_allclose(sub.centre, x.mean(axis=0), atol=1e-6)
+    assert np.abs(sub.centre).max() > 0  # fitted, not the zero of a graph begun small
+    for eid in list(live)[::13]:
+        assert back.search(live[eid], "", 1, 0.99)[0][0] == eid
+    blob = back.dump()
+    assert blob is not None
+    head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8 + head_len
+    head = msgpack.unpackb(blob[lead - head_len : lead], raw=False)
+    assert head["v"] == 5
+
+    def with_centre(centre: Any) -> bytes:
+        changed = dict(head, scopes={"": {**head["scopes"][""], "centre": centre}})
+        new = msgpack.packb(changed, use_bin_type=True)
+        new_lead = SNAPSHOT_MAGIC + len(new).to_bytes(8, "little") + new
+        return new_lead + b"\0" * (-len(new_lead) % 64) + blob[lead + (-lead % 64) :]
+
+    good = np.frombuffer(head["scopes"][""]["centre"], dtype="<f4")
+    np.testing.assert_array_equal(good, sub.centre)
+    assert ScopedIndex.restore(with_centre(good.tobytes())).ids() == set(live)
+    nan = good.copy()
+    nan[3] = np.nan
+    for bad in (None, good[:-1].tobytes(), nan.tobytes(), "centre"):
+        with pytest.raises(ValueError):
+            ScopedIndex.restore(with_centre(bad))
+
+
+def test_a_binary_graph_begun_with_few_vectors_takes_no_centre() -> None:
+    ix = UsearchIndex(DIM, dtype="b1")
+    x = vectors(CENTRE_FROM - 1, 8)
+    ix.add_many([f"{i:032x}" for i in range(len(x))], x)
+    assert ix.centre is not None and not ix.centre.any()
+    ix.add_many([f"{10_000 + i:032x}" for i in range(300)], vectors(300, 9))  # kept as set
+    assert not ix.centre.any()
+
+
 def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
     back, _ = restored_view(n=600, seed=4)
     blob = back.dump()
@@ -425,7 +473,8 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
         "rows short": with_head(rows=[rows_at, rows_len - 2 * DIM]),
         "rows missing": with_head(rows=[rows_at, 0]),
         "f16 claimed": with_head(dtype="f16"),  # an int8 graph is not a float16 one
-        "unknown dtype": with_head(dtype="b1"),
+        "b1 claimed": with_head(dtype="b1"),  # nor a binary one
+        "unknown dtype": with_head(dtype="b4"),
         "rows over the graph": with_head(rows=[0, rows_len]),  # written in place: refused
         "negative quant": with_head(quant=-3.0),
         "quant not a number": with_head(quant="300"),
@@ -678,10 +727,10 @@ def test_small_tenants_get_no_snapshot(redis_client: redis.Redis) -> None:
     assert st.snapshot_info("t") is None
 
 
-@pytest.mark.parametrize(("dtype", "fmt"), [("i8", "4"), ("f16", "3")])
+@pytest.mark.parametrize(("dtype", "fmt"), [("i8", "4"), ("f16", "3"), ("b1", "5")])
 def test_a_snapshot_names_its_dumps_format(redis_client: redis.Redis, dtype: str, fmt: str) -> None:
-    """Scaled int8 graphs are format 4, which replicas of earlier versions do not read
-    (they scan); float16 graphs stay format 3, which they do."""
+    """Scaled int8 graphs are format 4 and binary ones 5, which replicas of earlier
+    versions do not read (they scan); float16 graphs stay format 3, which they do."""
     cfg = CacheConfig(
         ann_threshold=300, ann_dtype=dtype, eviction=EvictionConfig(snapshot_min_entries=100)
     )

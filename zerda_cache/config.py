@@ -398,7 +398,9 @@ class CacheConfig:
             dependency); ``None`` keeps every index exact.
         ann_backend: ``usearch`` (default) or ``hnswlib``; see docs/BENCHMARKS.md.
         ann_dtype: ``i8`` (default: int8 graphs, re-scored from float16 rows beside
-            them; faster) or ``f16`` (float16 graphs; ~20% less replica memory).
+            them; faster), ``f16`` (float16 graphs; ~20% less replica memory) or ``b1``
+            (one bit a dimension, Hamming distance, re-scored from float16 rows as
+            ``i8``; docs/operations.md, "Index dtype").
         ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
             ``ann_ef_search`` is the narrowest search width: a replica that builds or
             loads an index of ``index.CALIBRATE_FROM`` entries or more measures on its

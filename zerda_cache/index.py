@@ -70,8 +70,17 @@ SNAPSHOT_MAGIC = b"ZCIX\x02\0\0\0"
 #: How a usearch graph holds its vectors: ``i8`` (int8, searched ~2x as fast as float16
 #: at 100k 384-d vectors on AVX2, and built ~2x as fast; the candidates are re-scored
 #: from float16 rows kept beside the graph) or ``f16`` (float16 in the graph only: less
-#: memory, slower searches). See ``UsearchIndex``.
-USEARCH_DTYPES = ("i8", "f16")
+#: memory, slower searches) or ``b1`` (one bit a dimension, searched by Hamming distance,
+#: the candidates re-scored from float16 rows as for ``i8``). See ``UsearchIndex``.
+USEARCH_DTYPES = ("i8", "f16", "b1")
+#: The dtypes whose graph holds coarse codes, with float16 rows beside it to re-score from.
+ROW_DTYPES = ("i8", "b1")
+#: A ``b1`` graph's bits are the signs of each vector less a centre, the mean of the first
+#: vectors the graph gets when they are at least this many (else no centre: 0). Sentence
+#: embeddings are not centred (MiniLM's mean over QQP has norm 0.21): their signs alone
+#: found near-copies' sources less often (0.994 against 0.999 at width 16, 137k MiniLM
+#: embeddings, a one-off run).
+CENTRE_FROM = 256
 #: An ``i8`` graph's vectors are ``round(x * scale)``, the scale set from the first
 #: vectors the graph gets: 127 over this much more than their largest component, so that
 #: a stored vector's components use the int8 range (see ``UsearchIndex.quant``).
@@ -541,11 +550,13 @@ class UsearchIndex(_SlottedAnn):
             raise ValueError(f"dtype must be one of {USEARCH_DTYPES}, got {dtype!r}")
         super().__init__(dim, capacity)
         self.dtype = dtype
-        # int8 distances can order near neighbours wrongly: re-score twice as many (16
-        # for the default top_k of 8, as many as the default width holds; 16 rows cost a
-        # few microseconds).
-        self._oversample = 2 if dtype == "i8" else 1
+        # int8 and Hamming distances can order near neighbours wrongly: re-score twice
+        # as many (16 for the default top_k of 8, as many as the default width holds; 16
+        # rows cost a few microseconds).
+        self._oversample = 1 if dtype == "f16" else 2
         self.quant: float | None = None
+        # b1: the centre subtracted before taking signs (None: not set yet; see CENTRE_FROM)
+        self.centre: npt.NDArray[np.float32] | None = None
         self.ef_search = self._width = ef_search
         self._m, self._ef_construction = m, ef_construction
         self._graph = self._new_graph()
@@ -562,7 +573,7 @@ class UsearchIndex(_SlottedAnn):
         # up to the capacity. Without a snapshot, ``_base_rows`` is empty.
         self._base_rows: npt.NDArray[np.float16] = np.zeros((0, dim), dtype=np.float16)
         self._rows: npt.NDArray[np.float16] | None = (
-            np.zeros((capacity, dim), dtype=np.float16) if dtype == "i8" else None
+            np.zeros((capacity, dim), dtype=np.float16) if dtype in ROW_DTYPES else None
         )
 
     def _rows_at(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float16]:
@@ -606,8 +617,11 @@ class UsearchIndex(_SlottedAnn):
         graph.add(keys, self._to_graph(vectors, fit=True), threads=1 if small else 0)
 
     def _to_graph(self, vectors: Vector, fit: bool = False) -> Any:
-        """``vectors`` as the graph holds them (``quant``); ``fit``: set ``quant`` from
-        them if it is not set yet (vectors about to be added)."""
+        """``vectors`` as the graph holds them (``quant``, ``centre``); ``fit``: set
+        ``quant`` or ``centre`` from them if it is not set yet (vectors about to be
+        added)."""
+        if self.dtype == "b1":
+            return self._to_bits(vectors, fit)
         if self.dtype != "i8":
             return vectors
         q = self.quant
@@ -619,6 +633,22 @@ class UsearchIndex(_SlottedAnn):
         if q == 0.0:
             return vectors
         return np.clip(np.rint(vectors * q), -127, 127).astype(np.int8)
+
+    def _to_bits(self, vectors: Vector, fit: bool) -> Any:
+        """A ``b1`` graph's codes: the signs of ``vectors`` less ``centre``, packed 8 to a
+        byte (usearch's layout for ``b1``: ``dim / 8`` bytes a vector)."""
+        vecs = np.asarray(vectors, dtype=np.float32)
+        centre = self.centre
+        if centre is None and fit:
+            rows = vecs.reshape(-1, self.dim)
+            centre = self.centre = (
+                rows.mean(axis=0, dtype=np.float64).astype(np.float32)
+                if len(rows) >= CENTRE_FROM
+                else np.zeros(self.dim, dtype=np.float32)
+            )
+        if centre is not None:
+            vecs = vecs - centre
+        return np.packbits(vecs > 0, axis=-1)
 
     def _graph_grow(self, capacity: int) -> None:
         if self._rows is not None:  # usearch grows its graph itself; the rows, here
@@ -787,7 +817,7 @@ class UsearchIndex(_SlottedAnn):
         """An empty usearch graph with this index's parameters."""
         return _import_usearch().Index(
             ndim=self.dim,
-            metric="ip",
+            metric="hamming" if self.dtype == "b1" else "ip",
             dtype=self.dtype,
             connectivity=self._m,
             expansion_add=self._ef_construction,
@@ -827,7 +857,10 @@ class UsearchIndex(_SlottedAnn):
         }
         if self._rows is not None:
             out["rows"] = np.asarray(self.rows_bytes()).tobytes()  # empty too
+        if self.dtype == "i8":
             out["quant"] = self.quant
+        elif self.dtype == "b1":
+            out["centre"] = _centre_bytes(self.centre)
         return {**out, **self._dump_slots()}
 
     @classmethod
@@ -867,7 +900,7 @@ class UsearchIndex(_SlottedAnn):
             loaded = index._graph
         else:
             loaded = index._new_graph()
-            kind = "ScalarKind.I8" if dtype == "i8" else "ScalarKind.F16"
+            kind = f"ScalarKind.{dtype.upper()}"
             try:
                 meta = loaded.metadata(graph)
                 if meta is None or (meta["dimensions"], str(meta["kind_scalar"])) != (dim, kind):
@@ -882,9 +915,12 @@ class UsearchIndex(_SlottedAnn):
         used = index._restore_slots(data)
         if len(loaded) != len(index._slot):
             raise ValueError("a usearch dump whose graph and slots do not agree")
-        if dtype == "i8":
+        if dtype in ROW_DTYPES:
             index._restore_rows(data["rows"] if rows is None else rows)
+        if dtype == "i8":
             index.quant = _restored_quant(data)
+        elif dtype == "b1":
+            index.centre = _restored_centre(data, dim)
         if graph is not None:
             if not np.asarray(loaded.contains(used.astype(np.uint64)), dtype=bool).all():
                 raise ValueError("a usearch dump whose graph and slots do not agree")
@@ -1241,7 +1277,8 @@ class ScopedIndex:
         usearch graph and, for an ``i8`` scope, its float16 rows, each at a 64-byte
         aligned offset the header gives. These stay out of msgpack so that ``restore``
         can serve them where they lie, with no copy. Format 2 was the same with float16
-        graphs only (no ``dtype``, no rows). Format 4 is format 3 with an ``i8`` graph
+        graphs only (no ``dtype``, no rows). Format 5 is format 3 with a ``b1`` graph (its
+        ``centre`` in the header). Format 4 is format 3 with an ``i8`` graph
         whose vectors were scaled before int8 (``UsearchIndex.quant``, in the header):
         a replica of a version before it would search such a graph with vectors
         converted another way, so it is given a format it refuses (it builds its
@@ -1276,10 +1313,14 @@ class ScopedIndex:
                             *sub.calibrated_for,
                             CALIBRATION_METHOD,
                         ]
-                    if sub.dtype == "i8":
+                    if sub.dtype in ROW_DTYPES:
                         entry["rows"] = place(sub.rows_bytes())
+                    if sub.dtype == "i8":
                         entry["quant"] = sub.quant
                         version = max(version, 4 if sub.quant else 3)
+                    elif sub.dtype == "b1":
+                        entry["centre"] = _centre_bytes(sub.centre)
+                        version = 5
                     scopes[scope] = {**entry, **sub._dump_slots()}
                 else:
                     scopes[scope] = sub.dump()
@@ -1317,9 +1358,9 @@ class ScopedIndex:
                 body = msgpack.unpackb(mv, raw=False)
         except Exception as exc:  # msgpack raises several types for bad input
             raise ValueError(f"not an index dump: {exc}") from exc
-        formats = (1,) if graphs is None else (2, 3, 4)
+        formats = (1,) if graphs is None else (2, 3, 4, 5)
         if not isinstance(body, dict) or body.get("v") not in formats:
-            raise ValueError("not an index dump of format 1, 2, 3 or 4")
+            raise ValueError("not an index dump of format 1, 2, 3, 4 or 5")
         try:
             out = cls._restore_scopes(body, policy, graphs)
         except (KeyError, TypeError, AttributeError) as exc:  # a header of another shape
@@ -1343,7 +1384,7 @@ class ScopedIndex:
                 graph = rows = None
                 if graphs is not None:
                     graph = _section(graphs, data["graph"], scope, "graph")
-                    if data.get("dtype") == "i8":
+                    if data.get("dtype") in ROW_DTYPES:
                         rows = _section(graphs, data["rows"], scope, "rows")
                 out._by_scope[scope] = UsearchIndex.restore(dim, data, out.policy, graph, rows)
             else:
@@ -1353,7 +1394,7 @@ class ScopedIndex:
 
 def dump_format(blob: Any) -> str:
     """The format of a ``ScopedIndex.dump`` blob, as a snapshot's ``fmt`` names it: its
-    header's ``v`` ("2", "3", "4"), or "1" (one msgpack document)."""
+    header's ``v`` ("2" to "5"), or "1" (one msgpack document)."""
     import msgpack
 
     mv = memoryview(blob).cast("B")
@@ -1383,6 +1424,27 @@ def _restored_quant(data: Mapping[str, Any]) -> float | None:
     if type(quant) is not float or not 0.0 <= quant < math.inf:
         raise ValueError(f"a usearch dump quantised by {quant!r}")
     return quant
+
+
+def _centre_bytes(centre: npt.NDArray[np.float32] | None) -> bytes | None:
+    """A ``b1`` index's centre as a dump holds it: float32 bytes, or None (not set)."""
+    return None if centre is None else np.asarray(centre, dtype="<f4").tobytes()
+
+
+def _restored_centre(data: Mapping[str, Any], dim: int) -> npt.NDArray[np.float32] | None:
+    """A ``b1`` dump's centre (``_centre_bytes``); ValueError for one of another size or
+    with values that are not finite."""
+    raw = data.get("centre")
+    if raw is None:
+        if len(data.get("slots", b"")):
+            raise ValueError("a b1 usearch dump of vectors with no centre")
+        return None
+    if not isinstance(raw, bytes) or len(raw) != 4 * dim:
+        raise ValueError(f"a b1 usearch dump whose centre is not {dim} float32 values")
+    centre = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not np.all(np.isfinite(centre)):
+        raise ValueError("a b1 usearch dump whose centre is not finite")
+    return centre
 
 
 def _check_sections(scopes: Mapping[str, Any]) -> None:
