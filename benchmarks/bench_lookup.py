@@ -11,9 +11,9 @@ the 0.85 threshold). Embedding time is excluded: queries pass
 ``embedding=``. One process, one client, lookups interleaved with PINGs so that both see
 the same machine noise, and with searches of the replica's index alone (no Redis; other
 queries of the same kind): the part of the ratio that no round trip removes. Beside the
-default (sync ``CacheManager``), the same hits through a float16 graph, hnswlib, exact
-search and ``AsyncCacheManager`` (what the HTTP service and the OpenAI proxy run;
-against an asyncio PING). Targets (issue "CacheManager"):
+default (sync ``CacheManager``), the same hits through a float16 graph, a binary graph
+(``ann_dtype="b1"``), hnswlib, exact search and ``AsyncCacheManager`` (what the HTTP
+service and the OpenAI proxy run; against an asyncio PING). Targets (issue "CacheManager"):
 lookup p50 <= 3x PING p50 and p99 <= 5 ms at 100k entries; index memory <= 1.2x the
 raw float32 bytes. Issue "A replica serves in seconds": p50 <= 5x and p99 <= 10x PING
 p50, recall@1 >= 0.995 on real embeddings.
@@ -241,11 +241,15 @@ def run_size(
     )
     if exact_too and kind != "exact":
         # The alternatives, side by side on the same data: a float16 usearch graph (the
-        # default before int8 graphs), hnswlib, and exact search.
+        # default before int8 graphs), a binary one, hnswlib, and exact search.
         for label, alt_cfg in (
             (
                 "hit (hnsw, float16 graph)",
                 CacheConfig(similarity_threshold=0.85, ann_dtype="f16"),
+            ),
+            (
+                "hit (hnsw, binary graph)",
+                CacheConfig(similarity_threshold=0.85, ann_dtype="b1"),
             ),
             (
                 "hit (hnswlib backend)",
@@ -262,6 +266,10 @@ def run_size(
             alt_build = time.perf_counter() - t0
             alt_index = alt._indexes[TENANT].index
             assert alt_index is not None
+            alt_sub = alt_index._by_scope.get("")
+            alt_width = (
+                f", width {alt_sub.search_width()}" if hasattr(alt_sub, "search_width") else ""
+            )
             alt_lat, alt_ping = [], []
             for q in hit_q[:500]:
                 t = time.perf_counter()
@@ -279,7 +287,7 @@ def run_size(
                     f"{pct(alt_ping, 50) * 1e3:.3f}",
                     f"{pct(alt_lat, 50) / pct(alt_ping, 50):.1f}x",
                     f"{1 / statistics.mean(alt_lat):,.0f}",
-                    f"memory {alt_index.nbytes() / raw:.2f}x, build {alt_build:.1f} s",
+                    f"memory {alt_index.nbytes() / raw:.2f}x, build {alt_build:.1f} s{alt_width}",
                 ]
             )
             del alt
