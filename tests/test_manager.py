@@ -714,7 +714,7 @@ def test_large_scope_uses_hnsw_and_stays_consistent(
     redis_client: redis.Redis, backend: str, dtype: str, make_manager: Any
 ) -> None:
     cfg = CacheConfig(
-        ann_threshold=200, similarity_threshold=0.9, ann_backend=backend, ann_dtype=dtype
+        ann_threshold=260, similarity_threshold=0.9, ann_backend=backend, ann_dtype=dtype
     )
     writer = make_manager(cfg)
     reader = make_manager(cfg)

@@ -408,13 +408,30 @@ def test_a_binary_graph_keeps_its_centre_and_a_dump_without_a_fitting_one_is_ref
     """A ``b1`` graph's codes are signs of vectors less the centre fitted from its first
     vectors: a restored graph must search with that same centre (a query coded with
     another would walk the graph by the wrong bits), so the dump carries it, checked."""
-    back, live = restored_view(n=600, seed=6, dtype="b1")
+    # Vectors off centre, as sentence embeddings are: signs taken without the centre
+    # would be nearly all alike.
+    x = vectors(600, 6) + 0.6
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = [f"{i:032x}" for i in range(len(x))]
+    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300, dtype="b1"))
+    ix.add_many({ids[i]: (x[i], "") for i in range(len(x))})
+    first = ix.dump()
+    assert first is not None
+    back = ScopedIndex.restore(first, WIDE)
+    live = dict(zip(ids, x, strict=True))
     sub = back._by_scope[""]
-    assert isinstance(sub, UsearchIndex) and sub.centre is not None
-    x = np.array(list(live.values()))
+    assert isinstance(sub, UsearchIndex) and sub.viewed and sub.centre is not None
     np.testing.assert_allclose(sub.centre, x.mean(axis=0), atol=1e-6)
-    assert np.abs(sub.centre).max() > 0  # fitted, not the zero of a graph begun small
-    for eid in list(live)[::13]:
+    assert np.abs(sub.centre).min() > 0.1  # fitted, not the zero of a graph begun small
+    keys = np.arange(len(x), dtype=np.uint64)  # slots in insertion order
+    codes = np.asarray(sub._base.get(keys)).reshape(len(x), -1)
+    np.testing.assert_array_equal(codes, sub._to_graph(x))  # coded against that centre
+    more = vectors(50, 16) + 0.6
+    more /= np.linalg.norm(more, axis=1, keepdims=True)
+    for i, v in enumerate(more):  # added after the restore: the second graph, same centre
+        back.add(f"{5_000 + i:032x}", v, "")
+        live[f"{5_000 + i:032x}"] = v
+    for eid in list(live)[::7]:
         assert back.search(live[eid], "", 1, 0.99)[0][0] == eid
     blob = back.dump()
     assert blob is not None
@@ -446,6 +463,20 @@ def test_a_binary_graph_begun_with_few_vectors_takes_no_centre() -> None:
     assert ix.centre is not None and not ix.centre.any()
     ix.add_many([f"{10_000 + i:032x}" for i in range(300)], vectors(300, 9))  # kept as set
     assert not ix.centre.any()
+
+
+def test_a_scope_made_hnsw_by_a_bulk_load_fits_its_centre_on_the_whole_batch() -> None:
+    """A scope holding a few exact vectors when a bulk load crosses ``ann_threshold``
+    fits the binary graph's centre (and the int8 scale) on those and the batch."""
+    ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300, dtype="b1"))
+    x = vectors(800, 10) + 0.6
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = [f"{i:032x}" for i in range(len(x))]
+    ix.add_many({ids[i]: (x[i], "") for i in range(10)})  # exact, under the threshold
+    ix.add_many({ids[i]: (x[i], "") for i in range(10, len(x))})
+    sub = ix._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.centre is not None
+    np.testing.assert_allclose(sub.centre, x.mean(axis=0), atol=1e-6)
 
 
 def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
@@ -728,18 +759,36 @@ def test_small_tenants_get_no_snapshot(redis_client: redis.Redis) -> None:
 
 
 @pytest.mark.parametrize(("dtype", "fmt"), [("i8", "4"), ("f16", "3"), ("b1", "5")])
-def test_a_snapshot_names_its_dumps_format(redis_client: redis.Redis, dtype: str, fmt: str) -> None:
+def test_a_snapshot_names_its_dumps_format(
+    redis_client: redis.Redis, dtype: str, fmt: str, make_manager: Any, caplog: Any
+) -> None:
     """Scaled int8 graphs are format 4 and binary ones 5, which replicas of earlier
-    versions do not read (they scan); float16 graphs stay format 3, which they do."""
+    versions do not read (they scan); float16 graphs stay format 3, which they do. This
+    version reads each: a new replica loads it and serves from it, and the worker sees
+    it as published (it does not dump the tenant again at once)."""
     cfg = CacheConfig(
         ann_threshold=300, ann_dtype=dtype, eviction=EvictionConfig(snapshot_min_entries=100)
     )
     st = RedisStorage(redis_client, cfg)
-    fill(st, vectors(600), scope_every=1_000)
+    x = vectors(600)
+    ids = fill(st, x, scope_every=1_000)
     snap = Snapshotter(st)
     assert snap.snapshot_tenant("t", force=True) is not None
+    assert snap.snapshot_tenant("t") is None  # published and current: not due
     snap.close()
     assert redis_client.hget(tenant_keys("t").snap, "fmt") == fmt.encode()
+    info = st.snapshot_info("t")
+    assert info is not None
+    replica = make_manager(cfg)
+    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+        assert replica.sync_index("t") == 600
+    assert "index loaded from snapshot" in caplog.text
+    ti = replica._indexes["t"]
+    assert ti.snapshot == info.generation
+    sub = ti.index._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == dtype
+    hit = replica.lookup("q7?", tenant="t", embedding=near(x[7], 0.97))
+    assert hit is not None and hit.entry_id == ids[7]
 
 
 @pytest.mark.parametrize(("setting", "built_at"), [(None, 128), (200, 200)])

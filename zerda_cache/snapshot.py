@@ -9,8 +9,8 @@ publishes it with the log position it is at:
 
 * ``ScopedIndex.dump`` serialises it (format 4: a msgpack header, then usearch's own
   format for each HNSW scope and the float16 rows beside an int8 graph, which a replica
-  serves in place; 3 where no int8 graph is scaled, ``UsearchIndex.quant``) into one
-  blob, stored in
+  serves in place; 3 where no int8 graph is scaled, ``UsearchIndex.quant``; 5 with a
+  binary graph, ``ann_dtype="b1"``) into one blob, stored in
   chunks of 16 MB (``p:{t}:snap:<gen>:<i>``, written with a TTL while unpublished);
 * ``snapshot.lua`` publishes the generation in the tenant's ``p:{t}:snap`` hash and
   deletes the previous one, in one step;

@@ -75,9 +75,10 @@ SNAPSHOT_CHUNK = 16 * 1024 * 1024
 SNAPSHOT_UNPUBLISHED_TTL_MS = 3_600_000
 #: The snapshot formats a replica reads (``fmt`` in the ``snap`` hash: the dump's own,
 #: ``index.dump_format``, given by the writer). One of an earlier version does not know
-#: "4" (int8 graphs of vectors scaled before int8, ``UsearchIndex.quant``) or "3" (int8
-#: graphs with float16 rows beside them) and scans instead.
-SNAPSHOT_FORMATS_READ = ("1", "2", "3", "4")
+#: "5" (binary graphs, ``ann_dtype="b1"``), "4" (int8 graphs of vectors scaled before
+#: int8, ``UsearchIndex.quant``) or "3" (int8 graphs with float16 rows beside them) and
+#: scans instead.
+SNAPSHOT_FORMATS_READ = ("1", "2", "3", "4", "5")
 #: A snapshot chunk is copied into the replica's buffer this many bytes at a time.
 _COPY_STEP = 4 * 1024 * 1024
 
