@@ -14,8 +14,9 @@ separates the graph's misses from near-copies that have a closer neighbour than 
 source.
 
 Graph vectors: ``i8`` (int8 scaled to the range, ``UsearchIndex.quant``: the default),
-``i8u`` (int8 as usearch converts floats, ``127 x`` truncated: before ``quant``) or
-``f16``.
+``i8u`` (int8 as usearch converts floats, ``127 x`` truncated: before ``quant``),
+``f16`` or ``b1`` (one bit a dimension, the signs less the centre of the first vectors,
+Hamming distance; re-scored from float16 rows as ``i8``).
 
 Data: ``random`` (the clustered synthetic vectors of ``bench_lookup``, any size) or
 ``minilm`` (real all-MiniLM-L6-v2 embeddings of QQP's 137,551 distinct questions, then
@@ -173,7 +174,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--data", choices=("random", "minilm"), default="random")
     parser.add_argument(
-        "--configs", default="32:128:i8,32:128:f16", help="M:ef_construction[:i8|f16],..."
+        "--configs", default="32:128:i8,32:128:f16", help="M:ef_construction[:i8|i8u|f16|b1],..."
     )
     parser.add_argument("--k", type=int, default=8, help="candidates a search asks for")
     parser.add_argument("--efs", default="64,128,256,512")
@@ -239,7 +240,9 @@ def main() -> None:
         "product; i8: int8 vectors in the graph, scaled to the int8 range "
         "(`UsearchIndex.quant`), candidates re-scored from float16 rows beside it; i8u: "
         "the same with usearch's own int8 conversion, 127 x truncated, as before `quant`; "
-        "f16: float16 vectors in the graph) built in bulk on every core; each "
+        "f16: float16 vectors in the graph; b1: one bit a dimension, the signs of each "
+        "vector less the mean of the first vectors added, Hamming distance, candidates "
+        "re-scored from float16 rows as for i8) built in bulk on every core; each "
         f"search is one query on one thread for {args.k} candidates, re-scored in float64 "
         "as a lookup's, blocks of 100 queries at each width in turn (the times compare "
         "widths on the same warm graph). Build seconds are for this shared "
