@@ -379,3 +379,30 @@ def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyP
     with pytest.raises(RuntimeError):
         ann.calibrate(5)
     assert ann.calibrated == (1000, 512)  # a failed calibration leaves the last one
+
+
+@pytest.mark.parametrize(("dim", "dtype"), [(16, "i8"), (255, "i8"), (256, "b1"), (384, "b1")])
+def test_auto_gives_long_vectors_a_binary_graph_and_short_ones_an_int8_graph(
+    dim: int, dtype: str
+) -> None:
+    """The default ``ann_dtype`` (``auto``): one bit a dimension is measured to search
+    faster at the same recall on 384-d vectors; short vectors keep int8."""
+    from zerda_cache import CacheConfig
+    from zerda_cache.index import AUTO_B1_FROM_DIM, IndexPolicy, ScopedIndex, UsearchIndex
+
+    assert CacheConfig().ann_dtype == "auto" and AUTO_B1_FROM_DIM == 256
+    ix = ScopedIndex(dim, IndexPolicy(ann_threshold=300, dtype="auto"))
+    x = np.random.default_rng(dim).normal(size=(400, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = [f"{i:032x}" for i in range(len(x))]
+    ix.add_many({ids[i]: (x[i], "") for i in range(len(x))})
+    sub = ix._by_scope[""]
+    assert isinstance(sub, UsearchIndex) and sub.dtype == dtype
+    assert ix.search(x[5], "", 1, 0.99)[0][0] == ids[5]
+    blob = ix.dump()
+    assert blob is not None
+    back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300, dtype="auto"))
+    again = back._by_scope[""]
+    assert isinstance(again, UsearchIndex) and again.dtype == dtype
+    with pytest.raises(ValueError):
+        IndexPolicy(dtype="b2")

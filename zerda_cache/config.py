@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerda_cache.index import USEARCH_DTYPES as ANN_DTYPES
+from zerda_cache.index import POLICY_DTYPES as ANN_DTYPES
 from zerda_cache.validation import validate_prefix
 
 # --- RLConfig (the bandit) -------------------------------------------------------------
@@ -132,11 +132,15 @@ DEFAULT_MAX_TENANT_LABELS = 50
 DEFAULT_ANN_THRESHOLD = 5_000
 #: usearch (~1.0x the raw vector bytes at M=32 with int8 graphs) or hnswlib (float32, ~1.4x).
 DEFAULT_ANN_BACKEND = "usearch"
-#: How a usearch graph holds its vectors: int8, with float16 rows beside it that the
-#: candidates are re-scored from (at 100k 384-d vectors on 2 AVX2 cores: searches and
-#: builds ~2x as fast as with float16 graphs, the same recall, ~1.05x the raw float32
-#: bytes against ~0.8x), or float16 in the graph only. ``index.UsearchIndex`` says more.
-DEFAULT_ANN_DTYPE = "i8"
+#: How a usearch graph holds its vectors: ``auto`` (the default) is one bit a dimension
+#: (``b1``) for vectors of 256 dimensions and more, int8 (``i8``) for shorter ones
+#: (``index.resolve_dtype``); both re-score the candidates from float16 rows beside the
+#: graph. At 1M 384-d MiniLM embeddings, graphs as the worker builds them, a binary graph
+#: searched in 0.66x the time of an int8 one (p99 0.37x) at the calibrated width, built
+#: in 0.53x, in 0.79x the bytes, at the same near-copy recall (docs/BENCHMARKS.md,
+#: "hnsw-minilm-1000k-b1"). ``f16`` keeps float16 vectors in the graph only.
+#: ``index.UsearchIndex`` says more.
+DEFAULT_ANN_DTYPE = "auto"
 #: How a put stores its vector in Redis: ``float16`` (the default: 2 bytes a dimension
 #: and a marker byte, ~0.7x the memory of an entry at 384-d; a cosine moved by at most
 #: 4e-5 on MiniLM embeddings, measured, ~1e-3 at worst) or ``float32`` (4 bytes, exact).
@@ -397,10 +401,11 @@ class CacheConfig:
         ann_threshold: entries at which a scope's local index becomes HNSW (usearch, a
             dependency); ``None`` keeps every index exact.
         ann_backend: ``usearch`` (default) or ``hnswlib``; see docs/BENCHMARKS.md.
-        ann_dtype: ``i8`` (default: int8 graphs, re-scored from float16 rows beside
-            them; faster), ``f16`` (float16 graphs; ~20% less replica memory) or ``b1``
-            (one bit a dimension, Hamming distance, re-scored from float16 rows as
-            ``i8``; docs/operations.md, "Index dtype").
+        ann_dtype: ``auto`` (default: ``b1`` for vectors of 256 dimensions and more,
+            ``i8`` below), ``i8`` (int8 graphs, re-scored from float16 rows beside
+            them), ``f16`` (float16 graphs; less replica memory, slower) or ``b1`` (one
+            bit a dimension, Hamming distance, re-scored from float16 rows as ``i8``:
+            the fastest; docs/operations.md, "Index dtype").
         ann_m / ann_ef_construction / ann_ef_search: HNSW parameters (recall vs speed).
             ``ann_ef_search`` is the narrowest search width: a replica that builds or
             loads an index of ``index.CALIBRATE_FROM`` entries or more measures on its

@@ -75,6 +75,24 @@ SNAPSHOT_MAGIC = b"ZCIX\x02\0\0\0"
 USEARCH_DTYPES = ("i8", "f16", "b1")
 #: The dtypes whose graph holds coarse codes, with float16 rows beside it to re-score from.
 ROW_DTYPES = ("i8", "b1")
+#: ``auto`` (the default ``CacheConfig.ann_dtype``): ``b1`` for vectors of at least this
+#: many dimensions, ``i8`` for fewer. Measured on 384-d vectors (MiniLM and clustered
+#: random, 100k to 1M: docs/BENCHMARKS.md "hnsw-minilm-1000k-b1"), where a binary graph
+#: searched in 0.66-0.9x the time of an int8 one at the same recall; one bit a dimension
+#: of a short vector is a coarse code, not measured here, so short vectors keep int8.
+AUTO_B1_FROM_DIM = 256
+#: What ``IndexPolicy.dtype`` accepts: a dtype, or ``auto`` (``resolve_dtype``).
+POLICY_DTYPES = (*USEARCH_DTYPES, "auto")
+
+
+def resolve_dtype(dtype: str, dim: int) -> str:
+    """The usearch dtype a graph of ``dim``-dimensional vectors gets for ``dtype``
+    (``auto``: see ``AUTO_B1_FROM_DIM``; any other is itself)."""
+    if dtype != "auto":
+        return dtype
+    return "b1" if dim >= AUTO_B1_FROM_DIM else "i8"
+
+
 #: A ``b1`` graph's bits are the signs of each vector less a centre, the mean of the first
 #: vectors the graph gets when they are at least this many (else no centre: 0). Sentence
 #: embeddings are not centred (MiniLM's mean over QQP has norm 0.21): their signs alone
@@ -1046,8 +1064,9 @@ class IndexPolicy:
         backend: ``usearch`` (~1.0x the raw bytes with ``i8``) or ``hnswlib``
             (float32, ~1.4x).
         dtype: how a usearch graph holds its vectors (``USEARCH_DTYPES``): ``i8`` with
-            float16 rows beside it for re-scoring (faster), ``f16`` (less memory), or
-            ``b1`` (signs, float16 rows beside it as for ``i8``).
+            float16 rows beside it for re-scoring (faster), ``f16`` (less memory), ``b1``
+            (signs, float16 rows beside it as for ``i8``), or ``auto`` (``b1`` from
+            ``AUTO_B1_FROM_DIM`` dimensions, else ``i8``: ``resolve_dtype``).
         m / ef_construction / ef_search: HNSW's M, construction and search widths (the
             search width grows with the size past ``WIDE_FROM``).
     """
@@ -1060,8 +1079,8 @@ class IndexPolicy:
     ef_search: int = 16
 
     def __post_init__(self) -> None:
-        if self.dtype not in USEARCH_DTYPES:
-            raise ValueError(f"dtype must be one of {USEARCH_DTYPES}, got {self.dtype!r}")
+        if self.dtype not in POLICY_DTYPES:
+            raise ValueError(f"dtype must be one of {POLICY_DTYPES}, got {self.dtype!r}")
 
 
 SubIndex = ExactIndex | UsearchIndex | HnswIndex
@@ -1162,7 +1181,7 @@ class ScopedIndex:
         }
         ann: UsearchIndex | HnswIndex
         if p.backend == "usearch":
-            ann = UsearchIndex(self.dim, dtype=p.dtype, **shape)
+            ann = UsearchIndex(self.dim, dtype=resolve_dtype(p.dtype, self.dim), **shape)
         else:
             ann = HnswIndex(self.dim, **shape)
         ids, vecs = exact.to_arrays()
