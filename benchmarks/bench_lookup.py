@@ -11,9 +11,10 @@ the 0.85 threshold). Embedding time is excluded: queries pass
 ``embedding=``. One process, one client, lookups interleaved with PINGs so that both see
 the same machine noise, and with searches of the replica's index alone (no Redis; other
 queries of the same kind): the part of the ratio that no round trip removes. Beside the
-default (sync ``CacheManager``), the same hits through a float16 graph, a binary graph
-(``ann_dtype="b1"``), hnswlib, exact search and ``AsyncCacheManager`` (what the HTTP
-service and the OpenAI proxy run; against an asyncio PING). Targets (issue "CacheManager"):
+default (sync ``CacheManager``: a binary graph at 384-d), the same hits through a
+float16 graph, an int8 graph (``ann_dtype="i8"``), hnswlib, exact search and
+``AsyncCacheManager`` (what the HTTP service and the OpenAI proxy run; against an asyncio
+PING). Targets (issue "CacheManager"):
 lookup p50 <= 3x PING p50 and p99 <= 5 ms at 100k entries; index memory <= 1.2x the
 raw float32 bytes. Issue "A replica serves in seconds": p50 <= 5x and p99 <= 10x PING
 p50, recall@1 >= 0.995 on real embeddings.
@@ -241,15 +242,16 @@ def run_size(
     )
     if exact_too and kind != "exact":
         # The alternatives, side by side on the same data: a float16 usearch graph (the
-        # default before int8 graphs), a binary one, hnswlib, and exact search.
+        # default before int8 graphs), an int8 one (the default before binary graphs),
+        # hnswlib, and exact search.
         for label, alt_cfg in (
             (
                 "hit (hnsw, float16 graph)",
                 CacheConfig(similarity_threshold=0.85, ann_dtype="f16"),
             ),
             (
-                "hit (hnsw, binary graph)",
-                CacheConfig(similarity_threshold=0.85, ann_dtype="b1"),
+                "hit (hnsw, int8 graph)",
+                CacheConfig(similarity_threshold=0.85, ann_dtype="i8"),
             ),
             (
                 "hit (hnswlib backend)",
@@ -462,16 +464,17 @@ def main() -> None:
         "row, interleaved with the lookups on other near-copies of the same kind, counts "
         "both. The rest is Python: "
         "redis-py's command packing and reply parsing, the search, the ranking. The index "
-        "is exact below 5,000 entries per scope and HNSW above (usearch, by default with "
-        "int8 vectors in the graph and the candidates re-scored from float16 rows beside "
-        f'it, `ann_dtype="i8"`; M={cfg.ann_m}, ef_construction {cfg.ann_ef_construction}, '
+        "is exact below 5,000 entries per scope and HNSW above (usearch, by default "
+        '(`ann_dtype="auto"`, 384-d) with one bit a dimension in the graph, the signs '
+        "less the vectors' mean, and the candidates re-scored from float16 rows beside "
+        f"it; M={cfg.ann_m}, ef_construction {cfg.ann_ef_construction}, "
         f"search width from {cfg.ann_ef_search}, `ann_ef_search`, as a replica calibrates "
         "it: docs/operations.md, 'Search width'); "
         "the build column is the replica's first sync (fetch every vector from Redis, "
         "then insert), "
         "as is the alternatives' build. Index memory is the index's own "
         "account: usearch's serialised graph plus 64 bytes per slot of its capacity "
-        "(and the float16 rows of an int8 graph) "
+        "(and the float16 rows of a binary or int8 graph) "
         "(fitted to the RSS growth measured at 20k-200k entries; the library's "
         "memory_usage counts reserved arenas it never touched) or hnswlib's layout, plus "
         "our id maps (~116 bytes per entry)."
