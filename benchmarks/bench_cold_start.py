@@ -328,17 +328,29 @@ def ping_mismatch(pings: list[tuple[str, float]]) -> str | None:
     )
 
 
+#: The worker's ``ann_dtype`` (``--ann-dtype``): how the snapshot's graphs hold their
+#: vectors, and so what every replica that loads it searches. None: the default.
+WORKER_DTYPE: str | None = None
+
+
+def worker_config(**kw: Any) -> Any:
+    """The worker's ``CacheConfig``: the default, with ``--ann-dtype`` if given."""
+    from zerda_cache import CacheConfig
+
+    return CacheConfig(**kw) if WORKER_DTYPE is None else CacheConfig(ann_dtype=WORKER_DTYPE, **kw)
+
+
 def publish_snapshot(url: str) -> list[str]:
     """What the worker's snapshot job does for the tenant, timed: its own build, the dump,
     the write."""
     import redis
 
-    from zerda_cache import CacheConfig, EvictionConfig
+    from zerda_cache import EvictionConfig
     from zerda_cache.snapshot import Snapshotter
     from zerda_cache.storage import RedisStorage
 
     client = redis.Redis.from_url(url)
-    every = CacheConfig(eviction=EvictionConfig(snapshot_min_entries=1))  # --quick's 30k too
+    every = worker_config(eviction=EvictionConfig(snapshot_min_entries=1))  # --quick's 30k too
     snap = Snapshotter(RedisStorage(client, every))
     report = snap.snapshot_tenant(TENANT, force=True)
     snap.close()
@@ -354,10 +366,9 @@ def settings() -> dict[str, Any]:
     stored vectors' encoding, the index's parameters and the snapshot's calibration."""
     from dataclasses import asdict
 
-    from zerda_cache import CacheConfig
     from zerda_cache.index import CALIBRATION_METHOD
 
-    cfg = asdict(CacheConfig())
+    cfg = asdict(worker_config())
     made = {
         k: v for k, v in cfg.items() if k.startswith("ann_") or k in ("vector_storage", "top_k")
     }
@@ -460,9 +471,17 @@ def main() -> None:
         "(an RDB per data kind and size) in DIR, or start from the one saved there, "
         "skipping the load and the worker's build (~20 min at 1M entries)",
     )
+    parser.add_argument(
+        "--ann-dtype",
+        default=None,
+        help="the worker's ann_dtype (i8, b1, f16, auto): the snapshot's graphs, which "
+        "every replica loading it searches (default: CacheConfig's)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind,url
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
+    global WORKER_DTYPE
+    WORKER_DTYPE = args.ann_dtype
     if args.child:
         kind, url = args.child.split(",", 1)
         print(json.dumps(replica(url, kind, args.n, args.lookups)))
@@ -595,6 +614,11 @@ def main() -> None:
             "than the questions' own; texts the cache takes for the same question "
             "(case, spacing: 0.3% of a million) replace each other, and a served question "
             "counts as right when it is the same question."
+        )
+    if args.ann_dtype is not None:
+        body += (
+            f' The worker built the snapshot\'s graphs with `ann_dtype="{args.ann_dtype}"` '
+            "(`--ann-dtype`); the replicas search what they load."
         )
     if args.snapshot_only:
         body += (
