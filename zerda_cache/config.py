@@ -136,9 +136,11 @@ DEFAULT_ANN_BACKEND = "usearch"
 #: (``b1``) for vectors of 256 dimensions and more, int8 (``i8``) for shorter ones
 #: (``index.resolve_dtype``); both re-score the candidates from float16 rows beside the
 #: graph. At 1M 384-d MiniLM embeddings, graphs as the worker builds them, a binary graph
-#: searched in 0.66x the time of an int8 one (p99 0.37x) at the calibrated width, built
-#: in 0.53x, in 0.79x the bytes, at the same near-copy recall (docs/BENCHMARKS.md,
-#: "hnsw-minilm-1000k-b1"). ``f16`` keeps float16 vectors in the graph only.
+#: searched in 0.66x the time of an int8 one (p99 0.37x) at the same width, built in
+#: 0.53x, in 0.79x the bytes, at the same near-copy recall (docs/BENCHMARKS.md,
+#: "hnsw-minilm-1000k-b1"); whole lookups took the same time in a run where the worker
+#: calibrated the int8 graph narrower (docs/design.md, "What a lookup costs at 1M
+#: entries"). ``f16`` keeps float16 vectors in the graph only.
 #: ``index.UsearchIndex`` says more.
 DEFAULT_ANN_DTYPE = "auto"
 #: How a put stores its vector in Redis: ``float16`` (the default: 2 bytes a dimension
