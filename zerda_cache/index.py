@@ -874,7 +874,7 @@ class UsearchIndex(_SlottedAnn):
 
     def dump(self) -> dict[str, Any]:
         """The index as plain data: usearch's own serialisation and the slot table (and
-        for ``i8``, the float16 rows)."""
+        for ``i8`` and ``b1``, the float16 rows and how the codes were made)."""
         out: dict[str, Any] = {
             "kind": "usearch",
             "dtype": self.dtype,
@@ -882,11 +882,22 @@ class UsearchIndex(_SlottedAnn):
         }
         if self._rows is not None:
             out["rows"] = np.asarray(self.rows_bytes()).tobytes()  # empty too
+        return {**out, **self.coding(), **self._dump_slots()}
+
+    def coding(self) -> dict[str, Any]:
+        """How the graph's codes were made from vectors, for a dump's header: ``quant``
+        (i8) or ``centre`` (b1, float32 bytes); ``_restore_coding`` reads it back."""
         if self.dtype == "i8":
-            out["quant"] = self.quant
+            return {"quant": self.quant}
+        if self.dtype == "b1":
+            return {"centre": _centre_bytes(self.centre)}
+        return {}
+
+    def _restore_coding(self, data: Mapping[str, Any]) -> None:
+        if self.dtype == "i8":
+            self.quant = _restored_quant(data)
         elif self.dtype == "b1":
-            out["centre"] = _centre_bytes(self.centre)
-        return {**out, **self._dump_slots()}
+            self.centre = _restored_centre(data, self.dim)
 
     @classmethod
     def restore(
@@ -942,10 +953,7 @@ class UsearchIndex(_SlottedAnn):
             raise ValueError("a usearch dump whose graph and slots do not agree")
         if dtype in ROW_DTYPES:
             index._restore_rows(data["rows"] if rows is None else rows)
-        if dtype == "i8":
-            index.quant = _restored_quant(data)
-        elif dtype == "b1":
-            index.centre = _restored_centre(data, dim)
+        index._restore_coding(data)
         if graph is not None:
             if not np.asarray(loaded.contains(used.astype(np.uint64)), dtype=bool).all():
                 raise ValueError("a usearch dump whose graph and slots do not agree")
@@ -1348,12 +1356,11 @@ class ScopedIndex:
                         ]
                     if sub.dtype in ROW_DTYPES:
                         entry["rows"] = place(sub.rows_bytes())
-                    if sub.dtype == "i8":
-                        entry["quant"] = sub.quant
-                        version = max(version, 4 if sub.quant else 3)
-                    elif sub.dtype == "b1":
-                        entry["centre"] = _centre_bytes(sub.centre)
+                    entry.update(sub.coding())
+                    if sub.dtype == "b1":
                         version = 5
+                    elif sub.dtype == "i8" and sub.quant:
+                        version = max(version, 4)
                     scopes[scope] = {**entry, **sub._dump_slots()}
                 else:
                     scopes[scope] = sub.dump()
