@@ -287,6 +287,18 @@ def dump_head(blob: bytes) -> dict[str, Any]:
     return head
 
 
+def with_scope_fields(blob: bytes, **fields: Any) -> bytes:
+    """The dump with its scope ``""``'s header fields changed, its graphs and rows
+    where they were (offsets from the body, which a header of another length keeps)."""
+    head = dump_head(blob)
+    head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
+    lead = len(SNAPSHOT_MAGIC) + 8 + head_len
+    changed = dict(head, scopes={"": {**head["scopes"][""], **fields}})
+    new = msgpack.packb(changed, use_bin_type=True)
+    new_lead = SNAPSHOT_MAGIC + len(new).to_bytes(8, "little") + new
+    return new_lead + b"\0" * (-len(new_lead) % 64) + blob[lead + (-lead % 64) :]
+
+
 def graph_int8(sub: UsearchIndex, eid: str) -> np.ndarray:
     """The int8 vector ``sub``'s graph holds for ``eid`` (the base's, if viewed)."""
     key = np.array([sub._slot[int(eid, 16)]], dtype=np.uint64)
@@ -435,25 +447,16 @@ def test_a_binary_graph_keeps_its_centre_and_a_dump_without_a_fitting_one_is_ref
         assert back.search(live[eid], "", 1, 0.99)[0][0] == eid
     blob = back.dump()
     assert blob is not None
-    head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
-    lead = len(SNAPSHOT_MAGIC) + 8 + head_len
-    head = msgpack.unpackb(blob[lead - head_len : lead], raw=False)
+    head = dump_head(blob)
     assert head["v"] == 5
-
-    def with_centre(centre: Any) -> bytes:
-        changed = dict(head, scopes={"": {**head["scopes"][""], "centre": centre}})
-        new = msgpack.packb(changed, use_bin_type=True)
-        new_lead = SNAPSHOT_MAGIC + len(new).to_bytes(8, "little") + new
-        return new_lead + b"\0" * (-len(new_lead) % 64) + blob[lead + (-lead % 64) :]
-
     good = np.frombuffer(head["scopes"][""]["centre"], dtype="<f4")
     np.testing.assert_array_equal(good, sub.centre)
-    assert ScopedIndex.restore(with_centre(good.tobytes())).ids() == set(live)
+    assert ScopedIndex.restore(with_scope_fields(blob, centre=good.tobytes())).ids() == set(live)
     nan = good.copy()
     nan[3] = np.nan
     for bad in (None, good[:-1].tobytes(), nan.tobytes(), "centre"):
         with pytest.raises(ValueError):
-            ScopedIndex.restore(with_centre(bad))
+            ScopedIndex.restore(with_scope_fields(blob, centre=bad))
 
 
 def test_a_binary_graph_begun_with_few_vectors_takes_no_centre() -> None:
@@ -486,15 +489,10 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
     head_len = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
     lead = len(SNAPSHOT_MAGIC) + 8 + head_len
     graph_at = lead + (-lead % 64)
-    head = msgpack.unpackb(blob[lead - head_len : lead], raw=False)
-    rows_at, rows_len = head["scopes"][""]["rows"]
+    rows_at, rows_len = dump_head(blob)["scopes"][""]["rows"]
 
     def with_head(**scope: Any) -> bytes:
-        """The dump with its scope's header fields changed (the same header length)."""
-        changed = dict(head, scopes={"": {**head["scopes"][""], **scope}})
-        new = msgpack.packb(changed, use_bin_type=True)
-        new_lead = SNAPSHOT_MAGIC + len(new).to_bytes(8, "little") + new
-        return new_lead + b"\0" * (-len(new_lead) % 64) + blob[graph_at:]
+        return with_scope_fields(blob, **scope)
 
     cases = {
         "cut": blob[: graph_at + 100],  # the graph lies past the end
