@@ -77,9 +77,10 @@ USEARCH_DTYPES = ("i8", "f16", "b1")
 ROW_DTYPES = ("i8", "b1")
 #: ``auto`` (the default ``CacheConfig.ann_dtype``): ``b1`` for vectors of at least this
 #: many dimensions, ``i8`` for fewer. Measured on 384-d vectors (MiniLM and clustered
-#: random, 100k to 1M: docs/BENCHMARKS.md "hnsw-minilm-1000k-b1"), where a binary graph
-#: searched in 0.66-0.9x the time of an int8 one at the same recall; one bit a dimension
-#: of a short vector is a coarse code, not measured here, so short vectors keep int8.
+#: random, 100k to 1M: docs/BENCHMARKS.md "hnsw-minilm-1000k-b1" and "Lookup, put and
+#: index memory"), where a binary graph searched in 0.66x the time of an int8 one at the
+#: same width and recall; one bit a dimension of a short vector is a coarse code, not
+#: measured here, so short vectors keep int8.
 AUTO_B1_FROM_DIM = 256
 #: What ``IndexPolicy.dtype`` accepts: a dtype, or ``auto`` (``resolve_dtype``).
 POLICY_DTYPES = (*USEARCH_DTYPES, "auto")
@@ -95,9 +96,8 @@ def resolve_dtype(dtype: str, dim: int) -> str:
 
 #: A ``b1`` graph's bits are the signs of each vector less a centre, the mean of the first
 #: vectors the graph gets when they are at least this many (else no centre: 0). Sentence
-#: embeddings are not centred (MiniLM's mean over QQP has norm 0.21): their signs alone
-#: found near-copies' sources less often (0.994 against 0.999 at width 16, 137k MiniLM
-#: embeddings, a one-off run).
+#: embeddings are not centred (MiniLM's mean over QQP has norm 0.21): without it, the
+#: signs of the components where the mean is large would be alike for every vector.
 CENTRE_FROM = 256
 #: An ``i8`` graph's vectors are ``round(x * scale)``, the scale set from the first
 #: vectors the graph gets: 127 over this much more than their largest component, so that
@@ -544,10 +544,11 @@ class UsearchIndex(_SlottedAnn):
     ``dtype="b1"``: the graph holds one bit a dimension, the sign of each component less
     ``centre`` (the mean of the graph's first vectors, ``fit``; zero when they were
     fewer than ``CENTRE_FROM``), walked by Hamming distance; the candidates are re-scored
-    from float16 rows as for ``i8``. A 384-d code is 48 bytes, one cache line: searches
-    ~1.25x as fast as ``i8`` at 100k entries, ~20% less memory (docs/operations.md,
-    "Index dtype"). The centre is part of the graph: it is dumped with it and a
-    restored graph codes queries and new vectors against it.
+    from float16 rows as for ``i8``. A 384-d code is 48 bytes, one cache line: at 1M
+    MiniLM embeddings, searches in 0.66x the time of ``i8`` at the same width, ~20% less
+    memory (docs/BENCHMARKS.md, "hnsw-minilm-1000k-b1"). The centre is part of the
+    graph: it is dumped with it and a restored graph codes queries and new vectors
+    against it.
 
     ``quant`` (``i8``): the graph holds ``round(x * quant)`` of each unit vector ``x``,
     ``quant`` set once, from the first vectors the graph gets (``QUANT_HEADROOM``). Given
@@ -664,11 +665,13 @@ class UsearchIndex(_SlottedAnn):
         the graph's first vectors. ``ScopedIndex`` passes an exact scope's vectors and
         the batch that makes it HNSW together, so that a scope that held few vectors
         when a bulk load crossed ``ann_threshold`` is fitted on all of them."""
+        if self.dtype == "f16" or (self.quant if self.dtype == "i8" else self.centre) is not None:
+            return  # nothing to fit, or fitted once for the graph's life (its codes depend on it)
         vecs = np.asarray(vectors, dtype=np.float32).reshape(-1, self.dim)
-        if self.dtype == "i8" and self.quant is None and len(vecs):
+        if self.dtype == "i8" and len(vecs):
             top = float(np.max(np.abs(vecs)))
             self.quant = 127.0 / (QUANT_HEADROOM * top) if top > 0 else 0.0
-        elif self.dtype == "b1" and self.centre is None and len(vecs):
+        elif self.dtype == "b1" and len(vecs):
             self.centre = (
                 vecs.mean(axis=0, dtype=np.float64).astype(np.float32)
                 if len(vecs) >= CENTRE_FROM
