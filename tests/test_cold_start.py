@@ -8,18 +8,23 @@ running while the test looks up (whatever the machine's speed).
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import near, unit
-from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
+from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, engine
 from zerda_cache.errors import DimensionMismatchError, StorageError
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.scripts import script_source
 
 
@@ -113,6 +118,92 @@ def test_puts_during_a_build_are_in_the_index_it_installs(make_manager: Any, fla
     assert reader.sync_index("t") == 30
     hit = reader.lookup("late?", tenant="t", embedding=near(unit(500), 0.97))
     assert hit is not None and hit.entry_id == new
+
+
+def test_close_stops_a_running_build_and_waits_for_it(
+    make_manager: Any, flavour: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close`` returns once the build has stopped, at its next batch, not when the
+    whole scan would have been read: a sync build thread that outlives the interpreter
+    aborts the process (``engine._STOP_WAIT_S``)."""
+    fill(make_manager, 300)  # past the listpack size: a scan batch is no more than asked
+    monkeypatch.setattr(engine, "_BUILD_BATCH", 25)  # ~12 batches
+    reader = make_manager(CacheConfig(redis_timeout_s=0.05))
+    target = reader.target if flavour == "async" else reader
+    storage = target.storage
+    read_vectors = storage._vectors
+    reads: list[int] = []
+
+    def slow(tenant: str, entry_ids: Any) -> Any:
+        reads.append(len(entry_ids))
+        yield (lambda: asyncio.sleep(0.05)) if flavour == "async" else (lambda: time.sleep(0.05))
+        return (yield from read_vectors(tenant, entry_ids))
+
+    storage._vectors = slow
+    assert reader.lookup("nothing", tenant="t", embedding=unit(999)) is None  # starts it
+    job = target._indexes["t"].job
+    assert job is not None and not job.done()
+    reader.close()
+    assert job.done() and not target.index_ready("t")
+    assert 1 <= sum(reads) < 300
+    assert not [t for t in threading.enumerate() if t.name == "zerda-index-t"]
+
+
+def test_a_process_exiting_during_a_build_exits_cleanly(
+    redis_server: Any, redis_client: redis.Redis, server_kind: str
+) -> None:
+    """A script that looks up (starting the build of an HNSW index in a thread) and
+    exits while the build inserts into the graph, closed or not, exits with no build
+    thread left: one still inside usearch's C++ when the interpreter finalizes can abort
+    the process ("terminate called without an active exception", status 134: seen
+    before ``engine._stop_at_exit``). The script's own exit hook, registered first and
+    so run last, fails it if a build thread is alive then."""
+    if server_kind != "redis":
+        pytest.skip("about the process's exit, not the server: run on one kind")
+    st = RedisStorage(redis_client, CacheConfig())
+    rng = np.random.default_rng(0)
+    calls = [st.plan_put("t", f"q{i}", f"a{i}", rng.normal(size=384)) for i in range(6000)]
+    pipe = redis_client.pipeline(transaction=False)
+    for c in calls:
+        st.scripts.put(keys=c.keys, args=c.args, client=pipe)
+    pipe.execute()
+    script = """
+import atexit, os, sys, threading, time
+import numpy as np
+
+def check():
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("zerda-index")]
+    if alive:
+        print("build threads alive at exit:", alive, file=sys.stderr, flush=True)
+        os._exit(3)
+
+atexit.register(check)
+from zerda_cache import CacheConfig, CacheManager
+from zerda_cache.index import UsearchIndex
+
+inserting, add = threading.Event(), UsearchIndex._graph_add
+
+def gated(self, *args):
+    inserting.set()
+    time.sleep(0.2)  # the main thread is on its way out meanwhile
+    return add(self, *args)
+
+UsearchIndex._graph_add = gated
+m = CacheManager.from_url(sys.argv[1], CacheConfig(redis_timeout_s=0.05))
+m.lookup("q", tenant="t", embedding=np.ones(384))
+assert inserting.wait(60) and not m.index_ready("t")
+if sys.argv[2] == "close":
+    m.close()
+"""
+    for how in ("close", "exit"):
+        proc = subprocess.run(
+            [sys.executable, "-c", script, redis_server.url, how],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, (how, proc.returncode, proc.stderr[-2000:])
+        assert "terminate called" not in proc.stderr
 
 
 def test_a_dedup_put_does_not_wait_for_the_build(make_manager: Any, flavour: str) -> None:

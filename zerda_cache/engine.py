@@ -19,6 +19,7 @@ index found is served (the next lookup sees both).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import hashlib
@@ -65,7 +66,7 @@ from zerda_cache.replica import TenantIndex
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.connect import connect
-from zerda_cache.storage.driver import Flow, Job, Step, call, locked, op
+from zerda_cache.storage.driver import Flow, Job, Step, call, locked, op, run_sync
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import (
     HitOutcome,
@@ -106,6 +107,12 @@ _REBASE_DRIFT = 0.1
 _REBASE_CHECK_S = 60.0
 _BATCH_ATTEMPTS = 3
 _BUILD_SLOTS = 2
+#: How long ``close`` (and the interpreter's exit, for a sync manager never closed) waits
+#: for its running index builds to stop at their next step. A build thread still inside
+#: the ANN library's C++ code when the interpreter finalizes is ended by pthread_exit,
+#: whose unwinding through that code's noexcept frames calls std::terminate: the process
+#: aborts (status 134, "terminate called without an active exception").
+_STOP_WAIT_S = 10.0
 #: Lookups are counted in Redis (for the error bound's share of requests, see
 #: ``calibration.py``) by a later lookup's pipeline, once this many are pending or the
 #: oldest pending one is this old; the tenant's counts are halved past this many label
@@ -371,7 +378,7 @@ class CacheEngine:
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # to cancel them at close
         self._build_slots = self.semaphore_factory(_BUILD_SLOTS)
         self._closed = False
-        _after_fork.add(self)
+        _engines.add(self)
         self._outage_since: float | None = None
         self._clock_sync: tuple[float, float] | None = None
         # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
@@ -1068,6 +1075,8 @@ class CacheEngine:
             return False
         ti.progress = (snap.entries, snap.entries)
         yield from self._calibrate(ti, index)
+        if self._closed:
+            return True  # nothing installed; nothing else to build either
         position = LogInfo(last_id=snap.last_id, added=snap.added, length=0)
         yield from locked(ti.lock, self._install_locked(ti, index, position, snap.generation))
         if ti.built:
@@ -1091,6 +1100,8 @@ class CacheEngine:
 
     def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
         st, tenant = self.storage, ti.keys.tenant
+        if self._closed:  # closed while this build waited for a slot
+            return
         if self.config.index_snapshots and (yield from self._from_snapshot(ti)):
             return
         if ti.rebasing:  # the newer snapshot did not load: keep the index in use
@@ -1121,6 +1132,8 @@ class CacheEngine:
                 )
         if index is not None:
             yield from self._calibrate(ti, index)
+        if self._closed:
+            return
         yield from locked(ti.lock, self._install_locked(ti, index, info))
 
     def _calibrate(self, ti: TenantIndex, index: ScopedIndex) -> Flow[None]:
@@ -1531,15 +1544,29 @@ class CacheEngine:
             job.cancel()  # a task; a thread stops at its next batch
         return jobs
 
+    def _stop_builds(self) -> Flow[None]:
+        """Stop the index builds and wait (up to ``_STOP_WAIT_S``) until they have: a
+        build thread must not outlive the interpreter (see ``_STOP_WAIT_S``), and a
+        cancelled task runs its cleanup (its connection back to the pool) only when the
+        loop runs it, before the client closes."""
+        jobs = self.stop_jobs()
+        deadline = time.monotonic() + _STOP_WAIT_S
+        for job in jobs:
+            left = deadline - time.monotonic()
+            if not job.done() and left > 0:
+                yield job.wait(left)
+        running = sum(not job.done() for job in jobs)
+        if running:
+            log.warning(
+                "%d index builds still running %.0f s after close: a process that exits "
+                "now may abort",
+                running,
+                _STOP_WAIT_S,
+            )
+
     def _close(self) -> Flow[None]:
         """Stop the index builds, flush the pending miss counts, then close the client."""
-        jobs = self.stop_jobs()
-        if self.is_async:
-            # A cancelled task runs its cleanup (its connection back to the pool) only
-            # when the loop runs it: before the client closes, not after the loop did.
-            for job in jobs:
-                if not job.done():
-                    yield job.wait(1.0)
+        yield from self._stop_builds()
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)
@@ -1847,15 +1874,15 @@ class _Ticket(NamedTuple):
     exact: bool = False
 
 
-#: Every engine of the process, for ``_reset_after_fork``.
-_after_fork: weakref.WeakSet[CacheEngine] = weakref.WeakSet()
+#: Every engine of the process, for ``_reset_after_fork`` and ``_stop_at_exit``.
+_engines: weakref.WeakSet[CacheEngine] = weakref.WeakSet()
 
 
 def _reset_after_fork() -> None:
     """In a forked child (a pre-forking server that warmed the cache up in its master):
     the build threads did not survive the fork and their locks may be held for good.
     Fresh locks, and a tenant whose build was running is built again on first use."""
-    for engine in list(_after_fork):
+    for engine in list(_engines):
         # Counts pending in the parent are the parent's to write.
         engine._pending_misses = {}
         engine._traffic = {}
@@ -1870,6 +1897,19 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _stop_at_exit() -> None:
+    """At the interpreter's exit, stop the index builds of the sync managers that were
+    never closed, and wait for them (``_STOP_WAIT_S``). An asyncio manager's builds are
+    tasks of a loop that is gone by now; their CPU work ran in the loop's executor,
+    whose threads the interpreter joins itself."""
+    for engine in list(_engines):
+        if not engine.is_async:
+            run_sync(engine._stop_builds())
+
+
+atexit.register(_stop_at_exit)
 
 
 def _reason_label(reason: str) -> str:
