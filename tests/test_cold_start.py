@@ -380,6 +380,49 @@ def test_round_trips_of_a_lookup_while_building_and_once_built(
     reader.close()
 
 
+class ListingRedis(redis.Redis):
+    """A real client that lists the commands of each pipeline it sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[list[str]] = []
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = super().pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def listed(*a: Any, **k: Any) -> Any:
+            self.sent.append([str(cmd[0]) for cmd, _ in pipe.command_stack])
+            return execute(*a, **k)
+
+        pipe.execute = listed
+        return pipe
+
+
+def test_a_clear_near_match_is_two_commands_and_the_script_reads_the_digest(
+    redis_server: Any,
+) -> None:
+    """The common lookup's pipeline: the log's new events and the hit script, which
+    reads the question's exact-match digest itself and returns what it names, so that
+    the lookup sends no HGET of its own. Either way round: a near match served, and
+    the question's own entry found by the script (served as an exact hit)."""
+    client = ListingRedis.from_url(redis_server.url)
+    m = CacheManager(client, CacheConfig(), metrics=ReplicaMetrics(CollectorRegistry()))
+    own = m.put("q1", "a1", tenant="listed", embedding=unit(1)).entry_id
+    m.lookup("warm", tenant="listed", embedding=unit(999))  # the policy and the clock
+    m.stats("listed")  # writes the warm-up's miss count
+    client.sent = []
+    hit = m.lookup("another q1", tenant="listed", embedding=near(unit(1), 0.97))
+    assert hit is not None and hit.entry_id == own and not hit.exact
+    assert client.sent == [["XREVRANGE", "EVALSHA"]]
+    client.sent = []
+    hit = m.lookup("q1", tenant="listed", embedding=near(unit(1), 0.97))
+    assert hit is not None and hit.entry_id == own and hit.exact and hit.similarity == 1.0
+    assert client.sent == [["XREVRANGE", "EVALSHA"]]
+    m.clear("listed")  # the server is the session's: other tests' tenants stay theirs
+    m.close()
+
+
 def test_one_round_trip_serves_a_clear_best_of_several_candidates(redis_server: Any) -> None:
     """Several candidates, the most similar ahead of the next by more than
     ``similarity_tie_margin``: the ranking would put it first whatever the arms say, so

@@ -498,10 +498,11 @@ class CacheEngine:
         found = self._search(ti, vec, scope, policy)
         n_found = len(found)
         position = ti.last_id
-        digest = codec.query_digest(query, scope)  # read here, and checked by a speculative hit
+        # The question's exact-match digest: the entry it names is read by a speculative
+        # hit's script (which checks it), else by a command of this pipeline.
+        digest = codec.query_digest(query, scope)
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = [
             st.peek_log(tenant, position) if live else st.read_dim(tenant),
-            st.read_digest(tenant, digest),
         ]
         pending = self._pending_misses.pop(tenant, 0)
         if pending:
@@ -571,10 +572,13 @@ class CacheEngine:
                 tenant, *spec, policy, exact_bar, asked=digest, rivals=rivals, candidates=ids
             )
             parts.append(plan)
-        if spec is None and found:
-            parts.append(st.read_states(tenant, [eid for eid, _ in found]))
+        digest_at = len(parts)
+        if spec is None:
+            parts.append(st.read_digest(tenant, digest))
+            if found:
+                parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         replies = yield from st._read(st.batch("lookup", parts))
-        exact_id: str | None = replies[1]
+        exact_id: str | None = replies[-1].own if spec is not None else replies[digest_at]
         if refresh:
             self._policies[tenant] = (mono, replies[policy_at])
         if exact_id is None:  # an exact repeat is counted once its level is known

@@ -104,6 +104,9 @@ class HitOutcome:
     #: the served entry's confidence before this use counted (``entry`` has it after),
     #: the one a ranking of it used
     ranked_confidence: float | None = None
+    #: the id the question's exact-match digest names, if any (with ``asked``: the
+    #: script reads it for every reply, and the lookup nowhere else)
+    own: str | None = None
 
     @property
     def served(self) -> IntelligentCacheEntry | None:
@@ -632,6 +635,7 @@ class StoragePlans:
         cached itself. If the digest names another entry, this one is not served
         (``not_own``: the lookup ranks that one first); if it names this one, it is
         served as the question's own entry, at similarity 1 and under ``own_bar`` too.
+        Whatever the status, the outcome's ``own`` is the entry the digest names.
 
         ``rivals`` (with ``asked``): ``(id, similarity)`` of the lookup's candidates
         within ``similarity_tie_margin`` of this one. It is served only if the ranking
@@ -672,6 +676,12 @@ class StoragePlans:
             ]
 
         def parse(res: Any) -> HitOutcome:
+            if asked is not None:
+                res, own = res
+                return dataclasses.replace(parse_reply(res), own=text(own) if own else None)
+            return parse_reply(res)
+
+        def parse_reply(res: Any) -> HitOutcome:
             outcome = parse_code(res)
             # (served by the script but corrupt here: no states in the reply)
             if tied and int(res[0]) != 1:

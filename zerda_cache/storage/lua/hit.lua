@@ -16,7 +16,8 @@
 -- With a digest (a lookup serving its best near match before it knows whether the
 -- question is cached itself): if the digest names another entry, that one is the
 -- lookup's to rank first, so this one is not served; if it names this one, it is served
--- as the question's own entry (similarity 1, and its own bar too).
+-- as the question's own entry (similarity 1, and its own bar too). The reply is then
+-- {the reply above, the id the digest names or false}: the lookup reads it nowhere else.
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
 --
@@ -41,6 +42,9 @@ local id = ARGV[2]
 local prior_a, prior_b = tonumber(ARGV[3]), tonumber(ARGV[4])
 local decay, interval = tonumber(ARGV[5]), tonumber(ARGV[6])
 local tied = ARGV[12] and ARGV[12] ~= ''  -- a tie: rivals to outrank (ARGV[12..])
+local asked = ARGV[10] and ARGV[10] ~= ''
+-- The question's own entry, if it has one (read first: every reply carries it).
+local own = asked and redis.call('HGET', KEYS[6], ARGV[10]) or nil
 
 -- Whether this entry (its arm at now, matched at `similarity`) is sure to rank above the
 -- rivals: false for a rival that may rank above it, or whose state cannot be read here.
@@ -97,18 +101,14 @@ local function serve()
     return {-1}
   end
   local bar, similarity = tonumber(ARGV[8]), tonumber(ARGV[9])
-  local own = nil
-  if ARGV[10] and ARGV[10] ~= '' then
-    own = redis.call('HGET', KEYS[6], ARGV[10])
-    if own and own ~= id then
-      return {-6}
-    end
-    if own then
-      similarity = 1
-      local own_bar = tonumber(ARGV[11])
-      if own_bar and (not bar or own_bar > bar) then
-        bar = own_bar
-      end
+  if own and own ~= id then
+    return {-6}
+  end
+  if own then
+    similarity = 1
+    local own_bar = tonumber(ARGV[11])
+    if own_bar and (not bar or own_bar > bar) then
+      bar = own_bar
     end
   end
   local arm, use, size = zc_state(state)
@@ -166,5 +166,8 @@ if res[1] ~= 1 and tied then
   res[2] = res[2] or false
   res[3] = {rows, redis.call('HMGET', KEYS[4], unpack(ids)),
             redis.call('ZMSCORE', KEYS[2], unpack(ids))}
+end
+if asked then
+  return {res, own or false}
 end
 return res
