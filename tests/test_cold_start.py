@@ -407,14 +407,18 @@ def test_a_clear_near_match_is_two_commands_and_the_script_reads_the_digest(
     the lookup sends no HGET of its own. Either way round: a near match served, and
     the question's own entry found by the script (served as an exact hit)."""
     client = ListingRedis.from_url(redis_server.url)
-    m = CacheManager(client, CacheConfig(), metrics=ReplicaMetrics(CollectorRegistry()))
+    # Nothing else due in these pipelines: no policy re-read, no counts to write.
+    cfg = CacheConfig(policy_refresh_s=600.0)
+    m = CacheManager(client, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
     own = m.put("q1", "a1", tenant="listed", embedding=unit(1)).entry_id
+    m.sync_index("listed")
     m.lookup("warm", tenant="listed", embedding=unit(999))  # the policy and the clock
-    m.stats("listed")  # writes the warm-up's miss count
+    m.stats("listed")  # writes the warm-up's miss and lookup counts
     client.sent = []
     hit = m.lookup("another q1", tenant="listed", embedding=near(unit(1), 0.97))
     assert hit is not None and hit.entry_id == own and not hit.exact
     assert client.sent == [["XREVRANGE", "EVALSHA"]]
+    m.stats("listed")
     client.sent = []
     hit = m.lookup("q1", tenant="listed", embedding=near(unit(1), 0.97))
     assert hit is not None and hit.entry_id == own and hit.exact and hit.similarity == 1.0

@@ -23,7 +23,8 @@ class AsyncCacheManager(AsyncDriven, CacheEngine):
     storage: AsyncRedisStorage
 
     async def aclose(self) -> None:
-        """Flush the pending miss counts and close the client."""
+        """Stop the index builds (cancelled tasks, waited for up to 10 s), flush the
+        pending miss counts and close the client."""
         await self._drive(self._close())
 
     async def __aenter__(self) -> AsyncCacheManager:

@@ -1061,6 +1061,8 @@ class CacheEngine:
             blob = yield from st._read_snapshot(tenant, snap)
             if blob is None:
                 return False
+            if self._closed:  # a restore is seconds of C++ at 1M: not past close
+                return True
             # CPU work: off the event loop (asyncio)
             index = yield self.offload(ScopedIndex.restore, blob, self._index_policy)
         except ValueError as exc:
@@ -1148,7 +1150,7 @@ class CacheEngine:
         if not self.calibrate_indexes or self._closed:
             return
         try:
-            widths = yield self.offload(index.calibrate, self.config.top_k)
+            widths = yield self.offload(index.calibrate, self.config.top_k, self._is_closed)
         except Exception as exc:
             log.warning(
                 "tenant %s: calibrating the index's search width failed (%s: %s): "
@@ -1548,13 +1550,19 @@ class CacheEngine:
             job.cancel()  # a task; a thread stops at its next batch
         return jobs
 
-    def _stop_builds(self) -> Flow[None]:
-        """Stop the index builds and wait (up to ``_STOP_WAIT_S``) until they have: a
-        build thread must not outlive the interpreter (see ``_STOP_WAIT_S``), and a
-        cancelled task runs its cleanup (its connection back to the pool) only when the
-        loop runs it, before the client closes."""
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _stop_builds(self, deadline: float | None = None) -> Flow[None]:
+        """Stop the index builds and wait until they have, up to ``deadline`` (a
+        ``time.monotonic()``; default ``_STOP_WAIT_S`` from now): a build thread must
+        not outlive the interpreter (see ``_STOP_WAIT_S``), and a cancelled task runs
+        its cleanup (its connection back to the pool) only when the loop runs it,
+        before the client closes. An asyncio build's CPU work already in a thread of
+        the loop's executor goes on there; the interpreter joins those threads itself."""
         jobs = self.stop_jobs()
-        deadline = time.monotonic() + _STOP_WAIT_S
+        if deadline is None:
+            deadline = time.monotonic() + _STOP_WAIT_S
         for job in jobs:
             left = deadline - time.monotonic()
             if not job.done() and left > 0:
@@ -1904,13 +1912,17 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _stop_at_exit() -> None:
-    """At the interpreter's exit, stop the index builds of the sync managers that were
-    never closed, and wait for them (``_STOP_WAIT_S``). An asyncio manager's builds are
-    tasks of a loop that is gone by now; their CPU work ran in the loop's executor,
+    """At the interpreter's exit, stop the index builds of every sync manager (those
+    never closed, and those whose jobs were only stopped, as the worker's snapshotter
+    does) and wait for them all, ``_STOP_WAIT_S`` in all. An asyncio manager's builds
+    are tasks of a loop that is gone by now; their CPU work ran in the loop's executor,
     whose threads the interpreter joins itself."""
-    for engine in list(_engines):
-        if not engine.is_async:
-            run_sync(engine._stop_builds())
+    engines = [engine for engine in list(_engines) if not engine.is_async]
+    for engine in engines:
+        engine.stop_jobs()  # every build stops at its next step, all at once
+    deadline = time.monotonic() + _STOP_WAIT_S
+    for engine in engines:
+        run_sync(engine._stop_builds(deadline))
 
 
 atexit.register(_stop_at_exit)

@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -1254,7 +1254,9 @@ class ScopedIndex:
                 if isinstance(sub, UsearchIndex) and sub.viewed and sub.moved:
                     sub._materialize()  # the rows too
 
-    def calibrate(self, k: int) -> dict[str, tuple[int, float | None]]:
+    def calibrate(
+        self, k: int, stop: Callable[[], bool] | None = None
+    ) -> dict[str, tuple[int, float | None]]:
         """Calibrate the search width of every HNSW sub-index large enough
         (``_SlottedAnn.calibrate``, for lookups of ``k`` candidates, the replica's
         ``top_k``: a tenant's own differs little, the width being at least 2k): the
@@ -1262,11 +1264,14 @@ class ScopedIndex:
         unchanged since, for the same ``k`` and configured width (by the worker,
         before it dumped the snapshot this index was restored from) keeps its width
         without measuring again: the graph is the same, so would be the width; its
-        seconds are ``None``."""
+        seconds are ``None``. ``stop``: asked before each scope, a true answer ends the
+        calibration there (the manager is closing)."""
         with self._lock:
             subs = list(self._by_scope.items())
         widths: dict[str, tuple[int, float | None]] = {}
         for scope, sub in subs:
+            if stop is not None and stop():
+                break
             if isinstance(sub, _SlottedAnn):
                 started = time.perf_counter()
                 with self._lock:

@@ -31,7 +31,8 @@ class CacheManager(SyncDriven, CacheEngine):
     storage: RedisStorage
 
     def close(self) -> None:
-        """Flush the pending miss counts and close the client."""
+        """Stop the index builds (waiting up to 10 s for them to stop), flush the
+        pending miss counts and close the client."""
         self._drive(self._close())
 
     def __enter__(self) -> CacheManager:

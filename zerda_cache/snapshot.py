@@ -42,6 +42,7 @@ from zerda_cache.index import ScopedIndex, dump_format
 from zerda_cache.manager import CacheManager
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.driver import run_sync
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,10 @@ class Snapshotter:
                 )
 
     def close(self) -> None:
+        """Stop the manager's index builds and wait for them (``engine._STOP_WAIT_S``)
+        before the worker closes the client they use; the client is left open."""
         if self._manager is not None:
-            self._manager.stop_jobs()  # its client is the worker's: left open
+            run_sync(self._manager._stop_builds())
 
 
 __all__ = ["SnapshotReport", "Snapshotter"]

@@ -177,7 +177,15 @@ class _ThreadJob:
         return self._done.is_set() or self.pid != os.getpid()
 
     def wait(self, timeout: float | None) -> Step:
-        return lambda: self._done.wait(timeout) or self.done()
+        def step() -> bool:
+            done = self._done.wait(timeout)
+            if done and self.pid == os.getpid():
+                # Past the flow's last step: the thread is leaving. Joined, so that a
+                # waiter sees it gone (``close``: no build thread left at exit).
+                self._thread.join(1.0)
+            return done or self.done()
+
+        return step
 
     def error(self) -> BaseException | None:
         return self._error

@@ -676,7 +676,7 @@ class StoragePlans:
             ]
 
         def parse(res: Any) -> HitOutcome:
-            if asked is not None:
+            if asked:  # the script wraps its reply when it is given a digest
                 res, own = res
                 return dataclasses.replace(parse_reply(res), own=text(own) if own else None)
             return parse_reply(res)
