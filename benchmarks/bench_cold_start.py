@@ -305,6 +305,38 @@ def targets(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def rounds_summary(results: list[tuple[str, str, dict[str, Any]]], rounds: int) -> str:
+    """Each side's medians over ``--rounds`` (its lookup p50, its ratio to its own PING
+    p50, its p99 ratio), and with a baseline, the median over rounds of current /
+    baseline lookup p50 (each round's pair ran back to back)."""
+    by_side: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for kind, name, r in results:
+        side = name.rsplit(", round ", 1)[0]
+        by_side.setdefault((kind, side), []).append(r)
+    lines = [
+        f"Medians over {rounds} rounds (the sides in turn, the order reversed every other round):"
+    ]
+    for (kind, side), rs in by_side.items():
+        p50 = [r["p50_ms"] for r in rs]
+        lines.append(
+            f"- {kind}, {side}: lookup p50 {np.median(p50):.2f} ms "
+            f"(rounds: {', '.join(f'{v:.2f}' for v in p50)}), "
+            f"{np.median([r['p50_ms'] / r['ping_ms'] for r in rs]):.1f}x PING p50; "
+            f"p99 {np.median([r['p99_ms'] / r['ping_ms'] for r in rs]):.1f}x PING p50; "
+            f"PING p50 {np.median([r['ping_ms'] for r in rs]):.3f} ms."
+        )
+    for kind in dict.fromkeys(k for k, _ in by_side):
+        sides = [rs for (k, _), rs in by_side.items() if k == kind]
+        if len(sides) == 2:
+            base, cur = sides
+            pairs = [c["p50_ms"] / b["p50_ms"] for b, c in zip(base, cur, strict=True)]
+            lines.append(
+                f"- {kind}: current / baseline lookup p50, by round: "
+                f"{', '.join(f'{v:.2f}' for v in pairs)}; median **{np.median(pairs):.2f}**."
+            )
+    return "\n".join(lines)
+
+
 #: Replicas of one run whose PING p50 differ by more than this are not comparable by
 #: their ratios: the shared host slowed down for one of them (docs/design.md, "What a
 #: lookup costs at 1M entries": PING 0.16 ms for one side, 0.55 ms for the next).
@@ -477,6 +509,15 @@ def main() -> None:
         help="the worker's ann_dtype (i8, b1, f16, auto): the snapshot's graphs, which "
         "every replica loading it searches (default: CacheConfig's)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="replicas per side, the sides in turn and the order reversed every other "
+        "round (a shared host's speed drifts: one replica per side in a fixed order "
+        "compares the host's moments as much as the code); the section adds each side's "
+        "medians",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind,url
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
@@ -501,6 +542,7 @@ def main() -> None:
         raise SystemExit("--keep saves the tenant with its snapshot: use it with --snapshot-only")
     rows, vrows, srows, brows = [], [], [], []
     pings: list[tuple[str, float]] = []  # each replica's PING p50 (ms)
+    results: list[tuple[str, str, dict[str, Any]]] = []  # (data, side and round, numbers)
     kept: list[str] = []
     kinds = args.data.split(",")
     for kind in kinds:
@@ -520,9 +562,15 @@ def main() -> None:
                 runs += [(f"{n if src else 'current'}, from the snapshot", src) for n, src in sides]
             elif args.snapshot:
                 runs.append(("current, from the snapshot", None))
+            if args.rounds > 1:  # the sides in turn, the order reversed every other round
+                runs = [
+                    (f"{name}, round {r + 1}", src)
+                    for r in range(args.rounds)
+                    for name, src in (runs if r % 2 == 0 else runs[::-1])
+                ]
             published = False
             for name, src in runs:
-                if name.endswith("snapshot") and not published:
+                if "snapshot" in name and not published:
                     published = True
                     if saved is not None and restoring:
                         srows.append(saved.meta["worker"])
@@ -538,7 +586,8 @@ def main() -> None:
                     env=env, capture_output=True, text=True, check=True,
                 )  # fmt: skip
                 r = json.loads(out.stdout.strip().splitlines()[-1])
-                if name.endswith("snapshot") and not r["from_snapshot"]:
+                results.append((kind, name, r))
+                if "snapshot" in name and not r["from_snapshot"]:
                     raise SystemExit("the replica built its index instead of loading the snapshot")
                 first = r["first_exact_s"]
                 worst = r["during_max_ms"]
@@ -633,6 +682,8 @@ def main() -> None:
             "the worker's row is that run's."
         )
     body += "\n\n" + targets(rows)
+    if args.rounds > 1:
+        body += "\n\n" + rounds_summary(results, args.rounds)
     uneven = ping_mismatch(pings)
     if uneven:
         print(uneven, file=sys.stderr)

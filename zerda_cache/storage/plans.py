@@ -676,13 +676,11 @@ class StoragePlans:
             ]
 
         def parse(res: Any) -> HitOutcome:
+            own = None
             if asked:  # the script wraps its reply when it is given a digest
-                res, own = res
-                return dataclasses.replace(parse_reply(res), own=text(own) if own else None)
-            return parse_reply(res)
-
-        def parse_reply(res: Any) -> HitOutcome:
-            outcome = parse_code(res)
+                res, own_raw = res
+                own = text(own_raw) if own_raw else None
+            outcome = parse_code(res, own)
             # (served by the script but corrupt here: no states in the reply)
             if tied and int(res[0]) != 1:
                 rows, states, scores = res[2]
@@ -690,31 +688,31 @@ class StoragePlans:
                 return dataclasses.replace(outcome, states=batch)
             return outcome
 
-        def parse_code(res: Any) -> HitOutcome:
+        def parse_code(res: Any, own: str | None) -> HitOutcome:
             code = int(res[0])
             if code == 0:
-                return HitOutcome(HitStatus.GONE)
+                return HitOutcome(HitStatus.GONE, own=own)
             if code == -1:
-                return HitOutcome(HitStatus.EXPIRED)
+                return HitOutcome(HitStatus.EXPIRED, own=own)
             if code == -3:
                 log.warning("corrupt entry %s not served", key)
-                return HitOutcome(HitStatus.CORRUPT)
+                return HitOutcome(HitStatus.CORRUPT, own=own)
             if code == -4:
                 reward = float(res[1]) if len(res) > 1 else None
-                return HitOutcome(HitStatus.UNSERVABLE, reward=reward)
+                return HitOutcome(HitStatus.UNSERVABLE, reward=reward, own=own)
             if code == -5:
-                return HitOutcome(HitStatus.BELOW_BAR)
+                return HitOutcome(HitStatus.BELOW_BAR, own=own)
             if code == -6:
-                return HitOutcome(HitStatus.NOT_OWN)
+                return HitOutcome(HitStatus.NOT_OWN, own=own)
             if code == -7:
-                return HitOutcome(HitStatus.TIED)
+                return HitOutcome(HitStatus.TIED, own=own)
             try:
                 query, response, metadata = codec.unpack_doc(res[3], key=key)
                 meta = codec.unpack_meta(res[4], key=key)
             except CorruptEntryError as exc:
                 log.warning("corrupt entry not served: %s", exc)
                 self._suspect(tenant, entry_id, exc)
-                return HitOutcome(HitStatus.CORRUPT)
+                return HitOutcome(HitStatus.CORRUPT, own=own)
             use = codec.trusted_use(res[2])
             entry = IntelligentCacheEntry(
                 entry_id=entry_id,
@@ -737,7 +735,7 @@ class StoragePlans:
                 negative_streak=use.negative_streak,
             )
             before = float(res[5]) if len(res) > 5 else None
-            return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before)
+            return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own)
 
         return ScriptCall("hit", keys, args, parse)
 
