@@ -26,6 +26,9 @@ script as a put would run it), VSIM p50 against PING, recall@1, and memory per v
 At 1M entries the load and the worker's build take ~20 min; ``--snapshot-only --keep DIR``
 saves the tenant with its snapshot as an RDB in DIR the first time and starts from it the
 next (for trying a change to the lookup path; the section says which commit made it).
+With ``--baseline``, ``--rounds N`` runs N replicas per side in turn (the order reversed
+every other round) and adds each side's medians: a shared host's speed drifts between
+two replicas run one after the other.
 """
 
 from __future__ import annotations
