@@ -329,9 +329,9 @@ def rounds_summary(results: list[tuple[str, str, dict[str, Any]]], rounds: int) 
             f"PING p50 {np.median([r['ping_ms'] for r in rs]):.3f} ms."
         )
     for kind in dict.fromkeys(k for k, _ in by_side):
-        sides = [rs for (k, _), rs in by_side.items() if k == kind]
-        if len(sides) == 2:
-            base, cur = sides
+        sides = [(side, rs) for (k, side), rs in by_side.items() if k == kind]
+        if len(sides) == 2 and sides[0][0].startswith("baseline"):
+            (_, base), (_, cur) = sides
             pairs = [c["p50_ms"] / b["p50_ms"] for b, c in zip(base, cur, strict=True)]
             lines.append(
                 f"- {kind}: current / baseline lookup p50, by round: "
@@ -541,6 +541,12 @@ def main() -> None:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.baseline,
                              capture_output=True, text=True).stdout.strip()  # fmt: skip
         sides.insert(0, (f"baseline {rev}", args.baseline))
+    if args.rounds < 1:
+        raise SystemExit("--rounds: at least 1")
+    if args.rounds > 1 and not args.snapshot_only:
+        # Round 1 publishes the snapshot: every later replica would load it, whatever
+        # its row says (a build from scratch).
+        raise SystemExit("--rounds runs the sides' snapshot replicas: use it with --snapshot-only")
     if args.keep is not None and not args.snapshot_only:
         raise SystemExit("--keep saves the tenant with its snapshot: use it with --snapshot-only")
     rows, vrows, srows, brows = [], [], [], []
@@ -687,7 +693,13 @@ def main() -> None:
     body += "\n\n" + targets(rows)
     if args.rounds > 1:
         body += "\n\n" + rounds_summary(results, args.rounds)
-    uneven = ping_mismatch(pings)
+    # Replicas compare within a round (a host slowing down between rounds is what
+    # --rounds spreads out): any round whose replicas' PINGs disagree is flagged.
+    by_round: dict[str, list[tuple[str, float]]] = {}
+    for label, ping in pings:
+        key = label.rsplit(", round ", 1)[-1] if args.rounds > 1 else ""
+        by_round.setdefault(key, []).append((label, ping))
+    uneven = "\n\n".join(filter(None, (ping_mismatch(group) for group in by_round.values())))
     if uneven:
         print(uneven, file=sys.stderr)
         body += "\n\n" + uneven
