@@ -308,13 +308,19 @@ def targets(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def side_and_round(label: str) -> tuple[str, str]:
+    """A run's side (its name less ``, round k``) and its round (``""`` without one)."""
+    side, _, rnd = label.partition(", round ")
+    return side, rnd
+
+
 def rounds_summary(results: list[tuple[str, str, dict[str, Any]]], rounds: int) -> str:
     """Each side's medians over ``--rounds`` (its lookup p50, its ratio to its own PING
     p50, its p99 ratio), and with a baseline, the median over rounds of current /
     baseline lookup p50 (each round's pair ran back to back)."""
     by_side: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for kind, name, r in results:
-        side = name.rsplit(", round ", 1)[0]
+        side = side_and_round(name)[0]
         by_side.setdefault((kind, side), []).append(r)
     lines = [
         f"Medians over {rounds} rounds (the sides in turn, the order reversed every other round):"
@@ -697,8 +703,7 @@ def main() -> None:
     # --rounds spreads out): any round whose replicas' PINGs disagree is flagged.
     by_round: dict[str, list[tuple[str, float]]] = {}
     for label, ping in pings:
-        key = label.rsplit(", round ", 1)[-1] if args.rounds > 1 else ""
-        by_round.setdefault(key, []).append((label, ping))
+        by_round.setdefault(side_and_round(label)[1], []).append((label, ping))
     uneven = "\n\n".join(filter(None, (ping_mismatch(group) for group in by_round.values())))
     if uneven:
         print(uneven, file=sys.stderr)

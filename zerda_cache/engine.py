@@ -1553,14 +1553,18 @@ class CacheEngine:
     def _is_closed(self) -> bool:
         return self._closed
 
-    def _stop_builds(self, deadline: float | None = None) -> Flow[None]:
-        """Stop the index builds and wait until they have, up to ``deadline`` (a
-        ``time.monotonic()``; default ``_STOP_WAIT_S`` from now): a build thread must
+    def _stop_builds(self) -> Flow[None]:
+        """Stop the index builds and wait until they have, up to ``_STOP_WAIT_S``: a
+        build thread must
         not outlive the interpreter (see ``_STOP_WAIT_S``), and a cancelled task runs
         its cleanup (its connection back to the pool) only when the loop runs it,
         before the client closes. An asyncio build's CPU work already in a thread of
         the loop's executor goes on there; the interpreter joins those threads itself."""
-        jobs = self.stop_jobs()
+        return self._await_stopped(self.stop_jobs())
+
+    def _await_stopped(self, jobs: list[Job], deadline: float | None = None) -> Flow[None]:
+        """Wait for ``jobs``, stopped already, up to ``deadline`` (a ``time.monotonic()``;
+        default ``_STOP_WAIT_S`` from now)."""
         if deadline is None:
             deadline = time.monotonic() + _STOP_WAIT_S
         for job in jobs:
@@ -1917,12 +1921,11 @@ def _stop_at_exit() -> None:
     does) and wait for them all, ``_STOP_WAIT_S`` in all. An asyncio manager's builds
     are tasks of a loop that is gone by now; their CPU work ran in the loop's executor,
     whose threads the interpreter joins itself."""
-    engines = [engine for engine in list(_engines) if not engine.is_async]
-    for engine in engines:
-        engine.stop_jobs()  # every build stops at its next step, all at once
+    # Every build is told to stop at its next step first, all at once; then waited for.
+    stopped = [(e, e.stop_jobs()) for e in list(_engines) if not e.is_async]
     deadline = time.monotonic() + _STOP_WAIT_S
-    for engine in engines:
-        run_sync(engine._stop_builds(deadline))
+    for engine, jobs in stopped:
+        run_sync(engine._await_stopped(jobs, deadline))
 
 
 atexit.register(_stop_at_exit)
