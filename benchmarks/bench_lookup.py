@@ -456,8 +456,8 @@ def main() -> None:
             )
     body += (
         "A lookup with one candidate, or one ahead of the others by more than "
-        "`similarity_tie_margin` (0.01), is one pipelined round trip (new log events "
-        "and the hit script, which reads the exact-match digest); with several "
+        "`similarity_tie_margin` (0.01), is one command, the hit script (which also "
+        "reads the exact-match digest and the log's new events); with several "
         "within the margin, the same when the hit script finds that no Thompson draw "
         "could rank another first (no feedback on any of them: the closest), else two "
         "(the states the script returns, then the hit script of the best); the index search "

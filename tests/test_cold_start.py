@@ -381,11 +381,16 @@ def test_round_trips_of_a_lookup_while_building_and_once_built(
 
 
 class ListingRedis(redis.Redis):
-    """A real client that lists the commands of each pipeline it sends."""
+    """A real client that lists the commands of each round trip it makes: a pipeline's,
+    or one command on its own."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sent: list[list[str]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent.append([str(args[0])])
+        return super().execute_command(*args, **options)
 
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
         pipe = super().pipeline(*args, **kwargs)
@@ -399,13 +404,15 @@ class ListingRedis(redis.Redis):
         return pipe
 
 
-def test_a_clear_near_match_is_two_commands_and_the_script_reads_the_digest(
+def test_a_clear_near_match_is_one_command_the_hit_script_reading_digest_and_log(
     redis_server: Any,
 ) -> None:
-    """The common lookup's pipeline: the log's new events and the hit script, which
-    reads the question's exact-match digest itself and returns what it names, so that
-    the lookup sends no HGET of its own. Either way round: a near match served, and
-    the question's own entry found by the script (served as an exact hit)."""
+    """The common lookup is one command, not a pipeline: the hit script, which also
+    reads the question's exact-match digest and peeks at the log, so that the lookup
+    sends no HGET or XREVRANGE of its own. Either way round: a near match served, and
+    the question's own entry found by the script (served as an exact hit). An entry put
+    meanwhile by another replica comes back in the script's peek, and the next lookup
+    finds it without a read of the log of its own."""
     client = ListingRedis.from_url(redis_server.url)
     # Nothing else due in these pipelines: no policy re-read, no counts to write.
     cfg = CacheConfig(policy_refresh_s=600.0)
@@ -413,16 +420,30 @@ def test_a_clear_near_match_is_two_commands_and_the_script_reads_the_digest(
     own = m.put("q1", "a1", tenant="listed", embedding=unit(1)).entry_id
     m.sync_index("listed")
     m.lookup("warm", tenant="listed", embedding=unit(999))  # the policy and the clock
+    m.lookup("warm q1", tenant="listed", embedding=near(unit(1), 0.97))  # loads the script
     m.stats("listed")  # writes the warm-up's miss and lookup counts
     client.sent = []
     hit = m.lookup("another q1", tenant="listed", embedding=near(unit(1), 0.97))
     assert hit is not None and hit.entry_id == own and not hit.exact
-    assert client.sent == [["XREVRANGE", "EVALSHA"]]
+    assert client.sent == [["EVALSHA"]]
     m.stats("listed")
     client.sent = []
     hit = m.lookup("q1", tenant="listed", embedding=near(unit(1), 0.97))
     assert hit is not None and hit.entry_id == own and hit.exact and hit.similarity == 1.0
-    assert client.sent == [["XREVRANGE", "EVALSHA"]]
+    assert client.sent == [["EVALSHA"]]
+    # Another replica's put: this lookup's peek brings it, and the index catches up.
+    other = CacheManager(redis.Redis.from_url(redis_server.url), cfg)
+    new = other.put("q2", "a2", tenant="listed", embedding=unit(2)).entry_id
+    m.stats("listed")
+    client.sent = []
+    hit = m.lookup("another q1 again", tenant="listed", embedding=near(unit(1), 0.97))
+    assert hit is not None and hit.entry_id == own
+    assert client.sent == [["EVALSHA"], ["HMGET"]]  # the script, then the new vector
+    client.sent = []
+    hit = m.lookup("another q2", tenant="listed", embedding=near(unit(2), 0.97))
+    assert hit is not None and hit.entry_id == new
+    assert client.sent == [["EVALSHA"]]
+    other.close()
     m.clear("listed")  # the server is the session's: other tests' tenants stay theirs
     m.close()
 

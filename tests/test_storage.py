@@ -33,6 +33,7 @@ from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 from zerda_cache.storage import store as store_module
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.storage.plans import HitStatus
 
 DIM = 16
 
@@ -752,19 +753,34 @@ def test_a_stream_holds_what_was_added_after_a_mark_until_trimmed_or_re_created(
     assert LogInfo().holds_since(0)
 
 
-@pytest.mark.parametrize("reader", ["read_log", "peek_log"])
+def _hit_peek(st: RedisStorage, tenant: str, after: str) -> Any:
+    """The hit script's peek at the log (``plan_hit(peek=...)``), the lookup's usual
+    read of it: here for an entry that does not exist, which the script reports gone
+    and peeks all the same."""
+    from zerda_cache.storage.driver import run_sync
+
+    plan = st.plan_hit(tenant, "0" * 32, asked="d" * 40, peek=after)
+    outcome = run_sync(st._run(plan))
+    assert outcome.status is HitStatus.GONE
+    return outcome.log
+
+
+@pytest.mark.parametrize("reader", ["read_log", "peek_log", "hit_peek"])
 def test_a_log_read_from_a_position_says_whether_events_may_be_missing(
     redis_client: redis.Redis, reader: str
 ) -> None:
     """One range from the reader's position (forward for catch-ups, backward from the
-    newest event for lookups): while that event is still in the log the read is whole;
-    once it is trimmed away (or was never an event), it may not be."""
+    newest event for lookups, in a pipeline of its own or inside the hit script): while
+    that event is still in the log the read is whole; once it is trimmed away (or was
+    never an event), it may not be."""
     from zerda_cache.storage.driver import run_sync
     from zerda_cache.storage.plans import CATCHUP_BATCH
 
     st = RedisStorage(redis_client, CacheConfig())
 
     def read(after: str) -> Any:
+        if reader == "hit_peek":
+            return _hit_peek(st, "acme", after)
         return run_sync(st._read(getattr(st, reader)("acme", after)))
 
     k = tenant_keys("acme")
@@ -792,16 +808,22 @@ def test_a_log_read_from_a_position_says_whether_events_may_be_missing(
         assert full.partial and full.empty and not full.maybe_trimmed
 
 
-def test_a_lookups_peek_at_the_log_is_whole_up_to_its_size(redis_client: redis.Redis) -> None:
-    """``peek_log`` returns up to ``PEEK_EVENTS`` events after the position, all of them
-    (never ``more``); past that, or with the position trimmed away and more than that
-    after it, it is ``partial`` and the forward read says the rest."""
+@pytest.mark.parametrize("reader", ["peek_log", "hit_peek"])
+def test_a_lookups_peek_at_the_log_is_whole_up_to_its_size(
+    redis_client: redis.Redis, reader: str
+) -> None:
+    """``peek_log`` (and the hit script's peek) returns up to ``PEEK_EVENTS`` events
+    after the position, all of them (never ``more``); past that, or with the position
+    trimmed away and more than that after it, it is ``partial`` and the forward read
+    says the rest."""
     from zerda_cache.storage.driver import run_sync
     from zerda_cache.storage.plans import PEEK_EVENTS
 
     st = RedisStorage(redis_client, CacheConfig())
 
     def peek(after: str) -> Any:
+        if reader == "hit_peek":
+            return _hit_peek(st, "acme", after)
         return run_sync(st._read(st.peek_log("acme", after)))
 
     k = tenant_keys("acme")

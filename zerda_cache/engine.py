@@ -501,24 +501,6 @@ class CacheEngine:
         # The question's exact-match digest: the entry it names is read by a speculative
         # hit's script (which checks it), else by a command of this pipeline.
         digest = codec.query_digest(query, scope)
-        parts: list[ReadPlan[Any] | ScriptCall[Any]] = [
-            st.peek_log(tenant, position) if live else st.read_dim(tenant),
-        ]
-        pending = self._pending_misses.pop(tenant, 0)
-        if pending:
-            parts.append(st.count_misses(tenant, pending))
-        report = st.report_suspects(tenant)  # corrupt ids found here: for the worker
-        if report is not None:
-            parts.append(report)
-        mono = time.monotonic()
-        traffic = self._due_traffic(tenant, mono)
-        if traffic is not None:
-            traffic_at = len(parts)
-            parts.append(st.count_traffic(tenant, *traffic))
-        if refresh:  # read the policy again for the next lookups, in this round trip
-            policy_at = len(parts)
-            parts.append(st.read_policy(tenant))
-            parts.append(st.register(tenant))
         explore = self._explore.random() < policy.config.verify_rate
         bound, threshold = policy.bound(override), policy.threshold(override)
         model = policy.calibration.model
@@ -568,16 +550,49 @@ class CacheEngine:
             # every candidate's id, the leader first and its rivals next (plan_hit)
             tied = [eid for eid, _ in rivals]
             ids = [spec[0], *tied, *(e for e, _ in found[1:] if e not in tied)] if tied else []
+            # the script also peeks at the log: the lookup's one command, usually
             plan = self._plan_hit(
-                tenant, *spec, policy, exact_bar, asked=digest, rivals=rivals, candidates=ids
+                tenant,
+                *spec,
+                policy,
+                exact_bar,
+                asked=digest,
+                rivals=rivals,
+                candidates=ids,
+                peek=position if live else None,
             )
-            parts.append(plan)
+        folded = spec is not None and live
+        parts: list[ReadPlan[Any] | ScriptCall[Any]] = []
+        if not folded:
+            parts.append(st.peek_log(tenant, position) if live else st.read_dim(tenant))
+        pending = self._pending_misses.pop(tenant, 0)
+        if pending:
+            parts.append(st.count_misses(tenant, pending))
+        report = st.report_suspects(tenant)  # corrupt ids found here: for the worker
+        if report is not None:
+            parts.append(report)
+        mono = time.monotonic()
+        traffic = self._due_traffic(tenant, mono)
+        if traffic is not None:
+            traffic_at = len(parts)
+            parts.append(st.count_traffic(tenant, *traffic))
+        if refresh:  # read the policy again for the next lookups, in this round trip
+            policy_at = len(parts)
+            parts.append(st.read_policy(tenant))
+            parts.append(st.register(tenant))
         digest_at = len(parts)
         if spec is None:
             parts.append(st.read_digest(tenant, digest))
             if found:
                 parts.append(st.read_states(tenant, [eid for eid, _ in found]))
-        replies = yield from st._read(st.batch("lookup", parts))
+        else:
+            parts.append(plan)
+        if len(parts) == 1 and spec is not None:  # the script alone: no pipeline
+            replies: list[Any] = [(yield from st._run(plan))]
+        else:
+            replies = yield from st._read(st.batch("lookup", parts))
+        # the log's news (or without the index, the tenant's dimension)
+        head = replies[-1].log if folded else replies[0]
         exact_id: str | None = replies[-1].own if spec is not None else replies[digest_at]
         if refresh:
             self._policies[tenant] = (mono, replies[policy_at])
@@ -590,11 +605,11 @@ class CacheEngine:
             yield from self._halve_traffic(tenant, policy)
         changed = False
         if live:
-            changed = yield from self._catch_up(ti, replies[0], position)
+            changed = yield from self._catch_up(ti, head, position)
             if not ti.built:  # the catch-up found a rebuild necessary: a bounded wait
                 yield from self._await_index(ti, self._build_wait(ti, True))
-        elif vec is not None and replies[0] is not None and replies[0] != len(vec):
-            raise DimensionMismatchError(tenant, replies[0], len(vec))
+        elif vec is not None and head is not None and head != len(vec):
+            raise DimensionMismatchError(tenant, head, len(vec))
         states = StateBatch()
         ghosts: set[str] = set()  # ids this replica indexes that Redis no longer has
         asked = exact_id  # the question's own entry, if cached
@@ -806,13 +821,15 @@ class CacheEngine:
         asked: str | None = None,
         rivals: Sequence[tuple[str, float]] = (),
         candidates: Sequence[str] = (),
+        peek: str | None = None,
     ) -> ScriptCall[HitOutcome]:
         """The hit script's call; ``exact_bar``: the expected reward the question's own
         entry needs under a bound (``Calibration.exact_plan``), over the serving bar.
         ``asked``: the question's exact-match digest, for a speculative near match, which
         the script serves as the question's own entry (under ``exact_bar``) only if it is
         that, and not at all if the question has another. ``rivals``, ``candidates``: a
-        speculative near match's tie (``StoragePlans.plan_hit``)."""
+        speculative near match's tie, and ``peek``, the lookup's position in the log
+        (``StoragePlans.plan_hit``)."""
         bar = policy.rl.serve_bar
         if exact_bar is not None and asked is None:
             bar = max(bar if bar is not None else 0.0, exact_bar)
@@ -827,6 +844,7 @@ class CacheEngine:
             own_bar=exact_bar if asked is not None else None,
             rivals=rivals,
             candidates=candidates,
+            peek=peek,
         )
 
     def _verify_exact(

@@ -65,6 +65,7 @@ CATCHUP_BATCH = 1_000
 #: Events a lookup's peek at the log returns at most (``peek_log``, an XREVRANGE): a
 #: replica further behind reads the log forward, in batches, instead.
 PEEK_EVENTS = 64
+_PEEK_COUNT = str(PEEK_EVENTS + 1)  # the XREVRANGE's COUNT: the position's event too
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,8 @@ class HitOutcome:
     #: the id the question's exact-match digest names, if any (with ``asked``: the
     #: script reads it for every reply, and the lookup nowhere else)
     own: str | None = None
+    #: with ``peek``: what the script's peek at the log found (``peek_log``'s delta)
+    log: LogDelta | None = None
 
     @property
     def served(self) -> IntelligentCacheEntry | None:
@@ -329,6 +332,30 @@ class LogDelta:
     @property
     def empty(self) -> bool:
         return not self.adds and not self.dels and self.last_id is None
+
+
+def _peek_delta(newest_first: list[Any], after: str) -> LogDelta:
+    """The delta of a peek at the log (``peek_log``): ``newest_first``, at most
+    ``PEEK_EVENTS`` + 1 events back from the newest, down to the reader's position
+    ``after``. With the position's own event among them, the events after it; with
+    more than ``PEEK_EVENTS`` and not it, a ``partial`` delta (nothing to apply: read
+    the log forward instead); with fewer and not it, the events, ``maybe_trimmed``."""
+    events = newest_first[::-1]
+    delta = LogDelta()
+    if events and text(events[0][0]) == after:
+        events = events[1:]
+    elif len(events) > PEEK_EVENTS:  # more than a peek returns: some not seen
+        delta.partial = True
+        return delta
+    elif events:  # every event from the position on, and not the position's
+        delta.maybe_trimmed = True
+    return _log_delta(delta, events)  # fewer than CATCHUP_BATCH: never ``more``
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    """A stream entry's fields as a Lua script returns them (field, value, ...), as
+    redis-py's stream replies give them (a dict)."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _log_delta(delta: LogDelta, events: list[Any]) -> LogDelta:
@@ -625,6 +652,7 @@ class StoragePlans:
         own_bar: float | None = None,
         rivals: Sequence[tuple[str, float]] = (),
         candidates: Sequence[str] = (),
+        peek: str | None = None,
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
         now) is below it is not served (status ``unservable``); with ``similarity`` a
@@ -642,7 +670,11 @@ class StoragePlans:
         would put it first whatever the Thompson draws (``TIED`` otherwise: nothing
         written). ``candidates``: every candidate's id, this one first and the rivals
         next, whose states come back with any reply but a hit (``HitOutcome.states``),
-        so that ranking them then needs no read of its own (hit.lua)."""
+        so that ranking them then needs no read of its own (hit.lua).
+
+        ``peek`` (with ``asked``): the lookup's position in the tenant's log. The script
+        also peeks at the log from there, as ``peek_log`` would, and the outcome's
+        ``log`` is that delta: the lookup's one command."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
         tied = bool(rivals)
@@ -650,6 +682,8 @@ class StoragePlans:
             ids = list(candidates)
             if asked is None or ids[: len(rivals) + 1] != [entry_id, *(r for r, _ in rivals)]:
                 raise ValueError("a tie needs the question's digest and its candidates in order")
+        if peek is not None and not asked:
+            raise ValueError("a peek at the log needs the question's digest")
         args = [
             self._now_arg(),
             entry_id,
@@ -660,8 +694,13 @@ class StoragePlans:
         ]
         keys = [key, k.ids, k.stats, k.st, k.bad]
         if asked is not None:
-            keys.append(k.q)
-            args += [asked, "" if own_bar is None else repr(float(own_bar))]
+            keys += [k.q, k.log]
+            args += [
+                asked,
+                "" if own_bar is None else repr(float(own_bar)),
+                "" if peek is None else peek,
+                _PEEK_COUNT,
+            ]
         if tied:
             cfg = self.config.rl if rl is None else rl
             keys += [k.entry(eid) for eid in ids]
@@ -676,11 +715,14 @@ class StoragePlans:
             ]
 
         def parse(res: Any) -> HitOutcome:
-            own = None
+            own, news = None, None
             if asked:  # the script wraps its reply when it is given a digest
-                res, own_raw = res
+                res, own_raw, peeked = res
                 own = text(own_raw) if own_raw else None
-            outcome = parse_code(res, own)
+                if peek is not None:
+                    events = [] if peeked == 1 else [(eid, _pairs(raw)) for eid, raw in peeked]
+                    news = _peek_delta(events, peek)
+            outcome = parse_code(res, own, news)
             # (served by the script but corrupt here: no states in the reply)
             if tied and int(res[0]) != 1:
                 rows, states, scores = res[2]
@@ -688,31 +730,31 @@ class StoragePlans:
                 return dataclasses.replace(outcome, states=batch)
             return outcome
 
-        def parse_code(res: Any, own: str | None) -> HitOutcome:
+        def parse_code(res: Any, own: str | None, news: LogDelta | None) -> HitOutcome:
             code = int(res[0])
             if code == 0:
-                return HitOutcome(HitStatus.GONE, own=own)
+                return HitOutcome(HitStatus.GONE, own=own, log=news)
             if code == -1:
-                return HitOutcome(HitStatus.EXPIRED, own=own)
+                return HitOutcome(HitStatus.EXPIRED, own=own, log=news)
             if code == -3:
                 log.warning("corrupt entry %s not served", key)
-                return HitOutcome(HitStatus.CORRUPT, own=own)
+                return HitOutcome(HitStatus.CORRUPT, own=own, log=news)
             if code == -4:
                 reward = float(res[1]) if len(res) > 1 else None
-                return HitOutcome(HitStatus.UNSERVABLE, reward=reward, own=own)
+                return HitOutcome(HitStatus.UNSERVABLE, reward=reward, own=own, log=news)
             if code == -5:
-                return HitOutcome(HitStatus.BELOW_BAR, own=own)
+                return HitOutcome(HitStatus.BELOW_BAR, own=own, log=news)
             if code == -6:
-                return HitOutcome(HitStatus.NOT_OWN, own=own)
+                return HitOutcome(HitStatus.NOT_OWN, own=own, log=news)
             if code == -7:
-                return HitOutcome(HitStatus.TIED, own=own)
+                return HitOutcome(HitStatus.TIED, own=own, log=news)
             try:
                 query, response, metadata = codec.unpack_doc(res[3], key=key)
                 meta = codec.unpack_meta(res[4], key=key)
             except CorruptEntryError as exc:
                 log.warning("corrupt entry not served: %s", exc)
                 self._suspect(tenant, entry_id, exc)
-                return HitOutcome(HitStatus.CORRUPT, own=own)
+                return HitOutcome(HitStatus.CORRUPT, own=own, log=news)
             use = codec.trusted_use(res[2])
             entry = IntelligentCacheEntry(
                 entry_id=entry_id,
@@ -735,7 +777,7 @@ class StoragePlans:
                 negative_streak=use.negative_streak,
             )
             before = float(res[5]) if len(res) > 5 else None
-            return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own)
+            return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own, log=news)
 
         return ScriptCall("hit", keys, args, parse)
 
@@ -1023,17 +1065,7 @@ class StoragePlans:
             pipe.xrevrange(log_key, max="+", min=after, count=PEEK_EVENTS + 1)
 
         def parse(res: list[Any]) -> LogDelta:
-            (events,) = res
-            delta = LogDelta()
-            events.reverse()
-            if events and text(events[0][0]) == after:
-                events = events[1:]
-            elif len(events) > PEEK_EVENTS:  # more than a peek returns: some not seen
-                delta.partial = True
-                return delta
-            elif events:  # every event from the position on, and not the position's
-                delta.maybe_trimmed = True
-            return _log_delta(delta, events)  # fewer than CATCHUP_BATCH: never ``more``
+            return _peek_delta(res[0], after)
 
         return ReadPlan("catch-up", queue, parse, 1)
 

@@ -156,10 +156,16 @@ class Storage(StoragePlans):
 
     # -- executing plans ---------------------------------------------------------------------
     def _run(self, plan: ScriptCall[T]) -> Flow[T]:
-        """Execute one planned script call (``Script`` objects handle NOSCRIPT)."""
+        """Execute one planned script call: EVALSHA, and on NOSCRIPT (its first use on
+        this server) the ``Script`` object, which loads it. redis-py's ``Script`` call
+        would do the same, but it imports two classes at every call."""
         script = getattr(self.scripts, plan.script)
+        keys = plan.keys
         with wrap_errors(plan.script):
-            res = yield call(script, keys=plan.keys, args=plan.args)
+            try:
+                res = yield call(self.client.evalsha, script.sha, len(keys), *keys, *plan.args)
+            except redis.exceptions.NoScriptError:
+                res = yield call(script, keys=keys, args=plan.args)
         return plan.parse(res)
 
     def _read(self, plan: ReadPlan[T]) -> Flow[T]:

@@ -1,12 +1,14 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] stats hash  KEYS[4] state hash
 -- KEYS[5] the set of ids for the worker to evict (`bad`)
--- KEYS[6] the exact-match map (only with ARGV[10])
+-- KEYS[6] the exact-match map  KEYS[7] the tenant's log (both only with ARGV[10])
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] prior_alpha  ARGV[4] prior_beta
 -- ARGV[5] usage_decay  ARGV[6] decay_interval_s  ARGV[7] refresh TTL (1/0)
 -- ARGV[8] the serving bar of the expected reward ('' = serve whatever the reward)
 -- ARGV[9] the similarity this entry matched at ('' = unknown)
 -- ARGV[10] the digest of the question asked ('' = not a speculative near match)
 -- ARGV[11] the bar of the question's own entry ('' = none)
+-- ARGV[12] the lookup's position in the log, to peek from ('' = no peek)
+-- ARGV[13] the most events the peek returns
 -- returns {1, arm, use, doc, meta, the confidence before this use} served (msgpack
 -- values: arm and use as written); {0} gone; {-1} expired;
 -- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
@@ -17,23 +19,27 @@
 -- question is cached itself): if the digest names another entry, that one is the
 -- lookup's to rank first, so this one is not served; if it names this one, it is served
 -- as the question's own entry (similarity 1, and its own bar too). The reply is then
--- {the reply above, the id the digest names or false}: the lookup reads it nowhere else.
+-- {the reply above, the id the digest names or false, the peek}: the lookup reads
+-- neither anywhere else. The peek is the log's events from the newest back to the
+-- position (XREVRANGE, at most ARGV[13]), as the lookup's own XREVRANGE would return
+-- them; 1 when the position is the newest event (the replica is current: the common
+-- case, sent back as one integer); false without a position.
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
 --
--- A tie (only with ARGV[10]; ARGV[12] = '' or absent: none): the lookup's candidates
+-- A tie (only with ARGV[10]; ARGV[14] = '' or absent: none): the lookup's candidates
 -- within similarity_tie_margin of this one, which the lookup's ranking would order by
 -- their composite score (PolicyLearner.score_candidates). This entry is served only if
 -- its lowest possible composite is above every rival's highest: an arm without evidence
--- scores its mean, one with evidence (or every arm, ARGV[14] = '1') anything its Thompson
+-- scores its mean, one with evidence (or every arm, ARGV[16] = '1') anything its Thompson
 -- draw in [0, 1] gives. Then the ranking would put it first whatever it drew. Otherwise
 -- the reply is {-7}, the lookup ranks them itself, and nothing is written (but a state
 -- of this entry's moved or recreated, as reading it does: zc_raw_state). The question's
 -- own entry (the digest names this one) ranks first whatever the rivals are.
--- ARGV[12] similarity_bonus_scale  ARGV[13] the confidence weight  ARGV[14] draw every arm
--- ARGV[15] R rivals  ARGV[16] N ids  ARGV[17 .. 16+N] the lookup's candidates, this
--- entry first, then the R rivals, then the rest  ARGV[17+N .. 16+N+R] the rivals'
--- similarities  KEYS[6+i] the entry hash of the i-th candidate.
+-- ARGV[14] similarity_bonus_scale  ARGV[15] the confidence weight  ARGV[16] draw every arm
+-- ARGV[17] R rivals  ARGV[18] N ids  ARGV[19 .. 18+N] the lookup's candidates, this
+-- entry first, then the R rivals, then the rest  ARGV[19+N .. 18+N+R] the rivals'
+-- similarities  KEYS[7+i] the entry hash of the i-th candidate.
 -- With a tie, a reply other than served carries at [3] the candidates' states as
 -- read_states reads them: {the HMGET of meta/arm/use/sz of each hash, the HMGET of the
 -- state hash, the ZMSCORE of the ids}, so that ranking them takes no read of its own.
@@ -41,7 +47,7 @@ local now = zc_now(ARGV[1])
 local id = ARGV[2]
 local prior_a, prior_b = tonumber(ARGV[3]), tonumber(ARGV[4])
 local decay, interval = tonumber(ARGV[5]), tonumber(ARGV[6])
-local tied = ARGV[12] and ARGV[12] ~= ''  -- a tie: rivals to outrank (ARGV[12..])
+local tied = ARGV[14] and ARGV[14] ~= ''  -- a tie: rivals to outrank (ARGV[14..])
 local asked = ARGV[10] and ARGV[10] ~= ''
 -- The question's own entry, if it has one (read first: every reply carries it).
 local own = asked and redis.call('HGET', KEYS[6], ARGV[10]) or nil
@@ -49,8 +55,8 @@ local own = asked and redis.call('HGET', KEYS[6], ARGV[10]) or nil
 -- Whether this entry (its arm at now, matched at `similarity`) is sure to rank above the
 -- rivals: false for a rival that may rank above it, or whose state cannot be read here.
 local function first_of_tie(arm, use, similarity)
-  local s, w, every = tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
-  local r, n = tonumber(ARGV[15]), tonumber(ARGV[16])
+  local s, w, every = tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16] == '1'
+  local r, n = tonumber(ARGV[17]), tonumber(ARGV[18])
   local denom = 1.0 + s + w
   -- The composite's lowest and highest, as score_candidates computes it (same operations
   -- in the same order, so the same doubles).
@@ -65,14 +71,14 @@ local function first_of_tie(arm, use, similarity)
   local lowest = span(arm, use, similarity)
   local ids = {}
   for i = 1, r do
-    ids[i] = ARGV[17 + i]
+    ids[i] = ARGV[19 + i]
   end
   local raws = redis.call('HMGET', KEYS[4], unpack(ids))
   for i = 1, r do
     local raw = raws[i]
     if not raw then
       -- no state: gone (then it does not compete), or a state to move or recreate
-      if redis.call('EXISTS', KEYS[7 + i]) == 1 then
+      if redis.call('EXISTS', KEYS[8 + i]) == 1 then
         return false
       end
     else
@@ -81,7 +87,7 @@ local function first_of_tie(arm, use, similarity)
         return false
       end
       zc_decay(a, now, prior_a, prior_b, decay, interval)
-      local _, highest = span(a, u, tonumber(ARGV[16 + n + i]))
+      local _, highest = span(a, u, tonumber(ARGV[18 + n + i]))
       if not (lowest > highest) then
         return false
       end
@@ -157,17 +163,24 @@ end
 
 local res = serve()
 if res[1] ~= 1 and tied then
-  local n = tonumber(ARGV[16])
+  local n = tonumber(ARGV[18])
   local ids, rows = {}, {}
   for i = 1, n do
-    ids[i] = ARGV[16 + i]
-    rows[i] = redis.call('HMGET', KEYS[6 + i], 'meta', 'arm', 'use', 'sz')
+    ids[i] = ARGV[18 + i]
+    rows[i] = redis.call('HMGET', KEYS[7 + i], 'meta', 'arm', 'use', 'sz')
   end
   res[2] = res[2] or false
   res[3] = {rows, redis.call('HMGET', KEYS[4], unpack(ids)),
             redis.call('ZMSCORE', KEYS[2], unpack(ids))}
 end
 if asked then
-  return {res, own or false}
+  local peek = false
+  if ARGV[12] ~= '' then
+    peek = redis.call('XREVRANGE', KEYS[7], '+', ARGV[12], 'COUNT', ARGV[13])
+    if #peek == 1 and peek[1][1] == ARGV[12] then
+      peek = 1
+    end
+  end
+  return {res, own or false, peek}
 end
 return res
