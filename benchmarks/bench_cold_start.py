@@ -128,6 +128,8 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     grown = rss() - before
     lat, ping = [], []
     right = exact = 0
+    client.config_resetstat()  # Redis's own time in the timed loop (INFO commandstats)
+    cpu0 = client.info("cpu")
     for j, i in enumerate(sample):
         t = time.perf_counter()
         client.ping()
@@ -138,6 +140,11 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         right += h is not None and (same(h.query, texts[i]) or same(h.query, texts[best[j]]))
         h = m.lookup(texts[i], tenant=TENANT, embedding=vecs[i])
         exact += h is not None and same(h.query, texts[i])
+    cpu1 = client.info("cpu")
+    main = ("used_cpu_user_main_thread", "used_cpu_sys_main_thread")
+    server_us = sum(cpu1[f] - cpu0[f] for f in main) / lookups * 1e6
+    stats = client.info("commandstats")
+    evalsha = stats.get("cmdstat_evalsha", {"usec_per_call": 0.0})["usec_per_call"]
     # Where the lookup's time goes: the index search alone (no Redis) on the same
     # near-copies, and how many of them find several candidates within the tie margin
     # (their lookup reads the candidates' states first: two round trips, not one).
@@ -157,6 +164,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     pairs = list(zip(lat, tied, strict=True)) if tied else []
     by_kind = [[x for x, k in pairs if k == want] for want in (False, True)]
     kind_p50 = [float(np.percentile(xs, 50)) * 1e3 if xs else None for xs in by_kind]
+    kind_p99 = [float(np.percentile(xs, 99)) * 1e3 if xs else None for xs in by_kind]
     widths = sorted(
         {s.search_width() for s in index._by_scope.values() if hasattr(s, "search_width")}
     )
@@ -186,6 +194,10 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         "ties": sum(tied) / lookups if tied else None,
         "p50_clear_ms": kind_p50[0],
         "p50_tied_ms": kind_p50[1],
+        "p99_clear_ms": kind_p99[0],
+        "p99_tied_ms": kind_p99[1],
+        "server_us": server_us,
+        "evalsha_us": evalsha,
         "from_snapshot": loaded,
         "widths": widths,
         "index_ratio": index.nbytes() / raw,
@@ -631,6 +643,12 @@ def main() -> None:
                         "-" if v is None else f"{v:.2f} ({v / ping:.1f}x)"
                         for v in (r["p50_clear_ms"], r["p50_tied_ms"])
                     ),
+                    " / ".join(
+                        "-" if r.get(f) is None else f"{r[f]:.2f}"
+                        for f in ("p99_clear_ms", "p99_tied_ms")
+                    ),
+                    "-" if "server_us" not in r
+                    else f"{r['server_us']:.0f} ({r['evalsha_us']:.0f})",
                 ])  # fmt: skip
         if args.vset:
             v = vector_sets(kind, args.n, args.lookups)
@@ -712,7 +730,9 @@ def main() -> None:
         ["data", "library", "entries", "search width", "PING p50 / p99 ms",
          "index search alone p50 ms (/ PING p50)", "p99 ms (/ PING p50)",
          "rest of the lookup p50 (/ PING p50)", "near-copies with tied candidates",
-         "lookup p50 ms (/ PING p50): clear leader / tied"],
+         "lookup p50 ms (/ PING p50): clear leader / tied",
+         "lookup p99 ms: clear leader / tied",
+         "Redis µs per loop step (EVALSHA µs per call)"],
         brows,
     )  # fmt: skip
     body += (
@@ -726,7 +746,11 @@ def main() -> None:
         "a draw could, and in a baseline without that, their states first and the hit "
         "script next, two round trips. The last column "
         'splits the lookup p50 by that ("-": no lookup of that kind, or a baseline '
-        "without the margin)."
+        "without the margin), and the next its p99. The last: the Redis server's main "
+        "thread CPU time (`INFO cpu`) per step of the timed loop (a PING, the near-copy "
+        "lookup and an exact repeat's), and the EVALSHA's own time per call in it "
+        "(`INFO commandstats`, reset before the loop: the hit script; with the log's "
+        "peek inside it since 7be652b)."
     )
     if vrows:
         body += "\n\n" + table(
