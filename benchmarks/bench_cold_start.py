@@ -142,7 +142,8 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         exact += h is not None and same(h.query, texts[i])
     cpu1 = client.info("cpu")
     main = ("used_cpu_user_main_thread", "used_cpu_sys_main_thread")
-    server_us = sum(cpu1[f] - cpu0[f] for f in main) / lookups * 1e6
+    # (fields of Redis 6 and later; an older server reports no main-thread time: 0)
+    server_us = sum(cpu1.get(f, 0.0) - cpu0.get(f, 0.0) for f in main) / lookups * 1e6
     stats = client.info("commandstats")
     evalsha = stats.get("cmdstat_evalsha", {"usec_per_call": 0.0})["usec_per_call"]
     # Where the lookup's time goes: the index search alone (no Redis) on the same

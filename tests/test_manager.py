@@ -604,12 +604,14 @@ def test_a_trimmed_log_makes_a_reader_rebuild(
     assert len(live) == 400 and reader.index_ids("t") == live
 
 
+@pytest.mark.parametrize("first", ["no near match", "a near match"])
 def test_a_replica_more_than_a_batch_behind_catches_up_on_a_lookup(
-    make_manager: Any, redis_client: redis.Redis
+    make_manager: Any, redis_client: redis.Redis, first: str
 ) -> None:
     """A lookup reads the log backwards from its newest event, ``PEEK_EVENTS`` at most:
     more events than that since the replica's position are read forward, in batches of
-    ``CATCHUP_BATCH``, all of them."""
+    ``CATCHUP_BATCH``, all of them. Whether the lookup's index finds nothing near (the
+    peek is a command of the lookup's pipeline) or a near match (the hit script peeks)."""
     from zerda_cache.storage import RedisStorage
     from zerda_cache.storage.plans import CATCHUP_BATCH
 
@@ -625,10 +627,35 @@ def test_a_replica_more_than_a_batch_behind_catches_up_on_a_lookup(
     for c in calls:
         st.scripts.put(keys=c.keys, args=c.args, client=pipe)
     pipe.execute()
+    if first == "a near match":  # q0, the one entry the index holds: the script peeks
+        hit = reader.lookup("q0 again", tenant="t", embedding=near(unit(500), 0.97))
+        assert hit is not None and hit.response == "a0"
+        assert len(reader.index_ids("t")) == CATCHUP_BATCH + 20  # caught up by that lookup
     hit = reader.lookup("q3 again", tenant="t", embedding=near(unit(503), 0.97))
     assert hit is not None and hit.response == "a3"  # among the oldest of the new events
     live = {m.decode() for m in redis_client.zrange(tenant_keys("t").ids, 0, -1)}
     assert len(live) == CATCHUP_BATCH + 20 and reader.index_ids("t") == live
+
+
+def test_a_lookup_is_served_after_the_servers_scripts_were_flushed(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The common lookup sends its hit script's EVALSHA on its own: after SCRIPT FLUSH
+    (or on a new server) the NOSCRIPT reply makes it load the script and run it."""
+    m = make_manager()
+    own = m.put("q1", "a1", tenant="t", embedding=unit(1)).entry_id
+    hit = m.lookup("q1 rephrased", tenant="t", embedding=near(unit(1), 0.97))
+    assert hit is not None and hit.entry_id == own
+    import hashlib
+
+    from zerda_cache.storage.scripts import script_source
+
+    sha = hashlib.sha1(script_source("hit").encode()).hexdigest()
+    redis_client.script_flush()
+    assert redis_client.script_exists(sha) == [False]
+    hit = m.lookup("q1 put otherwise", tenant="t", embedding=near(unit(1), 0.97))
+    assert hit is not None and hit.entry_id == own and not hit.exact
+    assert redis_client.script_exists(sha) == [True]  # loaded again by that lookup
 
 
 def test_a_tenant_recreated_with_another_dimension_is_rebuilt(

@@ -7,14 +7,13 @@ storage's steps and the ``embed_fn`` call, and two thin drivers run them:
 ``CacheManager`` (``manager.py``) over ``redis.Redis`` and ``AsyncCacheManager``
 (``aio.py``) over ``redis.asyncio``. So the two flavours run the same lines.
 
-A lookup with a single candidate costs one round trip: one pipeline reads the log's new
-events and the exact-match digest and runs the hit script on the candidate. With several
-candidates it reads their learning state instead, ranks them, then runs the hit script
-(two round trips; always two on Redis Cluster, whose pipelines cannot carry scripts).
-Only when the log had news (a put or a removal by another replica) does it read the new
-vectors and the new candidates' state. On that single-candidate path an exact-match entry
-that the replica's index has not caught up with yet is not considered: the candidate the
-index found is served (the next lookup sees both).
+A lookup whose best candidate leads the rest (or ties with rivals that no Thompson draw
+could rank first) costs one round trip, usually one command: the hit script on that
+candidate, which also reads the question's exact-match digest and peeks at the log's new
+events (``_find``). Otherwise it ranks the candidates on the states that script returned
+and runs the hit script of the best (two round trips; on Redis Cluster, whose pipelines
+cannot carry scripts, it reads the states first). Only when the log had news (a put or a
+removal by another replica) does it read the new vectors.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ the same Lua script that changes the entry, so the log is a complete, ordered hi
 A replica builds its index once (remember the log's last id, scan every live id, fetch
 their vectors, then replay the log from the remembered id: events that raced the scan are
 applied twice at worst, and both operations are idempotent) and afterwards applies only
-the new events, read in the same pipeline round trip as the lookup's other reads. The
+the new events, read in the lookup's own round trip (by its hit script, or in its
+pipeline). The
 build runs in the background (``CacheEngine._build``): a lookup waits for it at most
 ``redis_timeout_s`` after it began, and meanwhile the replica serves exact-question
 matches (and near matches from the index it had before, on a rebuild).
@@ -19,7 +20,8 @@ does not update it.) XINFO is asked only when the event at the position is no lo
 the log, which is rare.
 
 This module does no I/O and knows no Redis command: storage reads the log
-(``StoragePlans.read_log``, for lookups ``peek_log``; ``Storage._log_info``) and the
+(``StoragePlans.read_log``; for lookups ``peek_log``, or the hit script's own peek,
+``plan_hit(peek=...)``; ``Storage._log_info``) and the
 manager's flows feed what it read to a ``TenantIndex``. Mutation is serialised by the
 caller: the manager holds the tenant's flow lock (a ``threading.Lock`` or an
 ``asyncio.Lock``) around every build and catch-up.

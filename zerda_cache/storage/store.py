@@ -5,8 +5,9 @@
 public form. ``RedisStorage`` runs them over ``redis.Redis`` / ``RedisCluster``;
 ``AsyncRedisStorage`` over ``redis.asyncio`` clients. Every change to shared state is one
 Lua script (put, hit, feedback, decay, evict); reads are plain commands, batched in
-pipelines so that a batch costs one round trip. Arm arithmetic uses one clock, the Redis
-server's ``TIME``, unless a ``clock`` is injected (tests).
+pipelines so that a batch costs one round trip (or inside a script a lookup sends
+anyway: the hit script reads the digest and the log's new events). Arm arithmetic
+uses one clock, the Redis server's ``TIME``, unless a ``clock`` is injected (tests).
 """
 
 from __future__ import annotations
@@ -157,8 +158,10 @@ class Storage(StoragePlans):
     # -- executing plans ---------------------------------------------------------------------
     def _run(self, plan: ScriptCall[T]) -> Flow[T]:
         """Execute one planned script call: EVALSHA, and on NOSCRIPT (its first use on
-        this server) the ``Script`` object, which loads it. redis-py's ``Script`` call
-        would do the same, but it imports two classes at every call."""
+        this server, or after SCRIPT FLUSH) the ``Script`` object, which tries EVALSHA
+        once more, loads the script and runs it (once per server, so the extra round trip
+        is left in). redis-py's ``Script`` call alone would do the same, but it imports
+        two classes at every call."""
         script = getattr(self.scripts, plan.script)
         keys = plan.keys
         with wrap_errors(plan.script):
