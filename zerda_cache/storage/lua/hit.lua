@@ -20,10 +20,10 @@
 -- lookup's to rank first, so this one is not served; if it names this one, it is served
 -- as the question's own entry (similarity 1, and its own bar too). The reply is then
 -- {the reply above, the id the digest names or false, the peek}: the lookup reads
--- neither the digest nor the log anywhere else. The peek is the log's events from the newest back to the
--- position (XREVRANGE, at most ARGV[13]), as the lookup's own XREVRANGE would return
--- them; 1 when the position is the newest event (the replica is current: the common
--- case, sent back as one integer); false without a position.
+-- neither the digest nor the log anywhere else. The peek is the log's events from the
+-- newest back to the position (XREVRANGE, at most ARGV[13]), as the lookup's own
+-- XREVRANGE would return them; 1 when the position is the newest event (the replica is
+-- current: the common case, sent back as one integer); false without a position.
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
 --
