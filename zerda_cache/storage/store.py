@@ -187,6 +187,13 @@ class Storage(StoragePlans):
                     raise StorageError(f"{plan.name} failed: {reply}") from reply
         return plan.parse(replies)
 
+    def _send(self, name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]]) -> Flow[list[Any]]:
+        """Several plans in one round trip, their results in order: a lone script call
+        as its own EVALSHA (``_run``), anything else as one pipeline (``batch``)."""
+        if len(parts) == 1 and isinstance(parts[0], ScriptCall):
+            return [(yield from self._run(parts[0]))]
+        return (yield from self._read(self.batch(name, parts)))
+
     def batch(
         self, name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]]
     ) -> ReadPlan[list[Any]]:
