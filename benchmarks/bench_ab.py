@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -49,6 +50,7 @@ import asyncio, functools, json, sys, time
 import numpy as np
 import redis, redis.asyncio
 from prometheus_client import CollectorRegistry
+import zerda_cache
 from zerda_cache import AsyncCacheManager, CacheConfig, CacheManager, FeedbackSignal
 from zerda_cache.metrics import ReplicaMetrics
 
@@ -139,6 +141,7 @@ for name, fn in async_ops:
 loop.run_until_complete(am.aclose())
 loop.close()
 out["order"] = order
+out["library"] = zerda_cache.__file__
 print(json.dumps(out))
 """
 
@@ -147,7 +150,8 @@ OPS = ("lookup hit", "lookup miss", "put", "feedback", "async lookup hit", "asyn
 
 def one_round(src: Path, url: str, tenant: str, n: int, calls: int) -> dict[str, float]:
     """One timed round: median wall time and CPU time per call of each operation."""
-    result: dict[str, float] = json.loads(_child(src, url, tenant, n, calls, "time", []))
+    result = _child(src, url, tenant, n, calls, "time", [])
+    result.pop("order")
     return result
 
 
@@ -164,7 +168,7 @@ def one_count(src: Path, url: str, tenant: str, n: int, calls: int) -> dict[str,
             "--dump-after=functools_reduce",
             f"--callgrind-out-file={tmp}/cg.%p",
         ]
-        order = json.loads(_child(src, url, tenant, n, calls, "count", valgrind))["order"]
+        order = _child(src, url, tenant, n, calls, "count", valgrind)["order"]
         # cg.PID.1, cg.PID.2, ...: one per reduce (cg.PID, written at exit, is empty)
         dumps = sorted(
             (p for p in Path(tmp).iterdir() if p.name.count(".") == 2),
@@ -184,18 +188,28 @@ def _instructions(dump: Path) -> int:
 
 def _child(
     src: Path, url: str, tenant: str, n: int, calls: int, mode: str, prefix: list[str]
-) -> str:
-    """Run ROUND against the source tree ``src``; its last line of output (JSON)."""
+) -> dict[str, Any]:
+    """Run ROUND against the source tree ``src``; its last line of output (JSON).
+
+    ``python -c`` puts its working directory first on ``sys.path``, before PYTHONPATH: run
+    from the checkout, both sides imported the checkout's library (until 2026-12-05 this
+    script compared the current tree with itself). The child runs in ``src`` and says
+    which library it imported."""
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
     proc = subprocess.run(
         [*prefix, sys.executable, "-c", ROUND, url, tenant, str(n), str(calls), mode],
         env=env,
+        cwd=src,
         capture_output=True,
         text=True,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"round failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    library = Path(out.pop("library")).resolve()
+    if not library.is_relative_to(src.resolve()):
+        raise RuntimeError(f"the round for {src} imported the library from {library}")
+    return out
 
 
 def main() -> None:

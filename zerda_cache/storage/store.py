@@ -61,6 +61,7 @@ from zerda_cache.storage.plans import (
 )
 from zerda_cache.storage.plans import batch as join_plans
 from zerda_cache.storage.scripts import Scripts
+from zerda_cache.storage.wire import evalsha_sender
 from zerda_cache.validation import validate_entry_id, validate_tenant
 
 log = logging.getLogger(__name__)
@@ -154,21 +155,22 @@ class Storage(StoragePlans):
         # register_script returns the flavour of the client: sync or asyncio scripts.
         self.scripts = Scripts.register(client)
         self.cluster = is_cluster(client)
+        self._evalsha = evalsha_sender(client)
 
     # -- executing plans ---------------------------------------------------------------------
     def _run(self, plan: ScriptCall[T]) -> Flow[T]:
-        """Execute one planned script call: EVALSHA, and on NOSCRIPT (its first use on
-        this server, or after SCRIPT FLUSH) the ``Script`` object, which tries EVALSHA
-        once more, loads the script and runs it (once per server, so the extra round trip
-        is left in). redis-py's ``Script`` call alone would do the same, but it imports
-        two classes at every call."""
+        """Execute one planned script call: EVALSHA (sent directly where the client
+        allows it: ``wire.py``), and on NOSCRIPT (its first use on this server, or after
+        SCRIPT FLUSH) the ``Script`` object, which tries EVALSHA once more, loads the
+        script and runs it (once per server, so the extra round trip is left in).
+        redis-py's ``Script`` call alone would do the same, but it imports two classes at
+        every call."""
         script = getattr(self.scripts, plan.script)
-        keys = plan.keys
         with wrap_errors(plan.script):
             try:
-                res = yield call(self.client.evalsha, script.sha, len(keys), *keys, *plan.args)
+                res = yield call(self._evalsha, script.sha, plan.keys, plan.args)
             except redis.exceptions.NoScriptError:
-                res = yield call(script, keys=keys, args=plan.args)
+                res = yield call(script, keys=plan.keys, args=plan.args)
         return plan.parse(res)
 
     def _read(self, plan: ReadPlan[T]) -> Flow[T]:
