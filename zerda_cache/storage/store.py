@@ -61,7 +61,7 @@ from zerda_cache.storage.plans import (
 )
 from zerda_cache.storage.plans import batch as join_plans
 from zerda_cache.storage.scripts import Scripts
-from zerda_cache.storage.wire import evalsha_sender
+from zerda_cache.storage.wire import evalsha_sender, pipeline_executor
 from zerda_cache.validation import validate_entry_id, validate_tenant
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,7 @@ class Storage(StoragePlans):
         self.scripts = Scripts.register(client)
         self.cluster = is_cluster(client)
         self._evalsha = evalsha_sender(client)
+        self._execute = pipeline_executor(client)
 
     # -- executing plans ---------------------------------------------------------------------
     def _run(self, plan: ScriptCall[T]) -> Flow[T]:
@@ -174,11 +175,12 @@ class Storage(StoragePlans):
         return plan.parse(res)
 
     def _read(self, plan: ReadPlan[T]) -> Flow[T]:
-        """Execute one read plan in a single pipeline round trip."""
+        """Execute one read plan in a single pipeline round trip (sent directly where
+        the client allows it: ``wire.py``)."""
         with wrap_errors(plan.name):
             pipe = self.client.pipeline(transaction=False)
             plan.queue(pipe)
-            replies = yield call(pipe.execute, False)
+            replies = yield call(self._execute, pipe)
             for pos, script_call in plan.scripts:
                 if isinstance(replies[pos], redis.exceptions.NoScriptError):
                     # First use on this server: the Script object loads it and runs it.

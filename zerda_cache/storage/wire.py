@@ -1,29 +1,38 @@
-"""EVALSHA on the wire: the scripts' one command, without redis-py's per-command layers.
+"""The lookup's round trip on the wire, without redis-py's per-command layers.
 
 Every change to shared state is a script call, and the common lookup is one EVALSHA of
-about 20 arguments. Through ``client.evalsha`` redis-py spends more client CPU on it than
-on anything but the index search: each argument goes through two generator steps and an
-``Encoder.encode`` of four ``isinstance`` checks (``HiredisRespSerializer.pack``), then
-``execute_command`` adds its observability bookkeeping, a closure and the retry wrapper.
-Counted by callgrind on redis-py 8.2 (``bench_ab.py --callgrind`` measures the lookups):
-an EVALSHA of the hit script's shape took 377k client instructions that way, 116k here,
-about one sync PING (120k); the asyncio flavour 565k against 363k.
+about 20 arguments; the others send a small pipeline. redis-py spends more client CPU
+on either than on anything but the index search: each argument goes through two
+generator steps and an ``Encoder.encode`` of four ``isinstance`` checks
+(``HiredisRespSerializer.pack``), then ``execute_command`` or ``Pipeline.execute`` adds
+its observability bookkeeping, closures and the retry wrapper. Counted by callgrind on
+redis-py 8.2, with a sync PING at 120k instructions: an EVALSHA of the hit script's
+shape took 377k client instructions through ``client.evalsha`` and 116k here (asyncio:
+565k against 363k); a pipeline of a lookup's XREVRANGE and HGET 321k through
+``Pipeline.execute`` and 143k here. ``bench_ab.py --callgrind`` counts whole calls.
 
-``evalsha_sender`` gives a storage its way of sending one EVALSHA:
+A storage sends its lone script calls with ``evalsha_sender(client)`` and its pipelines
+with ``pipeline_executor(client)``, each one of two ways:
 
-* **direct** (a plain ``redis.Redis`` or ``redis.asyncio.Redis`` with hiredis): the
-  command packed in one ``hiredis.pack_command`` call, sent and read on a connection of
-  the client's own pool, with the client's own retry object, as ``execute_command`` does:
-  a retried error disconnects the connection first; a timeout or any error while reading
-  leaves it disconnected (redis-py's ``read_response`` does that); it goes back to the
-  pool whatever happened; a reply that is an error raises it (``NoScriptError``
-  included); redis-py's own OpenTelemetry metrics record it, when they are enabled.
-* **through the client** (``client.evalsha``) everywhere the direct path would skip
-  something the client does: a Redis Cluster client (slots, redirections), a client with
-  one dedicated connection, a client class whose ``execute_command`` is not redis-py's
-  own (a tracer's wrapper, a subclass that counts commands: they see every script call),
-  an encoding other than UTF-8 (hiredis packs text as UTF-8), no hiredis, and an argument
-  hiredis cannot pack (a ``memoryview``).
+* **direct** (a plain ``redis.Redis`` or ``redis.asyncio.Redis``, with hiredis): the
+  commands packed by ``hiredis.pack_command``, sent and read on a connection of the
+  client's own pool under the client's own retry object, as redis-py does: a retried
+  error disconnects the connection first; a timeout, a cancellation or any error while
+  reading leaves it disconnected (redis-py's ``read_response`` does that; here too for
+  an error of a reply's parsing, with replies still unread); it goes back to the pool
+  whatever happened. A lone EVALSHA's error reply raises (``NoScriptError`` included); a
+  pipeline's replies are parsed by the pipeline's own ``parse_response`` (the client's
+  response callbacks), an error reply kept in its place. redis-py's own OpenTelemetry
+  metrics record each call, when the app enabled them.
+* **through the client** (``client.evalsha``, ``Pipeline.execute``) everywhere the direct
+  path would skip something the client does: a Redis Cluster client (slots,
+  redirections), a client with one dedicated connection, a client or pipeline class
+  whose ``execute_command``, ``pipeline`` or ``execute`` is not redis-py's own (a
+  tracer's wrapper: OpenTelemetry, ddtrace, Sentry; a subclass that counts commands:
+  they see every call), an encoding other than UTF-8 (hiredis packs text as UTF-8), no
+  hiredis; and per call, an argument hiredis cannot pack (a ``memoryview``), a pipeline
+  with Lua ``Script`` objects or of more than ``DIRECT_PIPELINE_MAX`` commands (the
+  worker's batches: redis-py's asyncio pipeline yields to the loop as it reads those).
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.client
+import redis.client
+from redis.exceptions import ResponseError
 
 hiredis: Any
 try:
@@ -55,8 +67,15 @@ except ImportError:  # pragma: no cover - redis-py 6.x / 7.0
 #: Sends one EVALSHA: ``send(sha, keys, args)`` returns the reply (an awaitable of it for
 #: an asyncio client) or raises what ``client.evalsha`` would.
 Sender = Callable[[str, Sequence[Any], Sequence[Any]], Any]
+#: Executes a queued pipeline (``transaction=False``) as ``pipe.execute(False)`` would:
+#: the replies in order, an error reply in its place (awaitable for an asyncio client).
+Executor = Callable[[Any], Any]
+
+#: Pipelines of more commands than this go through ``Pipeline.execute``.
+DIRECT_PIPELINE_MAX = 32
 
 _EVALSHA = "EVALSHA"
+_PIPELINE = "PIPELINE"
 
 
 def evalsha_sender(client: Any) -> Sender:
@@ -65,11 +84,30 @@ def evalsha_sender(client: Any) -> Sender:
         if isinstance(client, redis.asyncio.Redis):
             return _AsyncDirect(client).send
         return _Direct(client).send
-    return _through(client)
+
+    def send(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        return client.evalsha(sha, len(keys), *keys, *args)
+
+    return send
+
+
+def pipeline_executor(client: Any) -> Executor:
+    """The way to execute a pipeline made by ``client.pipeline(transaction=False)``."""
+    if direct_ok(client) and _redis_own(type(client), "pipeline"):
+        if isinstance(client, redis.asyncio.Redis):
+            if _pipeline_own(redis.asyncio.client.Pipeline):
+                return _AsyncDirect(client).execute
+        elif _pipeline_own(redis.client.Pipeline):
+            return _Direct(client).execute
+    return _execute_through
+
+
+def _execute_through(pipe: Any) -> Any:
+    return pipe.execute(False)
 
 
 def direct_ok(client: Any) -> bool:
-    """Can EVALSHA skip ``client.execute_command`` without skipping anything it does?"""
+    """Can a command skip ``client.execute_command`` without skipping anything it does?"""
     if hiredis is None or not isinstance(client, redis.Redis | redis.asyncio.Redis):
         return False
     # single_connection_client (the asyncio client opens its connection on first use)
@@ -87,6 +125,10 @@ def direct_ok(client: Any) -> bool:
     return utf8 and kwargs.get("encoding_errors", "strict") == "strict"
 
 
+def _pipeline_own(cls: type) -> bool:
+    return all(_redis_own(cls, name) for name in ("execute", "parse_response"))
+
+
 def _redis_own(cls: type, name: str) -> bool:
     """Is ``cls.name`` redis-py's own function, not a wrapper or an override? A tracer
     (OpenTelemetry, ddtrace, Sentry) patches ``Redis.execute_command``: with ``wrapt``
@@ -100,75 +142,115 @@ def _redis_own(cls: type, name: str) -> bool:
     )
 
 
-def _through(client: Any) -> Sender:
-    def send(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        return client.evalsha(sha, len(keys), *keys, *args)
-
-    return send
-
-
-def _pack(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> list[bytes] | None:
-    """The command in RESP, as ``send_packed_command`` takes it; None if an argument is
-    of a type hiredis does not pack (the client's encoder takes those)."""
+def _pack_stack(stack: Sequence[tuple[tuple[Any, ...], Any]]) -> list[bytes] | None:
+    """A pipeline's commands in RESP, as ``send_packed_command`` takes them; None if an
+    argument is of a type hiredis does not pack (the client's encoder takes those)."""
+    pack = hiredis.pack_command
     try:
-        return [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
+        return [b"".join([pack(_split(args)) for args, _ in stack])]
     except TypeError:
         return None
 
 
+def _split(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A command name of two words (``"SCRIPT LOAD"``) as two arguments, as redis-py
+    sends it."""
+    name = args[0]
+    if isinstance(name, str) and " " in name:
+        return (*name.split(), *args[1:])
+    return args
+
+
+def _record(recorder: Any, name: str, conn: Any, started: float) -> Any:
+    return recorder.record_operation_duration(
+        command_name=name,
+        duration_seconds=time.monotonic() - started,
+        server_address=getattr(conn, "host", None),
+        server_port=getattr(conn, "port", None),
+        db_namespace=str(conn.db),
+    )
+
+
+def _record_error(recorder: Any, conn: Any, exc: Exception, failures: int) -> Any:
+    return recorder.record_error_count(
+        server_address=getattr(conn, "host", None),
+        server_port=getattr(conn, "port", None),
+        network_peer_address=getattr(conn, "host", None),
+        network_peer_port=getattr(conn, "port", None),
+        error_type=exc,
+        retry_attempts=failures,
+        is_internal=False,
+    )
+
+
 class _Direct:
-    """The direct path of a sync ``redis.Redis`` (``Redis._execute_command`` without the
-    layers it has for other commands)."""
+    """The direct path of a sync ``redis.Redis``."""
 
     __slots__ = ("client", "pool")
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self.pool = client.connection_pool
+        self.pool: Any = client.connection_pool
 
     def send(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        packed = _pack(sha, keys, args)
-        if packed is None:
+        try:
+            packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
+        except TypeError:
             return self.client.evalsha(sha, len(keys), *keys, *args)
-        pool: Any = self.pool
+        return self._roundtrip(_EVALSHA, lambda conn: _one(conn, packed))
+
+    def execute(self, pipe: Any) -> Any:
+        stack = pipe.command_stack
+        if not stack or pipe.scripts or len(stack) > DIRECT_PIPELINE_MAX:
+            return pipe.execute(False)
+        packed = _pack_stack(stack)
+        if packed is None:
+            return pipe.execute(False)
+        return self._roundtrip(_PIPELINE, lambda conn: _many(pipe, conn, packed, stack))
+
+    def _roundtrip(self, name: str, exchange: Callable[[Any], Any]) -> Any:
+        """``exchange`` on a pooled connection, under the connection's retry object."""
+        pool = self.pool
         conn = pool.get_connection()
         started = time.monotonic()
-        failures = [0]
+        failures = 0
 
         def failed(_: Exception) -> None:  # a retried error: a fresh connection next
-            failures[0] += 1
+            nonlocal failures
+            failures += 1
             conn.disconnect()
 
         try:
-            reply = conn.retry.call_with_retry(lambda: _roundtrip(conn, packed), failed)
+            reply = conn.retry.call_with_retry(lambda: exchange(conn), failed)
         except Exception as exc:
             if _recorder is not None:
-                _recorder.record_error_count(
-                    server_address=getattr(conn, "host", None),
-                    server_port=getattr(conn, "port", None),
-                    network_peer_address=getattr(conn, "host", None),
-                    network_peer_port=getattr(conn, "port", None),
-                    error_type=exc,
-                    retry_attempts=failures[0],
-                    is_internal=False,
-                )
+                _record_error(_recorder, conn, exc, failures)
             raise
         finally:
             pool.release(conn)
         if _recorder is not None:
-            _recorder.record_operation_duration(
-                command_name=_EVALSHA,
-                duration_seconds=time.monotonic() - started,
-                server_address=getattr(conn, "host", None),
-                server_port=getattr(conn, "port", None),
-                db_namespace=str(conn.db),
-            )
+            _record(_recorder, name, conn, started)
         return reply
 
 
-def _roundtrip(conn: Any, packed: list[bytes]) -> Any:
+def _one(conn: Any, packed: list[bytes]) -> Any:
     conn.send_packed_command(packed)
     return conn.read_response()
+
+
+def _many(pipe: Any, conn: Any, packed: list[bytes], stack: Any) -> list[Any]:
+    conn.send_packed_command(packed)
+    replies: list[Any] = []
+    try:
+        for args, options in stack:
+            try:
+                replies.append(pipe.parse_response(conn, args[0], **options))
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        conn.disconnect()  # replies may still be on their way: never for the next user
+        raise
+    return replies
 
 
 class _AsyncDirect:
@@ -178,51 +260,73 @@ class _AsyncDirect:
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.client = client
-        self.pool = client.connection_pool
+        self.pool: Any = client.connection_pool
 
     async def send(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        packed = _pack(sha, keys, args)
-        if packed is None:
+        try:
+            packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
+        except TypeError:
             return await self.client.evalsha(sha, len(keys), *keys, *args)
-        pool: Any = self.pool
+        return await self._roundtrip(_EVALSHA, lambda conn: _aone(conn, packed))
+
+    async def execute(self, pipe: Any) -> Any:
+        stack = pipe.command_stack
+        if not stack or pipe.scripts or len(stack) > DIRECT_PIPELINE_MAX:
+            return await pipe.execute(False)
+        packed = _pack_stack(stack)
+        if packed is None:
+            return await pipe.execute(False)
+        return await self._roundtrip(_PIPELINE, lambda conn: _amany(pipe, conn, packed, stack))
+
+    async def _roundtrip(self, name: str, exchange: Callable[[Any], Any]) -> Any:
+        pool = self.pool
         conn = await pool.get_connection()
         started = time.monotonic()
-        failures = [0]
+        failures = 0
 
         async def failed(_: Exception) -> None:
-            failures[0] += 1
+            nonlocal failures
+            failures += 1
             await conn.disconnect()
 
         try:
-            reply = await conn.retry.call_with_retry(lambda: _aroundtrip(conn, packed), failed)
+            reply = await conn.retry.call_with_retry(lambda: exchange(conn), failed)
         except Exception as exc:
             if _arecorder is not None:
-                await _arecorder.record_error_count(
-                    server_address=getattr(conn, "host", None),
-                    server_port=getattr(conn, "port", None),
-                    network_peer_address=getattr(conn, "host", None),
-                    network_peer_port=getattr(conn, "port", None),
-                    error_type=exc,
-                    retry_attempts=failures[0],
-                    is_internal=False,
-                )
+                await _record_error(_arecorder, conn, exc, failures)
             raise
         finally:
             await pool.release(conn)
         if _arecorder is not None:
-            await _arecorder.record_operation_duration(
-                command_name=_EVALSHA,
-                duration_seconds=time.monotonic() - started,
-                server_address=getattr(conn, "host", None),
-                server_port=getattr(conn, "port", None),
-                db_namespace=str(conn.db),
-            )
+            await _record(_arecorder, name, conn, started)
         return reply
 
 
-async def _aroundtrip(conn: Any, packed: list[bytes]) -> Any:
+async def _aone(conn: Any, packed: list[bytes]) -> Any:
     await conn.send_packed_command(packed)
     return await conn.read_response()
 
 
-__all__ = ["Sender", "direct_ok", "evalsha_sender"]
+async def _amany(pipe: Any, conn: Any, packed: list[bytes], stack: Any) -> list[Any]:
+    await conn.send_packed_command(packed)
+    replies: list[Any] = []
+    try:
+        for args, options in stack:
+            try:
+                replies.append(await pipe.parse_response(conn, args[0], **options))
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        await conn.disconnect(nowait=True)  # cancelled or a callback raised: replies unread
+        raise
+    return replies
+
+
+__all__ = [
+    "DIRECT_PIPELINE_MAX",
+    "Executor",
+    "Sender",
+    "direct_ok",
+    "evalsha_sender",
+    "pipeline_executor",
+]
