@@ -347,9 +347,87 @@ def test_pipelines_of_traced_or_overridden_clients_go_through_pipeline_execute(
     assert wire.pipeline_executor(client) is wire._execute_through
     client.close()
     plain = redis.Redis.from_url(redis_url)
-    assert wire.pipeline_executor(plain) is not wire._execute_through
+    execute = wire.pipeline_executor(plain)
+    assert execute is not wire._execute_through
+    seen: list[str] = []
     original = redis.client.Pipeline.execute
-    traced = functools.wraps(original)(lambda *a, **k: original(*a, **k))
-    monkeypatch.setattr(redis.client.Pipeline, "execute", traced)
-    assert wire.pipeline_executor(plain) is wire._execute_through
+
+    def traced(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append("pipeline")
+        return original(pipe, *args, **kwargs)
+
+    # a tracer that patches the class after the cache was created is seen at the call
+    monkeypatch.setattr(redis.client.Pipeline, "execute", functools.wraps(original)(traced))
+    pipe = plain.pipeline(transaction=False)
+    pipe.ping()
+    assert execute(pipe) == [True] and seen == ["pipeline"]
     plain.close()
+
+
+def test_a_client_instrumented_after_the_cache_was_created_is_seen_at_each_call(
+    redis_url: str,
+) -> None:
+    """OpenTelemetry's ``instrument_client(client)`` wraps the client's own
+    ``execute_command`` and ``pipeline`` (wrapt, on the instance), whenever the app
+    calls it: the next calls go through them."""
+    import wrapt
+
+    client = connect(redis_url, CacheConfig())
+    send, execute = wire.evalsha_sender(client), wire.pipeline_executor(client)
+    sha = client.script_load("return 'x'")
+    assert send(sha, [], []) == b"x"
+    seen: list[str] = []
+
+    def on_command(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        seen.append(str(args[0]))
+        return wrapped(*args, **kwargs)
+
+    def on_pipeline(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        pipe = wrapped(*args, **kwargs)
+
+        def on_execute(run: Any, _pipe: Any, a: Any, k: Any) -> Any:
+            seen.append("pipeline")
+            return run(*a, **k)
+
+        wrapt.wrap_function_wrapper(pipe, "execute", on_execute)
+        return pipe
+
+    wrapt.wrap_function_wrapper(client, "execute_command", on_command)
+    assert send(sha, [], []) == b"x" and seen == ["EVALSHA"]
+    wrapt.wrap_function_wrapper(client, "pipeline", on_pipeline)
+    pipe = client.pipeline(transaction=False)
+    pipe.ping()
+    assert execute(pipe) == [True] and seen == ["EVALSHA", "pipeline"]
+    client.close()
+
+
+def test_what_pipeline_execute_does_beyond_sending_is_kept(redis_client: redis.Redis) -> None:
+    """A response callback set for EVALSHA, a command name of two words given as bytes,
+    a transaction, and a pipeline executed twice: as redis-py does them."""
+    execute = wire.pipeline_executor(redis_client)
+    send = wire.evalsha_sender(redis_client)
+    sha = redis_client.script_load("return 1")
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.execute_command(b"CONFIG GET", "maxmemory")
+    assert list(execute(pipe)[0]) == [b"maxmemory"]
+    assert execute(pipe) == []  # reset: nothing sent twice
+    multi = redis_client.pipeline(transaction=True)
+    multi.set("wire:t", "1")
+    multi.incr("wire:t")
+    redis_client.config_resetstat()
+    assert execute(multi) == [True, 2]  # MULTI/EXEC through Pipeline.execute
+    assert "cmdstat_exec" in redis_client.info("commandstats")
+    watched = redis_client.pipeline(transaction=True)
+    watched.watch("wire:w")
+    watched.multi()
+    watched.set("wire:w", "mine")
+    redis_client.set("wire:w", "theirs")
+    with pytest.raises(redis.exceptions.WatchError):
+        execute(watched)
+    assert redis_client.get("wire:w") == b"theirs"
+    redis_client.set_response_callback("EVALSHA", lambda r, **o: ("parsed", r))
+    try:
+        assert send(sha, [], []) == ("parsed", 1)
+    finally:
+        del redis_client.response_callbacks["EVALSHA"]
+    assert send(sha, [], []) == 1

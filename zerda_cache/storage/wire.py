@@ -5,11 +5,10 @@ about 20 arguments; the others send a small pipeline. redis-py spends more clien
 on either than on anything but the index search: each argument goes through two
 generator steps and an ``Encoder.encode`` of four ``isinstance`` checks
 (``HiredisRespSerializer.pack``), then ``execute_command`` or ``Pipeline.execute`` adds
-its observability bookkeeping, closures and the retry wrapper. Counted by callgrind on
-redis-py 8.2, with a sync PING at 120k instructions: an EVALSHA of the hit script's
-shape took 377k client instructions through ``client.evalsha`` and 116k here (asyncio:
-565k against 363k); a pipeline of a lookup's XREVRANGE and HGET 321k through
-``Pipeline.execute`` and 143k here. ``bench_ab.py --callgrind`` counts whole calls.
+its observability bookkeeping, closures and the retry wrapper. ``bench_ab.py
+--callgrind`` counts what this saves per call (docs/BENCHMARKS.md, "client instructions
+per call"): a feedback, one EVALSHA, took about 4 PINGs' worth of client instructions
+through redis-py and 2 this way.
 
 A storage sends its lone script calls with ``evalsha_sender(client)`` and its pipelines
 with ``pipeline_executor(client)``, each one of two ways:
@@ -26,13 +25,18 @@ with ``pipeline_executor(client)``, each one of two ways:
   metrics record each call, when the app enabled them.
 * **through the client** (``client.evalsha``, ``Pipeline.execute``) everywhere the direct
   path would skip something the client does: a Redis Cluster client (slots,
-  redirections), a client with one dedicated connection, a client or pipeline class
-  whose ``execute_command``, ``pipeline`` or ``execute`` is not redis-py's own (a
-  tracer's wrapper: OpenTelemetry, ddtrace, Sentry; a subclass that counts commands:
-  they see every call), an encoding other than UTF-8 (hiredis packs text as UTF-8), no
-  hiredis; and per call, an argument hiredis cannot pack (a ``memoryview``), a pipeline
-  with Lua ``Script`` objects or of more than ``DIRECT_PIPELINE_MAX`` commands (the
-  worker's batches: redis-py's asyncio pipeline yields to the loop as it reads those).
+  redirections), a client with one dedicated connection, an encoding other than UTF-8
+  (hiredis packs text as UTF-8), no hiredis, a client, pipeline or connection class
+  whose methods on the way (``execute_command``, ``parse_response``, ``pipeline``,
+  ``execute``, ``send_command``...) are not redis-py's own (a subclass that counts
+  commands); and checked at every call, so that instrumenting later is seen too: a
+  tracer's wrapper of the class's or the client's own ``execute_command``,
+  ``pipeline`` or ``execute`` (OpenTelemetry's ``instrument()`` and
+  ``instrument_client()``, ddtrace, Sentry: they see every call), a response callback
+  set for EVALSHA, an argument hiredis cannot pack (a ``memoryview``), a transaction
+  or a WATCH, a pipeline with Lua ``Script`` objects or of more than
+  ``DIRECT_PIPELINE_MAX`` commands (the worker's batches: redis-py's asyncio pipeline
+  yields to the loop as it reads those).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.asyncio.client
+import redis.asyncio.connection
 import redis.client
 from redis.exceptions import ResponseError
 
@@ -56,19 +61,30 @@ try:
 except ImportError:  # pragma: no cover - redis[hiredis] is a core dependency
     hiredis = None
 
+# redis-py's own OpenTelemetry metrics (no-ops until an app enables them): the sync
+# recorder from 7.2, the asyncio one from 8.0
 _recorder: Any
 _arecorder: Any
-try:  # redis-py 7.1+: its own OpenTelemetry metrics (no-ops until they are enabled)
-    from redis.asyncio.observability import recorder as _arecorder
+try:
     from redis.observability import recorder as _recorder
-except ImportError:  # pragma: no cover - redis-py 6.x / 7.0
-    _recorder = _arecorder = None
+except ImportError:  # pragma: no cover - redis-py before 7.2
+    _recorder = None
+try:
+    from redis.asyncio.observability import recorder as _arecorder
+except ImportError:  # pragma: no cover - redis-py before 8.0
+    _arecorder = None
+
+#: Does an asyncio connection's ``disconnect`` take the error that caused it (for the
+#: connection-closed metric, redis-py 8)?
+_DISCONNECT_ERROR = (
+    "error" in inspect.signature(redis.asyncio.connection.AbstractConnection.disconnect).parameters
+)
 
 #: Sends one EVALSHA: ``send(sha, keys, args)`` returns the reply (an awaitable of it for
 #: an asyncio client) or raises what ``client.evalsha`` would.
 Sender = Callable[[str, Sequence[Any], Sequence[Any]], Any]
-#: Executes a queued pipeline (``transaction=False``) as ``pipe.execute(False)`` would:
-#: the replies in order, an error reply in its place (awaitable for an asyncio client).
+#: Executes a queued pipeline as ``pipe.execute(False)`` would: the replies in order, an
+#: error reply in its place (awaitable for an asyncio client).
 Executor = Callable[[Any], Any]
 
 #: Pipelines of more commands than this go through ``Pipeline.execute``.
@@ -76,6 +92,10 @@ DIRECT_PIPELINE_MAX = 32
 
 _EVALSHA = "EVALSHA"
 _PIPELINE = "PIPELINE"
+#: The methods on the way of a command that the direct path does itself.
+_CLIENT_OWN = ("execute_command", "_execute_command", "parse_response", "evalsha")
+_CONNECTION_OWN = ("send_command", "pack_command")
+_PIPELINE_OWN = ("execute", "_execute_pipeline", "parse_response", "reset")
 
 
 def evalsha_sender(client: Any) -> Sender:
@@ -95,10 +115,8 @@ def pipeline_executor(client: Any) -> Executor:
     """The way to execute a pipeline made by ``client.pipeline(transaction=False)``."""
     if direct_ok(client) and _redis_own(type(client), "pipeline"):
         if isinstance(client, redis.asyncio.Redis):
-            if _pipeline_own(redis.asyncio.client.Pipeline):
-                return _AsyncDirect(client).execute
-        elif _pipeline_own(redis.client.Pipeline):
-            return _Direct(client).execute
+            return _AsyncDirect(client).execute
+        return _Direct(client).execute
     return _execute_through
 
 
@@ -107,7 +125,8 @@ def _execute_through(pipe: Any) -> Any:
 
 
 def direct_ok(client: Any) -> bool:
-    """Can a command skip ``client.execute_command`` without skipping anything it does?"""
+    """Can a command skip ``client.execute_command`` without skipping anything it does
+    (as far as the client's classes go; a later tracer is checked at each call)?"""
     if hiredis is None or not isinstance(client, redis.Redis | redis.asyncio.Redis):
         return False
     # single_connection_client (the asyncio client opens its connection on first use)
@@ -115,9 +134,12 @@ def direct_ok(client: Any) -> bool:
         client, "single_connection_client", getattr(client, "_single_connection_client", False)
     ):
         return False
-    if not _redis_own(type(client), "execute_command"):
+    pool = client.connection_pool
+    if not all(_redis_own(type(client), name) for name in _CLIENT_OWN):
         return False
-    kwargs = client.connection_pool.connection_kwargs
+    if not all(_redis_own(pool.connection_class, name) for name in _CONNECTION_OWN):
+        return False
+    kwargs = pool.connection_kwargs
     try:
         utf8 = codecs.lookup(kwargs.get("encoding", "utf-8")).name == "utf-8"
     except LookupError:
@@ -125,16 +147,14 @@ def direct_ok(client: Any) -> bool:
     return utf8 and kwargs.get("encoding_errors", "strict") == "strict"
 
 
-def _pipeline_own(cls: type) -> bool:
-    return all(_redis_own(cls, name) for name in ("execute", "parse_response"))
-
-
 def _redis_own(cls: type, name: str) -> bool:
     """Is ``cls.name`` redis-py's own function, not a wrapper or an override? A tracer
-    (OpenTelemetry, ddtrace, Sentry) patches ``Redis.execute_command``: with ``wrapt``
-    (not a plain function), ``functools.wraps`` (``__wrapped__``) or a function of its own
-    module."""
+    patches ``Redis.execute_command``: with ``wrapt`` (not a plain function; OpenTelemetry,
+    ddtrace), ``functools.wraps`` (``__wrapped__``) or a function of its own module
+    (Sentry). A method redis-py does not have is its own (older versions)."""
     fn = inspect.getattr_static(cls, name, None)
+    if fn is None:
+        return True
     return (
         isinstance(fn, types.FunctionType)
         and fn.__module__.startswith("redis.")
@@ -156,18 +176,22 @@ def _split(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """A command name of two words (``"SCRIPT LOAD"``) as two arguments, as redis-py
     sends it."""
     name = args[0]
-    if isinstance(name, str) and " " in name:
+    if isinstance(name, str):
+        if " " in name:
+            return (*name.split(), *args[1:])
+    elif isinstance(name, bytes) and b" " in name:
         return (*name.split(), *args[1:])
     return args
 
 
-def _record(recorder: Any, name: str, conn: Any, started: float) -> Any:
+def _record(recorder: Any, name: str, conn: Any, started: float, **error: Any) -> Any:
     return recorder.record_operation_duration(
         command_name=name,
         duration_seconds=time.monotonic() - started,
         server_address=getattr(conn, "host", None),
         server_port=getattr(conn, "port", None),
         db_namespace=str(conn.db),
+        **error,
     )
 
 
@@ -186,27 +210,37 @@ def _record_error(recorder: Any, conn: Any, exc: Exception, failures: int) -> An
 class _Direct:
     """The direct path of a sync ``redis.Redis``."""
 
-    __slots__ = ("client", "pool")
+    __slots__ = ("callbacks", "client", "cls", "own", "pipe_cls", "pipe_own", "pool")
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
         self.pool: Any = client.connection_pool
+        self.cls = type(client)
+        self.own = self.cls.execute_command  # what a later patch of the class replaces
+        self.callbacks = client.response_callbacks
+        self.pipe_cls, self.pipe_own = _pipeline_class(client)
 
     def send(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        try:
-            packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
-        except TypeError:
-            return self.client.evalsha(sha, len(keys), *keys, *args)
-        return self._roundtrip(_EVALSHA, lambda conn: _one(conn, packed))
+        if not _watched(self):
+            try:
+                packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
+            except TypeError:
+                pass
+            else:
+                return self._roundtrip(_EVALSHA, lambda conn: _one(conn, packed))
+        return self.client.evalsha(sha, len(keys), *keys, *args)
 
     def execute(self, pipe: Any) -> Any:
-        stack = pipe.command_stack
-        if not stack or pipe.scripts or len(stack) > DIRECT_PIPELINE_MAX:
+        if not _pipe_direct(self, pipe):
             return pipe.execute(False)
-        packed = _pack_stack(stack)
+        packed = _pack_stack(pipe.command_stack)
         if packed is None:
             return pipe.execute(False)
-        return self._roundtrip(_PIPELINE, lambda conn: _many(pipe, conn, packed, stack))
+        stack = pipe.command_stack
+        try:
+            return self._roundtrip(_PIPELINE, lambda conn: _many(pipe, conn, packed, stack))
+        finally:
+            pipe.reset()
 
     def _roundtrip(self, name: str, exchange: Callable[[Any], Any]) -> Any:
         """``exchange`` on a pooled connection, under the connection's retry object."""
@@ -215,9 +249,11 @@ class _Direct:
         started = time.monotonic()
         failures = 0
 
-        def failed(_: Exception) -> None:  # a retried error: a fresh connection next
+        def failed(error: Exception) -> None:  # a retried error: a fresh connection next
             nonlocal failures
             failures += 1
+            if _recorder is not None and failures <= conn.retry.get_retries():
+                _record(_recorder, name, conn, started, error=error, retry_attempts=failures)
             conn.disconnect()
 
         try:
@@ -231,6 +267,46 @@ class _Direct:
         if _recorder is not None:
             _record(_recorder, name, conn, started)
         return reply
+
+
+def _watched(direct: _Direct | _AsyncDirect) -> bool:
+    """Is the client instrumented (or patched, or given an EVALSHA callback) since it was
+    checked? Then its own call sees the command."""
+    d = direct.client.__dict__
+    return (
+        "execute_command" in d
+        or "evalsha" in d
+        or direct.cls.execute_command is not direct.own
+        or _EVALSHA in direct.callbacks
+    )
+
+
+def _pipeline_class(client: Any) -> tuple[Any, Any]:
+    """The class of the client's pipelines and its ``execute`` (None: not redis-py's own,
+    so pipelines go through it)."""
+    pipe_cls = (
+        redis.asyncio.client.Pipeline
+        if isinstance(client, redis.asyncio.Redis)
+        else redis.client.Pipeline
+    )
+    if not all(_redis_own(pipe_cls, name) for name in _PIPELINE_OWN):
+        return pipe_cls, None
+    return pipe_cls, pipe_cls.execute
+
+
+def _pipe_direct(direct: _Direct | _AsyncDirect, pipe: Any) -> bool:
+    """Can this pipeline go to the wire directly (not a tracer's, a transaction's, a
+    WATCH's, a Script's or too long)?"""
+    return (
+        type(pipe) is direct.pipe_cls
+        and direct.pipe_own is not None
+        and direct.pipe_cls.execute is direct.pipe_own
+        and "pipeline" not in direct.client.__dict__
+        and "execute" not in pipe.__dict__
+        and not (pipe.transaction or pipe.explicit_transaction or pipe.watching)
+        and not pipe.scripts
+        and 0 < len(pipe.command_stack) <= DIRECT_PIPELINE_MAX
+    )
 
 
 def _one(conn: Any, packed: list[bytes]) -> Any:
@@ -256,27 +332,37 @@ def _many(pipe: Any, conn: Any, packed: list[bytes], stack: Any) -> list[Any]:
 class _AsyncDirect:
     """The direct path of a ``redis.asyncio.Redis``."""
 
-    __slots__ = ("client", "pool")
+    __slots__ = ("callbacks", "client", "cls", "own", "pipe_cls", "pipe_own", "pool")
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
         self.pool: Any = client.connection_pool
+        self.cls = type(client)
+        self.own = self.cls.execute_command
+        self.callbacks = client.response_callbacks
+        self.pipe_cls, self.pipe_own = _pipeline_class(client)
 
     async def send(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        try:
-            packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
-        except TypeError:
-            return await self.client.evalsha(sha, len(keys), *keys, *args)
-        return await self._roundtrip(_EVALSHA, lambda conn: _aone(conn, packed))
+        if not _watched(self):
+            try:
+                packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
+            except TypeError:
+                pass
+            else:
+                return await self._roundtrip(_EVALSHA, lambda conn: _aone(conn, packed))
+        return await self.client.evalsha(sha, len(keys), *keys, *args)
 
     async def execute(self, pipe: Any) -> Any:
-        stack = pipe.command_stack
-        if not stack or pipe.scripts or len(stack) > DIRECT_PIPELINE_MAX:
+        if not _pipe_direct(self, pipe):
             return await pipe.execute(False)
-        packed = _pack_stack(stack)
+        packed = _pack_stack(pipe.command_stack)
         if packed is None:
             return await pipe.execute(False)
-        return await self._roundtrip(_PIPELINE, lambda conn: _amany(pipe, conn, packed, stack))
+        stack = pipe.command_stack
+        try:
+            return await self._roundtrip(_PIPELINE, lambda conn: _amany(pipe, conn, packed, stack))
+        finally:
+            await pipe.reset()
 
     async def _roundtrip(self, name: str, exchange: Callable[[Any], Any]) -> Any:
         pool = self.pool
@@ -284,10 +370,15 @@ class _AsyncDirect:
         started = time.monotonic()
         failures = 0
 
-        async def failed(_: Exception) -> None:
+        async def failed(error: Exception) -> None:
             nonlocal failures
             failures += 1
-            await conn.disconnect()
+            if _arecorder is not None and failures <= conn.retry.get_retries():
+                await _record(_arecorder, name, conn, started, error=error, retry_attempts=failures)
+            if _DISCONNECT_ERROR:
+                await conn.disconnect(error=error, failure_count=failures)
+            else:  # pragma: no cover - redis-py before 8
+                await conn.disconnect()
 
         try:
             reply = await conn.retry.call_with_retry(lambda: exchange(conn), failed)
