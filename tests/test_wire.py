@@ -223,15 +223,26 @@ def test_redis_py_metrics_record_the_direct_calls(
     recorded: list[tuple[str, dict[str, Any]]] = []
 
     class Recorder:
+        enabled = True
+
+        def is_enabled(self) -> bool:
+            return self.enabled
+
         def record_operation_duration(self, **kw: Any) -> None:
             recorded.append(("duration", kw))
 
         def record_error_count(self, **kw: Any) -> None:
             recorded.append(("error", kw))
 
-    monkeypatch.setattr(wire, "_recorder", Recorder())
+    recorder = Recorder()
+    monkeypatch.setattr(wire, "_recorder", recorder)
     send = wire.evalsha_sender(redis_client)
-    send(redis_client.script_load("return 1"), [], [])
+    one = redis_client.script_load("return 1")
+    recorder.enabled = False  # not enabled by the app: nothing recorded, nothing paid
+    send(one, [], [])
+    assert recorded == []
+    recorder.enabled = True
+    send(one, [], [])
     with pytest.raises(redis.exceptions.ResponseError):
         send(redis_client.script_load(FAILS), [], [2])
     (what, ok), (err, failed) = recorded

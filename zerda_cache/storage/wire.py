@@ -62,7 +62,7 @@ except ImportError:  # pragma: no cover - redis[hiredis] is a core dependency
     hiredis = None
 
 # redis-py's own OpenTelemetry metrics (no-ops until an app enables them): the sync
-# recorder from 7.2, the asyncio one from 8.0
+# recorder from 7.2, the asyncio one from 7.3
 _recorder: Any
 _arecorder: Any
 try:
@@ -71,7 +71,7 @@ except ImportError:  # pragma: no cover - redis-py before 7.2
     _recorder = None
 try:
     from redis.asyncio.observability import recorder as _arecorder
-except ImportError:  # pragma: no cover - redis-py before 8.0
+except ImportError:  # pragma: no cover - redis-py before 7.3
     _arecorder = None
 
 #: Does an asyncio connection's ``disconnect`` take the error that caused it (for the
@@ -264,7 +264,7 @@ class _Direct:
             raise
         finally:
             pool.release(conn)
-        if _recorder is not None:
+        if _recorder is not None and _recorder.is_enabled():  # (its call alone costs more)
             _record(_recorder, name, conn, started)
         return reply
 
@@ -388,7 +388,7 @@ class _AsyncDirect:
             raise
         finally:
             await pool.release(conn)
-        if _arecorder is not None:
+        if _arecorder is not None and await _arecorder.is_enabled():
             await _record(_arecorder, name, conn, started)
         return reply
 
