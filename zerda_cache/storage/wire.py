@@ -207,8 +207,8 @@ def _record_error(recorder: Any, conn: Any, exc: Exception, failures: int) -> An
     )
 
 
-class _Direct:
-    """The direct path of a sync ``redis.Redis``."""
+class _Wire:
+    """What both direct paths keep of their client, to notice a later patch at a call."""
 
     __slots__ = ("callbacks", "client", "cls", "own", "pipe_cls", "pipe_own", "pool")
 
@@ -220,14 +220,26 @@ class _Direct:
         self.callbacks = client.response_callbacks
         self.pipe_cls, self.pipe_own = _pipeline_class(client)
 
+    def _evalsha(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> list[bytes] | None:
+        """The EVALSHA packed for the direct path; None if it goes through the client (a
+        tracer since, an EVALSHA callback, an argument hiredis does not pack)."""
+        if _watched(self):
+            return None
+        try:
+            return [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
+        except TypeError:
+            return None
+
+
+class _Direct(_Wire):
+    """The direct path of a sync ``redis.Redis``."""
+
+    __slots__ = ()
+
     def send(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        if not _watched(self):
-            try:
-                packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
-            except TypeError:
-                pass
-            else:
-                return self._roundtrip(_EVALSHA, lambda conn: _one(conn, packed))
+        packed = self._evalsha(sha, keys, args)
+        if packed is not None:
+            return self._roundtrip(_EVALSHA, lambda conn: _one(conn, packed))
         return self.client.evalsha(sha, len(keys), *keys, *args)
 
     def execute(self, pipe: Any) -> Any:
@@ -269,7 +281,7 @@ class _Direct:
         return reply
 
 
-def _watched(direct: _Direct | _AsyncDirect) -> bool:
+def _watched(direct: _Wire) -> bool:
     """Is the client instrumented (or patched, or given an EVALSHA callback) since it was
     checked? Then its own call sees the command."""
     d = direct.client.__dict__
@@ -294,7 +306,7 @@ def _pipeline_class(client: Any) -> tuple[Any, Any]:
     return pipe_cls, pipe_cls.execute
 
 
-def _pipe_direct(direct: _Direct | _AsyncDirect, pipe: Any) -> bool:
+def _pipe_direct(direct: _Wire, pipe: Any) -> bool:
     """Can this pipeline go to the wire directly (not a tracer's, a transaction's, a
     WATCH's, a Script's or too long)?"""
     return (
@@ -329,27 +341,15 @@ def _many(pipe: Any, conn: Any, packed: list[bytes], stack: Any) -> list[Any]:
     return replies
 
 
-class _AsyncDirect:
+class _AsyncDirect(_Wire):
     """The direct path of a ``redis.asyncio.Redis``."""
 
-    __slots__ = ("callbacks", "client", "cls", "own", "pipe_cls", "pipe_own", "pool")
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.pool: Any = client.connection_pool
-        self.cls = type(client)
-        self.own = self.cls.execute_command
-        self.callbacks = client.response_callbacks
-        self.pipe_cls, self.pipe_own = _pipeline_class(client)
+    __slots__ = ()
 
     async def send(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        if not _watched(self):
-            try:
-                packed = [hiredis.pack_command((_EVALSHA, sha, len(keys), *keys, *args))]
-            except TypeError:
-                pass
-            else:
-                return await self._roundtrip(_EVALSHA, lambda conn: _aone(conn, packed))
+        packed = self._evalsha(sha, keys, args)
+        if packed is not None:
+            return await self._roundtrip(_EVALSHA, lambda conn: _aone(conn, packed))
         return await self.client.evalsha(sha, len(keys), *keys, *args)
 
     async def execute(self, pipe: Any) -> Any:
