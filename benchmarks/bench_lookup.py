@@ -463,7 +463,8 @@ def main() -> None:
         "(the states the script returns, then the hit script of the best); the index search "
         "row, interleaved with the lookups on other near-copies of the same kind, counts "
         "both. The rest is Python: "
-        "redis-py's command packing and reply parsing, the search, the ranking. The index "
+        "the command's packing (hiredis, on a connection of redis-py's pool: "
+        "`zerda_cache/storage/wire.py`) and reply parsing, the search, the ranking. The index "
         "is exact below 5,000 entries per scope and HNSW above (usearch, by default "
         '(`ann_dtype="auto"`, 384-d) with one bit a dimension in the graph, the signs '
         "less the vectors' mean, and the candidates re-scored from float16 rows beside "
