@@ -337,7 +337,8 @@ def counted(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]], b
         "calls run inside one `functools.reduce`, the only place callgrind collects. "
         '"In PINGs": the count over the same client\'s PING (redis-py, hiredis) on the '
         "same side, sync against sync and async against async. The server's work and the "
-        "network are not in these counts; timed ratios are in the section above."
+        "network are not in these counts; timed ratios are in 'Current against a "
+        "baseline, side by side'."
     )
     print(body)
     if not args.quick:

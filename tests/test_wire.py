@@ -46,7 +46,7 @@ def in_use(client: Any) -> int:
 def both_ways(client: redis.Redis, script: str, keys: list[Any], args: list[Any]) -> list[Any]:
     """The reply (or the exception) of the direct path and of ``client.evalsha``."""
     sha = client.script_load(script)
-    direct = wire.evalsha_sender(client)
+    direct = wire.wire_for(client).send
     out: list[Any] = []
     for send in (direct, lambda s, k, a: client.evalsha(s, len(k), *k, *a)):
         try:
@@ -90,8 +90,9 @@ def test_a_plain_client_sends_directly_and_the_others_through_the_client(
         assert not wire.direct_ok(single)
         for other in others:
             assert not wire.direct_ok(other), other
-        assert isinstance(wire.evalsha_sender(plain).__self__, wire._Direct)  # type: ignore[attr-defined]
-        assert isinstance(wire.evalsha_sender(aclient).__self__, wire._AsyncDirect)  # type: ignore[attr-defined]
+        assert isinstance(wire.wire_for(plain), wire._Direct)
+        assert isinstance(wire.wire_for(aclient), wire._AsyncDirect)
+        assert isinstance(wire.wire_for(cluster_client), wire._Through)
     finally:
         for client in [plain, *others]:
             client.close()
@@ -106,7 +107,7 @@ def test_the_direct_path_replies_and_fails_as_the_client_does(redis_client: redi
     direct, through = both_ways(redis_client, FAILS, [], [3.5])
     assert direct == through and direct[0] is redis.exceptions.ResponseError
     assert "BAD thing 3.5" in direct[1]
-    send = wire.evalsha_sender(redis_client)
+    send = wire.wire_for(redis_client).send
     with pytest.raises(redis.exceptions.NoScriptError):
         send("0" * 40, [], [])
     # an argument hiredis does not pack: the client's encoder takes it
@@ -122,7 +123,7 @@ def test_the_direct_path_retries_a_dropped_connection_once_and_never_a_timeout(
     timeout (it would double the fail-open bound), as ``execute_command`` applies them."""
     server = redis_server_factory()
     client = connect(server.url, CacheConfig(redis_timeout_s=0.2))
-    send = wire.evalsha_sender(client)
+    send = wire.wire_for(client).send
     sha = client.script_load("return 'up'")
     busy = client.script_load(BUSY)
     assert send(sha, [], []) == b"up"
@@ -168,7 +169,7 @@ def test_an_async_direct_call_cancelled_mid_reply_leaves_nothing_behind(
     its connection goes back to the pool and the next command does not read its reply."""
     loop = asyncio.new_event_loop()
     client = connect(redis_url, CacheConfig(), asyncio=True)
-    send = wire.evalsha_sender(client)
+    send = wire.wire_for(client).send
     sha = redis_client.script_load("return ARGV[1]")
 
     async def scenario() -> None:
@@ -236,7 +237,7 @@ def test_redis_py_metrics_record_the_direct_calls(
 
     recorder = Recorder()
     monkeypatch.setattr(wire, "_recorder", recorder)
-    send = wire.evalsha_sender(redis_client)
+    send = wire.wire_for(redis_client).send
     one = redis_client.script_load("return 1")
     recorder.enabled = False  # not enabled by the app: nothing recorded, nothing paid
     send(one, [], [])
@@ -283,8 +284,9 @@ def fill(client: redis.Redis) -> str:
 
 def test_a_pipeline_sent_directly_replies_as_pipeline_execute(redis_client: redis.Redis) -> None:
     sha = fill(redis_client)
-    execute = wire.pipeline_executor(redis_client)
-    assert isinstance(execute.__self__, wire._Direct)  # type: ignore[attr-defined]
+    direct = wire.wire_for(redis_client)
+    assert isinstance(direct, wire._Direct) and direct.pipe_own is not None
+    execute = direct.execute
     pipe, ref = redis_client.pipeline(transaction=False), redis_client.pipeline(False)
     queue_mixed(pipe, sha)
     queue_mixed(ref, sha)
@@ -306,8 +308,9 @@ def test_an_async_pipeline_sent_directly_replies_as_pipeline_execute(
     sha = fill(redis_client)
     loop = asyncio.new_event_loop()
     client = connect(redis_url, CacheConfig(), asyncio=True)
-    execute = wire.pipeline_executor(client)
-    assert isinstance(execute.__self__, wire._AsyncDirect)  # type: ignore[attr-defined]
+    direct = wire.wire_for(client)
+    assert isinstance(direct, wire._AsyncDirect) and direct.pipe_own is not None
+    execute = direct.execute
 
     async def scenario() -> None:
         pipe, ref = client.pipeline(transaction=False), client.pipeline(transaction=False)
@@ -336,7 +339,7 @@ def test_a_reply_that_fails_to_parse_drops_the_connection_with_the_unread_replie
         raise ValueError("a callback failed")
 
     client.set_response_callback("STRLEN", broken)
-    execute = wire.pipeline_executor(client)
+    execute = wire.wire_for(client).execute
     pipe = client.pipeline(transaction=False)
     pipe.strlen("wire:a")
     pipe.get("wire:b")
@@ -355,11 +358,13 @@ def test_pipelines_of_traced_or_overridden_clients_go_through_pipeline_execute(
             return super().pipeline(*args, **kwargs)
 
     client = Listing.from_url(redis_url)
-    assert wire.pipeline_executor(client) is wire._execute_through
+    listing = wire.wire_for(client)
+    assert isinstance(listing, wire._Direct) and listing.pipe_own is None
     client.close()
     plain = redis.Redis.from_url(redis_url)
-    execute = wire.pipeline_executor(plain)
-    assert execute is not wire._execute_through
+    direct = wire.wire_for(plain)
+    assert isinstance(direct, wire._Direct) and direct.pipe_own is not None
+    execute = direct.execute
     seen: list[str] = []
     original = redis.client.Pipeline.execute
 
@@ -384,7 +389,8 @@ def test_a_client_instrumented_after_the_cache_was_created_is_seen_at_each_call(
     import wrapt
 
     client = connect(redis_url, CacheConfig())
-    send, execute = wire.evalsha_sender(client), wire.pipeline_executor(client)
+    direct = wire.wire_for(client)
+    send, execute = direct.send, direct.execute
     sha = client.script_load("return 'x'")
     assert send(sha, [], []) == b"x"
     seen: list[str] = []
@@ -415,8 +421,8 @@ def test_a_client_instrumented_after_the_cache_was_created_is_seen_at_each_call(
 def test_what_pipeline_execute_does_beyond_sending_is_kept(redis_client: redis.Redis) -> None:
     """A response callback set for EVALSHA, a command name of two words given as bytes,
     a transaction, and a pipeline executed twice: as redis-py does them."""
-    execute = wire.pipeline_executor(redis_client)
-    send = wire.evalsha_sender(redis_client)
+    direct = wire.wire_for(redis_client)
+    execute, send = direct.execute, direct.send
     sha = redis_client.script_load("return 1")
     pipe = redis_client.pipeline(transaction=False)
     pipe.execute_command(b"CONFIG GET", "maxmemory")

@@ -586,7 +586,7 @@ class CacheEngine:
                 parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         else:
             parts.append(plan)
-        replies = yield from st._send("lookup", parts)  # the script alone: no pipeline
+        replies = yield from st._send("lookup", parts)  # a lone script: its EVALSHA alone
         # the log's news (or without the index, the tenant's dimension)
         head = replies[-1].log if folded else replies[0]
         exact_id: str | None = replies[-1].own if spec is not None else replies[digest_at]

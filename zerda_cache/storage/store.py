@@ -61,7 +61,7 @@ from zerda_cache.storage.plans import (
 )
 from zerda_cache.storage.plans import batch as join_plans
 from zerda_cache.storage.scripts import Scripts
-from zerda_cache.storage.wire import evalsha_sender, pipeline_executor
+from zerda_cache.storage.wire import wire_for
 from zerda_cache.validation import validate_entry_id, validate_tenant
 
 log = logging.getLogger(__name__)
@@ -155,8 +155,7 @@ class Storage(StoragePlans):
         # register_script returns the flavour of the client: sync or asyncio scripts.
         self.scripts = Scripts.register(client)
         self.cluster = is_cluster(client)
-        self._evalsha = evalsha_sender(client)
-        self._execute = pipeline_executor(client)
+        self.wire = wire_for(client)  # how commands reach the server (wire.py)
 
     # -- executing plans ---------------------------------------------------------------------
     def _run(self, plan: ScriptCall[T]) -> Flow[T]:
@@ -169,7 +168,7 @@ class Storage(StoragePlans):
         script = getattr(self.scripts, plan.script)
         with wrap_errors(plan.script):
             try:
-                res = yield call(self._evalsha, script.sha, plan.keys, plan.args)
+                res = yield call(self.wire.send, script.sha, plan.keys, plan.args)
             except redis.exceptions.NoScriptError:
                 res = yield call(script, keys=plan.keys, args=plan.args)
         return plan.parse(res)
@@ -180,7 +179,7 @@ class Storage(StoragePlans):
         with wrap_errors(plan.name):
             pipe = self.client.pipeline(transaction=False)
             plan.queue(pipe)
-            replies = yield call(self._execute, pipe)
+            replies = yield call(self.wire.execute, pipe)
             for pos, script_call in plan.scripts:
                 if isinstance(replies[pos], redis.exceptions.NoScriptError):
                     # First use on this server: the Script object loads it and runs it.

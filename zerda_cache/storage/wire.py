@@ -10,8 +10,8 @@ its observability bookkeeping, closures and the retry wrapper. ``bench_ab.py
 per call"): a feedback, one EVALSHA, took about 4 PINGs' worth of client instructions
 through redis-py and 2 this way.
 
-A storage sends its lone script calls with ``evalsha_sender(client)`` and its pipelines
-with ``pipeline_executor(client)``, each one of two ways:
+A storage keeps one ``wire_for(client)``, whose ``send`` sends a lone script call and
+whose ``execute`` a pipeline, each one of two ways:
 
 * **direct** (a plain ``redis.Redis`` or ``redis.asyncio.Redis``, with hiredis): the
   commands packed by ``hiredis.pack_command``, sent and read on a connection of the
@@ -80,13 +80,6 @@ _DISCONNECT_ERROR = (
     "error" in inspect.signature(redis.asyncio.connection.AbstractConnection.disconnect).parameters
 )
 
-#: Sends one EVALSHA: ``send(sha, keys, args)`` returns the reply (an awaitable of it for
-#: an asyncio client) or raises what ``client.evalsha`` would.
-Sender = Callable[[str, Sequence[Any], Sequence[Any]], Any]
-#: Executes a queued pipeline as ``pipe.execute(False)`` would: the replies in order, an
-#: error reply in its place (awaitable for an asyncio client).
-Executor = Callable[[Any], Any]
-
 #: Pipelines of more commands than this go through ``Pipeline.execute``.
 DIRECT_PIPELINE_MAX = 32
 
@@ -98,30 +91,32 @@ _CONNECTION_OWN = ("send_command", "pack_command")
 _PIPELINE_OWN = ("execute", "_execute_pipeline", "parse_response", "reset")
 
 
-def evalsha_sender(client: Any) -> Sender:
-    """The way to send one EVALSHA over ``client`` (see the module's docstring)."""
-    if direct_ok(client):
-        if isinstance(client, redis.asyncio.Redis):
-            return _AsyncDirect(client).send
-        return _Direct(client).send
-
-    def send(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        return client.evalsha(sha, len(keys), *keys, *args)
-
-    return send
-
-
-def pipeline_executor(client: Any) -> Executor:
-    """The way to execute a pipeline made by ``client.pipeline(transaction=False)``."""
-    if direct_ok(client) and _redis_own(type(client), "pipeline"):
-        if isinstance(client, redis.asyncio.Redis):
-            return _AsyncDirect(client).execute
-        return _Direct(client).execute
-    return _execute_through
+def wire_for(client: Any) -> _Through | _Direct | _AsyncDirect:
+    """How a storage sends over ``client`` (see the module's docstring). Each way has
+    ``send(sha, keys, args)``, one EVALSHA's reply (an awaitable of it for an asyncio
+    client) or what ``client.evalsha`` raises, and ``execute(pipe)``, what
+    ``pipe.execute(False)`` returns: the replies in order, an error reply in its place."""
+    if not direct_ok(client):
+        return _Through(client)
+    if isinstance(client, redis.asyncio.Redis):
+        return _AsyncDirect(client)
+    return _Direct(client)
 
 
-def _execute_through(pipe: Any) -> Any:
-    return pipe.execute(False)
+class _Through:
+    """Everything through the client's own calls."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def send(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        return self.client.evalsha(sha, len(keys), *keys, *args)
+
+    @staticmethod
+    def execute(pipe: Any) -> Any:
+        return pipe.execute(False)
 
 
 def direct_ok(client: Any) -> bool:
@@ -245,10 +240,10 @@ class _Direct(_Wire):
     def execute(self, pipe: Any) -> Any:
         if not _pipe_direct(self, pipe):
             return pipe.execute(False)
-        packed = _pack_stack(pipe.command_stack)
+        stack = pipe.command_stack
+        packed = _pack_stack(stack)
         if packed is None:
             return pipe.execute(False)
-        stack = pipe.command_stack
         try:
             return self._roundtrip(_PIPELINE, lambda conn: _many(pipe, conn, packed, stack))
         finally:
@@ -294,14 +289,16 @@ def _watched(direct: _Wire) -> bool:
 
 
 def _pipeline_class(client: Any) -> tuple[Any, Any]:
-    """The class of the client's pipelines and its ``execute`` (None: not redis-py's own,
-    so pipelines go through it)."""
+    """The class of the client's pipelines and its ``execute`` (None: the client's
+    ``pipeline`` or that class is not redis-py's own, so pipelines go through it)."""
     pipe_cls = (
         redis.asyncio.client.Pipeline
         if isinstance(client, redis.asyncio.Redis)
         else redis.client.Pipeline
     )
-    if not all(_redis_own(pipe_cls, name) for name in _PIPELINE_OWN):
+    if not _redis_own(type(client), "pipeline") or not all(
+        _redis_own(pipe_cls, name) for name in _PIPELINE_OWN
+    ):
         return pipe_cls, None
     return pipe_cls, pipe_cls.execute
 
@@ -355,10 +352,10 @@ class _AsyncDirect(_Wire):
     async def execute(self, pipe: Any) -> Any:
         if not _pipe_direct(self, pipe):
             return await pipe.execute(False)
-        packed = _pack_stack(pipe.command_stack)
+        stack = pipe.command_stack
+        packed = _pack_stack(stack)
         if packed is None:
             return await pipe.execute(False)
-        stack = pipe.command_stack
         try:
             return await self._roundtrip(_PIPELINE, lambda conn: _amany(pipe, conn, packed, stack))
         finally:
@@ -413,11 +410,4 @@ async def _amany(pipe: Any, conn: Any, packed: list[bytes], stack: Any) -> list[
     return replies
 
 
-__all__ = [
-    "DIRECT_PIPELINE_MAX",
-    "Executor",
-    "Sender",
-    "direct_ok",
-    "evalsha_sender",
-    "pipeline_executor",
-]
+__all__ = ["DIRECT_PIPELINE_MAX", "direct_ok", "wire_for"]
