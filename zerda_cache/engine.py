@@ -1842,8 +1842,7 @@ class CacheEngine:
     ) -> None:
         result = "hit" if hit is not None else ("verify" if verify else "miss")
         elapsed = time.perf_counter() - started
-        self.metrics.lookups.labels(self.metrics.tenant(tenant), result).inc()
-        self.metrics.lookup_latency.labels(result).observe(elapsed)
+        self.metrics.lookup_done(tenant, result, elapsed)
         self._adapt(query, len(hit.response) if hit else 0, candidates, elapsed, True)
 
     def _adapt(

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -418,9 +419,10 @@ class _SlottedAnn:
         noise /= np.linalg.norm(noise, axis=1, keepdims=True)
         cos = CALIBRATION_COSINE
         probes = (cos * rows + math.sqrt(1 - cos * cos) * noise).astype(np.float32)
-        # The source's similarity, in float64 as a search re-scores it; ``_SLACK`` covers
-        # the last bits that another order of summation rounds differently.
-        own = np.einsum("ij,ij->i", stored, probes.astype(np.float64))
+        # The source's similarity, re-scored as a search re-scores it (``_rescore``, one
+        # row at a time: the same sums as in a search's batch); ``_SLACK`` covers the
+        # last bits that another order of summation rounds differently.
+        own = [float(self._rescore(picked[i : i + 1], probe)[0]) for i, probe in enumerate(probes)]
         before, before_for = self.calibrated, self.calibrated_for
         width = self.ef_search
         try:
@@ -450,18 +452,21 @@ class _SlottedAnn:
         slots = self._graph_search(query, min(k * self._oversample, n))
         if slots.size == 0:
             return []
-        # One float64 matrix-vector product (half the time of a multiply and a sum).
-        exact = self._graph_vectors(slots) @ np.asarray(query, dtype=np.float64)
-        keep = exact >= threshold
-        slots, exact = slots[keep], exact[keep]
-        order = np.argsort(-exact, kind="stable")[:k]
-        sel = slots[order]
+        # The few candidates in Python: a dozen numpy calls on arrays of ~16 cost more.
+        sims = self._rescore(slots, query).tolist()
+        best = sorted((i for i, sim in enumerate(sims) if sim >= threshold), key=lambda i: -sims[i])
+        if not best:
+            return []
+        sel = slots[best[:k]]
         return [
-            (f"{hi:016x}{lo:016x}", sim)
-            for hi, lo, sim in zip(
-                self._hi[sel].tolist(), self._lo[sel].tolist(), exact[order].tolist(), strict=True
-            )
+            (f"{hi:016x}{lo:016x}", sims[i])
+            for hi, lo, i in zip(self._hi[sel].tolist(), self._lo[sel].tolist(), best, strict=False)
         ]
+
+    def _rescore(self, slots: npt.NDArray[np.int64], query: Vector) -> npt.NDArray[np.float64]:
+        """The similarity of ``query`` to the vectors at ``slots``, as the graph holds
+        them: one float64 matrix-vector product (half the time of a multiply and a sum)."""
+        return self._graph_vectors(slots) @ np.asarray(query, dtype=np.float64)
 
     def vector(self, entry_id: str) -> Vector | None:
         slot = self._slot.get(self._key(entry_id))
@@ -508,6 +513,12 @@ class _SlottedAnn:
         return used
 
 
+try:  # float16 dot products with SIMD, for re-scoring (``UsearchIndex._rescore``)
+    import numkong as _numkong
+except ImportError:  # an older usearch (it depended on simsimd): numpy's product
+    _numkong = None
+
+
 def _import_usearch() -> Any:
     """``usearch.index``, imported after onnxruntime when that is installed.
 
@@ -522,6 +533,36 @@ def _import_usearch() -> Any:
     import usearch.index
 
     return usearch.index
+
+
+#: usearch's compiled ``search_many`` takes these keywords (``Index.search`` passes the
+#: same); cleared, and the public ``Index.search`` used instead, if a call refuses them.
+_COMPILED_SEARCH = True
+
+
+def _search_one(graph: Any, query: Any, k: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """The keys and distances of ``graph``'s ``k`` nearest to one ``query``, nearest
+    first: usearch's compiled search called as ``Index.search`` calls it, without the
+    Python around it (its argument checks, ``BatchMatches`` and ``Matches`` objects),
+    which took about a third of a search's time at 6,000 vectors (``bench_lookup``'s
+    index-alone column measures the whole search)."""
+    global _COMPILED_SEARCH
+    if _COMPILED_SEARCH:
+        try:
+            keys, dists, counts = graph._compiled.search_many(
+                query.reshape(1, -1),
+                count=k,
+                exact=False,
+                threads=1,
+                dtype=sys.modules["usearch.index"].ScalarKind.Unknown,
+            )[:3]
+        except (AttributeError, TypeError):  # another usearch: its public search
+            _COMPILED_SEARCH = False
+        else:
+            n = int(counts[0])
+            return keys[0, :n], dists[0, :n]
+    found = graph.search(query, k, threads=1)  # one query: no thread pool
+    return np.asarray(found.keys), np.asarray(found.distances)
 
 
 class UsearchIndex(_SlottedAnn):
@@ -651,10 +692,10 @@ class UsearchIndex(_SlottedAnn):
             self.fit(vectors)
         if self.dtype == "b1":
             # the signs less the centre, packed 8 to a byte (usearch's b1: dim / 8 bytes)
+            # (x - c > 0 exactly where x > c: IEEE subtraction of two floats is 0 only
+            # where they are equal, so one comparison makes the same bits)
             vecs = np.asarray(vectors, dtype=np.float32)
-            if self.centre is not None:
-                vecs = vecs - self.centre
-            return np.packbits(vecs > 0, axis=-1)
+            return np.packbits(vecs > (0 if self.centre is None else self.centre), axis=-1)
         q = self.quant
         if self.dtype != "i8" or not q:  # f16, not fitted yet, or usearch's own (0.0)
             return vectors
@@ -706,8 +747,8 @@ class UsearchIndex(_SlottedAnn):
             if self._base is not None:
                 self._base.expansion_search = width
         if self._base is None:
-            found = self._graph.search(query, k, threads=1)  # one query: no thread pool
-            return np.asarray(found.keys, dtype=np.int64)
+            keys, _ = _search_one(self._graph, query, k)
+            return keys.astype(np.int64)
         assert self._base_live is not None
         # Vectors removed from the base still sit in its graph: ask it for more when
         # there are any, wider until k are left (the removed ones may be exactly the
@@ -715,14 +756,14 @@ class UsearchIndex(_SlottedAnn):
         # is skipped where it has nothing to do (a few numpy calls, ~10% of a search).
         live = None  # every vector of the base is served until one is removed
         if self._base_dead == 0:
-            found = self._base.search(query, k, threads=1)
-            keys = np.asarray(found.keys, dtype=np.int64)
+            keys, dist = _search_one(self._base, query, k)
+            keys = keys.astype(np.int64)
         else:
             size = len(self._base)
             wide = min(size, max(2 * k, k + 8))
             while True:
-                found = self._base.search(query, wide, threads=1)
-                keys = np.asarray(found.keys, dtype=np.int64)
+                keys, dist = _search_one(self._base, query, wide)
+                keys = keys.astype(np.int64)
                 live = self._base_live[keys]
                 if int(live.sum()) >= k or wide >= size or len(keys) < wide:
                     break
@@ -730,13 +771,25 @@ class UsearchIndex(_SlottedAnn):
             keys = keys[live]
         if not len(self._graph):
             return keys  # in usearch's order, nearest first
-        dist = np.asarray(found.distances, dtype=np.float64)
+        dist = dist.astype(np.float64)
         if live is not None:
             dist = dist[live]
-        more = self._graph.search(query, k, threads=1)
-        keys = np.concatenate([keys, np.asarray(more.keys, dtype=np.int64)])
-        dist = np.concatenate([dist, np.asarray(more.distances, dtype=np.float64)])
+        more_keys, more_dist = _search_one(self._graph, query, k)
+        keys = np.concatenate([keys, more_keys.astype(np.int64)])
+        dist = np.concatenate([dist, more_dist.astype(np.float64)])
         return keys[np.argsort(dist, kind="stable")[:k]]
+
+    def _rescore(self, slots: npt.NDArray[np.int64], query: Vector) -> npt.NDArray[np.float64]:
+        """From the float16 rows, where they are kept and numkong is installed (usearch
+        depends on it): its float16 dot products, the query rounded to float16 too,
+        summed in float32. That differs from the float64 product of the rows and the
+        exact query by ~1e-5 on unit vectors (the rows' own rounding is ~1e-3 a
+        component), and takes a third of its time: numpy converts float16 to float64
+        one element at a time."""
+        if self._rows is None or _numkong is None:
+            return super()._rescore(slots, query)
+        rows = self._rows_at(slots)
+        return np.asarray(_numkong.dot(rows, np.asarray(query, dtype=np.float16)))
 
     def _graph_vectors(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         if self._rows is not None:

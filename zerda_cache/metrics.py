@@ -49,6 +49,10 @@ LATENCY_BUCKETS = (
 BUILD_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
 
+#: Most (tenant, result) pairs whose lookup metrics a ``ReplicaMetrics`` keeps at hand.
+_LOOKUP_CHILDREN = 4096
+
+
 class TenantLabels:
     """Maps tenant ids to a bounded set of label values (first come, first named)."""
 
@@ -147,6 +151,25 @@ class ReplicaMetrics:
             ["operation"],
             registry=reg,
         )
+
+        # (tenant, result) -> the lookup counter's and the latency histogram's children:
+        # ``labels()`` takes a lock and builds its key on every call (~4 us a lookup).
+        # Children are never removed from these metrics, so a cached one stays the one
+        # exported; at most _LOOKUP_CHILDREN pairs (tenants past that are not cached).
+        self._lookup_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def lookup_done(self, tenant: str, result: str, seconds: float) -> None:
+        """Count one lookup of ``tenant`` by ``result`` and observe its latency."""
+        pair = self._lookup_children.get((tenant, result))
+        if pair is None:
+            pair = (
+                self.lookups.labels(self.tenant(tenant), result),
+                self.lookup_latency.labels(result),
+            )
+            if len(self._lookup_children) < _LOOKUP_CHILDREN:
+                self._lookup_children[(tenant, result)] = pair
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def watch(self, adaptive: Any) -> None:
         """Export ``adaptive``'s rolling windows (an ``AdaptiveLearningSystem``)."""

@@ -80,6 +80,12 @@ def normalize_vector(embedding: object) -> Vector:
             numbers and other objects are refused, never converted), empty, NaN/inf, or
             zero norm.
     """
+    if type(embedding) is np.ndarray and embedding.dtype == np.float32 and embedding.ndim == 1:
+        # The common case (an embedding model's float32 vector): its squared norm in
+        # float64 cannot overflow (384 * 3.4e38 ** 2 is ~1e80) nor warn, so no errstate.
+        sq = float(np.dot(wide := embedding.astype(np.float64), wide))
+        if 0.0 < sq < math.inf:
+            return (wide / math.sqrt(sq)).astype(np.float32)
     try:
         raw = np.asarray(embedding)
     except (TypeError, ValueError) as exc:
@@ -346,6 +352,13 @@ def trusted_use(raw: bytes) -> Use:
         float(d["pm"]),
         int(d.get("ns", 0)),
     )
+
+
+def trusted_state(raw: bytes) -> tuple[BanditArm, Use]:
+    """Decode a state a script has just packed and checked (``zc_pack_state``; no checks
+    here: the hit path). The size is left out: no caller of this needs it."""
+    a, b, n, r, t, un, la, c, v, ss, qs, sb, pm, ns, _ = _STATE.unpack(raw)
+    return BanditArm(a, b, int(n), r, t), Use(int(un), la, c, int(v), ss, qs, sb, pm, int(ns))
 
 
 #: ``state_columns``' values, in order: alpha, beta, decayed_at, uses, last access,

@@ -749,13 +749,13 @@ class StoragePlans:
             if code == -7:
                 return HitOutcome(HitStatus.TIED, own=own, log=news)
             try:
-                query, response, metadata = codec.unpack_doc(res[3], key=key)
-                meta = codec.unpack_meta(res[4], key=key)
+                query, response, metadata = codec.unpack_doc(res[2], key=key)
+                meta = codec.unpack_meta(res[3], key=key)
             except CorruptEntryError as exc:
                 log.warning("corrupt entry not served: %s", exc)
                 self._suspect(tenant, entry_id, exc)
                 return HitOutcome(HitStatus.CORRUPT, own=own, log=news)
-            use = codec.trusted_use(res[2])
+            arm, use = codec.trusted_state(res[1])
             entry = IntelligentCacheEntry(
                 entry_id=entry_id,
                 tenant=tenant,
@@ -770,13 +770,13 @@ class StoragePlans:
                 usage_count=use.count,
                 last_access=use.last_access,
                 confidence_score=use.confidence,
-                bandit_arm=codec.trusted_arm(res[1]),
+                bandit_arm=arm,
                 version=use.version,
                 similarity_bar=use.similarity_bar,
                 min_positive_similarity=use.min_positive_similarity,
                 negative_streak=use.negative_streak,
             )
-            before = float(res[5]) if len(res) > 5 else None
+            before = float(res[4]) if len(res) > 4 else None
             return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own, log=news)
 
         return ScriptCall("hit", keys, args, parse)

@@ -9,8 +9,8 @@
 -- ARGV[11] the bar of the question's own entry ('' = none)
 -- ARGV[12] the lookup's position in the log, to peek from ('' = no peek)
 -- ARGV[13] the most events the peek returns
--- returns {1, arm, use, doc, meta, the confidence before this use} served (msgpack
--- values: arm and use as written); {0} gone; {-1} expired;
+-- returns {1, state, doc, meta, the confidence before this use} served (the state as
+-- written: 120 bytes, zc_pack_state); {0} gone; {-1} expired;
 -- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
 -- {-4, expected reward at now} expected reward below the bar; {-5} similarity below the
 -- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
@@ -155,10 +155,10 @@ local function serve()
   use.v = use.v + 1
   local ranked_c = use.c  -- the confidence a ranking of it would have used
   use.c = zc_confidence(arm, use)
-  local packed_arm, packed_use = cmsgpack.pack(arm), cmsgpack.pack(use)
-  redis.call('HSET', KEYS[4], id, zc_pack_state(arm, use, size))
+  local state = zc_pack_state(arm, use, size)
+  redis.call('HSET', KEYS[4], id, state)
   redis.call('HINCRBY', KEYS[3], 'hits', 1)
-  return {1, packed_arm, packed_use, raw[2], raw[1], string.format('%.17g', ranked_c)}
+  return {1, state, raw[2], raw[1], string.format('%.17g', ranked_c)}
 end
 
 local res = serve()
