@@ -406,3 +406,48 @@ def test_auto_gives_long_vectors_a_binary_graph_and_short_ones_an_int8_graph(
     assert isinstance(again, UsearchIndex) and again.dtype == dtype
     with pytest.raises(ValueError):
         IndexPolicy(dtype="b2")
+
+
+@pytest.mark.parametrize("dtype", ["i8", "b1", "f16"])
+def test_usearch_fast_search_paths_agree_with_the_public_ones(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search calls usearch's compiled search directly and re-scores float16 rows with
+    numkong; without either (another usearch), the public ``Index.search`` and numpy's
+    float64 product give the same candidates in the same order, and similarities within
+    the float16 query's rounding. Both ways also from a snapshot's graph served in place,
+    with removals and additions since (two graphs searched and merged)."""
+    import zerda_cache.index as index_module
+    from zerda_cache.index import IndexPolicy, UsearchIndex
+
+    pytest.importorskip("numkong")
+    rng = np.random.default_rng(11)
+    x = clustered(rng, 1200, 64)
+    ids = [hex_id(i) for i in range(len(x))]
+    policy = IndexPolicy(ann_threshold=300, dtype=dtype)
+    built = ScopedIndex(64, policy)
+    built.add_many({ids[i]: (x[i], "") for i in range(1000)})
+    blob = built.dump()
+    assert blob is not None
+    served = ScopedIndex.restore(memoryview(blob), policy)
+    for i in range(0, 1000, 3):
+        served.remove(ids[i])
+    served.add_many({ids[i]: (x[i], "") for i in range(1000, 1200)})
+    assert isinstance(served._by_scope[""], UsearchIndex) and served._by_scope[""].viewed
+    probes = [normalize_vector(x[i] + 0.08 * rng.normal(size=64)) for i in range(0, 1200, 7)]
+
+    def run() -> list[list[tuple[str, float]]]:
+        return [ix.search(q, "", 5, 0.3) for ix in (built, served) for q in probes]
+
+    fast = run()
+    monkeypatch.setattr(index_module, "_COMPILED_SEARCH", False)
+    monkeypatch.setattr(index_module, "_numkong", None)
+    slow = run()
+    assert [[e for e, _ in r] for r in fast] == [[e for e, _ in r] for r in slow]
+    assert sum(len(r) for r in fast) > 3 * len(fast)
+    pairs = zip(fast, slow, strict=True)
+    diffs = [abs(a - b) for rf, rs in pairs for (_, a), (_, b) in zip(rf, rs, strict=True)]
+    if dtype == "f16":  # no rows: numpy re-scores from the graph's vectors either way
+        assert max(diffs) == 0.0
+    else:
+        assert 0.0 < max(diffs) < 2e-4

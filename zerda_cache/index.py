@@ -516,7 +516,7 @@ class _SlottedAnn:
 try:  # float16 dot products with SIMD, for re-scoring (``UsearchIndex._rescore``)
     import numkong as _numkong
 except ImportError:  # an older usearch (it depended on simsimd): numpy's product
-    _numkong = None
+    _numkong = None  # type: ignore[assignment]
 
 
 def _import_usearch() -> Any:
