@@ -15,6 +15,7 @@ import pytest
 import redis
 from conftest import near
 
+import zerda_cache.index as index_module
 from zerda_cache import CacheConfig, EvictionConfig
 from zerda_cache.index import (
     CENTRE_FROM,
@@ -326,9 +327,11 @@ def test_an_int8_graph_holds_its_vectors_scaled_to_the_int8_range_through_a_snap
     np.testing.assert_array_equal(graph_int8(sub, ids[3]), np.rint(x[3] * sub.quant))
     assert max(int(np.abs(graph_int8(sub, e)).max()) for e in ids[:1_000]) == round(127 / 1.25)
     asked: list[np.ndarray] = []
-    search = sub._graph.search
+    search_one = index_module._search_one
     monkeypatch.setattr(
-        sub._graph, "search", lambda q, *a, **kw: asked.append(q) or search(q, *a, **kw)
+        index_module,
+        "_search_one",
+        lambda graph, q, k: asked.append(q) or search_one(graph, q, k),
     )
     assert ix.search(x[7], "", 1, 0.99)[0][0] == ids[7]
     np.testing.assert_array_equal(asked[0], np.rint(x[7] * sub.quant).astype(np.int8))

@@ -1848,8 +1848,7 @@ class CacheEngine:
     def _adapt(
         self, query: str, length: int, candidates: int, seconds: float, passed: bool
     ) -> None:
-        analysis = QueryAnalysis(query=query, complexity=QueryComplexity.LOW, context_budget=0)
-        self.adaptive.record(query, analysis, length, candidates, seconds * 1000.0, passed)
+        self.adaptive.record(query, _UNANALYSED, length, candidates, seconds * 1000.0, passed)
 
     def _admit(
         self, tenant: str, query: str, response: object, metadata: Mapping[str, Any] | None
@@ -1889,6 +1888,12 @@ class CacheEngine:
 #: Lookup counts by (model version, score bin or "x"), and the sampled features.
 _PendingTraffic = tuple[Counter[tuple[int, int | str]], list[Features | str | None]]
 _Pending = tuple[float, Counter[tuple[int, int | str]], list[Features | str | None]]
+
+
+#: What the engine tells the adaptive windows of a query it does not analyse (``record``
+#: keeps the numbers, not the analysis): one frozen value, not a checked dataclass made
+#: per lookup.
+_UNANALYSED = QueryAnalysis(query="", complexity=QueryComplexity.LOW, context_budget=0)
 
 
 class _Ticket(NamedTuple):

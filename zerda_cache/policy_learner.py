@@ -280,6 +280,8 @@ class CachePolicyLearner:
                 similarity + s * ts_reward + CONFIDENCE_WEIGHT * entry.confidence_score
             ) / denom
             scored.append((cand, composite))
+        if len(scored) == 1:  # a lookup's usual case (a clear leader): nothing to order
+            return scored
         scored.sort(key=lambda item: item[0][1], reverse=True)
         margin = cfg.similarity_tie_margin
         ranked: list[tuple[Candidate, float]] = []

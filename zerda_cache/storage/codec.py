@@ -148,6 +148,8 @@ def decode_vector(raw: bytes, *, key: str = "?") -> Vector:
 # --- query digest --------------------------------------------------------------------------
 def normalize_query(query: str) -> str:
     """NFKC, case-folded, whitespace collapsed: what counts as the same question."""
+    if query.isascii():  # NFKC leaves ASCII as it is, and casefold is lower there
+        return " ".join(query.lower().split())
     return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
 
 
