@@ -440,8 +440,12 @@ def test_usearch_fast_search_paths_agree_with_the_public_ones(
         return [ix.search(q, "", 5, 0.3) for ix in (built, served) for q in probes]
 
     fast = run()
+    # both fast ways were taken (a usearch or numkong that refused would fall back)
+    assert index_module._COMPILED_SEARCH is True
+    if dtype != "f16":
+        assert index_module._NUMKONG_FIT is True
     monkeypatch.setattr(index_module, "_COMPILED_SEARCH", False)
-    monkeypatch.setattr(index_module, "_numkong", None)
+    monkeypatch.setattr(index_module, "_NUMKONG_FIT", False)
     slow = run()
     assert [[e for e, _ in r] for r in fast] == [[e for e, _ in r] for r in slow]
     assert sum(len(r) for r in fast) > 3 * len(fast)
@@ -451,3 +455,74 @@ def test_usearch_fast_search_paths_agree_with_the_public_ones(
         assert max(diffs) == 0.0
     else:
         assert 0.0 < max(diffs) < 2e-4
+
+
+def test_a_compiled_search_that_refuses_its_call_falls_back_once_a_bad_query_does_not(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A usearch whose compiled search takes other arguments: the public ``Index.search``
+    answers (the same), with a warning, from then on. A bad query raises as before and
+    keeps the compiled call for the next searches."""
+    import zerda_cache.index as index_module
+    from zerda_cache.index import UsearchIndex
+
+    monkeypatch.setattr(index_module, "_COMPILED_SEARCH", True)
+    ann = UsearchIndex(32, capacity=1024, dtype="f16")
+    x = clustered(np.random.default_rng(3), 600, 32)
+    ann.add_many([hex_id(i) for i in range(600)], x)
+    graph, q = ann._graph, x[5]
+    with pytest.raises((AttributeError, AssertionError)):
+        index_module._search_one(graph, list(q), 4)  # not an array: usearch refuses too
+    assert index_module._COMPILED_SEARCH is True
+    keys, dists = index_module._search_one(graph, q, 4)
+
+    class OtherUsearch:
+        """A graph whose compiled search has another signature."""
+
+        _compiled = object()
+
+        def search(self, query: np.ndarray, k: int, threads: int) -> Any:
+            return graph.search(query, k, threads=threads)
+
+    with caplog.at_level("WARNING", logger="zerda_cache.index"):
+        keys2, dists2 = index_module._search_one(OtherUsearch(), q, 4)
+    assert index_module._COMPILED_SEARCH is False
+    assert "Index.search from now on" in caplog.text
+    np.testing.assert_array_equal(keys, keys2)
+    np.testing.assert_array_equal(dists, dists2)
+    assert int(keys[0]) == 5
+
+
+def test_numkong_is_used_for_rescoring_only_where_its_sums_are_exact_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """numkong picks its kernel by CPU: one that sums in float16 (or differs between a
+    row alone and in a batch) is not used, and numpy's product re-scores instead."""
+    import zerda_cache.index as index_module
+
+    pytest.importorskip("numkong")
+
+    class HalfSums:
+        """A float16 dot product summed in float16."""
+
+        @staticmethod
+        def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            out = np.zeros(len(a), dtype=np.float16)
+            for j in range(a.shape[1]):
+                out += a[:, j] * b[j]
+            return out
+
+    monkeypatch.setattr(index_module, "_NUMKONG_FIT", None)
+    assert index_module._numkong_fit() is True  # this machine's numkong
+    monkeypatch.setattr(index_module, "_NUMKONG_FIT", None)
+    monkeypatch.setattr(index_module, "_numkong", HalfSums)
+    assert index_module._numkong_fit() is False
+    x = clustered(np.random.default_rng(5), 800, 32)
+    from zerda_cache.index import UsearchIndex
+
+    ann = UsearchIndex(32, capacity=1024, dtype="i8")
+    ann.add_many([hex_id(i) for i in range(800)], x)
+    best = ann.search(x[9], 1, 0.5)[0]
+    assert best[0] == hex_id(9)
+    rows = ann._rows_at(np.array([9])).astype(np.float64)
+    assert best[1] == float(rows[0] @ x[9].astype(np.float64))  # numpy's float64 product

@@ -107,6 +107,40 @@ def test_put_writes_every_structure(storage: RedisStorage, redis_client: redis.R
     assert storage.tenants() == ["acme"] and storage.tenant_dim("acme") == DIM
 
 
+def test_a_served_entry_carries_the_state_its_hit_wrote(
+    storage: RedisStorage, clock: Clock
+) -> None:
+    """The hit script returns the entry's state as it packed it (120 bytes), decoded
+    field by field in Python (``codec.trusted_state``): every field of the served entry
+    is what a read of the entry after the hit gives."""
+    eid = put(storage, 1)
+    storage.feedback(FeedbackSignal(eid, "acme", True, magnitude=2.0, similarity=0.9))
+    storage.feedback(FeedbackSignal(eid, "acme", False, magnitude=0.5, similarity=0.8))
+    storage.feedback(FeedbackSignal(eid, "acme", False, magnitude=0.5, similarity=0.95))
+    clock.t = 1_500.0
+    served = storage.hit("acme", eid).entry
+    assert served is not None
+    read = storage.get_entry("acme", eid)
+    assert read is not None
+    fields = (
+        "usage_count",
+        "last_access",
+        "confidence_score",
+        "version",
+        "similarity_score",
+        "quality_score",
+        "similarity_bar",
+        "min_positive_similarity",
+        "negative_streak",
+    )
+    assert {f: getattr(served, f) for f in fields} == {f: getattr(read, f) for f in fields}
+    assert served.bandit_arm == read.bandit_arm
+    arm = served.bandit_arm
+    assert arm.pulls == 3 and arm.decayed_at == 1_500.0 and arm.alpha > 1.0 and arm.beta > 1.0
+    assert served.usage_count == 1 and served.negative_streak == 1
+    assert served.similarity_bar > 0.8 and served.min_positive_similarity == 0.9
+
+
 def test_exact_duplicate_put_reports_displaced(storage: RedisStorage) -> None:
     first = storage.put("acme", "Same q", "old", vec(1))
     second = storage.put("acme", "same Q", "new", vec(2))

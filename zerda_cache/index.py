@@ -517,6 +517,38 @@ try:  # float16 dot products with SIMD, for re-scoring (``UsearchIndex._rescore`
     import numkong as _numkong
 except ImportError:  # an older usearch (it depended on simsimd): numpy's product
     _numkong = None  # type: ignore[assignment]
+#: Whether numkong's float16 dot products are fit for re-scoring on this CPU: checked
+#: once (``_numkong_fit``); None until then.
+_NUMKONG_FIT: bool | None = None
+
+
+def _numkong_fit() -> bool:
+    """numkong picks its kernel by CPU. Re-scoring with it needs sums in float32 or wider
+    (within 1e-4 of the float64 product here) that are the same for a row alone and in
+    a batch (calibration re-scores one source row at a time, ``_SlottedAnn.calibrate``,
+    and compares to 1e-9). Checked once on random unit vectors; if not, numpy's product."""
+    global _NUMKONG_FIT
+    if _NUMKONG_FIT is None:
+        fit = False
+        if _numkong is not None:
+            rng = np.random.default_rng(0)
+            rows = rng.normal(size=(24, 384))
+            rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+            half, query = rows.astype(np.float16), rows[0].astype(np.float16)
+            try:
+                batch = np.asarray(_numkong.dot(half, query), dtype=np.float64)
+                alone = [
+                    float(np.asarray(_numkong.dot(half[i : i + 1], query))[0]) for i in range(24)
+                ]
+            except Exception as exc:  # any failure: numpy's product instead
+                log.warning("numkong's float16 dot failed (%s): re-scoring with numpy", exc)
+            else:
+                exact = half.astype(np.float64) @ query.astype(np.float64)
+                fit = bool(np.abs(batch - exact).max() < 1e-4) and batch.tolist() == alone
+                if not fit:
+                    log.warning("numkong's float16 dot is not exact enough here: numpy's instead")
+        _NUMKONG_FIT = fit
+    return _NUMKONG_FIT
 
 
 def _import_usearch() -> Any:
@@ -556,11 +588,17 @@ def _search_one(graph: Any, query: Any, k: int) -> tuple[npt.NDArray[Any], npt.N
                 threads=1,
                 dtype=sys.modules["usearch.index"].ScalarKind.Unknown,
             )[:3]
-        except (AttributeError, TypeError):  # another usearch: its public search
+        except (AttributeError, TypeError) as exc:
+            # Another usearch, or a bad query: the public search tells them apart (it
+            # raises for a bad query, which then keeps the compiled call for the next).
+            found = graph.search(query, k, threads=1)
             _COMPILED_SEARCH = False
-        else:
-            n = int(counts[0])
-            return keys[0, :n], dists[0, :n]
+            log.warning(
+                "usearch's compiled search refused its call (%s): Index.search from now on", exc
+            )
+            return np.asarray(found.keys), np.asarray(found.distances)
+        n = int(counts[0])
+        return keys[0, :n], dists[0, :n]
     found = graph.search(query, k, threads=1)  # one query: no thread pool
     return np.asarray(found.keys), np.asarray(found.distances)
 
@@ -786,7 +824,7 @@ class UsearchIndex(_SlottedAnn):
         exact query by ~1e-5 on unit vectors (the rows' own rounding is ~1e-3 a
         component), and takes a third of its time: numpy converts float16 to float64
         one element at a time."""
-        if self._rows is None or _numkong is None:
+        if self._rows is None or not (_NUMKONG_FIT or (_NUMKONG_FIT is None and _numkong_fit())):
             return super()._rescore(slots, query)
         rows = self._rows_at(slots)
         return np.asarray(_numkong.dot(rows, np.asarray(query, dtype=np.float16)))

@@ -27,8 +27,9 @@ little-endian float64 (120 bytes, ``STATE_FIELDS``; ``ZC_STATE`` in lua/_lib.lua
 =========  =========================================================================
 
 Fixed-width numbers, not msgpack maps: the worker's scan decodes a batch of states as one
-numpy array. The scripts return ``arm`` and ``use`` to Python as msgpack maps
-(``{a, b, n, r, t}`` and ``{n, la, c, v, ss, qs, sb, pm[, ns]}``), as before.
+numpy array. The hit script returns the state as it wrote it (``trusted_state``); the
+feedback script returns ``arm`` and ``use`` as msgpack maps (``{a, b, n, r, t}`` and
+``{n, la, c, v, ss, qs, sb, pm[, ns]}``: ``trusted_arm``, ``trusted_use``).
 
 Entries written by zerda-cache 0.1 hold msgpack ``arm`` and ``use`` maps and ``sz`` as
 fields of their own hash, which the scripts move to ``st`` the first time they touch the

@@ -155,10 +155,10 @@ local function serve()
   use.v = use.v + 1
   local ranked_c = use.c  -- the confidence a ranking of it would have used
   use.c = zc_confidence(arm, use)
-  local state = zc_pack_state(arm, use, size)
-  redis.call('HSET', KEYS[4], id, state)
+  local packed = zc_pack_state(arm, use, size)
+  redis.call('HSET', KEYS[4], id, packed)
   redis.call('HINCRBY', KEYS[3], 'hits', 1)
-  return {1, state, raw[2], raw[1], string.format('%.17g', ranked_c)}
+  return {1, packed, raw[2], raw[1], string.format('%.17g', ranked_c)}
 end
 
 local res = serve()
