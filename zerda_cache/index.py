@@ -454,13 +454,14 @@ class _SlottedAnn:
             return []
         # The few candidates in Python: a dozen numpy calls on arrays of ~16 cost more.
         sims = self._rescore(slots, query).tolist()
-        best = sorted((i for i, sim in enumerate(sims) if sim >= threshold), key=lambda i: -sims[i])
+        kept = (i for i, sim in enumerate(sims) if sim >= threshold)
+        best = sorted(kept, key=lambda i: -sims[i])[:k]
         if not best:
             return []
-        sel = slots[best[:k]]
+        sel = slots[best]
         return [
             (f"{hi:016x}{lo:016x}", sims[i])
-            for hi, lo, i in zip(self._hi[sel].tolist(), self._lo[sel].tolist(), best, strict=False)
+            for hi, lo, i in zip(self._hi[sel].tolist(), self._lo[sel].tolist(), best, strict=True)
         ]
 
     def _rescore(self, slots: npt.NDArray[np.int64], query: Vector) -> npt.NDArray[np.float64]:
@@ -567,18 +568,19 @@ def _import_usearch() -> Any:
     return usearch.index
 
 
-#: usearch's compiled ``search_many`` takes these keywords (``Index.search`` passes the
-#: same); cleared, and the public ``Index.search`` used instead, if a call refuses them.
+#: Whether searches call usearch's compiled ``search_many`` themselves (``_search_one``);
+#: cleared, for ``Index.search`` from then on, once a usearch refuses that call.
 _COMPILED_SEARCH = True
 
 
 def _search_one(graph: Any, query: Any, k: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """The keys and distances of ``graph``'s ``k`` nearest to one ``query``, nearest
-    first: usearch's compiled search called as ``Index.search`` calls it, without the
-    Python around it (its argument checks, ``BatchMatches`` and ``Matches`` objects),
-    which took about a third of a search's time at 6,000 vectors (``bench_lookup``'s
-    index-alone column measures the whole search)."""
+    first: usearch's compiled search called as ``Index.search`` calls it (the same
+    keywords), without the Python around it: its argument checks and its ``BatchMatches``
+    and ``Matches`` objects, about a quarter of a search's time at 6,000 vectors in a
+    one-off timing (``bench_lookup``'s index-alone column measures whole searches)."""
     global _COMPILED_SEARCH
+    refused: Exception | None = None
     if _COMPILED_SEARCH:
         try:
             keys, dists, counts = graph._compiled.search_many(
@@ -588,18 +590,17 @@ def _search_one(graph: Any, query: Any, k: int) -> tuple[npt.NDArray[Any], npt.N
                 threads=1,
                 dtype=sys.modules["usearch.index"].ScalarKind.Unknown,
             )[:3]
-        except (AttributeError, TypeError) as exc:
-            # Another usearch, or a bad query: the public search tells them apart (it
-            # raises for a bad query, which then keeps the compiled call for the next).
-            found = graph.search(query, k, threads=1)
-            _COMPILED_SEARCH = False
-            log.warning(
-                "usearch's compiled search refused its call (%s): Index.search from now on", exc
-            )
-            return np.asarray(found.keys), np.asarray(found.distances)
-        n = int(counts[0])
-        return keys[0, :n], dists[0, :n]
-    found = graph.search(query, k, threads=1)  # one query: no thread pool
+        except (AttributeError, TypeError) as exc:  # another usearch, or a bad query
+            refused = exc
+        else:
+            n = int(counts[0])
+            return keys[0, :n], dists[0, :n]
+    found = graph.search(query, k, threads=1)  # raises for a bad query: no fallback then
+    if refused is not None:
+        _COMPILED_SEARCH = False
+        log.warning(
+            "usearch's compiled search refused its call (%s): Index.search from now on", refused
+        )
     return np.asarray(found.keys), np.asarray(found.distances)
 
 
@@ -822,9 +823,9 @@ class UsearchIndex(_SlottedAnn):
         depends on it): its float16 dot products, the query rounded to float16 too,
         summed in float32. That differs from the float64 product of the rows and the
         exact query by ~1e-5 on unit vectors (the rows' own rounding is ~1e-3 a
-        component), and takes a third of its time: numpy converts float16 to float64
-        one element at a time."""
-        if self._rows is None or not (_NUMKONG_FIT or (_NUMKONG_FIT is None and _numkong_fit())):
+        component), and took a third of its time in a one-off timing: numpy converts
+        float16 to float64 one element at a time."""
+        if self._rows is None or not _numkong_fit():
             return super()._rescore(slots, query)
         rows = self._rows_at(slots)
         return np.asarray(_numkong.dot(rows, np.asarray(query, dtype=np.float16)))

@@ -776,7 +776,7 @@ class StoragePlans:
                 min_positive_similarity=use.min_positive_similarity,
                 negative_streak=use.negative_streak,
             )
-            before = float(res[4]) if len(res) > 4 else None
+            before = float(res[4])  # the confidence a ranking would have used
             return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own, log=news)
 
         return ScriptCall("hit", keys, args, parse)
