@@ -342,7 +342,9 @@ def test_a_built_hnsw_index_calibrates_its_search_width(
 
 def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     """A width whose searches miss more than ``CALIBRATION_MISSES`` of the probes is not
-    kept: the next (twice as wide) is tried, up to 32x ``ef_search``."""
+    kept: the next (twice as wide) is tried, up to 32x ``ef_search``; below the first that
+    passes, the width between it and the last that failed (over sqrt(2)) is tried, and
+    kept if it passes too."""
     import zerda_cache.index as index_module
     from zerda_cache.index import UsearchIndex
 
@@ -366,8 +368,16 @@ def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(ann, "_graph_search", blind_below(64))
     assert ann.calibrate(5) == 64
-    assert set(tried) == {16, 32, 64}
+    assert list(dict.fromkeys(tried)) == [16, 32, 64, 45]  # 45 = 64 / sqrt(2): it misses
     assert tried.count(16) == index_module.CALIBRATION_MISSES + 1  # a failing width stops early
+    assert tried.count(64) == 100  # a passing width searches every probe
+    tried.clear()
+    monkeypatch.setattr(ann, "_graph_search", blind_below(40))
+    assert ann.calibrate(5) == 45  # between 32 (misses) and 64: enough
+    assert list(dict.fromkeys(tried)) == [16, 32, 64, 45] and ann.search_width() == 45
+    tried.clear()
+    monkeypatch.setattr(ann, "_graph_search", blind_below(0))
+    assert ann.calibrate(5) == 16 and tried == [16] * 100  # the first passes: nothing below
     monkeypatch.setattr(ann, "_graph_search", blind_below(10**6))
     assert ann.calibrate(5) == 512  # none finds them: the widest tried, 32x
     assert ann.calibrated == (1000, 512)

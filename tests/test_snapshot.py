@@ -18,6 +18,7 @@ from conftest import near
 import zerda_cache.index as index_module
 from zerda_cache import CacheConfig, EvictionConfig
 from zerda_cache.index import (
+    CALIBRATION_METHOD,
     CENTRE_FROM,
     SNAPSHOT_MAGIC,
     IndexPolicy,
@@ -890,7 +891,7 @@ def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
     lead = len(SNAPSHOT_MAGIC) + 8
     head = msgpack.unpackb(blob[lead : lead + n], raw=False)
     body = blob[lead + n + (-(lead + n) % 64) :]
-    assert head["scopes"][""]["calibrated"] == [600, width, 5, 16, 1]
+    assert head["scopes"][""]["calibrated"] == [600, width, 5, 16, CALIBRATION_METHOD]
 
     def with_calibrated(value: Any) -> ScopedIndex:
         head["scopes"][""]["calibrated"] = value
@@ -900,22 +901,24 @@ def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
         return ScopedIndex.restore(forged, IndexPolicy(ann_threshold=300))
 
     # The header re-assembled as it was restores with the width (the control for below).
-    assert with_calibrated([600, width, 5, 16, 1])._by_scope[""].calibrated == (600, width)
+    control = with_calibrated([600, width, 5, 16, CALIBRATION_METHOD])
+    assert control._by_scope[""].calibrated == (600, width)
     for bad in (
-        [600, 0, 5, 16, 1],
+        [600, 0, 5, 16, CALIBRATION_METHOD],
         [600, 16],
         "wide",
         [600, 16, 5, 16, True],
-        [600, 16.5, 5, 16, 1],
+        [600, 16.5, 5, 16, CALIBRATION_METHOD],
     ):
         with pytest.raises(ValueError):
             with_calibrated(bad)
     # Well formed, but not measured on this graph as this replica would: measured again.
     for other in (
-        [599, width, 5, 16, 1],
-        [600, 8, 5, 16, 1],
-        [600, 1024, 5, 16, 1],
-        [600, width, 5, 16, 2],
+        [599, width, 5, 16, CALIBRATION_METHOD],
+        [600, 8, 5, 16, CALIBRATION_METHOD],
+        [600, 1024, 5, 16, CALIBRATION_METHOD],
+        [600, width, 5, 16, CALIBRATION_METHOD - 1],  # measured as an older version measures
+        [600, width, 5, 16, CALIBRATION_METHOD + 1],
     ):
         assert with_calibrated(other)._by_scope[""].calibrated is None, other
     # A changed graph is measured again, whatever its size.

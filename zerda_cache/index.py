@@ -49,19 +49,25 @@ WIDE_FROM = 125_000
 #: than they need. Probes: stored vectors moved to this cosine (a paraphrase, further
 #: than the benchmarks' near-copies at 0.97), searched at ``ef_search``, then twice as
 #: wide, ... up to 32x; the first width at which no more than ``CALIBRATION_MISSES`` of
-#: them miss (find nothing as similar as their source) is kept. A width that misses 0.1%
+#: them miss (find nothing as similar as their source) is kept, or the width between it
+#: and the last that failed (``CALIBRATION_STEPS``) if that passes too. A width that misses 0.1%
 #: of such probes passes 92% of the time, one that misses 0.5% 12%: the recall target is
 #: 99.5% of near-copies (issue 13), which are easier than these probes.
 CALIBRATE_FROM = 20_000
 CALIBRATION_PROBES = 1_000
 CALIBRATION_MISSES = 2
 CALIBRATION_COSINE = 0.9
-#: Widths tried: ``ef_search`` times 1, 2, ... 2**(CALIBRATION_STEPS - 1).
+#: Widths tried: ``ef_search`` times 1, 2, ... 2**(CALIBRATION_STEPS - 1), then, below
+#: the first that passes (if it is not the first tried), that width over sqrt(2): kept if
+#: it passes too. A search's time grows about in step with its width, and the doubling
+#: alone kept up to twice the width needed (1M MiniLM embeddings passed at 32, where
+#: 23 may do).
 CALIBRATION_STEPS = 6
 #: The version of the method above, in a snapshot's calibrated width
 #: (``ScopedIndex.dump``): a replica takes the worker's width only if measured as it
-#: would measure it (probes, cosine, misses and widths as above).
-CALIBRATION_METHOD = 1
+#: would measure it (probes, cosine, misses and widths as above). 2: the width between
+#: the last two doublings is tried too.
+CALIBRATION_METHOD = 2
 #: The graph size from which usearch inserts a batch on every core (see
 #: ``UsearchIndex._graph_add``).
 PARALLEL_INSERT_FROM = 20_000
@@ -404,7 +410,8 @@ class _SlottedAnn:
         the width, or None below ``CALIBRATE_FROM`` entries (the schedule's then).
 
         Never narrower than ``ef_search`` (the configured width is a floor), at most 32
-        times it (the widest tried, kept if none did better). Call it before the index
+        times it (the widest tried, kept if none did better); the widths tried double,
+        then one between the last two is tried (``CALIBRATION_STEPS``). Call it before the index
         is in use or with the index's lock held: the searches it makes set the width."""
         n = len(self._slot)
         if n < CALIBRATE_FROM or k < 1:
@@ -424,19 +431,27 @@ class _SlottedAnn:
         # last bits that another order of summation rounds differently.
         own = [float(self._rescore(picked[i : i + 1], probe)[0]) for i, probe in enumerate(probes)]
         before, before_for = self.calibrated, self.calibrated_for
-        width = self.ef_search
+
+        def passes(width: int) -> bool:
+            """Do no more than ``CALIBRATION_MISSES`` probes miss at ``width``?"""
+            self.calibrated = (n, width)  # the width the searches below use
+            misses = 0
+            for probe, floor in zip(probes, own, strict=True):
+                found = self.search(probe, k, -1.0)
+                if not found or found[0][1] < floor - _SLACK:
+                    misses += 1
+                    if misses > CALIBRATION_MISSES:
+                        return False
+            return True
+
         try:
+            width = self.ef_search
             for step in range(CALIBRATION_STEPS):
                 width = self.ef_search * 2**step
-                self.calibrated = (n, width)  # the width the searches below use
-                misses = 0
-                for probe, floor in zip(probes, own, strict=True):
-                    found = self.search(probe, k, -1.0)
-                    if not found or found[0][1] < floor - _SLACK:
-                        misses += 1
-                        if misses > CALIBRATION_MISSES:
-                            break
-                if misses <= CALIBRATION_MISSES:
+                if passes(width):
+                    half_step = round(width / math.sqrt(2))
+                    if step > 0 and passes(half_step):
+                        width = half_step
                     break
         except BaseException:
             self.calibrated, self.calibrated_for = before, before_for
