@@ -22,8 +22,8 @@
 -- {the reply above, the id the digest names or false, the peek}: the lookup reads
 -- neither the digest nor the log anywhere else. The peek is the log's events from the
 -- newest back to the position (XREVRANGE, at most ARGV[13]), as the lookup's own
--- XREVRANGE would return them; 1 when the position is the newest event (the replica is
--- current: the common case, sent back as one integer); false without a position.
+-- XREVRANGE would return them; 1 when no event is newer than the position (the replica
+-- is current: the common case, sent back as one integer); false without a position.
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
 --
@@ -176,9 +176,13 @@ end
 if asked then
   local peek = false
   if ARGV[12] ~= '' then
-    peek = redis.call('XREVRANGE', KEYS[7], '+', ARGV[12], 'COUNT', ARGV[13])
-    if #peek == 1 and peek[1][1] == ARGV[12] then
+    -- Anything newer than the position? (exclusive: a current replica's peek reads no
+    -- event, where an inclusive range would turn the position's own into Lua tables.)
+    -- None: 1, which the lookup reads as the empty range it is.
+    if #redis.call('XREVRANGE', KEYS[7], '+', '(' .. ARGV[12], 'COUNT', 1) == 0 then
       peek = 1
+    else
+      peek = redis.call('XREVRANGE', KEYS[7], '+', ARGV[12], 'COUNT', ARGV[13])
     end
   end
   return {res, own or false, peek}
