@@ -49,10 +49,10 @@ WIDE_FROM = 125_000
 #: than they need. Probes: stored vectors moved to this cosine (a paraphrase, further
 #: than the benchmarks' near-copies at 0.97), searched at ``ef_search``, then twice as
 #: wide, ... up to 32x; the first width at which no more than ``CALIBRATION_MISSES`` of
-#: them miss (find nothing as similar as their source) is kept, or the width between it
-#: and the last that failed (``CALIBRATION_STEPS``) if that passes too. A width that misses 0.1%
-#: of such probes passes 92% of the time, one that misses 0.5% 12%: the recall target is
-#: 99.5% of near-copies (issue 13), which are easier than these probes.
+#: them miss (find nothing as similar as their source) is kept, or one between it and
+#: the last that failed (``CALIBRATION_STEPS``). A width that misses 0.1% of such probes
+#: passes 92% of the time, one that misses 0.5% 12%: the recall target is 99.5% of
+#: near-copies (issue 13), which are easier than these probes.
 CALIBRATE_FROM = 20_000
 CALIBRATION_PROBES = 1_000
 CALIBRATION_MISSES = 2
@@ -411,9 +411,9 @@ class _SlottedAnn:
         the width, or None below ``CALIBRATE_FROM`` entries (the schedule's then).
 
         Never narrower than ``ef_search`` (the configured width is a floor), at most 32
-        times it (the widest tried, kept if none did better); the widths tried double,
-        then one between the last two is tried (``CALIBRATION_STEPS``). Call it before the index
-        is in use or with the index's lock held: the searches it makes set the width."""
+        times it (the widest tried, kept if none did better; ``CALIBRATION_STEPS`` says
+        which widths are tried). Call it before the index is in use or with the index's
+        lock held: the searches it makes set the width."""
         n = len(self._slot)
         if n < CALIBRATE_FROM or k < 1:
             return None
