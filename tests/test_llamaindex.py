@@ -287,3 +287,50 @@ def test_wraps_llama_index_mock_llm(make_hashing_manager: Any) -> None:
     assert llm.complete(QUESTION).additional_kwargs["zerda_cache"]["hit"] is True
     with pytest.raises(TypeError, match="LlamaIndex LLM"):
         ZerdaCachedLLM(object(), make_hashing_manager(), tenant="li")  # type: ignore[arg-type]
+
+
+def test_generation_parameters_keep_models_apart(make_hashing_manager: Any) -> None:
+    """A model configured for longer answers is never served another's shorter ones:
+    ``max_tokens`` (and every parameter whose name merely contains "token" or "key") is
+    part of the identity; only the listed credential fields are left out."""
+    manager = make_hashing_manager()
+    short = ZerdaCachedLLM(MockLLM(max_tokens=4), manager, tenant="li")
+    long = ZerdaCachedLLM(MockLLM(max_tokens=8), manager, tenant="li")
+    assert short.complete(QUESTION).text == "text text text text"
+    served = long.complete(QUESTION)
+    assert served.additional_kwargs["zerda_cache"]["hit"] is False
+    assert served.text == " ".join(["text"] * 8)
+    assert short.identity() != long.identity()
+
+
+class ParameterLLM(CountingLLM):
+    max_new_tokens: int = 16
+    top_k: int = 40
+    keywords: str = "none"
+    auth_token: str = "tok-secret"
+    aws_secret_access_key: str = "aws-secret"
+
+
+@pytest.mark.parametrize(
+    ("field", "a", "b"),
+    [("max_new_tokens", 16, 512), ("top_k", 1, 40), ("keywords", "x", "y")],
+)
+def test_parameters_that_look_like_credentials_count(
+    make_hashing_manager: Any, field: str, a: object, b: object
+) -> None:
+    manager = make_hashing_manager()
+    one = ZerdaCachedLLM(ParameterLLM(**{field: a}), manager, tenant="li")
+    two = ZerdaCachedLLM(ParameterLLM(**{field: b}), manager, tenant="li")
+    assert one.identity() != two.identity()
+
+
+def test_listed_credential_fields_are_left_out(make_hashing_manager: Any) -> None:
+    manager = make_hashing_manager()
+    one = ZerdaCachedLLM(ParameterLLM(auth_token="t1", api_key="k1"), manager, tenant="li")
+    two = ZerdaCachedLLM(
+        ParameterLLM(auth_token="t2", api_key="k2", aws_secret_access_key="s2"),
+        manager,
+        tenant="li",
+    )
+    assert one.identity() == two.identity()
+    assert "t1" not in one.identity() and "aws-secret" not in one.identity()

@@ -9,9 +9,9 @@ settings (system prompt, query wrapper, prompt formatters, output parser), so
 the wrapped LLM.
 
 - Cached: ``chat``, ``complete``, ``achat``, ``acomplete``. The scope is a digest of the
-  wrapped LLM's class and parameters (``to_dict()``, without fields that look like
-  credentials), of the endpoint (chat or completion, and ``formatted``) and of the call's
-  keyword arguments, so answers made by another model, other parameters or the other
+  wrapped LLM's class and parameters (``to_dict()``, without the credential fields
+  named in ``CREDENTIAL_FIELDS``), of the endpoint (chat or completion, and
+  ``formatted``) and of the call's keyword arguments, so answers made by another model, other parameters or the other
   endpoint never meet. Only the digest is stored. Parameters are read at every call:
   keep call state (counters, clients) out of the LLM's dumped fields.
 - The query is the prompt, or for chat the messages as ``role: text`` lines. Calls the
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,9 +70,41 @@ log = logging.getLogger(__name__)
 MESSAGE_KEY = "llamaindex.message"
 KWARGS_KEY = "llamaindex.additional_kwargs"
 _ADAPTER = {"adapter": "llamaindex"}
-#: Parameters left out of the model's identity: credentials must not end up hashed into
-#: every entry (and a rotated key must not empty the cache).
-_SECRET = re.compile(r"key|token|secret|password|auth|credential", re.IGNORECASE)
+#: Parameters left out of the model's identity, by exact (case-insensitive) name:
+#: credentials must not end up hashed into every entry, and a rotated key must not empty
+#: the cache. An explicit list, not a pattern: a pattern for "token" or "key" also drops
+#: ``max_tokens``, ``max_new_tokens`` or ``top_k``, and then a model configured for long
+#: answers is served another's truncated ones. Headers are left out whole because they
+#: carry ``Authorization``; every other parameter counts.
+CREDENTIAL_FIELDS = frozenset(
+    {
+        "api_key",
+        "api_token",
+        "api_secret",
+        "access_token",
+        "auth_token",
+        "bearer_token",
+        "session_token",
+        "token",
+        "hf_token",
+        "huggingfacehub_api_token",
+        "azure_ad_token",
+        "azure_ad_token_provider",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "client_secret",
+        "private_key",
+        "password",
+        "secret",
+        "secret_key",
+        "auth",
+        "authorization",
+        "credentials",
+        "default_headers",
+        "headers",
+    }
+)
 
 
 class ZerdaCachedLLM(LLM):
@@ -255,7 +286,7 @@ class ZerdaCachedLLM(LLM):
             params = self._llm.to_dict()
         except Exception:  # a model whose fields do not dump: its public payload
             params = self._llm.to_payload()
-        params = {k: v for k, v in params.items() if not _SECRET.search(k)}
+        params = {k: v for k, v in params.items() if k.lower() not in CREDENTIAL_FIELDS}
         params.setdefault("class_name", self._llm.class_name())
         return json.dumps(params, sort_keys=True, default=lambda o: type(o).__qualname__)
 
