@@ -11,9 +11,10 @@ the wrapped LLM.
 - Cached: ``chat``, ``complete``, ``achat``, ``acomplete``. The scope is a digest of the
   wrapped LLM's class and parameters (``to_dict()``, without the credential fields
   named in ``CREDENTIAL_FIELDS``), of the endpoint (chat or completion, and
-  ``formatted``) and of the call's keyword arguments, so answers made by another model, other parameters or the other
-  endpoint never meet. Only the digest is stored. Parameters are read at every call:
-  keep call state (counters, clients) out of the LLM's dumped fields.
+  ``formatted``) and of the call's keyword arguments, so answers made by another model,
+  other parameters or the other endpoint never meet. Only the digest is stored.
+  Parameters are read at every call: keep call state (counters, clients) out of the
+  LLM's dumped fields.
 - The query is the prompt, or for chat the messages as ``role: text`` lines. Calls the
   cache cannot key faithfully go to the wrapped LLM uncached: messages with non-text
   blocks (images, tool calls) or ``additional_kwargs``, and keyword arguments that are
