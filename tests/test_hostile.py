@@ -135,3 +135,35 @@ def test_hostile_feedback_and_invalidation(
     call(m.invalidate, entry_id, tenant=tenant)
     no_corrupt_entry(m)
     assert RedisStorage(m.client).count("t") >= 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda eid: FeedbackSignal("\ud800", "t", True),
+        lambda eid: FeedbackSignal(eid + "\udc80", "t", False),
+        lambda eid: FeedbackSignal("x" * 10_000, "t", True),
+        lambda eid: FeedbackSignal(eid, "t", True, magnitude=10**400),
+        lambda eid: FeedbackSignal(eid, "t", True, magnitude=-(10**400)),
+        lambda eid: FeedbackSignal(eid, "t", False, similarity=10**400),
+        lambda eid: FeedbackSignal(eid, "t", False, timestamp=10**400),
+    ],
+)
+def test_numbers_past_a_float_and_unencodable_ids_are_typed_errors(hostile: Any, make: Any) -> None:
+    """Each of these crashed untyped: a lone surrogate reached hiredis (UnicodeEncodeError),
+    ``math.isfinite(10**400)`` raised OverflowError."""
+    m, eid = hostile
+    with pytest.raises(ZerdaError):
+        m.feedback(make(eid))
+    no_corrupt_entry(m)
+
+
+@pytest.mark.parametrize("field", ["ttl_s", "quality"])
+@pytest.mark.parametrize("value", [10**400, -(10**400), float("inf")], ids=["huge", "-huge", "inf"])
+def test_a_put_with_numbers_past_a_float_is_a_typed_error(
+    hostile: Any, field: str, value: object
+) -> None:
+    m, _ = hostile
+    with pytest.raises(ZerdaError):
+        m.put("another question", "an answer", tenant="t", embedding=np.ones(DIM), **{field: value})
+    no_corrupt_entry(m)

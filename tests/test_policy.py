@@ -93,6 +93,45 @@ def test_changes_are_validated_and_encoded() -> None:
     with pytest.raises(ValueError, match="min_reward_to_serve"):
         check_changes(base, {"rl.min_reward_to_keep": "0.5"}, {"rl.min_reward_to_serve": 0.2})
     assert flatten({"rl": {"prior_alpha": 2}, "top_k": 3}) == {"rl.prior_alpha": 2, "top_k": 3}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rl.positive_feedback_reward",
+        "rl.negative_feedback_penalty",
+        "rl.prior_alpha",
+        "rl.prior_beta",
+    ],
+)
+@pytest.mark.parametrize(
+    "value", [1e308, 1e7, 10**400, "1e400"], ids=["1e308", "1e7", "huge", "text"]
+)
+def test_arm_parameters_the_arithmetic_cannot_hold_are_refused(name: str, value: object) -> None:
+    """At 1e308, one signal of magnitude 1,000 turned an arm infinite: the entry was then
+    corrupt and never served again. Each step and prior is capped at ``MAX_ARM_STEP``."""
+    with pytest.raises(ValueError, match=name.split(".")[1]):
+        check_changes(CacheConfig(), {}, {name: value})
+    assert check_changes(CacheConfig(), {}, {name: 1e6}) == {name: "1000000.0"}
+
+
+def test_the_cli_refuses_an_overflowing_arm_parameter(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--redis-url",
+            redis_url,
+            "tenant",
+            "set",
+            "t",
+            "--set",
+            "rl.positive_feedback_reward=1e308",
+        ],
+    )
+    assert result.exit_code == 2 and "positive_feedback_reward" in result.output, result.output
+    assert RedisStorage(redis_client).tenant_policy("t").version == 0
     assert "seed" not in {f.attr for f in POLICY_FIELDS.values() if f.section == "rl"}
 
 

@@ -12,12 +12,11 @@ the others are ours and are documented next to their constant.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from zerda_cache.index import POLICY_DTYPES as ANN_DTYPES
-from zerda_cache.validation import validate_prefix
+from zerda_cache.validation import finite_number, validate_prefix
 
 # --- RLConfig (the bandit) -------------------------------------------------------------
 #: Beta prior of every new arm: Beta(1, 1) is uniform, "we know nothing yet".
@@ -167,6 +166,12 @@ DEFAULT_ANN_EF_SEARCH = 16
 #: With an error bound set, this share of lookups that could be served by similarity is
 #: verified instead (the app calls its LLM and the cache compares answers), so that the
 #: labels keep up with the traffic near and above the serving threshold.
+#: The largest prior and the largest step one unit of feedback adds to an arm
+#: (``RLConfig``). With ``MAX_FEEDBACK_MAGNITUDE`` (1,000) a signal adds at most 1e9, so
+#: no sequence of signals a tenant can send overflows an arm's float64 alpha or beta (at
+#: 1e308, one signal of magnitude 1,000 turns an arm infinite: corrupt, never served).
+MAX_ARM_STEP = 1e6
+
 DEFAULT_VERIFY_RATE = 0.02
 #: Labels a tenant keeps the full weight of; past it, every count is halved (drift).
 DEFAULT_LABEL_WINDOW = 20_000
@@ -178,8 +183,16 @@ DEFAULT_POLICY_REFRESH_S = 2.0
 def _check_finite(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+    if finite_number(value) is None:
+        shown = "an int too large for a float" if isinstance(value, int) else repr(value)
+        raise ValueError(f"{name} must be finite, got {shown}")
+
+
+def _check_arm_step(name: str, value: float) -> None:
+    """A prior or a per-signal step of an arm: > 0 and at most ``MAX_ARM_STEP``."""
+    _check_positive(name, value)
+    if value > MAX_ARM_STEP:
+        raise ValueError(f"{name} must be at most {MAX_ARM_STEP:g}, got {value!r}")
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -208,10 +221,12 @@ class RLConfig:
     """Parameters of the Beta-Bernoulli bandit behind every cache entry.
 
     Attributes:
-        prior_alpha: Beta prior alpha of a new arm (> 0).
-        prior_beta: Beta prior beta of a new arm (> 0).
-        positive_feedback_reward: alpha added per unit of positive feedback (> 0).
-        negative_feedback_penalty: beta added per unit of negative feedback (> 0).
+        prior_alpha: Beta prior alpha of a new arm (> 0, at most ``MAX_ARM_STEP``).
+        prior_beta: Beta prior beta of a new arm (> 0, at most ``MAX_ARM_STEP``).
+        positive_feedback_reward: alpha added per unit of positive feedback (> 0, at most
+            ``MAX_ARM_STEP``).
+        negative_feedback_penalty: beta added per unit of negative feedback (> 0, at most
+            ``MAX_ARM_STEP``).
         similarity_bonus_scale: weight of the Thompson draw in the composite score (>= 0).
         similarity_tie_margin: candidates within this much cosine similarity of the best
             remaining candidate are ranked among themselves by the composite score; the
@@ -261,10 +276,10 @@ class RLConfig:
         return self.min_reward_to_serve
 
     def __post_init__(self) -> None:
-        _check_positive("prior_alpha", self.prior_alpha)
-        _check_positive("prior_beta", self.prior_beta)
-        _check_positive("positive_feedback_reward", self.positive_feedback_reward)
-        _check_positive("negative_feedback_penalty", self.negative_feedback_penalty)
+        _check_arm_step("prior_alpha", self.prior_alpha)
+        _check_arm_step("prior_beta", self.prior_beta)
+        _check_arm_step("positive_feedback_reward", self.positive_feedback_reward)
+        _check_arm_step("negative_feedback_penalty", self.negative_feedback_penalty)
         _check_finite("similarity_bonus_scale", self.similarity_bonus_scale)
         if self.similarity_bonus_scale < 0:
             raise ValueError(

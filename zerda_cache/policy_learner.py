@@ -29,7 +29,7 @@ import numpy as np
 from zerda_cache.config import EvictionConfig, RLConfig
 from zerda_cache.entry import USAGE_SATURATION, IntelligentCacheEntry, compute_confidence
 from zerda_cache.errors import InvalidFeedbackError
-from zerda_cache.validation import check_text, validate_tenant
+from zerda_cache.validation import check_text, finite_number, validate_tenant
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ FEEDBACK_LOG_SIZE = 10_000
 #: The weight one signal may carry. Far above any sensible judgement, far below what
 #: would overflow an arm (1e308 twice made alpha infinite and the entry corrupt for good).
 MAX_FEEDBACK_MAGNITUDE = 1_000.0
+#: An entry id longer than this is refused before it reaches Redis (ours have 32 chars).
+MAX_ENTRY_ID_CHARS = 128
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -96,34 +98,39 @@ class FeedbackSignal:
         return self.tenant_id
 
     def __post_init__(self) -> None:
-        if not isinstance(self.entry_id, str) or not self.entry_id:
-            raise InvalidFeedbackError(f"entry_id must be a non-empty str, got {self.entry_id!r}")
+        if not isinstance(self.entry_id, str) or not 0 < len(self.entry_id) <= MAX_ENTRY_ID_CHARS:
+            raise InvalidFeedbackError(
+                f"entry_id must be a str of 1-{MAX_ENTRY_ID_CHARS} chars, got {self.entry_id!r}"
+            )
+        check_text(self.entry_id, "entry_id", InvalidFeedbackError)
         validate_tenant(self.tenant_id)
         if not isinstance(self.positive, bool | np.bool_):
             raise InvalidFeedbackError(f"positive must be a bool, got {self.positive!r}")
-        m = self.magnitude
-        if (
-            isinstance(m, bool)
-            or not isinstance(m, int | float)
-            or not math.isfinite(m)
-            or not 0 <= m <= MAX_FEEDBACK_MAGNITUDE
-        ):
+        m = finite_number(self.magnitude)
+        if m is None or not 0 <= m <= MAX_FEEDBACK_MAGNITUDE:
             raise InvalidFeedbackError(
-                f"magnitude must be a number in [0, {MAX_FEEDBACK_MAGNITUDE:g}], got {m!r}"
+                f"magnitude must be a number in [0, {MAX_FEEDBACK_MAGNITUDE:g}], "
+                f"got {_shown(self.magnitude)}"
             )
         if not isinstance(self.source, str) or not 0 < len(self.source) <= 64:
             raise InvalidFeedbackError(f"source must be a str of 1-64 chars, got {self.source!r}")
         check_text(self.source, "source", InvalidFeedbackError)
-        sim = self.similarity
-        if sim is not None and (
-            isinstance(sim, bool)
-            or not isinstance(sim, int | float)
-            or not math.isfinite(sim)
-            or not -1.0 <= sim <= 1.0 + 1e-6
-        ):
-            raise InvalidFeedbackError(f"similarity must be in [-1, 1] or None, got {sim!r}")
-        if not isinstance(self.timestamp, int | float) or not math.isfinite(self.timestamp):
-            raise InvalidFeedbackError(f"timestamp must be a finite number, got {self.timestamp!r}")
+        if self.similarity is not None:
+            sim = finite_number(self.similarity)
+            if sim is None or not -1.0 <= sim <= 1.0 + 1e-6:
+                raise InvalidFeedbackError(
+                    f"similarity must be in [-1, 1] or None, got {_shown(self.similarity)}"
+                )
+        if finite_number(self.timestamp) is None:
+            raise InvalidFeedbackError(
+                f"timestamp must be a finite number, got {_shown(self.timestamp)}"
+            )
+
+
+def _shown(value: object) -> str:
+    """A bad value for an error message, cut short (``10**400`` has 401 digits)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else "an int too large"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@ to, so such an id is a clear ``InvalidTenantError``, never a key.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import secrets
 
@@ -51,6 +53,19 @@ def check_text(value: str, what: str, error: type[ValueError] = InvalidEntryErro
     except UnicodeEncodeError as exc:
         raise error(f"{what} is not valid text: {exc.reason} at position {exc.start}") from None
     return value
+
+
+def finite_number(value: object) -> float | None:
+    """``value`` as a float if it is a real number (not a bool) that a float holds as a
+    finite value, else ``None``. An int past a float's range (``10**400``) is ``None``:
+    ``math.isfinite`` would raise ``OverflowError`` on it, which is no validation error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def validate_prefix(prefix: object) -> str:

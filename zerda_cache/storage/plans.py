@@ -48,6 +48,7 @@ from zerda_cache.validation import (
     check_query,
     check_response,
     check_scope,
+    finite_number,
     new_entry_id,
     validate_entry_id,
 )
@@ -589,12 +590,10 @@ class StoragePlans:
         metadata, entry_id = fields.get("metadata"), fields.get("entry_id")
         ttl = fields.get("ttl_s")
         if ttl is not None and (
-            isinstance(ttl, bool)
-            or not isinstance(ttl, int | float)
-            or not math.isfinite(ttl)
-            or ttl <= 0
+            not isinstance(ttl, int | float) or (finite_number(ttl) or 0.0) <= 0
         ):
-            raise InvalidEntryError(f"ttl_s must be a finite number > 0, got {ttl!r}")
+            shown = "an int too large for a float" if isinstance(ttl, int) else repr(ttl)
+            raise InvalidEntryError(f"ttl_s must be a finite number > 0, got {shown}")
         q = _unit_score("quality", DEFAULT_QUALITY if quality is None else quality)
         s = _unit_score("similarity", DEFAULT_SIMILARITY if similarity is None else similarity)
         vec = codec.encode_vector(embedding, cfg.vector_storage)
