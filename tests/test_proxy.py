@@ -3,6 +3,7 @@ the real service and a small local upstream server that counts its calls."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -403,3 +404,40 @@ def test_a_malformed_chat_request_is_refused_before_the_upstream(
     )
     assert resp.status_code == 422
     assert state.calls == []
+
+
+def test_unencodable_text_anywhere_in_a_chat_request_is_a_422_on_a_kept_connection(
+    service: Service, upstream: tuple[str, UpstreamState], redis_client: redis.Redis
+) -> None:
+    """A lone surrogate is a 422 wherever it is, not only in the question: a system
+    message, the model, a stop sequence, a tool's name. The refusal is JSON and the
+    connection stays usable, so a pooled client's next request is answered."""
+    _, state = upstream
+    fine = {"model": "gpt-test", "messages": [{"role": "user", "content": QUESTION}]}
+    spoiled = [
+        {
+            **fine,
+            "messages": [{"role": "system", "content": "Be \ud800 brief."}, *fine["messages"]],
+        },
+        {**fine, "model": "gpt-\ud800"},
+        {**fine, "stop": ["\udfff"]},
+        {**fine, "user": "\ud83d"},
+        {**fine, "messages": [{"role": "user", "content": QUESTION, "name": "\ud800"}]},
+        {**fine, "tools": [{"type": "function", "function": {"name": "\ud800"}}]},
+        {**fine, "messages": [{"role": "user", "content": "Why \ud800?"}]},
+    ]
+    before = snapshot(redis_client)
+    h = {**service.headers("acme"), "content-type": "application/json"}
+    with httpx.Client(base_url=service.url, timeout=30) as http:
+        for body in spoiled:
+            raw = json.dumps(body).encode()  # "\ud800" as its JSON escape, as a client sends it
+            for path in ("/v1/chat/completions", "/v1/embeddings"):
+                resp = http.post(path, content=raw, headers=h)
+                assert resp.status_code == 422, (body, resp.status_code, resp.text)
+                assert resp.json()["error"]["code"] == "invalid_unicode"
+                assert resp.headers.get("connection") != "close"
+            # the same pooled client: the next request is answered
+            ok = http.post("/v1/chat/completions", json=fine, headers=h)
+            assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
+    assert state.chat_calls() == 1  # the first fine request; hits after it, no spoiled call
+    assert {k for k in snapshot(redis_client) if b":e:" in k} - set(before)  # the fine answer

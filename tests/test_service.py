@@ -551,3 +551,59 @@ def test_documented_service_metrics_are_exposed(service: Service, http: httpx.Cl
         assert exposed[name][0] == kind, name
         if exposed[name][1]:  # (a labelled metric without samples yet shows no labels)
             assert exposed[name][1] == {x.strip() for x in labels.split(",")}, name
+
+
+def test_bodies_are_read_as_json_without_a_json_content_type(
+    service: Service, http: httpx.Client, redis_client: redis.Redis
+) -> None:
+    """`curl -d '{...}'` sends application/x-www-form-urlencoded: the body is JSON all the
+    same. A body without a content type is too; a type that says it is something else is a
+    415 in the JSON error shape, and writes nothing."""
+    token = service.headers("acme")
+    body = json.dumps({"query": "What is Redis?", "response": "An in-memory data store."})
+    form = {**token, "content-type": "application/x-www-form-urlencoded"}
+    put = http.post("/v1/put", content=body.encode(), headers=form)
+    assert put.status_code == 200 and put.json()["stored"], put.text
+    lookup = json.dumps({"query": "what is redis"}).encode()
+    for headers in (form, token, {**token, "content-type": "application/json; charset=utf-8"}):
+        hit = http.post("/v1/lookup", content=lookup, headers=headers)
+        assert hit.status_code == 200, (headers, hit.text)
+        assert hit.json()["entry"]["response"] == "An in-memory data store."
+    before = snapshot(redis_client)
+    for kind in ("text/plain", "multipart/form-data; boundary=x", "application/xml"):
+        resp = http.post("/v1/put", content=body.encode(), headers={**token, "content-type": kind})
+        assert resp.status_code == 415, (kind, resp.text)
+        assert error_of(resp)["code"] == "unsupported_media_type"
+    assert snapshot(redis_client) == before
+
+
+def test_bodies_not_utf8_not_json_or_too_deep_are_422(
+    service: Service, http: httpx.Client, redis_client: redis.Redis
+) -> None:
+    """Bad input is a 422 with the JSON error shape however it is bad: bytes that are not
+    UTF-8, nesting deeper than the parser (or the service) takes, a lone surrogate, a
+    number that is not one."""
+    before = snapshot(redis_client)
+    h = {**service.headers("acme"), "content-type": "application/json"}
+    cases = {
+        b'{"query": "caf\xe9", "response": "a"}': "invalid_utf8",
+        b'{"query": "\xed\xa0\x80", "response": "a"}': "invalid_utf8",
+        b'{"query": "q", "response": "a", "metadata": {"k": ' + b"[" * 100_000 + b"]" * 100_000
+        + b"}}": "too_deeply_nested",
+        b'{"query": "q", "response": "a", "metadata": {"k": ' + b"[" * 70 + b"]" * 70
+        + b"}}": "too_deeply_nested",
+        b'{"query": "q", "response": "\\ud800"}': "invalid_unicode",
+        b'{"query": "q", "response": "a", "metadata": {"\\udfff": 1}}': "invalid_unicode",
+        b'{"query": "q", "response": "a", "quality": 1e999}': "invalid_json",
+        b'{"query": "q", "response": "a", "quality": NaN}': "invalid_json",
+    }  # fmt: skip
+    for body, code in cases.items():
+        for path in ("/v1/put", "/v1/lookup", "/v1/chat/completions"):
+            resp = http.post(path, content=body, headers=h)
+            assert resp.status_code == 422, (path, body[:60], resp.status_code, resp.text)
+            err = error_of(resp)
+            assert err["code"] == code and err["type"] == "invalid_request_error", err
+    assert snapshot(redis_client) == before
+    # nesting within the limits is fine (the library's limit on metadata is 16 levels)
+    deep = {"query": "q", "response": "a", "metadata": {"k": json.loads("[" * 12 + "]" * 12)}}
+    assert post(http, service, "acme", "/v1/put", deep).json()["stored"]

@@ -9,6 +9,7 @@ module            holds
 ``models``        request and response bodies of the cache endpoints
 ``errors``        the one JSON error shape, and how library errors map to statuses
 ``limits``        the request body limit (an ASGI middleware)
+``body``          JSON bodies checked once for every route: type, UTF-8, depth, surrogates
 ``embedding``     the embedders ``--embedder`` names (an OpenAI-compatible endpoint too)
 ================  ==========================================================================
 

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import httpx
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -34,9 +35,10 @@ from zerda_cache.aio import AsyncCacheManager
 from zerda_cache.apikeys import looks_like_token, token_digest
 from zerda_cache.errors import StorageError
 from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.service.body import JsonBody
 from zerda_cache.service.embedding import EmbedderError
 from zerda_cache.service.errors import ApiError, error_response, install_error_handlers
-from zerda_cache.service.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from zerda_cache.service.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, send_error
 from zerda_cache.service.models import (
     Entry,
     FeedbackRequest,
@@ -209,7 +211,9 @@ def _tenant_dependency(ctx: ServiceContext) -> Callable[..., Awaitable[str]]:
 
 
 class _RequestMetrics:
-    """Counts every response (including the body limit's 413s) by route and status."""
+    """Counts every response (including the body limit's 413s) by route and status, and
+    answers an exception no handler took with the JSON error shape (a 500): the error is
+    logged here, not re-raised, so the server keeps the client's connection open."""
 
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics, routes: set[str]) -> None:
         self.app = app
@@ -221,16 +225,24 @@ class _RequestMetrics:
             await self.app(scope, receive, send)
             return
         status = 500
+        responded = False
         started = time.perf_counter()
 
         async def counting(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                responded = True
             await send(message)
 
         try:
             await self.app(scope, receive, counting)
+        except Exception:
+            log.exception("%s %s failed", scope.get("method", ""), scope.get("path", ""))
+            if responded:  # mid-stream: the connection cannot be saved
+                raise
+            status = 500
+            await send_error(send, 500, "internal error (logged by the service)", "server_error")
         finally:
             path = scope.get("path", "")
             route = path if path in self.routes else "other"
@@ -437,6 +449,9 @@ def create_app(
     add_proxy_routes(app, ctx, Tenant)
 
     routes = {getattr(r, "path", "") for r in app.routes}
+    # Innermost first: the body limit reads the body, the JSON check parses it.
+    json_routes = {r.path for r in app.routes if isinstance(r, APIRoute) and r.body_field}
+    app.add_middleware(JsonBody, paths=json_routes)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     app.add_middleware(_RequestMetrics, metrics=ctx.metrics, routes=routes)
     return app

@@ -3,7 +3,11 @@
 Every error is ``{"error": {"message": ..., "type": ..., "code": ...}}`` with a 4xx or 5xx
 status: the shape of the OpenAI API, so the ``openai`` client pointed at the proxy raises
 its usual exceptions with our message, and other clients get one format everywhere.
-Library errors map by class: bad input 422, unknown entry 404, Redis down 503.
+Library errors map by class: bad input 422, unknown entry 404, Redis down 503. Request
+bodies are checked before any route reads them (``body``: a 415 for a type that is not
+JSON, a 422 for bytes that are not UTF-8, text that is not JSON, lone surrogates or deep
+nesting); text that still cannot be encoded or nests too deeply for a library call on the
+way is a 422 as well, never a 500 that drops the connection.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ class ApiError(Exception):
 
 
 def error_body(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "code": code or type_, "param": None}}
+    # A message may quote its input: escape what UTF-8 cannot hold, or the error itself
+    # could not be sent.
+    text = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return {"error": {"message": text, "type": type_, "code": code or type_, "param": None}}
 
 
 def error_response(
@@ -80,6 +87,19 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(422, _validation_message(exc), "invalid_request_error")
+
+    @app.exception_handler(UnicodeError)
+    async def unicode_error(request: Request, exc: UnicodeError) -> JSONResponse:
+        log.warning("%s %s: text not encodable: %s", request.method, request.url.path, exc)
+        message = f"text that is not valid Unicode: {exc}"
+        return error_response(422, message, "invalid_request_error", "invalid_unicode")
+
+    @app.exception_handler(RecursionError)
+    async def recursion_error(request: Request, exc: RecursionError) -> JSONResponse:
+        log.warning("%s %s: input nested too deeply", request.method, request.url.path)
+        return error_response(
+            422, "input nested too deeply", "invalid_request_error", "too_deeply_nested"
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

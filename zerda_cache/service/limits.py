@@ -40,7 +40,7 @@ class BodyLimit:
             try:
                 declared = int(length)
             except ValueError:
-                await _refuse(send, 400, "bad Content-Length header", "invalid_request_error")
+                await send_error(send, 400, "bad Content-Length header", "invalid_request_error")
                 return
             if declared > self.max_bytes:
                 await self._too_large(send)
@@ -71,7 +71,7 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send: Send) -> None:
-        await _refuse(
+        await send_error(
             send,
             413,
             f"request body over the limit of {self.max_bytes} bytes",
@@ -79,21 +79,28 @@ class BodyLimit:
         )
 
 
-async def _refuse(send: Send, status: int, message: str, type_: str) -> None:
-    payload: dict[str, Any] = error_body(message, type_)
+async def send_error(
+    send: Send,
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    *,
+    close: bool = True,
+) -> None:
+    """Answer with the service's JSON error shape, from an ASGI middleware (the app, and
+    so its error handlers, never ran). ``close``: ask the client to close the connection,
+    for a refusal sent before the body was read to its end."""
+    payload: dict[str, Any] = error_body(message, type_, code)
     body = json.dumps(payload).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit", "send_error"]
