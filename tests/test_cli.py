@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +181,211 @@ def test_the_worker_and_admin_commands_take_the_replicas_rl_config(
     bad.write_text("min_reward_to_serv = 0.4\n")
     code, out = run(redis_url, "stats", "--rl-config", str(bad))
     assert code != 0 and "unknown RLConfig fields" in out
+
+
+def _unused_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_version() -> None:
+    import zerda_cache
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0 and zerda_cache.__version__ in result.output, result.output
+
+
+def test_keys_list_and_evict_take_json(redis_client: redis.Redis, redis_url: str) -> None:
+    """The README says the read commands take --json: keys list and evict had none."""
+    st = RedisStorage(redis_client)
+    rng = np.random.default_rng(2)
+    for i in range(12):
+        st.put("acme", f"question {i}", f"a{i}", rng.normal(size=8))
+    code, out = run(redis_url, "tenant", "set", "acme", "--max-entries", "5")
+    assert code == 0, out
+    code, out = run(redis_url, "keys", "create", "--tenant", "acme", "--name", "app")
+    assert code == 0
+    code, out = run(redis_url, "keys", "create", "--tenant", "other")
+    assert code == 0
+
+    code, out = run(redis_url, "keys", "list", "--tenant", "acme", "--json")
+    listed = json.loads(out)
+    assert code == 0 and [(k["tenant"], k["name"], k["active"]) for k in listed] == [
+        ("acme", "app", True)
+    ]
+    assert "zk_" not in out  # never the tokens
+    code, out = run(redis_url, "keys", "list", "--json")
+    assert code == 0 and {k["tenant"] for k in json.loads(out)} == {"acme", "other"}
+
+    code, out = run(redis_url, "evict", "--dry-run", "--tenant", "acme", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["dry_run"] is True, out
+    (row,) = plan["tenants"]
+    assert row["tenant"] == "acme" and row["entries"] == 12 and row["capacity"] == 5
+    assert row["removed"] is None and row["planned"]["capacity"] >= 7
+    assert st.count("acme") == 12  # a dry run removes nothing
+    code, out = run(redis_url, "evict", "--tenant", "acme", "--json")
+    (row,) = json.loads(out)["tenants"]
+    assert code == 0 and row["removed"] == 12 - st.count("acme") > 0
+
+
+def test_tenant_show_of_an_unknown_tenant_is_an_error(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """It printed the defaults and exited 0, so a typo looked like a real tenant."""
+    code, out = run(redis_url, "tenant", "show", "acme")
+    assert code == 1 and "no tenant 'acme'" in out, out
+    code, out = run(redis_url, "tenant", "show", "acme", "--json")
+    assert code == 1 and "no tenant" in out and "{" not in out
+    RedisStorage(redis_client).put("acme", "q", "a", np.ones(8))  # known by its entries
+    code, out = run(redis_url, "tenant", "show", "acme", "--json")
+    assert code == 0 and json.loads(out)["entries"] == 1
+    code, out = run(redis_url, "tenant", "set", "configured", "--ttl", "60")
+    assert code == 0  # known by its settings, with no entry yet
+    code, out = run(redis_url, "tenant", "show", "configured")
+    assert code == 0 and "60 s" in out, out
+    code, out = run(redis_url, "tenant", "show", "bad:tenant")
+    assert code == 2 and "invalid tenant" in out
+
+
+def test_an_unreachable_redis_has_its_own_exit_code(redis_url: str) -> None:
+    """3, not 2: a script can tell a down server from a mistyped command."""
+    down = f"redis://127.0.0.1:{_unused_port()}/0"
+    for args in (
+        ["stats"],
+        ["stats", "--json"],
+        ["keys", "list"],
+        ["tenant", "show", "acme"],
+        ["entries", "list", "--tenant", "acme"],
+        ["evict", "--dry-run"],
+        ["--cluster", "stats"],  # redis-py's cluster client raises its own error
+    ):
+        result = CliRunner().invoke(cli, ["--redis-url", down, *args])
+        assert result.exit_code == 3, (args, result.output, result.exception)
+        assert "Redis unreachable" in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+    code, _ = run(redis_url, "stats", "--no-such-option")
+    assert code == 2  # a usage error keeps its code
+    shown = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
+    assert "3 Redis unreachable" in shown, shown
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    import click
+
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+
+
+def test_help_is_plain_text_and_says_what_shared_options_do() -> None:
+    """Help showed reStructuredText (``inspect``), and the options every command takes
+    read "As before the command's name."."""
+    import click
+
+    group_help = {p.name: p.help for p in cli.params if isinstance(p, click.Option)}
+    for path, command in _commands(cli):
+        result = CliRunner().invoke(cli, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "``" not in result.output and "As before" not in result.output, result.output
+        for param in command.params:
+            if path and param.name and param.name.rstrip("_") in {"url", "cluster"}:
+                name = param.name.rstrip("_")
+                assert param.help == group_help[name], (path, param.name)
+    shown = CliRunner().invoke(cli, ["entries", "--help"]).output
+    assert "'inspect'" in shown
+
+
+def test_the_worker_log_is_not_flooded_by_apscheduler(redis_url: str, tmp_path: Path) -> None:
+    """At INFO, APScheduler logged every job it added and ran (the lease job every few
+    seconds); its loggers stay at WARNING unless DEBUG is asked for."""
+    import os
+    import signal
+    import sys
+    import time
+
+    health = tmp_path / "health"
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "workers" / "eviction_worker.py"), "--redis-url",
+             redis_url, "--metrics-port", "0", "--health-file", str(health),
+             "--lease-ttl", "3", "--worker-id", "log-test"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            # The health file is touched by the lease job: APScheduler has added and run
+            # jobs by then, and logged it if it was going to.
+            while not health.exists():
+                assert proc.poll() is None, log_path.read_text()
+                time.sleep(0.05)
+        finally:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+    text = log_path.read_text()
+    assert "worker log-test starting" in text and "worker log-test stopped" in text, text
+    assert " apscheduler" not in text, text
+
+    from zerda_cache.cli import configure_logging
+
+    try:
+        configure_logging("DEBUG")  # asked for: APScheduler's debug lines too
+        assert logging.getLogger("apscheduler.scheduler").getEffectiveLevel() == logging.DEBUG
+        configure_logging("INFO")
+        assert logging.getLogger("apscheduler.scheduler").getEffectiveLevel() == logging.WARNING
+    finally:
+        configure_logging("WARNING")
+
+
+def test_serve_takes_its_settings_from_the_environment(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """ZERDA_PORT, ZERDA_EMBEDDER and ZERDA_SIMILARITY_THRESHOLD, as the worker's and the
+    shared options have ZERDA_* variables: here the port it listens on, the service
+    embeds questions itself, and a paraphrase at cosine ~0.82 (under the default 0.85)
+    is a hit at 0.5."""
+    import os
+    import sys
+    import time
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    out = CliRunner().invoke(cli, ["--redis-url", redis_url, "keys", "create", "--tenant", "acme"])
+    token = re.findall(r"zk_[A-Za-z0-9_-]{43}", out.output)[0]
+    port = _unused_port()
+    env = {
+        **os.environ,
+        "ZERDA_REDIS_URL": redis_url,
+        "ZERDA_PORT": str(port),
+        "ZERDA_EMBEDDER": "hashing",
+        "ZERDA_SIMILARITY_THRESHOLD": "0.5",
+        "ZERDA_REDIS_TIMEOUT": "10",
+    }
+    exe = str(Path(sys.executable).with_name("zerda-cache"))
+    with subprocess.Popen([exe, "serve"], stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+                for _ in range(600):  # up to ~30 s to start, on a loaded machine
+                    try:
+                        if http.get("/readyz").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    assert proc.poll() is None, "serve exited"
+                    time.sleep(0.05)
+                else:
+                    pytest.fail(f"nothing answered on port {port} (ZERDA_PORT)")
+                headers = {"Authorization": f"Bearer {token}"}
+                body = {"query": "How do I reset my password?", "response": "Settings."}
+                assert http.post("/v1/put", json=body, headers=headers).json()["stored"]
+                near = {"query": "How can I reset my password, please?"}
+                hit = http.post("/v1/lookup", json=near, headers=headers).json()
+                assert hit["hit"] and hit["entry"]["response"] == "Settings.", hit
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=30)

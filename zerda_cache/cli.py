@@ -3,11 +3,14 @@
 
 Every command takes ``--redis-url`` (or ``ZERDA_REDIS_URL``), ``--cluster``,
 ``--key-prefix`` and ``--log-level``, before or after the command's name; without a URL,
-the commands that need a server start the embedded one (a throwaway server: useful for
-trying things, empty each time). Logging is configured here and nowhere else in the
-package: WARNING by default, INFO for the worker.
+the commands that need a server refuse (only ``demo`` starts a server of its own).
+Logging is configured here and nowhere else in the package: WARNING by default, INFO for
+the worker and ``serve`` (APScheduler's own loggers stay at WARNING unless DEBUG is asked
+for: they log every job run).
 
-Exit codes: 0 ok, 1 not found or unhealthy, 2 bad usage or Redis unreachable.
+Exit codes (``EXIT_CODES``, printed by ``--help``): 0 ok; 1 not found (an entry, a
+tenant) or unhealthy; 2 bad usage or bad input; 3 Redis unreachable or a Redis call
+failed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,10 +27,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import click
+import redis.exceptions
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zerda_cache import __version__
 from zerda_cache.calibration import exact_level
 from zerda_cache.config import (
     DEFAULT_HEALTH_FILE,
@@ -37,7 +43,7 @@ from zerda_cache.config import (
     CacheConfig,
     load_rl_config,
 )
-from zerda_cache.errors import EntryNotFoundError, ZerdaError
+from zerda_cache.errors import EntryNotFoundError, StorageError, ZerdaError
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.policy import POLICY_FIELDS, flatten
 from zerda_cache.storage import RedisStorage, connect
@@ -47,6 +53,27 @@ console = Console(width=None if sys.stdout.isatty() else 240)
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: Exit codes of every command (documented in ``--help`` and the README).
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_REDIS = 0, 1, 2, 3
+EXIT_CODES = (
+    "Exit codes: 0 ok; 1 not found (an entry, a tenant) or unhealthy; 2 bad usage or bad "
+    "input; 3 Redis unreachable or a Redis call failed."
+)
+
+#: Loggers too chatty at INFO: APScheduler logs every job it adds and runs (the worker's
+#: lease job runs every few seconds). They stay at WARNING unless DEBUG is asked for.
+QUIET_LOGGERS = ("apscheduler",)
+
+
+def configure_logging(level: str) -> None:
+    """The process's logging: ``level`` for zerda-cache, WARNING for ``QUIET_LOGGERS``
+    unless ``level`` is DEBUG."""
+    level = level.upper()
+    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+    quiet = logging.DEBUG if level == "DEBUG" else logging.WARNING
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)
 
 
 @dataclass
@@ -68,9 +95,7 @@ class CliState:
         return CacheConfig(key_prefix=self.key_prefix, rl=load_rl_config(self.rl_config))
 
     def configure_logging(self, default: str) -> None:
-        logging.basicConfig(
-            level=(self.log_level or default).upper(), format=LOG_FORMAT, force=True
-        )
+        configure_logging(self.log_level or default)
 
     def server_url(self) -> str:
         """The URL to use. Without one, commands refuse: an embedded server would be
@@ -120,16 +145,50 @@ def _set_state(attr: str) -> Callable[[click.Context, click.Parameter, Any], Non
     return callback
 
 
+#: The options every command takes, before or after its name: (flag, attribute, is_flag,
+#: help). The group reads the environment; after a command's name they override it.
+SHARED_OPTIONS: tuple[tuple[str, str, bool, str], ...] = (
+    (
+        "--redis-url",
+        "url",
+        False,
+        "redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL of the "
+        "server (env ZERDA_REDIS_URL).",
+    ),
+    ("--cluster", "cluster", True, "The URL is a node of a Redis Cluster."),
+    (
+        "--key-prefix",
+        "key_prefix",
+        False,
+        f"Prefix of every key zerda-cache writes (default {DEFAULT_KEY_PREFIX}).",
+    ),
+    (
+        "--log-level",
+        "log_level",
+        False,
+        "DEBUG, INFO, WARNING or ERROR; default WARNING, INFO for worker and serve "
+        "(env ZERDA_LOG_LEVEL).",
+    ),
+    (
+        "--rl-config",
+        "rl_config",
+        False,
+        "A TOML or JSON file of RLConfig fields: the app replicas' policy, for the worker "
+        "and the admin commands (env ZERDA_RL_CONFIG).",
+    ),
+)
+_ENVVARS = {
+    "url": "ZERDA_REDIS_URL",
+    "log_level": "ZERDA_LOG_LEVEL",
+    "rl_config": "ZERDA_RL_CONFIG",
+}
+
+
 def shared_options(command: F) -> F:
     """The group's options, accepted after a command's name too (``zerda-cache worker
-    --redis-url ...``, as ``workers/eviction_worker.py`` passes them)."""
-    for name, attr, flag in (
-        ("--log-level", "log_level", False),
-        ("--key-prefix", "key_prefix", False),
-        ("--cluster", "cluster", True),
-        ("--redis-url", "url", False),
-        ("--rl-config", "rl_config", False),
-    ):
+    --redis-url ...``, as ``workers/eviction_worker.py`` passes them), with the same help
+    text as on the group."""
+    for name, attr, flag, help_text in reversed(SHARED_OPTIONS):
         command = click.option(
             name,
             attr + "_",
@@ -137,45 +196,46 @@ def shared_options(command: F) -> F:
             default=False if flag else None,
             expose_value=False,
             callback=_set_state(attr),
-            help="As before the command's name.",
+            help=help_text,
         )(command)
     return command
 
 
-@click.group()
-@click.option(
-    "--redis-url",
-    envvar="ZERDA_REDIS_URL",
-    default=None,
-    help="redis://, rediss:// or unix:// URL (env ZERDA_REDIS_URL).",
-)
-@click.option("--cluster", is_flag=True, help="The URL is a Redis Cluster node.")
-@click.option("--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True)
-@click.option(
-    "--log-level",
-    envvar="ZERDA_LOG_LEVEL",
-    default=None,
-    help="Default WARNING; INFO for the worker (env ZERDA_LOG_LEVEL).",
-)
-@click.option(
-    "--rl-config",
-    envvar="ZERDA_RL_CONFIG",
-    default=None,
-    help="A TOML or JSON file of RLConfig fields: the app replicas' policy, for the worker "
-    "and the admin commands (env ZERDA_RL_CONFIG).",
-)
+def _group_options(command: F) -> F:
+    """The shared options on the group itself, read from the environment too."""
+    for name, attr, flag, help_text in reversed(SHARED_OPTIONS):
+        if flag:
+            command = click.option(name, attr, is_flag=True, help=help_text)(command)
+        else:
+            command = click.option(
+                name,
+                attr,
+                envvar=_ENVVARS.get(attr),
+                default=DEFAULT_KEY_PREFIX if attr == "key_prefix" else None,
+                help=help_text,
+            )(command)
+    return command
+
+
+@click.group(epilog=EXIT_CODES)
+@click.version_option(__version__, "--version", prog_name="zerda-cache")
+@_group_options
 @click.pass_context
 def cli(
     ctx: click.Context,
-    redis_url: str | None,
+    url: str | None,
     cluster: bool,
     key_prefix: str,
     log_level: str | None,
     rl_config: str | None,
 ) -> None:
-    """zerda-cache: a shared semantic cache that learns which answers to serve."""
+    """zerda-cache: a shared semantic cache that learns which answers to serve.
+
+    Every command takes the options below before or after its name. Read commands take
+    --json.
+    """
     state = CliState(
-        url=redis_url,
+        url=url,
         cluster=cluster,
         key_prefix=key_prefix,
         log_level=log_level,
@@ -186,16 +246,28 @@ def cli(
     ctx.call_on_close(state.close)
 
 
+#: Errors of the server or the connection to it, as redis-py raises them where
+#: zerda-cache's storage does not wrap them (connecting to a cluster, a sentinel).
+REDIS_FAILURES = (StorageError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
 @contextlib.contextmanager
 def errors() -> Iterator[None]:
+    """Known failures as one line on stderr and their exit code (``EXIT_CODES``)."""
     try:
         yield
     except EntryNotFoundError as exc:
         err.print(f"[red]{exc}[/red]")
-        sys.exit(1)
+        sys.exit(EXIT_NOT_FOUND)
+    except REDIS_FAILURES as exc:
+        detail = " ".join(str(exc).split())
+        if len(detail) > 300:
+            detail = detail[:297] + "..."
+        err.print(f"[red]error:[/red] Redis unreachable or failing: {detail}", soft_wrap=True)
+        sys.exit(EXIT_REDIS)
     except (ZerdaError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
 
 
 # -- worker -------------------------------------------------------------------------------------
@@ -546,13 +618,45 @@ def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> Non
 @shared_options
 @click.option("--tenant", default=None, help="One tenant (default: all).")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@json_option
 @pass_state
-def evict(state: CliState, tenant: str | None, dry_run: bool) -> None:
-    """Run one eviction pass now (or plan it with --dry-run)."""
+def evict(state: CliState, tenant: str | None, dry_run: bool, as_json: bool) -> None:
+    """Run one eviction pass now (or plan it with --dry-run). Per tenant: entries scanned,
+    capacity, the entries planned for removal by reason (expired, corrupt, low reward,
+    over capacity) and those removed."""
     with errors():
         st = state.storage()
         m = Maintenance(st)
         tenants = [tenant] if tenant else st.tenants()
+        rows: list[dict[str, Any]] = []
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+            disable=as_json,
+        ) as progress:
+            for t in tenants:
+                task = progress.add_task(f"scanning {t}", total=st.count(t))
+
+                def advance(n: int, task: Any = task) -> None:
+                    progress.advance(task, n)
+
+                plan = m.plan_eviction(t, progress=advance)
+                rows.append(
+                    {
+                        "tenant": t,
+                        "entries": plan.scanned,
+                        "capacity": plan.limits.max_entries,
+                        "planned": plan.counts(),
+                        "removed": None if dry_run else sum(m.execute(plan).removed.values()),
+                    }
+                )
+        if as_json:
+            _print_json({"dry_run": dry_run, "tenants": rows})
+            return
         table = Table(title="eviction" + (" (dry run)" if dry_run else ""))
         for col in (
             "tenant",
@@ -565,30 +669,14 @@ def evict(state: CliState, tenant: str | None, dry_run: bool) -> None:
             "removed",
         ):
             table.add_column(col, justify="left" if col == "tenant" else "right")
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as progress:
-            for t in tenants:
-                task = progress.add_task(f"scanning {t}", total=st.count(t))
-
-                def advance(n: int, task: Any = task) -> None:
-                    progress.advance(task, n)
-
-                plan = m.plan_eviction(t, progress=advance)
-                counts = plan.counts()
-                removed = "-" if dry_run else str(sum(m.execute(plan).removed.values()))
-                table.add_row(
-                    t,
-                    f"{plan.scanned:,}",
-                    f"{plan.limits.max_entries:,}",
-                    *(f"{counts[k]:,}" for k in ("expired", "corrupt", "low_reward", "capacity")),
-                    removed,
-                )
+        for r in rows:
+            table.add_row(
+                r["tenant"],
+                f"{r['entries']:,}",
+                f"{r['capacity']:,}",
+                *(f"{r['planned'][k]:,}" for k in ("expired", "corrupt", "low_reward", "capacity")),
+                "-" if r["removed"] is None else str(r["removed"]),
+            )
         console.print(table)
 
 
@@ -724,9 +812,26 @@ def tenant_settings_list(as_json: bool) -> None:
 @json_option
 @pass_state
 def tenant_show(state: CliState, name: str, as_json: bool) -> None:
-    """Show a tenant's effective policy: its stored settings over the defaults."""
+    """Show a tenant's effective policy: its stored settings over the defaults. Exit 1
+    for a tenant that was never put to or configured."""
+    from zerda_cache.validation import validate_tenant
+
     with errors():
+        validate_tenant(name)
+        if not _tenant_known(state.storage(), name):
+            err.print(
+                f"[red]error:[/red] no tenant {name!r}: nothing was ever put to or configured "
+                "for it (`zerda-cache stats` lists the tenants)"
+            )
+            sys.exit(EXIT_NOT_FOUND)
         _show_tenant(state, name, as_json)
+
+
+def _tenant_known(st: RedisStorage, name: str) -> bool:
+    """Whether ``name`` was ever put to or configured: in the tenant registry, or with
+    entries or stored settings (the registry may have been evicted by an allkeys-*
+    policy; the worker re-creates it)."""
+    return name in st.tenants() or st.count(name) > 0 or bool(st.tenant_settings(name))
 
 
 def _exact_bar_text(bar: float | None) -> str:
@@ -869,21 +974,38 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
 # -- the HTTP service -----------------------------------------------------------------------------
 @cli.command()
 @shared_options
-@click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 in a container.")
-@click.option("--port", type=int, default=8080, show_default=True)
+@click.option(
+    "--host",
+    envvar="ZERDA_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="0.0.0.0 in a container (env ZERDA_HOST).",
+)
+@click.option(
+    "--port",
+    type=int,
+    envvar="ZERDA_PORT",
+    default=8080,
+    show_default=True,
+    help="The port to listen on (env ZERDA_PORT).",
+)
 @click.option(
     "--embedder",
+    envvar="ZERDA_EMBEDDER",
     default="none",
     show_default=True,
     help="none (callers send vectors; the proxy passes through), hashing[:DIM], minilm "
     "(extra minilm), sentence-transformers:MODEL (extra sentence-transformers), or the "
-    "base URL of an OpenAI-compatible embeddings API (extra openai-embeddings).",
+    "base URL of an OpenAI-compatible embeddings API (extra openai-embeddings) "
+    "(env ZERDA_EMBEDDER).",
 )
 @click.option(
     "--embedding-model",
+    envvar="ZERDA_EMBEDDING_MODEL",
     default="text-embedding-3-small",
     show_default=True,
-    help="The model an embeddings URL is asked for (key: env ZERDA_EMBEDDINGS_API_KEY).",
+    help="The model an embeddings URL is asked for (env ZERDA_EMBEDDING_MODEL; its key: "
+    "env ZERDA_EMBEDDINGS_API_KEY).",
 )
 @click.option(
     "--upstream-url",
@@ -905,12 +1027,21 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     multiple=True,
     help="Build this tenant's index at start-up; /readyz waits for it (repeatable).",
 )
-@click.option("--similarity-threshold", type=float, default=None, help="Default 0.85.")
+@click.option(
+    "--similarity-threshold",
+    type=float,
+    envvar="ZERDA_SIMILARITY_THRESHOLD",
+    default=None,
+    help="Cosine similarity a near match needs, 0 to 1; default 0.85 "
+    "(env ZERDA_SIMILARITY_THRESHOLD).",
+)
 @click.option(
     "--redis-timeout",
     type=float,
+    envvar="ZERDA_REDIS_TIMEOUT",
     default=None,
-    help="Socket timeout (s) of Redis calls; default 0.5 (lookups fail open past it).",
+    help="Socket timeout (s) of Redis calls; default 0.5, lookups fail open past it "
+    "(env ZERDA_REDIS_TIMEOUT).",
 )
 @click.option(
     "--vector-storage",
@@ -919,7 +1050,8 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     default="float16",
     show_default=True,
     help="How puts store vectors (float32: 1.4x the memory of float16; for deployments "
-    "that still run a version that cannot read float16, see docs/operations.md).",
+    "that still run a version that cannot read float16, see docs/operations.md) "
+    "(env ZERDA_VECTOR_STORAGE).",
 )
 @pass_state
 def serve(
@@ -1017,16 +1149,31 @@ def keys_create(state: CliState, tenant: str, name: str) -> None:
 @keys.command("list")
 @shared_options
 @click.option("--tenant", default=None, help="One tenant (default: all).")
+@json_option
 @pass_state
-def keys_list(state: CliState, tenant: str | None) -> None:
+def keys_list(state: CliState, tenant: str | None, as_json: bool) -> None:
     """List keys (id, tenant, name, created, revoked); never the tokens."""
     with errors():
+        listed = [k for k in state.storage().api_keys() if tenant is None or k.tenant == tenant]
+        if as_json:
+            _print_json(
+                [
+                    {
+                        "id": k.id,
+                        "tenant": k.tenant,
+                        "name": k.name,
+                        "created": k.created,
+                        "revoked": k.revoked,
+                        "active": k.active,
+                    }
+                    for k in listed
+                ]
+            )
+            return
         table = Table(title="zerda-cache API keys")
         for col in ("id", "tenant", "name", "created", "status"):
             table.add_column(col)
-        for k in state.storage().api_keys():
-            if tenant is not None and k.tenant != tenant:
-                continue
+        for k in listed:
             status = "active" if k.revoked is None else "revoked " + _utc(k.revoked)
             table.add_row(k.id, k.tenant, k.name, _utc(k.created), status)
         console.print(table)
@@ -1065,6 +1212,25 @@ def keys_revoke(state: CliState, key: str | None, tenant: str | None) -> None:
 
 def _utc(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+
+
+def _plain_help(command: click.Command) -> None:
+    """Help texts come from docstrings written in reStructuredText: show ``x`` as 'x'."""
+
+    def plain(text: str | None) -> str | None:
+        return None if text is None else re.sub(r"``(.+?)``", r"'\1'", text)
+
+    command.help = plain(command.help)
+    command.short_help = plain(command.short_help)
+    for param in command.params:
+        if isinstance(param, click.Option):
+            param.help = plain(param.help)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _plain_help(sub)
+
+
+_plain_help(cli)
 
 
 def main() -> None:
