@@ -1,11 +1,23 @@
-"""The README's Python examples run as written (each starts its own throwaway server)."""
+"""The README's examples run as written: its Python examples (each starts its own
+throwaway server) and the shell session of the HTTP service (`zerda-cache keys create`,
+`zerda-cache serve` and curl, against a throwaway Redis)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
@@ -21,3 +33,84 @@ def test_readme_example_runs(index: int, capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert out.strip()  # every example prints what it shows
     assert "miss" not in out.splitlines()[0]
+
+
+# --- the README's shell example of the HTTP service ---------------------------------------
+SERVICE_SECTION = README.read_text().split("## The HTTP service", 1)[1].split("\n## ", 1)[0]
+SHELL = next(b for b in re.findall(r"```bash\n(.*?)```", SERVICE_SECTION, re.S) if "curl" in b)
+README_REDIS_URL = "redis://localhost:6379/0"
+README_PORT = "8080"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def json_values(text: str) -> list[Any]:
+    """The JSON values printed one after another (curl prints no newline after a body)."""
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        value, i = decoder.raw_decode(text, i)
+        values.append(value)
+    return values
+
+
+def test_readme_curl_example_runs_as_written(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """The block runs in bash as the README shows it, with a real `zerda-cache` and a real
+    curl: only the Redis URL and the port are this test's own (a throwaway server, a free
+    port)."""
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    assert README_REDIS_URL in SHELL and f"--port {README_PORT}" in SHELL
+    assert "$TOKEN" in SHELL and "TOKEN=$(zerda-cache keys create" in SHELL
+    script = SHELL.replace(README_REDIS_URL, redis_url).replace(README_PORT, str(free_port()))
+    bin_dir = str(Path(sys.executable).parent)  # where `zerda-cache` is installed
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    # Files, not pipes: the backgrounded `serve` holds them open after bash exits.
+    with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-c", script],
+            stdout=out,
+            stderr=err,
+            env=env,
+            start_new_session=True,  # `serve` too: the group is stopped below
+        )
+        try:
+            proc.wait(timeout=180)
+        finally:
+            stop_group(proc.pid)
+            proc.wait()
+    err = (tmp_path / "err").read_text()
+    assert proc.returncode == 0, err
+    out = (tmp_path / "out").read_text()
+    # uvicorn's access log shares stdout with curl, whose bodies end without a newline
+    put, lookup = json_values(re.sub(r"INFO: [^\n]*\n?", "", out))
+    assert put["stored"] is True, (put, err)
+    assert lookup["hit"] is True and lookup["decision"] == "hit", (lookup, err)
+    assert lookup["entry"]["response"] == "An in-memory data store."
+    assert not lookup["entry"]["exact"]  # "what is redis" is a near duplicate
+    # the key the block made is acme's, and the put wrote acme's keys
+    assert any(k.startswith(b"zc:{acme}:e:") for k in redis_client.scan_iter("zc:{acme}:*"))
+
+
+def stop_group(pgid: int) -> None:
+    """Stop the process group this test started (bash and the `serve` it left running)."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(300):  # serve shuts down gracefully; give it up to 30 s
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        threading.Event().wait(0.1)
+    os.killpg(pgid, signal.SIGKILL)
