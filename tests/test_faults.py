@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
 from conftest import Clock, near
 from conftest import unit as _unit
 from state_support import set_raw_state, set_state_value
@@ -405,3 +406,174 @@ def test_a_frozen_redis_fails_open_and_loses_no_acknowledged_write(
         hit = m.lookup(f"q{i}", tenant="t", embedding=unit(i))
         assert hit is not None and hit.entry_id in acked
     assert m.stats("t")["entries"] in (20, 21)  # 21 if the put that timed out happened
+
+
+# --- damage done by hand to one entry must not break the tenant (issue: outside campaign) ---
+def _corrupt_tenant(make_manager: Any, n: int = 30) -> tuple[Any, list[str]]:
+    m = make_manager()
+    ids = [m.put(f"question {i}", f"answer {i}", tenant="t", embedding=unit(i)).entry_id
+           for i in range(n)]  # fmt: skip
+    return m, ids
+
+
+def _first_scanned(redis_client: Any) -> str:
+    """The id a replica's build scans first (its dimension came from this one's vector)."""
+    _, items = redis_client.zscan(tenant_keys("t").ids, 0, count=1000)
+    return str(items[0][0].decode())
+
+
+def _near_hits(manager: Any, ids: list[str], skip: set[str]) -> int:
+    hits = 0
+    for i, eid in enumerate(ids):
+        if eid in skip:
+            continue
+        hit = manager.lookup(f"a rephrased question {i}", tenant="t", embedding=near(unit(i), 0.97))
+        hits += hit is not None and hit.entry_id == eid
+    return hits
+
+
+def test_one_vector_of_another_dimension_breaks_no_fresh_replica(
+    make_manager: Any, redis_client: Any
+) -> None:
+    """A 64-d tenant whose first scanned entry holds a 32-d vector: every fresh replica
+    took its index's dimension from that one vector and raised DimensionMismatchError on
+    every lookup. The index takes the tenant's dimension; the entry is reported, and the
+    worker evicts it."""
+    _, ids = _corrupt_tenant(make_manager)
+    bad = _first_scanned(redis_client)
+    redis_client.hset(tenant_keys("t").entry(bad), "vec", _unit(7, 32).astype("<f4").tobytes())
+    fresh = make_manager()
+    assert fresh.sync_index("t") == len(ids) - 1
+    assert _near_hits(fresh, ids, {bad}) == len(ids) - 1
+    assert Maintenance(RedisStorage(redis_client)).evict_tenant("t").removed == {"corrupt": 1}
+    assert RedisStorage(redis_client).count("t") == len(ids) - 1
+
+
+def test_a_key_of_the_wrong_type_stops_no_build_and_is_evicted(
+    make_manager: Any, redis_client: Any
+) -> None:
+    """``SET zc:{t}:e:<id> garbage``: builds failed on WRONGTYPE for ever (no near match
+    served by a fresh replica), and the worker never removed the key."""
+    _, ids = _corrupt_tenant(make_manager)
+    bad = ids[3]
+    redis_client.delete(tenant_keys("t").entry(bad))
+    redis_client.set(tenant_keys("t").entry(bad), "garbage")
+    fresh = make_manager()
+    assert fresh.sync_index("t") == len(ids) - 1
+    assert _near_hits(fresh, ids, {bad}) == len(ids) - 1
+    assert fresh.lookup("question 3", tenant="t", embedding=unit(3)) is None  # not served
+    report = Maintenance(RedisStorage(redis_client)).evict_tenant("t")
+    assert report.removed == {"corrupt": 1}
+    assert not redis_client.exists(tenant_keys("t").entry(bad))
+    assert redis_client.zscore(tenant_keys("t").ids, bad) is None
+    assert redis_client.hget(tenant_keys("t").st, bad) is None
+    assert make_manager().sync_index("t") == len(ids) - 1
+
+
+def test_the_worker_alone_evicts_corruption_its_state_scan_cannot_see(
+    make_manager: Any, redis_client: Any
+) -> None:
+    """meta.dim=7, an all-zero vector, a vector of another dimension and a garbage digest
+    survived the worker's whole scans (which read learning states only) when no replica
+    happened to report them. The worker's audit reads entries whole."""
+    import msgpack
+
+    _, ids = _corrupt_tenant(make_manager, 12)
+    key = tenant_keys("t").entry
+    meta = msgpack.unpackb(redis_client.hget(key(ids[0]), "meta"))
+    redis_client.hset(key(ids[0]), "meta", msgpack.packb({**meta, "dim": 7}))
+    redis_client.hset(key(ids[1]), "vec", np.zeros(DIM, "<f4").tobytes())
+    redis_client.hset(key(ids[2]), "vec", _unit(2, DIM + 8).astype("<f4").tobytes())
+    redis_client.hset(key(ids[3]), "dg", b"\x00garbage\xff")
+    report = Maintenance(RedisStorage(redis_client)).evict_tenant("t")
+    assert report.removed == {"corrupt": 4}
+    left = {m.decode() for m in redis_client.zrange(tenant_keys("t").ids, 0, -1)}
+    assert left == set(ids[4:])
+
+
+def test_a_lost_dimension_is_restored_from_the_entries_not_from_one_put(
+    make_manager: Any, redis_client: Any
+) -> None:
+    """``DEL zc:{t}:cfg``: a fresh replica (no index to compare with) put a 32-d vector
+    into a 64-d tenant and it was accepted, after which 64-d puts failed. The put now
+    restores the dimension from the entries' majority first."""
+    _, ids = _corrupt_tenant(make_manager, 10)
+    redis_client.delete(tenant_keys("t").cfg)
+    fresh = make_manager()
+    with pytest.raises(DimensionMismatchError):
+        fresh.put("a short one", "a", tenant="t", embedding=_unit(1, 32))
+    assert redis_client.hget(tenant_keys("t").cfg, "dim") == str(DIM).encode()
+    assert fresh.put("a long one", "a", tenant="t", embedding=unit(50))
+    assert RedisStorage(redis_client).tenant_dim("t") == DIM
+    # One corrupt vector among the entries does not outvote the rest.
+    redis_client.hset(tenant_keys("t").entry(ids[0]), "vec", _unit(3, 32).astype("<f4").tobytes())
+    redis_client.delete(tenant_keys("t").cfg)
+    assert RedisStorage(redis_client).tenant_dim("t") == DIM
+    # A tenant with no entries takes the dimension of its first put, as ever.
+    assert make_manager().clear("t") >= 1
+    assert make_manager().put("q", "a", tenant="t", embedding=_unit(1, 32))
+
+
+def test_capacity_can_be_lowered_on_a_full_server(
+    redis_server_factory: Any, make_manager: Any
+) -> None:
+    """``tenant set t --max-entries N`` on a full (noeviction) server failed with
+    "register tenant failed: OOM" (exit 2), and the tenant stayed full: the settings
+    script is allowed on a full server, and so is the change; only the registration (the
+    tenant is registered already) is refused."""
+    from click.testing import CliRunner
+
+    from zerda_cache.cli import cli
+
+    server = redis_server_factory(["--maxmemory-policy", "noeviction"])
+    m = make_manager(url=server.url)
+    answer = "x" * 8_000
+    for i in range(40):
+        m.put(f"question {i}", answer, tenant="t", embedding=unit(i))
+    admin = server.client()
+    for name in SCRIPT_NAMES:
+        admin.script_load(script_source(name))
+    admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) - 32 * 1024)
+    with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+        admin.sadd("zc:tenants", "another")  # the server is full
+    result = CliRunner().invoke(
+        cli, ["--redis-url", server.url, "tenant", "set", "t", "--max-entries", "10"]
+    )
+    assert result.exit_code == 0, result.output
+    cfg = CacheConfig(eviction=EvictionConfig(low_watermark=0.0))
+    storage = RedisStorage(connect(server.url, cfg), cfg)
+    report = Maintenance(storage).run_eviction()
+    assert report and report[0].removed.get("capacity") == 30
+    storage.close()
+    admin.close()
+
+
+def test_a_first_lookup_fails_open_within_one_timeout(
+    make_manager: Any, redis_server_factory: Any
+) -> None:
+    """A new replica's first lookup of a populated tenant while Redis is frozen took twice
+    ``redis_timeout_s``: the wait for the index build (which heard nothing from Redis),
+    then the lookup's own commands. A build that heard nothing is Redis failing: the
+    lookup fails open once the wait is over."""
+    import os
+    import signal
+
+    server = redis_server_factory()
+    timeout = 1.0
+    writer = make_manager(url=server.url)
+    for i in range(20):
+        writer.put(f"q{i}", f"a{i}", tenant="t", embedding=unit(i))
+    fresh = make_manager(CacheConfig(redis_timeout_s=timeout), url=server.url, from_url=True)
+    fresh.stats("t")  # connected before the freeze, as a running replica is
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert fresh.lookup("q1", tenant="t", embedding=unit(1)) is None  # fails open
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took < 1.6 * timeout, took  # one timeout, not two
+    assert fresh.sync_index("t") == 20
+    assert fresh.lookup("q1", tenant="t", embedding=unit(1)) is not None

@@ -945,3 +945,31 @@ def test_float16_vectors_are_served_to_every_replica_in_less_memory(
         assert hit is not None and hit.entry_id == big.entry_id
     entry = full.storage.get_entry("t", small.entry_id, with_vector=True)
     assert entry.embedding is not None and float(entry.embedding @ v) > 1 - 1e-6
+
+
+@pytest.mark.parametrize("why", ["marked_wrong", "expired"])
+def test_unservable_neighbours_do_not_hide_a_real_match(make_manager: Any, why: str) -> None:
+    """A real entry at cosine 0.93 behind ten entries at 0.995 that cannot be served
+    (marked wrong once under ``min_reward_to_serve``, hidden for good since they are
+    never evicted; or expired, hidden until the worker's next cycle): the window of
+    ``top_k`` candidates held only those, and the lookup missed. It widens past them."""
+    clock = Clock(1_000.0)
+    cfg = CacheConfig(similarity_threshold=0.85, rl=RLConfig(min_reward_to_serve=0.4))
+    m = make_manager(cfg, clock=clock)
+    q = unit(1)
+    real = m.put("the real question", "the real answer", tenant="t", embedding=near(q, 0.93))
+    ttl = 5.0 if why == "expired" else None
+    decoys = [
+        m.put(f"decoy {i}", f"decoy answer {i}", tenant="t", embedding=near(q, 0.995, seed=100 + i),
+              ttl_s=ttl).entry_id
+        for i in range(10)
+    ]  # fmt: skip
+    assert cfg.top_k < len(decoys)
+    if why == "marked_wrong":
+        for eid in decoys:
+            m.feedback(FeedbackSignal(eid, "t", False))
+    else:
+        clock.t += 10
+    hit = m.lookup("asked another way", tenant="t", embedding=q)
+    assert hit is not None and hit.entry_id == real.entry_id
+    assert hit.similarity == pytest.approx(0.93, abs=1e-3)

@@ -489,7 +489,13 @@ class CacheEngine:
         ti = self._tenant_index(keys)
         if not ti.built:  # built in the background: wait a bounded time for it
             # (a lookup without an embedding matches exactly only: it starts the build)
-            yield from self._await_index(ti, self._build_wait(ti, vec is not None))
+            wait = self._build_wait(ti, vec is not None)
+            yield from self._await_index(ti, wait)
+            if wait > 0 and not ti.built and not ti.answered:
+                # The build waited for Redis all that time and heard nothing: the
+                # lookup's own commands would wait as long again. Fail open now, within
+                # one redis_timeout_s in all.
+                raise StorageError(f"tenant {tenant}: Redis did not answer within {wait:g} s")
         policy, refresh = yield from self._lookup_policy(tenant)
         # Until it is built, search the index this replica had before, if any (a rebuild),
         # without catching it up, and check the dimension against Redis instead.
@@ -681,6 +687,10 @@ class CacheEngine:
                 hit = yield from self._serve_best(
                     tenant, servable(found), None, states, now, ghosts, tried, policy
                 )
+        if hit is None and vec is not None:
+            hit = yield from self._serve_wider(
+                ti, vec, scope, policy, n_found, states, now, ghosts, tried, servable, feats
+            )
         if hit is not None:
             return hit, n_found, False, self._asked(asked, hit)
         self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
@@ -805,6 +815,44 @@ class CacheEngine:
             elif exact_bar is not None and exact:
                 refuse(cand[0])
                 return None
+        return None
+
+    def _serve_wider(
+        self,
+        ti: TenantIndex,
+        vec: Vector,
+        scope: str,
+        policy: TenantPolicy,
+        n_found: int,
+        states: StateBatch,
+        now: float,
+        ghosts: set[str],
+        tried: set[str],
+        servable: Callable[[list[tuple[str, float]]], list[tuple[str, float]]],
+        feats: dict[str, Features],
+    ) -> Flow[CacheHit | None]:
+        """A miss whose window of ``top_k`` candidates was full: the nearest ones may all
+        be unservable (expired until the worker's next cycle, marked wrong under
+        ``min_reward_to_serve``, under their own similarity bar) and hide a servable
+        match further out. Search ever wider (``_WIDEN_FACTOR`` times, up to
+        ``_WIDEST_WINDOW`` candidates) and serve the best of the new ones. A miss with a
+        window that was not full has no candidate further out: nothing is searched."""
+        window = policy.config.top_k
+        seen = set(states.entries) | tried | ghosts  # every candidate read or tried
+        full = n_found >= window
+        while full and window < _WIDEST_WINDOW:
+            window = min(window * _WIDEN_FACTOR, _WIDEST_WINDOW)
+            wider = ti.search(vec, scope, window, policy.config.similarity_threshold)
+            new = [c for c in wider if c[0] not in seen]
+            seen.update(eid for eid, _ in new)
+            feats.update(self._features(new, policy))
+            if new:
+                hit = yield from self._serve_best(
+                    ti.keys.tenant, servable(new), None, states, now, ghosts, tried, policy
+                )
+                if hit is not None:
+                    return hit
+            full = len(wider) >= window
         return None
 
     def _plan_hit(
@@ -980,6 +1028,7 @@ class CacheEngine:
                 return None
             ti.build_started = now
             ti.progress = (0, 0)
+            ti.answered = False
             ti.job = job = self.spawn(self._build(ti), f"zerda-index-{ti.keys.tenant}")
             self._jobs.add(job)
             if not ti.rebasing:  # a move to a newer snapshot: the index in use is whole
@@ -1059,6 +1108,7 @@ class CacheEngine:
         (scan instead) when there is none, it is stale or it does not check out."""
         st, tenant = self.storage, ti.keys.tenant
         snap = yield from st._snapshot_info(tenant)
+        ti.answered = True
         ti.snapshot_seen = None if snap is None else snap.generation
         if snap is None:
             return False
@@ -1128,7 +1178,12 @@ class CacheEngine:
             yield from locked(ti.lock, self._resume_locked(ti))
             return
         info = yield from st._log_info(tenant)
+        ti.answered = True
         total = yield from st._count(tenant)
+        # The index takes the tenant's dimension (restored from the entries' majority if
+        # its cfg hash lost it), never the first vector scanned: entries of another
+        # dimension are corrupt, left out and reported for the worker to evict.
+        dim = yield from st._tenant_dim(tenant)
         ti.progress = (0, total)
         index: ScopedIndex | None = None
         scanned, told = 0, started
@@ -1136,7 +1191,7 @@ class CacheEngine:
         while cursor != 0:
             if self._closed:
                 return
-            cursor, vectors, n = yield from self._scan_batch(tenant, cursor or 0)
+            cursor, vectors, n = yield from self._scan_batch(tenant, cursor or 0, dim)
             if vectors:  # the insertion is CPU work: off the event loop (asyncio)
                 index = yield self.offload(ti.scanned, index, vectors)
             scanned += n
@@ -1185,7 +1240,7 @@ class CacheEngine:
             )
 
     def _scan_batch(
-        self, tenant: str, cursor: int
+        self, tenant: str, cursor: int, dim: int | None = None
     ) -> Flow[tuple[int, dict[str, tuple[Vector, str]], int]]:
         """One batch of the build's scan: the next cursor, the vectors, the ids scanned.
         A failed batch is tried again (a build of a million entries reads 500 batches:
@@ -1194,7 +1249,8 @@ class CacheEngine:
         for attempt in range(_BATCH_ATTEMPTS):
             try:
                 nxt, items = yield from st._scan_ids(tenant, cursor, _BUILD_BATCH)
-                vectors = (yield from st._vectors(tenant, [e for e, _ in items])) if items else {}
+                ids = [e for e, _ in items]
+                vectors = (yield from st._vectors(tenant, ids, dim)) if items else {}
                 return nxt, vectors, len(items)
             except StorageError:
                 if attempt == _BATCH_ATTEMPTS - 1:
@@ -1947,6 +2003,12 @@ def _stop_at_exit() -> None:
 
 
 atexit.register(_stop_at_exit)
+
+
+#: A miss whose ``top_k`` nearest candidates were all unservable searches this many
+#: times wider, again and again, up to ``_WIDEST_WINDOW`` candidates (``_serve_wider``).
+_WIDEN_FACTOR = 4
+_WIDEST_WINDOW = 256
 
 
 def _reason_label(reason: str) -> str:

@@ -102,6 +102,12 @@ DECAY_BATCH = 100
 #: 9.0 s, docs/BENCHMARKS.md): 100 would leave the 10 s target no margin on a slower
 #: host. 500 stands.
 STATE_BATCH = 500
+#: Entries whose content (doc, vector, meta and digest: ``Storage.audit``) is read per
+#: eviction plan of a tenant, from where the last plan's audit stopped: corruption that the scan of
+#: learning states cannot see (a vector of another dimension or not of unit length, a
+#: meta that does not match it, a garbage digest, a key of another type) is found
+#: within ``entries / AUDIT_BATCH`` plans even when no replica reads and reports it.
+AUDIT_BATCH = 2_000
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
 CycleOutcome = Literal["ok", "stopped", "error"]
@@ -248,6 +254,8 @@ class Maintenance:
         #: Where the decay job's sweep of each tenant's evidence list stands (an SSCAN
         #: cursor; 0: the next run starts a sweep).
         self._sweeps: dict[str, int] = {}
+        #: Where the audit of each tenant's entries stands (a ZSCAN cursor; ``_audit``).
+        self._audits: dict[str, int] = {}
         self._claimed: int | None = None  # the lease epoch written into every fence
         #: Batches a whole scan reads ahead (``READ_AHEAD``; 0: one at a time).
         self.read_ahead = READ_AHEAD
@@ -392,6 +400,7 @@ class Maintenance:
         # the learning state): evicted as corrupt, whatever their score.
         plan.reported = self._reported(tenant)
         plan.corrupt += plan.reported
+        plan.corrupt += self._audit(tenant, set(plan.corrupt))
         seen: set[str] = set(plan.corrupt)
         keep_ids: list[str] = []
         keep_scores: list[np.ndarray] = []
@@ -475,6 +484,26 @@ class Maintenance:
                 len(unfounded),
             )
         return confirmed
+
+    def _audit(self, tenant: str, known: set[str]) -> list[str]:
+        """The ids of the next ``AUDIT_BATCH`` of the tenant's entries (in ZSCAN order,
+        from where the last audit stopped; a small tenant whole) whose content is
+        corrupt (``StoragePlans.read_audit``), except those in ``known``."""
+        st = self.storage
+        cursor = self._audits.get(tenant, 0)
+        ids: list[str] = []
+        while len(ids) < AUDIT_BATCH and not self._halted():
+            cursor, batch = st.scan_ids(tenant, cursor, min(AUDIT_BATCH, 1_000))
+            ids += [eid for eid, _ in batch if eid not in known]
+            if cursor == 0:
+                break
+        self._audits[tenant] = cursor
+        bad: list[str] = []
+        for at in range(0, len(ids), READ_ENTRIES_BATCH):
+            bad += st.audit(tenant, ids[at : at + READ_ENTRIES_BATCH])
+        if bad:
+            log.warning("tenant %s: the audit found %d corrupt entries", tenant, len(bad))
+        return list(dict.fromkeys(bad))  # a ZSCAN may return an id twice
 
     def _states_ahead(
         self, tenant: str, now: float, skip: set[str], rl: RLConfig, check: bool
@@ -755,6 +784,7 @@ class Maintenance:
             plan.rewards, plan.confidences = previous.rewards, previous.confidences
         plan.reported = self._reported(tenant)
         plan.corrupt += plan.reported
+        plan.corrupt += self._audit(tenant, set(plan.corrupt))
         seen: set[str] = set(plan.corrupt)
         plan.expired = [eid for eid in st.expired_ids(tenant, now) if eid not in seen]
         seen.update(plan.expired)

@@ -66,6 +66,9 @@ class TenantIndex:
         self.build_started = 0.0  # monotonic time the current build started
         self.retry_at = 0.0  # after a failed build: not before this monotonic time
         self.progress = (0, 0)  # the current build: (entries scanned, entries counted)
+        #: The current build has had a reply from Redis (a lookup that waited for a build
+        #: that has not fails open at once: ``CacheEngine._find``).
+        self.answered = False
         self.finished_at = 0.0  # monotonic time the last build ended
         self.failures = 0  # builds failed in a row (the retry delay doubles)
         #: A new index is in use and the log since its scan is being replayed into it.

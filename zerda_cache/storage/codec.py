@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import struct
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -129,7 +130,16 @@ def vector_dim(raw: bytes) -> int:
     return (len(raw) - 1) // 2 if len(raw) % 2 else len(raw) // 4
 
 
-def decode_vector(raw: bytes, *, key: str = "?") -> Vector:
+#: How far a stored vector's squared norm may be from 1. Every vector is stored
+#: L2-normalised (``encode_vector``), which float32 rounding leaves within ~1e-6; one
+#: further off (all zeros, values written around the put script) is corrupt: it would
+#: match nothing, or match with a similarity that means nothing.
+UNIT_TOLERANCE = 1e-3
+
+
+def decode_vector(raw: bytes, *, key: str = "?", dim: int | None = None) -> Vector:
+    """A stored vector, checked: finite, of unit length and (``dim``) of the tenant's
+    dimension; ``CorruptEntryError`` otherwise."""
     if not isinstance(raw, bytes | bytearray) or len(raw) == 0:
         raise CorruptEntryError(key, "vec is empty or not bytes")
     if len(raw) % 2 and raw[:1] == _F16_MARK and len(raw) > 1:
@@ -141,8 +151,13 @@ def decode_vector(raw: bytes, *, key: str = "?") -> Vector:
         vec = np.frombuffer(raw, dtype=_VEC_DTYPE).astype(np.float32)
     else:
         raise CorruptEntryError(key, "vec is neither float32 nor marked float16 values")
-    if not np.all(np.isfinite(vec)):
-        raise CorruptEntryError(key, "vec holds NaN or infinite values")
+    if dim is not None and len(vec) != dim:
+        raise CorruptEntryError(key, f"vec has {len(vec)} dimensions, the tenant's {dim}")
+    sq = float(np.dot(vec, vec))
+    if not abs(sq - 1.0) <= UNIT_TOLERANCE:  # NaN fails this too
+        if not np.all(np.isfinite(vec)):
+            raise CorruptEntryError(key, "vec holds NaN or infinite values")
+        raise CorruptEntryError(key, f"vec is not of unit length (squared norm {sq:.6g})")
     return vec
 
 
@@ -152,6 +167,16 @@ def normalize_query(query: str) -> str:
     if query.isascii():  # NFKC leaves ASCII as it is, and casefold is lower there
         return " ".join(query.lower().split())
     return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+_DIGEST_RE = re.compile(rb"[0-9a-f]{40}")
+
+
+def check_digest(raw: object, *, key: str = "?") -> None:
+    """An entry's ``dg`` field (its ``query_digest``, by which eviction takes it out of
+    the exact-match map), if present, is one; ``CorruptEntryError`` otherwise."""
+    if raw is not None and not (isinstance(raw, bytes) and _DIGEST_RE.fullmatch(raw)):
+        raise CorruptEntryError(key, "dg is not a query digest")
 
 
 def query_digest(query: str, scope: str = "") -> str:

@@ -36,6 +36,7 @@ from zerda_cache.errors import (
     EntryNotFoundError,
     InvalidEntryError,
     SchemaVersionError,
+    StorageError,
     ZerdaError,
 )
 from zerda_cache.match_model import MatchModel, score_of
@@ -67,6 +68,16 @@ CATCHUP_BATCH = 1_000
 #: replica further behind reads the log forward, in batches, instead.
 PEEK_EVENTS = 64
 _PEEK_COUNT = str(PEEK_EVENTS + 1)  # the XREVRANGE's COUNT: the position's event too
+
+
+class DimensionLost(Exception):
+    """The put script's answer when the tenant's dimension is gone from its cfg hash
+    while entries remain, and the caller named none: ``Storage.put`` restores it from
+    the entries (``plan_restore_dim``) and puts again. Never reaches a caller."""
+
+    def __init__(self, tenant: str, dim: int) -> None:
+        super().__init__(f"tenant {tenant!r}: its embedding dimension is lost")
+        self.dim = dim  # the put's own
 
 
 @dataclass(frozen=True, slots=True)
@@ -622,6 +633,8 @@ class StoragePlans:
             code = int(res[0])
             if code == -1:
                 raise DimensionMismatchError(tenant, int(res[1]), dim)
+            if code == -3:
+                raise DimensionLost(tenant, dim)
             if code == -2:
                 raise InvalidEntryError(f"entry id {eid} already exists in tenant {tenant!r}")
             displaced = text(res[1]) or None
@@ -629,6 +642,14 @@ class StoragePlans:
 
         keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg, k.st]
         return ScriptCall("put", keys, args, parse)
+
+    def plan_restore_dim(self, tenant: str, sample: Sequence[str]) -> ScriptCall[int | None]:
+        """Plan reading the tenant's embedding dimension, restored (and stored again) from
+        the vectors of the ``sample`` of its ids when its cfg hash lost it: the dimension
+        more than half of them hold, else ``None`` (see ``lua/dim.lua``)."""
+        k = self.keys(tenant)
+        keys = [k.cfg, k.ids, *(k.entry(eid) for eid in sample)]
+        return ScriptCall("dim", keys, [], lambda res: int(res) if res else None)
 
     def needs_registration(self, tenant: str) -> bool:
         """True until this process has added ``tenant`` to the global tenant set.
@@ -894,25 +915,67 @@ class StoragePlans:
     ) -> ReadPlan[IntelligentCacheEntry]:
         k = self.keys(tenant)
         key = k.entry(entry_id)
-        fields = ("doc", "vec", *_STATE_FIELDS) if with_vector else ("doc", *_STATE_FIELDS)
+        fields = ("doc", "vec", "dg", *_STATE_FIELDS)
 
         def queue(pipe: Any) -> None:
             pipe.hmget(key, fields)
             pipe.hget(k.st, entry_id)
             pipe.zscore(k.ids, entry_id)
+            pipe.hget(k.cfg, "dim")
 
         def parse(res: list[Any]) -> IntelligentCacheEntry:
-            raw, state, score = res
-            values = dict(zip(fields, raw, strict=True))
+            raw, state, score, dim = res
+            values = dict(zip(fields, _hash_row(raw, key), strict=True))
             if values["doc"] is None:
                 raise EntryNotFoundError(tenant, entry_id)
             entry = _state_entry(tenant, entry_id, key, values, state, score)
             entry.query, entry.response, entry.metadata = codec.unpack_doc(values["doc"], key=key)
+            # Read whole, the entry is checked whole: the vector against its meta and the
+            # tenant, the digest field (the worker confirms reported entries this way).
+            vec, _ = _sound_vector(
+                values["vec"], values["meta"], values["dg"], key, int(dim) if dim else None
+            )
             if with_vector:
-                entry.embedding = codec.decode_vector(values["vec"], key=key)
+                entry.embedding = vec
             return entry
 
-        return ReadPlan("get_entry", queue, parse, 3)
+        return ReadPlan("get_entry", queue, parse, 4, tolerant=(0,))
+
+    def read_audit(self, tenant: str, entry_ids: Sequence[str]) -> ReadPlan[list[str]]:
+        """The ids among ``entry_ids`` whose stored content is corrupt: a key of another
+        type, a doc, meta or digest that does not decode, a vector that is not of its
+        meta's (and the tenant's) dimension or not of unit length. What the scan of
+        learning states cannot see; a lost or corrupt state is that scan's to judge
+        (a lost one is given the prior, not evicted), a gone entry the scan's too, and
+        an entry of another version's schema is not corrupt (a rolling upgrade)."""
+        k = self.keys(tenant)
+        ids = list(entry_ids)
+
+        def queue(pipe: Any) -> None:
+            pipe.hget(k.cfg, "dim")
+            for eid in ids:
+                pipe.hmget(k.entry(eid), ("doc", "vec", "meta", "dg"))
+
+        def parse(res: list[Any]) -> list[str]:
+            dim, *rows = res
+            bad = []
+            for eid, row in zip(ids, rows, strict=True):
+                key = k.entry(eid)
+                try:
+                    doc, vec, meta, dg = _hash_row(row, key)
+                    if doc is None and vec is None and meta is None:
+                        continue  # gone
+                    codec.unpack_doc(doc, key=key)
+                    _sound_vector(vec, meta, dg, key, int(dim) if dim else None)
+                except SchemaVersionError:
+                    continue
+                except CorruptEntryError as exc:
+                    log.warning("corrupt entry: %s", exc)
+                    bad.append(eid)
+            return bad
+
+        rows = tuple(range(1, len(ids) + 1))
+        return ReadPlan("audit", queue, parse, len(ids) + 1, tolerant=rows)
 
     def read_states(self, tenant: str, entry_ids: Sequence[str]) -> ReadPlan[StateBatch]:
         k = self.keys(tenant)
@@ -928,7 +991,9 @@ class StoragePlans:
             *rows, states, scores = res
             return self._state_batch(tenant, ids, rows, states, scores)
 
-        return ReadPlan("load_states", queue, parse, len(ids) + 2)
+        # an entry's hash of another type is that entry's corruption (``_hash_row``)
+        rows = tuple(range(len(ids)))
+        return ReadPlan("load_states", queue, parse, len(ids) + 2, tolerant=rows)
 
     def _state_batch(
         self,
@@ -944,12 +1009,13 @@ class StoragePlans:
         k = self.keys(tenant)
         out = StateBatch()
         for eid, raw, state, score in zip(ids, rows, states, scores, strict=True):
-            if state is None and all(value is None for value in raw):
-                out.missing.append(eid)
-                continue
             key = k.entry(eid)
             try:
-                values = dict(zip(_STATE_FIELDS, raw, strict=True))
+                row = _hash_row(raw, key)
+                if state is None and all(value is None for value in row):
+                    out.missing.append(eid)
+                    continue
+                values = dict(zip(_STATE_FIELDS, row, strict=True))
                 out.entries[eid] = _state_entry(tenant, eid, key, values, state, score)
             except CorruptEntryError as exc:
                 log.warning("skipping corrupt entry: %s", exc)
@@ -979,30 +1045,34 @@ class StoragePlans:
         )
 
     def read_vectors(
-        self, tenant: str, entry_ids: Sequence[str]
+        self, tenant: str, entry_ids: Sequence[str], dim: int | None = None
     ) -> ReadPlan[dict[str, tuple[codec.Vector, str]]]:
+        """``{id: (vector, scope)}`` of the entries that exist and are sound (with
+        ``dim``: of that dimension). A corrupt one (a key of another type, a vector
+        that is not its meta's dimension or not of unit length, a garbage field) is
+        left out and reported for the worker to evict."""
         k = self.keys(tenant)
         ids = list(entry_ids)
 
         def queue(pipe: Any) -> None:
             for eid in ids:
-                pipe.hmget(k.entry(eid), ("vec", "meta"))
+                pipe.hmget(k.entry(eid), ("vec", "meta", "dg"))
 
         def parse(rows: list[Any]) -> dict[str, tuple[codec.Vector, str]]:
             out: dict[str, tuple[codec.Vector, str]] = {}
-            for eid, (vec, meta) in zip(ids, rows, strict=True):
-                if vec is None and meta is None:
-                    continue  # gone
+            for eid, row in zip(ids, rows, strict=True):
                 key = k.entry(eid)
                 try:
-                    scope = codec.unpack_meta(meta, key=key)["sc"]
-                    out[eid] = (codec.decode_vector(vec, key=key), scope)
+                    vec, meta, dg = _hash_row(row, key)
+                    if vec is None and meta is None:
+                        continue  # gone
+                    out[eid] = _sound_vector(vec, meta, dg, key, dim)
                 except CorruptEntryError as exc:
                     log.warning("skipping corrupt entry: %s", exc)
                     self._suspect(tenant, eid, exc)
             return out
 
-        return ReadPlan("vectors", queue, parse, len(ids))
+        return ReadPlan("vectors", queue, parse, len(ids), tolerant=tuple(range(len(ids))))
 
     def read_stats(self, tenant: str) -> ReadPlan[dict[str, int]]:
         k = self.keys(tenant)
@@ -1289,8 +1359,9 @@ class StoragePlans:
             args += [name, value]
         return ScriptCall("settings", [self.keys(tenant).cfg], args, lambda res: int(res))
 
-    def register(self, tenant: str) -> ReadPlan[None]:
-        """Add ``tenant`` to the global registry (idempotent; best effort). Lookups send
+    def register(self, tenant: str) -> ReadPlan[Exception | None]:
+        """Add ``tenant`` to the global registry (idempotent; best effort: a refusal,
+        such as OOM on a full server, is returned, not raised). Lookups send
         it with every policy refresh: a FLUSHALL or an allkeys-* eviction of the set
         would otherwise hide the tenant from the worker for good."""
         key = self.tenants_key
@@ -1298,7 +1369,10 @@ class StoragePlans:
         def queue(pipe: Any) -> None:
             pipe.sadd(key, tenant)
 
-        return ReadPlan("register tenant", queue, lambda res: None, 1, tolerant=(0,))
+        def parse(res: list[Any]) -> Exception | None:
+            return res[0] if isinstance(res[0], Exception) else None
+
+        return ReadPlan("register tenant", queue, parse, 1, tolerant=(0,))
 
     def _suspect(self, tenant: str, entry_id: str, exc: CorruptEntryError) -> None:
         if isinstance(exc, SchemaVersionError):
@@ -1365,6 +1439,28 @@ def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:
     for i, sig in enumerate(signals):
         groups.setdefault(sig.tenant_id, []).append(i)
     return groups
+
+
+def _hash_row(reply: Any, key: str) -> Any:
+    """A reply to an HMGET of an entry's hash: an error for a key of another type
+    (hand-made damage) is that entry's corruption; any other error is the server's."""
+    if isinstance(reply, Exception):
+        if str(reply).startswith("WRONGTYPE"):
+            raise CorruptEntryError(key, "the key is not a hash")
+        raise StorageError(f"reading {key} failed: {reply}") from reply
+    return reply
+
+
+def _sound_vector(
+    vec: object, meta: object, dg: object, key: str, dim: int | None
+) -> tuple[codec.Vector, str]:
+    """An entry's vector and scope, if its vector, meta and digest field are sound."""
+    unpacked = codec.unpack_meta(meta, key=key)
+    vector = codec.decode_vector(vec, key=key, dim=unpacked["dim"])  # type: ignore[arg-type]
+    if dim is not None and unpacked["dim"] != dim:
+        raise CorruptEntryError(key, f"meta.dim is {unpacked['dim']}, the tenant's {dim}")
+    codec.check_digest(dg, key=key)
+    return vector, unpacked["sc"]
 
 
 def _unit_score(name: str, value: object) -> float:

@@ -44,6 +44,8 @@ FLAGS = {
     # A policy change writes a few bytes, and an operator lowering max_entries on a full
     # server must be able to.
     "settings": "allow-oom",
+    # Restoring a lost dimension writes one field of the cfg hash.
+    "dim": "allow-oom",
     # Taking back orphaned entries re-creates their ids on a full server too.
     "adopt": "allow-oom",
     # Publishing a snapshot writes a small hash; its chunks were written (or refused)
@@ -78,6 +80,7 @@ SCRIPT_NAMES = (
     "apikey_revoke",
     "dispute",
     "resolve",
+    "dim",
 )
 
 
@@ -120,6 +123,7 @@ class Scripts:
     apikey_revoke: Any
     dispute: Any
     resolve: Any
+    dim: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

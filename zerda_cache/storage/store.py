@@ -43,6 +43,7 @@ from zerda_cache.storage.keys import TenantKeys, api_keys_key, cycles_key, leade
 from zerda_cache.storage.plans import (
     FEEDBACK_BATCH,
     DecayOutcome,
+    DimensionLost,
     EvictOutcome,
     EvictReason,
     FeedbackOutcome,
@@ -66,8 +67,10 @@ from zerda_cache.validation import validate_entry_id, validate_tenant
 
 log = logging.getLogger(__name__)
 
-#: Entries ``read_entries`` reads per round trip (three commands each).
+#: Entries ``read_entries`` reads per round trip (four commands each).
 READ_ENTRIES_BATCH = 200
+#: Entries whose vectors vote when a tenant's lost dimension is restored (``dim.lua``).
+DIM_SAMPLE = 25
 #: The worker's cycle log keeps about this many records.
 CYCLE_LOG_MAXLEN = 1_000
 #: An index snapshot is stored in strings of at most this many bytes (Redis caps a
@@ -232,7 +235,14 @@ class Storage(StoragePlans):
             StorageError: Redis failed.
         """
         plan = self.plan_put(tenant, query, response, embedding, **fields)
-        out = yield from self._run(plan)
+        try:
+            out = yield from self._run(plan)
+        except DimensionLost as lost:
+            # The cfg hash lost the dimension while entries remain: the entries' majority
+            # decides it, never this put alone (nor one corrupt entry).
+            dim = yield from self._restore_dim(tenant)
+            again: PutFields = {**fields, "index_dim": lost.dim if dim is None else dim}
+            out = yield from self._run(self.plan_put(tenant, query, response, embedding, **again))
         if self.needs_registration(tenant):
             yield from self._command("register tenant", "sadd", self.tenants_key, tenant)
             self._registered_tenants.add(tenant)
@@ -407,12 +417,45 @@ class Storage(StoragePlans):
         return state_arrays_of(ids, states)
 
     def _vectors(
-        self, tenant: str, entry_ids: Sequence[str]
+        self, tenant: str, entry_ids: Sequence[str], dim: int | None = None
     ) -> Flow[dict[str, tuple[codec.Vector, str]]]:
-        """``{id: (vector, scope)}`` of the entries that exist and decode."""
+        """``{id: (vector, scope)}`` of the entries that exist and decode (with ``dim``:
+        and hold that many dimensions). The others are reported for the worker."""
         if not entry_ids:
             return {}
-        return (yield from self._read(self.read_vectors(tenant, entry_ids)))
+        return (yield from self._read(self.read_vectors(tenant, entry_ids, dim)))
+
+    def _audit(self, tenant: str, entry_ids: Sequence[str]) -> Flow[list[str]]:
+        """The ids among ``entry_ids`` whose content is corrupt (``read_audit``)."""
+        if not entry_ids:
+            return []
+        return (yield from self._read(self.read_audit(tenant, entry_ids)))
+
+    def _tenant_dim(self, tenant: str) -> Flow[int | None]:
+        """The tenant's embedding dimension, fixed by its first put; when its cfg hash
+        lost it while entries remain, restored from their majority (``_restore_dim``).
+        ``None``: the tenant has no entries (or no majority)."""
+        dim = yield from self._read(self.read_dim(tenant))
+        if dim is not None:
+            return dim
+        return (yield from self._restore_dim(tenant))
+
+    def _restore_dim(self, tenant: str) -> Flow[int | None]:
+        """Restore a lost dimension from a random sample of the tenant's entries."""
+        sample = yield from self._command(
+            "sample ids", "zrandmember", self.keys(tenant).ids, DIM_SAMPLE
+        )
+        ids = [text(member) for member in sample or ()]
+        dim = yield from self._run(self.plan_restore_dim(tenant, ids))
+        if ids:
+            log.warning(
+                "tenant %s: its embedding dimension was missing from its cfg hash; %s",
+                tenant,
+                f"restored {dim} from {len(ids)} sampled entries"
+                if dim is not None
+                else f"{len(ids)} sampled entries hold no majority",
+            )
+        return dim
 
     def _stats(self, tenant: str) -> Flow[dict[str, int]]:
         """The tenant's counters plus ``entries`` (live ids)."""
@@ -659,10 +702,6 @@ class Storage(StoragePlans):
         """Live entries of ``tenant``."""
         return int((yield from self._command("count", "zcard", self.keys(tenant).ids)))
 
-    def _tenant_dim(self, tenant: str) -> Flow[int | None]:
-        """The embedding dimension fixed by the tenant's first put, if any."""
-        return (yield from self._read(self.read_dim(tenant)))
-
     def _tenants(self) -> Flow[list[str]]:
         """Every tenant that was ever put to or configured (sorted)."""
         members = yield from self._command("tenants", "smembers", self.tenants_key)
@@ -710,7 +749,12 @@ class Storage(StoragePlans):
         stored = {text(n): text(v) for n, v in raw.items()}
         encoded = check_changes(self.config, stored, changes)
         version = yield from self._run(self.plan_settings(tenant, encoded))
-        yield from self._command("register tenant", "sadd", self.tenants_key, tenant)
+        # A full server (noeviction) refuses the SADD, but must take the change itself:
+        # lowering max_entries is how an operator makes the worker free memory. A tenant
+        # with entries is registered already (each replica re-registers it too).
+        registered = yield from self._read(self.register(tenant))
+        if isinstance(registered, Exception):
+            log.warning("tenant %s: policy changed, not registered: %s", tenant, registered)
         return int(version)
 
     def _tenant_policy(self, tenant: str) -> Flow[TenantPolicy]:
@@ -808,6 +852,8 @@ class Storage(StoragePlans):
     load_states = op(_load_states)
     state_arrays = op(_state_arrays)
     vectors = op(_vectors)
+    scan_ids = op(_scan_ids)
+    audit = op(_audit)
     stats = op(_stats)
     exact_match = op(_exact_match)
     count = op(_count)

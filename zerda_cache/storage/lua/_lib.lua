@@ -164,7 +164,10 @@ local function zc_raw_state(st_key, key, id, prior)
   if raw then
     return raw
   end
-  local old = redis.call('HMGET', key, 'arm', 'use', 'sz')
+  local old = redis.pcall('HMGET', key, 'arm', 'use', 'sz')
+  if old.err then  -- a key of another type (hand-made damage): a corrupt state
+    return 'x'
+  end
   if old[1] or old[2] or old[3] then
     local arm, use = zc_valid_state(zc_unpack(old[1]), zc_unpack(old[2]))
     raw = arm and zc_pack_state(arm, use, tonumber(old[3]) or 0 / 0) or 'x'

@@ -98,7 +98,12 @@ end
 
 local function serve()
   local score = redis.call('ZSCORE', KEYS[2], id)
-  local raw = redis.call('HMGET', KEYS[1], 'meta', 'doc')
+  local raw = redis.pcall('HMGET', KEYS[1], 'meta', 'doc')
+  if raw.err then
+    -- A key of another type (hand-made damage): never served, reported for eviction.
+    redis.call('SADD', KEYS[5], id)
+    return {-3}
+  end
   local state = zc_raw_state(KEYS[4], KEYS[1], id, {a = prior_a, b = prior_b, now = now})
   if not score or not (state or raw[1] or raw[2]) then
     return {0}
@@ -167,7 +172,10 @@ if res[1] ~= 1 and tied then
   local ids, rows = {}, {}
   for i = 1, n do
     ids[i] = ARGV[18 + i]
-    rows[i] = redis.call('HMGET', KEYS[7 + i], 'meta', 'arm', 'use', 'sz')
+    rows[i] = redis.pcall('HMGET', KEYS[7 + i], 'meta', 'arm', 'use', 'sz')
+    if rows[i].err then  -- a key of another type: read as an entry without its hash
+      rows[i] = {false, false, false, false}
+    end
   end
   res[2] = res[2] or false
   res[3] = {rows, redis.call('HMGET', KEYS[4], unpack(ids)),

@@ -1,14 +1,17 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] q hash  KEYS[4] log stream  KEYS[5] stats hash
 -- KEYS[6] cfg hash  KEYS[7] state hash.  ARGV: see below.  returns {1, displaced_id or '', created_at (string)}
--- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists.
+-- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists;
+-- {-3} the tenant's dimension is lost and unknown to the caller (see ARGV[15]).
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
 -- ARGV[4] vec (float32 bytes)  ARGV[5] dim  ARGV[6] digest of (normalised query, scope)
 -- ARGV[7] scope  ARGV[8] ttl_s from the caller ('' = none given)  ARGV[9] similarity
 -- ARGV[10] quality  ARGV[11] prior_alpha  ARGV[12] prior_beta
 -- ARGV[13] log maxlen (approximate)  ARGV[14] the configured default ttl_s (0 = none)
 -- ARGV[15] the dimension the caller's index holds for the tenant ('' = none): when the
--- cfg hash was lost (evicted by an allkeys-* policy) while entries remain, it still
--- refuses another dimension.
+-- cfg hash was lost (evicted by an allkeys-* policy, a DEL) while entries remain, it
+-- still refuses another dimension. With neither, the reply is {-3} (nothing written):
+-- the caller restores the dimension from the entries (dim.lua) and puts again, passing
+-- the restored dimension, or its own when the entries hold no majority.
 -- The TTL is the caller's, else the tenant's override (cfg 'ttl'), else the default.
 local now = zc_now(ARGV[1])
 local id, dim, digest, scope = ARGV[2], tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -20,9 +23,13 @@ local ttl = tonumber(ARGV[8]) or tonumber(cfg[2]) or tonumber(ARGV[14]) or 0
 if tenant_dim and tonumber(tenant_dim) ~= dim then
   return {-1, tonumber(tenant_dim)}
 end
-if not tenant_dim and ARGV[15] ~= '' and tonumber(ARGV[15]) ~= dim
-    and redis.call('ZCARD', KEYS[2]) > 0 then
-  return {-1, tonumber(ARGV[15])}
+if not tenant_dim and redis.call('ZCARD', KEYS[2]) > 0 then
+  if ARGV[15] == '' then
+    return {-3}
+  end
+  if tonumber(ARGV[15]) ~= dim then
+    return {-1, tonumber(ARGV[15])}
+  end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-2}
