@@ -56,15 +56,24 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The deploy tests run a real Prometheus: install it from Debian's packages when missing
-# (as root, as on CI); elsewhere those tests are skipped with a reason.
+# (as root, as on CI); elsewhere those tests are skipped with a reason. The package's
+# postinst would start a prometheus service; a policy-rc.d that answers 101 ("action
+# forbidden", honoured by invoke-rc.d and deb-systemd-invoke) keeps it from starting, so
+# nothing has to be stopped afterwards and no other Prometheus on the host is touched.
+# The file is removed on exit; an existing policy-rc.d (Docker images ship one) is left
+# as it is.
+POLICY_RC_D := /usr/sbin/policy-rc.d
 prometheus-tools:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing prometheus (Debian package) for the deploy tests"; \
+	    if [ ! -e $(POLICY_RC_D) ]; then \
+	      trap 'rm -f $(POLICY_RC_D)' EXIT; trap 'exit 130' INT TERM; \
+	      printf '#!/bin/sh\nexit 101\n' > $(POLICY_RC_D) && chmod 755 $(POLICY_RC_D); \
+	    fi; \
 	    apt-get update -qq >/dev/null && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	      prometheus >/dev/null; \
-	    pkill -x prometheus 2>/dev/null || true; \
+	      prometheus >/dev/null || echo "could not install prometheus: deploy tests skip"; \
 	  else echo "promtool is missing and cannot be installed here: deploy tests skip"; fi; }
 
 # The whole suite: unit tests, integration tests against throwaway redis-server (7),

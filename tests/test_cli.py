@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,27 @@ def test_make_demo_short(tmp_path: Path) -> None:
     assert report["worker_cycles"] > 0 and report["metrics_samples"] > 20
     assert sum(w["requests"] for w in report["windows"]) > 300
     assert report["stats"]["puts"] > 0 and report["stats"]["hits"] > 0
+    # the threshold cache, asked the same questions, beside zerda-cache
+    assert report["baseline_stats"]["hits"] > 0 and report["chart"] == "learning_curve.png"
+    assert report["totals"]["baseline_wrong_rate"] is not None
+
+
+def test_make_never_ends_processes_by_name() -> None:
+    """`make prometheus-tools` ran `pkill -x prometheus`, ending any Prometheus on the
+    host. The package's service is kept from starting instead (policy-rc.d)."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert not re.search(r"\b(pkill|killall)\b", makefile)
+    make = shutil.which("make")
+    assert make is not None
+    dry = subprocess.run(  # what it would run where promtool is missing
+        [make, "-n", "--no-print-directory", "prometheus-tools"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "policy-rc.d" in dry.stdout and "exit 101" in dry.stdout
+    assert "pkill" not in dry.stdout and "killall" not in dry.stdout
 
 
 def test_entries_list_and_json_output(redis_client: redis.Redis, redis_url: str) -> None:

