@@ -1,5 +1,6 @@
 """deploy/: the compose file, Prometheus config and alerts, the Grafana dashboard, checked
-against a real Prometheus scraping a real worker and a real app replica."""
+against a real Prometheus scraping a real worker, a real app replica and a real HTTP
+service (with its proxy in front of a stand-in LLM API)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import yaml
 
 from zerda_cache.cli import cli
+from zerda_cache.service.testing import ServerThread, canned_upstream
+from zerda_cache.storage import RedisStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -120,6 +124,30 @@ def test_dashboard_structure() -> None:
     assert len(ids) == len(set(ids))
 
 
+def test_dashboard_shows_the_service_the_proxy_and_the_error_bound() -> None:
+    """Every metric the dashboard queries is in docs/metrics.md, and the HTTP service's,
+    the proxy's and the error bound's series each have panels."""
+    documented = set(re.findall(r"`(zerda_cache_\w+)`", (ROOT / "docs" / "metrics.md").read_text()))
+    exprs = dashboard_exprs()
+    queried = {
+        re.sub(r"_(bucket|sum|count)$", "", n)
+        for e in exprs
+        for n in re.findall(r"zerda_cache_\w+", e)
+    }
+    assert queried <= documented, queried - documented
+    for name in (
+        "zerda_cache_http_requests_total",
+        "zerda_cache_http_request_duration_seconds",
+        "zerda_cache_http_auth_failures_total",
+        "zerda_cache_proxy_requests_total",
+        "zerda_cache_proxy_upstream_duration_seconds",
+    ):
+        assert name in queried, f"no panel reads {name}"
+    assert any('result="verify"' in e and "zerda_cache_lookups_total" in e for e in exprs)
+    assert any('result="kept"' in e and "zerda_cache_puts_total" in e for e in exprs)
+    assert any('result="hit"' in e and "zerda_cache_proxy_requests_total" in e for e in exprs)
+
+
 def iter_panels(panels: list[dict[str, Any]]) -> Any:
     for panel in panels:
         if panel.get("type") == "row":
@@ -172,19 +200,33 @@ def test_every_dashboard_and_alert_expression_against_real_prometheus(
 ) -> None:
     prometheus = tool("prometheus")
     worker_port, app_port, prom_port = free_port(), free_port(), free_port()
+    service_port = free_port()
+    ports = {
+        "zerda-cache-worker": worker_port,
+        "zerda-cache-app": app_port,
+        "zerda-cache-service": service_port,
+    }
     config = yaml.safe_load(PROM_CONFIG.read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     config["rule_files"] = [str(ALERTS)]
     for job in config["scrape_configs"]:
-        port = {"zerda-cache-worker": worker_port, "zerda-cache-app": app_port}.get(
-            job["job_name"], prom_port
-        )
+        port = ports.get(job["job_name"], prom_port)
         job.pop("dns_sd_configs", None)
         job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
     cfg_path = tmp_path / "prometheus.yml"
     cfg_path.write_text(yaml.safe_dump(config))
 
-    logs = [open(tmp_path / f"{n}.log", "wb") for n in ("worker", "app", "prometheus")]  # noqa: SIM115
+    # The service's tenant runs under an error bound, so verifications have series too.
+    RedisStorage(redis_client).set_tenant_settings("acme", max_error_rate=0.05, verify_rate=0.0)
+    created = subprocess.run(
+        [sys.executable, "-m", "zerda_cache.cli", "--redis-url", redis_url, "keys", "create",
+         "--tenant", "acme"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    token = created.stdout.strip()
+    upstream = ServerThread(canned_upstream(lambda question: "A canned answer.")).start()
+    names = ("worker", "app", "prometheus", "service")
+    logs = [open(tmp_path / f"{n}.log", "wb") for n in names]  # noqa: SIM115
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "zerda_cache.cli", "worker", "--redis-url", redis_url,
@@ -203,10 +245,17 @@ def test_every_dashboard_and_alert_expression_against_real_prometheus(
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=logs[2], stderr=subprocess.STDOUT,
         ),
+        subprocess.Popen(
+            [sys.executable, "-m", "zerda_cache.cli", "--redis-url", redis_url, "serve",
+             "--port", str(service_port), "--embedder", "hashing:64", "--redis-timeout", "10",
+             "--upstream-url", upstream.url + "/v1"],
+            stdout=logs[3], stderr=subprocess.STDOUT,
+        ),
     ]  # fmt: skip
     try:
+        drive_service(service_port, token)
         assert wait_for(
-            lambda: len(query(prom_port, "up == 1").get("data", {}).get("result", [])) >= 3, 60
+            lambda: len(query(prom_port, "up == 1").get("data", {}).get("result", [])) >= 4, 60
         ), "targets never came up"
         time.sleep(8)
         # A short Redis stall: the app's lookups fail open, so that series exists too. On
@@ -251,3 +300,34 @@ def test_every_dashboard_and_alert_expression_against_real_prometheus(
                 p.kill()
         for f in logs:
             f.close()
+        upstream.stop()
+
+
+def drive_service(port: int, token: str) -> None:
+    """Traffic of every kind the service's panels show: cache endpoints (a verification
+    and a kept answer under the tenant's error bound), a refused key, and the proxy's
+    miss, verify and hit in front of the stand-in upstream."""
+    url = f"http://127.0.0.1:{port}"
+    assert wait_for(lambda: ready(url), 60), "the service never became ready"
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=30) as http:
+        fact = {"query": "What is Redis?", "response": "An in-memory data store."}
+        assert http.post("/v1/put", json=fact).json()["stored"]
+        held = http.post("/v1/lookup", json={"query": fact["query"]}).json()
+        assert held["decision"] == "verify", held
+        assert http.post("/v1/put", json=fact).status_code == 200  # the same answer: kept
+        chat = {"model": "m", "messages": [{"role": "user", "content": "How do I log in?"}]}
+        results = []
+        for _ in range(3):
+            resp = http.post("/v1/chat/completions", json=chat)
+            assert resp.status_code == 200, resp.text
+            results.append(resp.headers["x-zerda-cache"])
+        assert results == ["miss", "verify", "hit"], results
+    assert httpx.get(url + "/v1/stats").status_code == 401
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False

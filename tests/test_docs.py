@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import redis
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
@@ -114,3 +116,46 @@ def stop_group(pgid: int) -> None:
             return
         threading.Event().wait(0.1)
     os.killpg(pgid, signal.SIGKILL)
+
+
+# --- docs/metrics.md lists every metric of the code ---------------------------------------
+def documented_metrics() -> dict[str, str]:
+    """name -> type, from the tables of docs/metrics.md."""
+    rows = re.findall(r"^\| `(zerda_cache_\w+)` \| (\w+) \|", METRICS_DOC.read_text(), re.M)
+    return dict(rows)
+
+
+def test_every_metric_in_the_code_is_in_docs_metrics_md() -> None:
+    """Every metric name in the source (a string literal ``"zerda_cache_..."``) has a row
+    in docs/metrics.md, and every metric the worker, an app replica and the service
+    register is there with its type: a new metric cannot ship undocumented."""
+    from prometheus_client import CollectorRegistry
+
+    from zerda_cache.metrics import ReplicaMetrics, WorkerMetrics
+    from zerda_cache.service.app import ServiceMetrics
+
+    documented = documented_metrics()
+    in_code = {
+        name
+        for path in (ROOT / "zerda_cache").rglob("*.py")
+        for name in re.findall(r"[\"'](zerda_cache_\w+)[\"']", path.read_text())
+    }
+    assert len(in_code) >= 30
+    missing = {n for n in in_code if n not in documented and n + "_total" not in documented}
+    assert not missing, f"metrics in the code but not in docs/metrics.md: {sorted(missing)}"
+
+    registry = CollectorRegistry()
+    ReplicaMetrics(registry)
+    WorkerMetrics(registry, 50)
+    ServiceMetrics(registry)
+    registered = {
+        fam.name + ("_total" if fam.type == "counter" else ""): fam.type
+        for fam in registry.collect()
+    }
+    assert {n for n in in_code if n in registered or n + "_total" in registered} == in_code
+    for name, kind in registered.items():
+        assert documented.get(name) == kind, (
+            f"{name}: {kind}, docs/metrics.md: {documented.get(name)}"
+        )
+    stale = set(documented) - set(registered)
+    assert not stale, f"in docs/metrics.md but not in the code: {sorted(stale)}"

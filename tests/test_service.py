@@ -535,9 +535,12 @@ def test_compose_runs_the_service_unprivileged() -> None:
 def test_documented_service_metrics_are_exposed(service: Service, http: httpx.Client) -> None:
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
-    rows = re.findall(r"^\| `(zerda_cache_(?:http|proxy)_\w+)` \| (\w+) \| ([\w, ]*) \|", doc, re.M)
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    row = r"^\| `(zerda_cache_(?:http|proxy)_\w+)` \| (\w+) \| ([\w, ]*) \|"
+    rows = re.findall(row, (docs / "metrics.md").read_text(), re.M)  # the contract
     assert len(rows) == 5
+    # docs/operations.md repeats the table for operators: the same names, types, labels
+    assert re.findall(row, (docs / "operations.md").read_text(), re.M) == rows
     post(http, service, "acme", "/v1/lookup", {"query": "q", "embedding": vec(1)})
     http.get("/v1/stats")
     exposed = {}
