@@ -55,6 +55,64 @@ def test_wheel_and_sdist_pass_twine_check_and_carry_the_scripts(dist: Path) -> N
     assert not any(n.startswith("tests/") for n in names)
 
 
+def test_the_license_ships_and_the_metadata_names_the_project(dist: Path) -> None:
+    """MIT was declared with no LICENSE file; no classifiers, no project URLs."""
+    import tarfile
+    from email.parser import Parser
+
+    (wheel,) = dist.glob("*.whl")
+    (sdist,) = dist.glob("*.tar.gz")
+    license_text = (ROOT / "LICENSE").read_text()
+    assert license_text.startswith("MIT License") and "zerda-cache authors" in license_text
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (shipped,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert zf.read(shipped).decode() == license_text
+        (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        metadata = Parser().parsestr(zf.read(metadata_name).decode())
+    with tarfile.open(sdist) as tf:
+        (member,) = [m for m in tf.getnames() if m.count("/") == 1 and m.endswith("/LICENSE")]
+        extracted = tf.extractfile(member)
+        assert extracted is not None and extracted.read().decode() == license_text
+    assert metadata["License-Expression"] == "MIT"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    classifiers = metadata.get_all("Classifier") or []
+    assert "Programming Language :: Python :: 3 :: Only" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert not any(c.startswith("License ::") for c in classifiers)  # the expression says it
+    urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL") or [])
+    assert {"Homepage", "Repository", "Documentation", "Issues"} <= set(urls)
+    assert all(u.startswith("https://") for u in urls.values()), urls
+
+
+#: ``[text](target)`` and ``![alt](target)`` links of a Markdown file.
+MD_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)>\s]+)")
+
+
+def test_the_readme_has_no_relative_links() -> None:
+    """The package index shows the README away from the repository: a relative link
+    (docs/..., an image) would lead nowhere. Fragment links name a heading of the README
+    itself; every docs/ file it mentions is also linked by absolute URL."""
+    text = README.read_text()
+    targets = MD_LINK.findall(text) + re.findall(r"""(?:href|src)=["']([^"']+)""", text)
+    assert targets, "no links found: the pattern is wrong"
+    headings = {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", text, re.M)
+    }
+    for target in targets:
+        if target.startswith("#"):
+            assert target[1:] in headings, target
+        else:
+            assert re.match(r"https?://", target), f"relative link in README.md: {target}"
+    linked = {t.split("/blob/main/", 1)[1] for t in targets if "/blob/main/docs/" in t}
+    mentioned = set(re.findall(r"\bdocs/[\w.-]+\.md\b", text))
+    assert mentioned <= linked, mentioned - linked
+    repo_urls = {t.split("/blob/main/", 1)[0] for t in targets if "/blob/main/" in t}
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert all(f'Repository = "{u}"' in pyproject for u in repo_urls), repo_urls
+
+
 def pip_install(python: Path, *requirements: str) -> None:
     proc = subprocess.run(
         [str(python), "-m", "pip", "install", "--progress-bar", "off", *requirements],
