@@ -270,6 +270,10 @@ def test_tenant_show_of_an_unknown_tenant_is_an_error(
     assert code == 0  # known by its settings, with no entry yet
     code, out = run(redis_url, "tenant", "show", "configured")
     assert code == 0 and "60 s" in out, out
+    code, out = run(redis_url, "keys", "create", "--tenant", "keyed")
+    assert code == 0  # a new tenant's API key comes first, before any put
+    code, out = run(redis_url, "tenant", "show", "keyed", "--json")
+    assert code == 0 and json.loads(out)["entries"] == 0, out
     code, out = run(redis_url, "tenant", "show", "bad:tenant")
     assert code == 2 and "invalid tenant" in out
 

@@ -813,25 +813,30 @@ def tenant_settings_list(as_json: bool) -> None:
 @pass_state
 def tenant_show(state: CliState, name: str, as_json: bool) -> None:
     """Show a tenant's effective policy: its stored settings over the defaults. Exit 1
-    for a tenant that was never put to or configured."""
+    for a tenant that was never put to, configured or given an API key."""
     from zerda_cache.validation import validate_tenant
 
     with errors():
         validate_tenant(name)
         if not _tenant_known(state.storage(), name):
             err.print(
-                f"[red]error:[/red] no tenant {name!r}: nothing was ever put to or configured "
-                "for it (`zerda-cache stats` lists the tenants)"
+                f"[red]error:[/red] no tenant {name!r}: nothing was ever put to, configured "
+                "or keyed for it (`zerda-cache stats` lists the tenants)"
             )
             sys.exit(EXIT_NOT_FOUND)
         _show_tenant(state, name, as_json)
 
 
 def _tenant_known(st: RedisStorage, name: str) -> bool:
-    """Whether ``name`` was ever put to or configured: in the tenant registry, or with
-    entries or stored settings (the registry may have been evicted by an allkeys-*
-    policy; the worker re-creates it)."""
-    return name in st.tenants() or st.count(name) > 0 or bool(st.tenant_settings(name))
+    """Whether ``name`` was ever put to, configured or given an API key: in the tenant
+    registry, or with entries, stored settings or a key (the registry may have been
+    evicted by an allkeys-* policy; the worker re-creates it)."""
+    return (
+        name in st.tenants()
+        or st.count(name) > 0
+        or bool(st.tenant_settings(name))
+        or any(k.tenant == name for k in st.api_keys())
+    )
 
 
 def _exact_bar_text(bar: float | None) -> str:

@@ -24,6 +24,10 @@ the lease keeps two workers' cycles from overlapping, and a leader that loses it
 stops its cycle at the next batch. Signals: the first SIGTERM/SIGINT finishes the
 current batch and stops (a warm stop; pair it with Kubernetes'
 terminationGracePeriodSeconds); a second stops at once. The lease is released on exit.
+
+Logging is the command line's (``cli.configure_logging``): INFO for the worker, and
+APScheduler's loggers at WARNING unless DEBUG is asked for (at INFO they log every job
+added and every run of the lease job, every few seconds).
 """
 
 from __future__ import annotations
