@@ -42,9 +42,9 @@ def hold_build(manager: Any, flavour: str) -> Callable[[], None]:
     gate: Any = threading.Event() if flavour == "sync" else asyncio.Event()
     wait = (lambda: gate.wait(60)) if flavour == "sync" else gate.wait
 
-    def gated(tenant: str, entry_ids: Any) -> Any:
+    def gated(tenant: str, entry_ids: Any, dim: int | None = None) -> Any:
         yield wait
-        return (yield from read_vectors(tenant, entry_ids))
+        return (yield from read_vectors(tenant, entry_ids, dim))
 
     storage._vectors = gated
     opened: Callable[[], None] = gate.set
@@ -134,10 +134,10 @@ def test_close_stops_a_running_build_and_waits_for_it(
     read_vectors = storage._vectors
     reads: list[int] = []
 
-    def slow(tenant: str, entry_ids: Any) -> Any:
+    def slow(tenant: str, entry_ids: Any, dim: int | None = None) -> Any:
         reads.append(len(entry_ids))
         yield (lambda: asyncio.sleep(0.05)) if flavour == "async" else (lambda: time.sleep(0.05))
-        return (yield from read_vectors(tenant, entry_ids))
+        return (yield from read_vectors(tenant, entry_ids, dim))
 
     storage._vectors = slow
     assert reader.lookup("nothing", tenant="t", embedding=unit(999)) is None  # starts it

@@ -568,6 +568,9 @@ def test_a_first_lookup_fails_open_within_one_timeout(
     pid = server.pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5  # stopped for sure: the signal is delivered async
+    while _proc_state(pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         started = time.monotonic()
         assert fresh.lookup("q1", tenant="t", embedding=unit(1)) is None  # fails open
@@ -577,3 +580,9 @@ def test_a_first_lookup_fails_open_within_one_timeout(
     assert took < 1.6 * timeout, took  # one timeout, not two
     assert fresh.sync_index("t") == 20
     assert fresh.lookup("q1", tenant="t", embedding=unit(1)) is not None
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter of a process (``T``: stopped), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
