@@ -217,7 +217,10 @@ def test_every_dashboard_and_alert_expression_against_real_prometheus(
     cfg_path.write_text(yaml.safe_dump(config))
 
     # The service's tenant runs under an error bound, so verifications have series too.
-    RedisStorage(redis_client).set_tenant_settings("acme", max_error_rate=0.05, verify_rate=0.0)
+    storage = RedisStorage(redis_client)
+    storage.set_tenant_settings("acme", max_error_rate=0.05, verify_rate=0.0)
+    for i in range(400):  # labels enough for a threshold: the bound's gauges have series
+        storage.label("acme", 0.97, i % 100 != 0)
     created = subprocess.run(
         [sys.executable, "-m", "zerda_cache.cli", "--redis-url", redis_url, "keys", "create",
          "--tenant", "acme"],

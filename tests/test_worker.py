@@ -680,6 +680,9 @@ def test_worker_and_replica_expose_every_contract_metric(
     st = RedisStorage(redis_client)
     ids = bulk_put(st, "acme", 50)
     st.feedback_many([FeedbackSignal(e, "acme", i % 2 == 0) for i, e in enumerate(ids)])
+    st.set_tenant_policy("acme", {"max_error_rate": 0.05})  # the error bound's gauges
+    for i in range(400):
+        st.label("acme", 0.97, i % 100 != 0)
     worker = Worker(
         redis.Redis.from_url(redis_url),
         CacheConfig(),
@@ -721,6 +724,7 @@ def test_worker_and_replica_expose_every_contract_metric(
     } - set(want)
     assert not undocumented, f"exposed but not in docs/metrics.md: {undocumented}"
     assert 'zerda_cache_tenant_entries{tenant="acme"} 50.0' in text
+    assert 'zerda_cache_tenant_error_bound{tenant="acme"} 0.05' in text
     assert "zerda_cache_worker_leader 1.0" in text
 
 

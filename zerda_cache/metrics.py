@@ -267,6 +267,12 @@ class TenantSnapshot:
     max_bytes: int | None = None
     rewards: Distribution | None = None
     confidences: Distribution | None = None
+    #: The error bound (``max_error_rate``) the tenant serves under, ``None``: none; the
+    #: similarity a near match needs under it (``None``: no similarity is proven safe
+    #: yet); the labels' estimate of wrong serves per request at that similarity.
+    bound: float | None = None
+    threshold: float | None = None
+    wrong_per_request: float | None = None
 
 
 class TenantCollector(Collector):
@@ -345,7 +351,29 @@ class TenantCollector(Collector):
             "Distribution of the entries' confidence (at the last eviction scan).",
             labels=["tenant"],
         )
+        bound_metrics = {
+            "bound": GaugeMetricFamily(
+                "zerda_cache_tenant_error_bound",
+                "The error bound (max_error_rate) a tenant serves under; absent: none.",
+                labels=["tenant"],
+            ),
+            "threshold": GaugeMetricFamily(
+                "zerda_cache_tenant_bound_threshold",
+                "The similarity a near match needs under the bound; absent: none proven.",
+                labels=["tenant"],
+            ),
+            "wrong_per_request": GaugeMetricFamily(
+                "zerda_cache_tenant_wrong_per_request",
+                "The labels' estimate of wrong serves per request at that similarity.",
+                labels=["tenant"],
+            ),
+        }
         for label, snaps in groups.items():
+            if label != OTHER:  # a tenant's own values: never summed over tenants
+                for attr, gauge in bound_metrics.items():
+                    value = getattr(snaps[0], attr)
+                    if value is not None:
+                        gauge.add_metric([label], value)
             total: dict[str, int] = {}
             for snap in snaps:
                 for k, v in snap.stats.items():
@@ -378,6 +406,7 @@ class TenantCollector(Collector):
         yield evictions
         yield rewards
         yield confidences
+        yield from bound_metrics.values()
 
 
 class WorkerMetrics:

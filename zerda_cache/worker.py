@@ -239,14 +239,23 @@ class Worker:
         try:
             snapshot: dict[str, TenantSnapshot] = {}
             for tenant in self.storage.tenants():
-                limits = self.maintenance.limits(tenant)
+                policy = self.maintenance.policy(tenant)
+                limits = self.maintenance.limits(tenant, policy)
                 plan = self.maintenance.last_plans.get(tenant)
+                threshold = policy.threshold()
                 snapshot[tenant] = TenantSnapshot(
                     stats=self.storage.stats(tenant),
                     max_entries=limits.max_entries,
                     max_bytes=limits.max_bytes,
                     rewards=plan.rewards if plan else None,
                     confidences=plan.confidences if plan else None,
+                    bound=policy.bound(),
+                    threshold=threshold,
+                    wrong_per_request=(
+                        None
+                        if threshold is None
+                        else policy.calibration.wrong_per_request(threshold)
+                    ),
                 )
             self.metrics.tenants.update(snapshot)
         except Exception:
