@@ -490,11 +490,14 @@ class CacheEngine:
         if not ti.built:  # built in the background: wait a bounded time for it
             # (a lookup without an embedding matches exactly only: it starts the build)
             wait = self._build_wait(ti, vec is not None)
+            waits = wait > 0 and self._outage_since is None  # (no wait during an outage)
             yield from self._await_index(ti, wait)
-            if wait > 0 and not ti.built and not ti.answered:
-                # The build waited for Redis all that time and heard nothing: the
-                # lookup's own commands would wait as long again. Fail open now, within
-                # one redis_timeout_s in all.
+            job = ti.job
+            if waits and not ti.built and not ti.answered and job and not job.done():
+                # The build is still waiting for its first reply from Redis: the lookup's
+                # own commands would wait as long again. Fail open now, within one
+                # redis_timeout_s in all. (A build that failed already is retried later;
+                # meanwhile lookups go on as usual.)
                 raise StorageError(f"tenant {tenant}: Redis did not answer within {wait:g} s")
         policy, refresh = yield from self._lookup_policy(tenant)
         # Until it is built, search the index this replica had before, if any (a rebuild),
