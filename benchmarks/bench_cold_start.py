@@ -108,7 +108,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     first_exact = time.perf_counter() - t0 if hit is not None else None
 
     def built() -> bool:
-        ti = m._indexes.get(TENANT)
+        ti = m.indexes.get(TENANT)
         return ti is not None and ti.built
 
     during: list[float] = []
@@ -122,8 +122,8 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
         served += h is not None and same(h.query, texts[i])
         j += 1
     ready = time.perf_counter() - t0
-    index = m._indexes[TENANT].index
-    loaded = getattr(m._indexes[TENANT], "snapshot", None) is not None  # or built it
+    index = m.indexes[TENANT].index
+    loaded = getattr(m.indexes[TENANT], "snapshot", None) is not None  # or built it
     assert index is not None
     grown = rss() - before
     lat, ping = [], []
@@ -156,7 +156,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     alone, tied = [], []
     for q in nears:
         t = time.perf_counter()
-        found = m._indexes[TENANT].search(q, "", cfg.top_k, cfg.similarity_threshold)
+        found = m.indexes[TENANT].search(q, "", cfg.top_k, cfg.similarity_threshold)
         alone.append(time.perf_counter() - t)
         if leads is not None:
             tied.append(bool(found) and not leads(found, cfg.rl.similarity_tie_margin))

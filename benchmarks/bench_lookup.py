@@ -170,7 +170,7 @@ def run_size(
     t0 = time.perf_counter()
     manager.sync_index(TENANT)
     build_s = time.perf_counter() - t0
-    ti = manager._indexes[TENANT]
+    ti = manager.indexes[TENANT]
     assert ti.index is not None
     kind = ti.index.kind("")
     est = ti.index.nbytes()
@@ -266,7 +266,7 @@ def run_size(
             t0 = time.perf_counter()
             alt.sync_index(TENANT)
             alt_build = time.perf_counter() - t0
-            alt_index = alt._indexes[TENANT].index
+            alt_index = alt.indexes[TENANT].index
             assert alt_index is not None
             alt_sub = alt_index._by_scope.get("")
             alt_width = (
@@ -343,7 +343,7 @@ def async_rows(
             t0 = time.perf_counter()
             await manager.sync_index(TENANT)
             build = time.perf_counter() - t0
-            index = manager._indexes[TENANT].index
+            index = manager.indexes[TENANT].index
             assert index is not None
             lat, ping = [], []
             for q in queries:

@@ -62,7 +62,7 @@ def measure(n: int, lookups: int, url: str) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     sample = rng.choice(n, size=lookups, replace=False)
     exact = near = index = 0
-    ti = reader._indexes["qqp"]
+    ti = reader.indexes["qqp"]
     for j, i in enumerate(sample.tolist()):
         hit = reader.lookup(texts[i], tenant="qqp", embedding=vecs[i])
         exact += hit is not None and hit.entry_id == ids[i]

@@ -1,7 +1,7 @@
 """How long loading an index snapshot holds Python's GIL: the stall other threads see.
 
 A replica loads a large tenant's index from the worker's snapshot in a background thread
-(``CacheEngine._from_snapshot``), while lookups run in other threads. Issue 13 wants no
+(``ReplicaIndexes._from_snapshot``), while lookups run in other threads. Issue 13 wants no
 lookup to wait for a build longer than ``redis_timeout_s`` (0.5 s). For ``--n`` clustered
 384-d vectors in one usearch scope (the default policy), this dumps the index as the
 worker does, publishes it in a real Redis server (``write_snapshot``), then times each
@@ -40,8 +40,8 @@ from bench_lookup import dataset
 
 from zerda_cache import CacheConfig
 from zerda_cache.config import DEFAULT_TOP_K
-from zerda_cache.engine import _REBASE_DRIFT
 from zerda_cache.index import IndexPolicy, ScopedIndex, UsearchIndex, dump_format
+from zerda_cache.replica import REBASE_DRIFT
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.store import SnapshotInfo
 from zerda_cache.testing import RedisServer
@@ -245,8 +245,8 @@ def main() -> None:
     text += (
         f"\n\nThen both restored indexes take the same changes, half removals of the "
         f"snapshot's vectors and half new vectors, up to the share of {args.n:,} in the "
-        f"first column (a replica moves to a newer snapshot at {_REBASE_DRIFT:.0%}, "
-        "`_REBASE_DRIFT`). "
+        f"first column (a replica moves to a newer snapshot at {REBASE_DRIFT:.0%}, "
+        "`replica.REBASE_DRIFT`). "
         f"Search: `ScopedIndex.search` as a lookup calls it (top {DEFAULT_TOP_K}, one "
         "thread), for near-copies (cosine 0.97) of live vectors, the two indexes "
         "alternating query by query."

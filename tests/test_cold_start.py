@@ -21,7 +21,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import near, unit
-from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, engine
+from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, replica
 from zerda_cache.errors import DimensionMismatchError, StorageError
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
@@ -125,9 +125,9 @@ def test_close_stops_a_running_build_and_waits_for_it(
 ) -> None:
     """``close`` returns once the build has stopped, at its next batch, not when the
     whole scan would have been read: a sync build thread that outlives the interpreter
-    aborts the process (``engine._STOP_WAIT_S``)."""
+    aborts the process (``replica.STOP_WAIT_S``)."""
     fill(make_manager, 300)  # past the listpack size: a scan batch is no more than asked
-    monkeypatch.setattr(engine, "_BUILD_BATCH", 25)  # ~12 batches
+    monkeypatch.setattr(replica, "BUILD_BATCH", 25)  # ~12 batches
     reader = make_manager(CacheConfig(redis_timeout_s=0.05))
     target = reader.target if flavour == "async" else reader
     storage = target.storage
@@ -141,7 +141,7 @@ def test_close_stops_a_running_build_and_waits_for_it(
 
     storage._vectors = slow
     assert reader.lookup("nothing", tenant="t", embedding=unit(999)) is None  # starts it
-    job = target._indexes["t"].job
+    job = target.indexes["t"].job
     assert job is not None and not job.done()
     reader.close()
     assert job.done() and not target.index_ready("t")
@@ -244,13 +244,13 @@ def test_a_failed_build_is_retried_by_lookups(
     """Not only ``sync_index``: the first lookup after the retry delay starts a new build."""
     import logging
 
-    import zerda_cache.engine as engine
+    import zerda_cache.replica as replica_module
 
-    monkeypatch.setattr(engine, "_BUILD_RETRY_S", 0.01)
+    monkeypatch.setattr(replica_module, "BUILD_RETRY_S", 0.01)
     server = redis_server_factory()
     reader = make_manager(CacheConfig(redis_timeout_s=0.2), url=server.url)
     server.stop()
-    with caplog.at_level(logging.WARNING, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.WARNING, logger="zerda_cache"):
         assert reader.lookup("q", tenant="t", embedding=unit(1)) is None
         for _ in range(200):  # the failed build ends in the background
             if "index build failed" in caplog.text:

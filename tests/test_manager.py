@@ -752,7 +752,7 @@ def test_large_scope_uses_hnsw_and_stays_consistent(
     reader.sync_index("big")  # the build's wait is bounded: a loaded machine may miss first
     hit = reader.lookup("q7 again", tenant="big", embedding=near(unit(1007), 0.97))
     assert hit is not None and hit.response == "a7"
-    assert reader._indexes["big"].index.kind("") == "hnsw"  # type: ignore[union-attr]
+    assert reader.indexes["big"].index.kind("") == "hnsw"  # type: ignore[union-attr]
     for eid in ids[:100]:
         assert eid is not None
         writer.invalidate(eid, tenant="big")
@@ -776,9 +776,9 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
     writer, reader = make_manager(cfg), make_manager(cfg)
     for i in range(300):
         writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(2000 + i))
-    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
         reader.sync_index("big")
-    sub = reader._indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = reader.indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
     assert sub.calibrated is not None and sub.calibrated[0] == 300
     assert sub.search_width() == sub.calibrated[1] == cfg.ann_ef_search  # enough here
     assert any("search width" in r.getMessage() for r in caplog.records)
@@ -799,10 +799,10 @@ def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
     writer, reader = make_manager(cfg), make_manager(cfg)
     for i in range(300):
         writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(3000 + i))
-    with caplog.at_level(logging.WARNING, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.WARNING, logger="zerda_cache"):
         assert reader.sync_index("big") == 300
     assert "calibrating the index's search width failed" in caplog.text
-    sub = reader._indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = reader.indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
     assert sub.calibrated is None and sub.search_width() == cfg.ann_ef_search
     hit = reader.lookup("q9 again", tenant="big", embedding=near(unit(3009), 0.97))
     assert hit is not None and hit.response == "a9"
@@ -898,7 +898,7 @@ def test_concurrent_lookups_build_once_and_agree(redis_client: redis.Redis, redi
         hits = list(pool.map(ask, range(200)))
     check(hits)
     assert metric(registry, "zerda_cache_index_rebuilds_total", tenant="t") == 1
-    assert not sync._indexes["t"].lock.locked()
+    assert not sync.indexes["t"].lock.locked()
     sync.close()
 
     async def run() -> list[Any]:
@@ -913,7 +913,7 @@ def test_concurrent_lookups_build_once_and_agree(redis_client: redis.Redis, redi
             m.lookup(f"q{i % 50}", tenant="t", embedding=unit(3000 + i % 50)) for i in range(200)
         ))  # fmt: skip
         assert metric(areg, "zerda_cache_index_rebuilds_total", tenant="t") == 1
-        assert not m._indexes["t"].lock.locked()
+        assert not m.indexes["t"].lock.locked()
         await m.aclose()
         return list(out)
 

@@ -534,7 +534,7 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     report = snap.snapshot_tenant("t")
     assert report is not None and report.published and report.entries == N
     assert snap.snapshot_tenant("t") is None  # not due: the log has not moved
-    source = snap.manager()._indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
+    source = snap.manager().indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
     # The worker measured the width before the dump, for the replicas that load it.
     assert source.calibrated is not None and source.calibrated[0] == N - N // 10
     assert source.calibrated_for == (CONFIG.top_k, CONFIG.ann_ef_search)
@@ -543,12 +543,12 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     late = [writer.put(f"late {i}", f"late {i}", tenant="t", embedding=x[N + i]) for i in range(50)]
     writer.invalidate(ids[1], tenant="t")
     scans = zscans(redis_client)
-    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
         fresh = make_manager(CONFIG)
         assert fresh.sync_index("t") == N + 50 - 1
     assert "index loaded from snapshot" in caplog.text
     assert zscans(redis_client) == scans  # the ids were not scanned
-    hnsw = fresh._indexes["t"].index._by_scope[""]
+    hnsw = fresh.indexes["t"].index._by_scope[""]
     assert hnsw.calibrated == source.calibrated  # taken from the snapshot, not measured
     assert "calibrated by the worker" in caplog.text
     hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 7], 0.97))
@@ -572,9 +572,9 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
     """A replica serving a snapshot's graph in place keeps what changed since in a second
     graph; once that is a tenth of the snapshot and the worker has published a newer
     one, the replica loads it in the background, lookups going on meanwhile."""
-    import zerda_cache.engine as engine_module
+    import zerda_cache.replica as replica_module
 
-    monkeypatch.setattr(engine_module, "_REBASE_CHECK_S", 0.0)
+    monkeypatch.setattr(replica_module, "REBASE_CHECK_S", 0.0)
     st = RedisStorage(redis_client, CONFIG)
     x = vectors(N + 600)
     ids = fill(st, x[:N], scope_every=N)  # one HNSW scope
@@ -583,7 +583,7 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
     first = st.snapshot_info("t")
     fresh = make_manager(CONFIG)
     assert fresh.sync_index("t") == N
-    ti = fresh._indexes["t"]
+    ti = fresh.indexes["t"]
     assert ti.snapshot == first.generation and ti.index.drift() == 0
     writer = make_manager(CONFIG)
     late = [writer.put(f"late {i}", "a", tenant="t", embedding=x[N + i]) for i in range(500)]
@@ -595,12 +595,12 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
     second = st.snapshot_info("t")
     assert second.generation != first.generation
     writer.put("one more", "a", tenant="t", embedding=x[N + 599])
-    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
         hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 3], 0.97))
         assert hit is not None and hit.entry_id == late[3].entry_id
         assert fresh.sync_index("t") == N + 401
     assert "loading snapshot " + second.generation in caplog.text
-    ti = fresh._indexes["t"]
+    ti = fresh.indexes["t"]
     assert ti.snapshot == second.generation and ti.index.drift() < 0.01 and not ti.rebasing
     assert fresh.index_ready("t")
     hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 9], 0.97))
@@ -614,7 +614,7 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
     redis_client.delete(tenant_keys("t").snap_chunk(third.generation, 0))
     for i in range(100, 700):
         writer.invalidate(ids[i], tenant="t")
-    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
         caplog.clear()
         assert fresh.sync_index("t") == N + 402 - 600  # caught up ...
         assert "loading snapshot " + third.generation in caplog.text  # (tried)
@@ -628,10 +628,10 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OSError("no memory for it")
 
-    monkeypatch.setattr(engine_module.ScopedIndex, "restore", broken)
+    monkeypatch.setattr(replica_module.ScopedIndex, "restore", broken)
     for i in range(700, 900):
         writer.invalidate(ids[i], tenant="t")
-    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
         caplog.clear()
         assert fresh.sync_index("t") == N + 402 - 800
         assert "loading the index snapshot failed (OSError: no memory for it)" in caplog.text
@@ -647,7 +647,7 @@ def test_lookups_during_a_move_to_a_newer_snapshot_catch_the_index_in_use_up(
     assert Snapshotter(st).snapshot_tenant("t") is not None
     fresh = make_manager(CONFIG)
     assert fresh.sync_index("t") == N
-    ti = fresh._indexes["t"]
+    ti = fresh.indexes["t"]
     ti.built, ti.rebasing = False, True  # as _rebase leaves it, its job not started yet
     ti.retry_at = float("inf")  # ... nor started by this lookup
     writer = make_manager(CONFIG)
@@ -782,10 +782,10 @@ def test_a_snapshot_names_its_dumps_format(
     info = st.snapshot_info("t")
     assert info is not None
     replica = make_manager(cfg)
-    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
         assert replica.sync_index("t") == 600
     assert "index loaded from snapshot" in caplog.text
-    ti = replica._indexes["t"]
+    ti = replica.indexes["t"]
     assert ti.snapshot == info.generation
     sub = ti.index._by_scope[""]
     assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == dtype
@@ -808,7 +808,7 @@ def test_the_worker_builds_the_snapshots_graphs_at_their_own_construction_width(
     fill(st, vectors(600), scope_every=1_000)
     snap = Snapshotter(st)
     assert snap.snapshot_tenant("t", force=True) is not None
-    index = snap.manager()._indexes["t"].index
+    index = snap.manager().indexes["t"].index
     assert index is not None
     sub = index._by_scope[""]
     assert isinstance(sub, UsearchIndex) and sub._ef_construction == built_at
@@ -854,12 +854,12 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
     assert Snapshotter(st).snapshot_tenant("t") is not None
     changes = {"other top_k": {"top_k": 3}, "other ann_ef_search": {"ann_ef_search": 64}}
     cfg = dataclasses.replace(CONFIG, **changes.get(replica, {}))
-    with caplog.at_level(logging.INFO, logger="zerda_cache.engine"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
         fresh = make_manager(cfg)
         assert fresh.sync_index("t") == N
-    hnsw = fresh._indexes["t"].index._by_scope[""]
+    hnsw = fresh.indexes["t"].index._by_scope[""]
     assert hnsw.calibrated_for == (cfg.top_k, cfg.ann_ef_search)
-    widths = [r.getMessage() for r in caplog.records if r.name == "zerda_cache.engine"]
+    widths = [r.getMessage() for r in caplog.records if r.name == "zerda_cache.replica"]
     widths = [m for m in widths if "HNSW search width" in m]
     assert len(widths) == 1
     assert ("calibrated by the worker" in widths[0]) == (replica == "same")
@@ -943,7 +943,7 @@ def test_the_worker_measures_the_graph_it_dumps(
     assert Snapshotter(st).snapshot_tenant("t") is not None
     later = Snapshotter(st)  # the next leader: its index is the snapshot's, viewed
     assert later.manager().sync_index("t") == N
-    sub = later.manager()._indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = later.manager().indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
     assert isinstance(sub, UsearchIndex) and sub.viewed
     pipe = redis_client.pipeline(transaction=False)
     for i in range(N, N + 200):

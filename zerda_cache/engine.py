@@ -25,7 +25,6 @@ import hashlib
 import logging
 import math
 import os
-import threading
 import time
 import unicodedata
 import weakref
@@ -56,22 +55,20 @@ from zerda_cache.errors import (
     InvalidFeedbackError,
     StorageError,
 )
-from zerda_cache.index import IndexPolicy, ScopedIndex
+from zerda_cache.index import IndexPolicy
 from zerda_cache.match_model import Features, candidate_features, score_of
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
 from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
-from zerda_cache.replica import TenantIndex
+from zerda_cache.replica import STOP_WAIT_S, ReplicaIndexes, TenantIndex
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.connect import connect
-from zerda_cache.storage.driver import Flow, Job, Step, call, locked, op, run_sync
+from zerda_cache.storage.driver import Flow, Job, Step, call, op, run_sync
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import (
     HitOutcome,
     HitStatus,
-    LogDelta,
-    LogInfo,
     PutOutcome,
     ReadPlan,
     ScriptCall,
@@ -88,30 +85,6 @@ EmbedFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
 #: How often the manager re-reads the server's clock for its local estimate.
 _CLOCK_RESYNC_S = 60.0
-#: Rebuilds ``sync_index`` waits for (a trimmed log, a changed dimension) before it gives up.
-_MAX_REBUILDS = 3
-#: Entries an index build reads per round trip (their vectors: ~1.5 kB each at 384-d).
-_BUILD_BATCH = 2000
-#: How often a long index build logs its progress; when a failed one is retried (doubling
-#: with each failure in a row); how often one tenant may rebuild; how many times a batch
-#: of the scan is read before the build fails; how many builds of a manager run at once.
-_BUILD_LOG_EVERY_S = 5.0
-_BUILD_RETRY_S = 1.0
-_REBUILD_EVERY_S = 5.0
-#: A replica serving a snapshot's graph in place (``UsearchIndex.restore``) moves to a
-#: newer snapshot once this share of the vectors changed since (the changes live in a
-#: second graph and the removed vectors' memory is held until then); it looks for one at
-#: most every ``_REBASE_CHECK_S``.
-_REBASE_DRIFT = 0.1
-_REBASE_CHECK_S = 60.0
-_BATCH_ATTEMPTS = 3
-_BUILD_SLOTS = 2
-#: How long ``close`` (and the interpreter's exit, for a sync manager never closed) waits
-#: for its running index builds to stop at their next step. A build thread still inside
-#: the ANN library's C++ code when the interpreter finalizes is ended by pthread_exit,
-#: whose unwinding through that code's noexcept frames calls std::terminate: the process
-#: aborts (status 134, "terminate called without an active exception").
-_STOP_WAIT_S = 10.0
 #: Lookups are counted in Redis (for the error bound's share of requests, see
 #: ``calibration.py``) by a later lookup's pipeline, once this many are pending or the
 #: oldest pending one is this old; the tenant's counts are halved past this many label
@@ -372,11 +345,6 @@ class CacheEngine:
             max_size=self.config.embedding_cache_size,
             ttl_seconds=self.config.embedding_cache_ttl_s,
         )
-        self._indexes: dict[str, TenantIndex] = {}
-        self._jobs_lock = threading.Lock()
-        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # to cancel them at close
-        self._build_slots = self.semaphore_factory(_BUILD_SLOTS)
-        self._closed = False
         _engines.add(self)
         self._outage_since: float | None = None
         self._clock_sync: tuple[float, float] | None = None
@@ -388,9 +356,6 @@ class CacheEngine:
         self._traffic: dict[str, tuple[float, Counter[tuple[int, int | str]], list[Any]]] = {}
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
-        #: Measure the search width of the indexes this replica builds or loads
-        #: (``_calibrate``); off for the worker's snapshot source, which never searches.
-        self.calibrate_indexes = True
         self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
         #: Each tenant's policy (``policy.py``), with the monotonic time it was read.
         self._policies: dict[str, tuple[float, TenantPolicy]] = {}
@@ -398,13 +363,22 @@ class CacheEngine:
         self._tickets = ContextCache(max_size=10_000, ttl_seconds=900.0)
         self._explore = np.random.default_rng(self.config.rl.seed)
         cfg = self.config
-        self._index_policy = IndexPolicy(
+        index_policy = IndexPolicy(
             ann_threshold=cfg.ann_threshold,
             backend=cfg.ann_backend,
             dtype=cfg.ann_dtype,
             m=cfg.ann_m,
             ef_construction=cfg.ann_ef_construction,
             ef_search=cfg.ann_ef_search,
+        )
+        #: This replica's vector indexes: builds, catch-up, readiness (``replica.py``).
+        self.indexes = ReplicaIndexes(
+            self.storage,
+            cfg,
+            self.metrics,
+            self,
+            index_policy,
+            outage=lambda: self._outage_since is not None,
         )
 
     @classmethod
@@ -486,12 +460,12 @@ class CacheEngine:
         verification was asked for, and for an exact repeat, its entry's level at this
         lookup as far as it is known (``calibration.exact_level``; 0 when it is not)."""
         tenant, st = keys.tenant, self.storage
-        ti = self._tenant_index(keys)
+        ti = self.indexes.of(keys)
         if not ti.built:  # built in the background: wait a bounded time for it
             # (a lookup without an embedding matches exactly only: it starts the build)
-            wait = self._build_wait(ti, vec is not None)
+            wait = self.indexes.build_wait(ti, vec is not None)
             waits = wait > 0 and self._outage_since is None  # (no wait during an outage)
-            yield from self._await_index(ti, wait)
+            yield from self.indexes.await_index(ti, wait)
             job = ti.job
             if waits and not ti.built and not ti.answered and job and not job.done():
                 # The build is still waiting for its first reply from Redis: the lookup's
@@ -610,9 +584,9 @@ class CacheEngine:
             yield from self._halve_traffic(tenant, policy)
         changed = False
         if live:
-            changed = yield from self._catch_up(ti, head, position)
+            changed = yield from self.indexes.catch_up(ti, head, position)
             if not ti.built:  # the catch-up found a rebuild necessary: a bounded wait
-                yield from self._await_index(ti, self._build_wait(ti, True))
+                yield from self.indexes.await_index(ti, self.indexes.build_wait(ti, True))
         elif vec is not None and head is not None and head != len(vec):
             raise DimensionMismatchError(tenant, head, len(vec))
         states = StateBatch()
@@ -637,7 +611,7 @@ class CacheEngine:
         elif found:
             states = replies[-1]
             ghosts.update(states.missing)
-        self._check_dim(tenant, ti, vec)
+        self.indexes.check_dim(tenant, ti, vec)
         if changed:
             found = self._search(ti, vec, scope, policy)
             feats = self._features(found, policy)
@@ -924,423 +898,6 @@ class CacheEngine:
         cfg = policy.config
         return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
 
-    # -- keeping the index current ---------------------------------------------------------
-    def _catch_up(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
-        """Apply ``delta`` (read at ``position``) and what follows; True if the index
-        changed. The common case (no news) takes no lock."""
-        if delta.empty and not (delta.maybe_trimmed or delta.partial) and ti.last_id == position:
-            return False
-        return (yield from locked(ti.lock, self._catch_up_locked(ti, delta, position)))
-
-    def _catch_up_locked(self, ti: TenantIndex, delta: LogDelta, position: str) -> Flow[bool]:
-        if not ti.usable:  # a rebuild began meanwhile: it replays the log itself
-            return False
-        changed = ti.last_id != position
-        if changed or delta.partial:
-            # Another thread or task applied events meanwhile, or more happened than a
-            # lookup's peek returns: read on from where the index is.
-            delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
-        return (yield from self._apply_locked(ti, delta)) or changed
-
-    def _apply_locked(self, ti: TenantIndex, delta: LogDelta, paced: bool = False) -> Flow[bool]:
-        """Apply ``delta`` and every later event; True if the index changed.
-
-        Starts a background rebuild when the log was trimmed past this replica's
-        position (events were lost; lookups go on searching the index as it is) or when a
-        new vector does not fit the index (the tenant was cleared and re-created with
-        another dimension; the index is dropped).
-        """
-        st, tenant = self.storage, ti.keys.tenant
-        changed = False
-        while True:
-            if delta.maybe_trimmed and ti.trimmed_past((yield from st._log_info(tenant))):
-                reason = "its log was trimmed past this replica's position, or re-created"
-                ti.built = False
-            elif delta.empty:
-                return changed
-            else:
-                vectors = (yield from st._vectors(tenant, list(delta.adds))) if delta.adds else {}
-                if ti.apply(delta, vectors):
-                    changed = True
-                    if not delta.more:
-                        yield from self._rebase(ti)
-                        return True
-                    delta = yield from st._read_log(tenant, ti.last_id)
-                    continue
-                reason = "its embedding dimension changed"
-                ti.drop()
-            ti.rebasing = False  # a rebuild, not a move: the index in use is not whole
-            log.info("tenant %s: %s; rebuilding this replica's index", tenant, reason)
-            if paced:
-                # Found by a build's own replay: not again before _REBUILD_EVERY_S (the
-                # new index is searched as it is meanwhile), or a log trimmed faster
-                # than a build reads would rebuild back to back.
-                ti.retry_at = time.monotonic() + _REBUILD_EVERY_S
-            self._start_build(ti)
-            return True
-
-    def _build_wait(self, ti: TenantIndex, near: bool) -> float:
-        """How long a lookup waits for ``ti``'s build: ``redis_timeout_s`` at most, none
-        for a lookup that matches exactly only (no embedding) or during a move to a
-        newer snapshot (the index in use is complete)."""
-        return self.config.redis_timeout_s if near and not ti.rebasing else 0.0
-
-    def _rebase(self, ti: TenantIndex) -> Flow[None]:
-        """Move to a newer index snapshot once the one served in place has drifted by
-        ``_REBASE_DRIFT``: a rebuild from it in the background, during which lookups
-        search the index in use without waiting (see ``TenantIndex.rebasing``). Only
-        when the worker has published a newer one that the log still reaches: a scan
-        instead would cost minutes at the sizes snapshots are made for."""
-        index, now = ti.index, time.monotonic()
-        if (
-            ti.snapshot is None
-            or index is None
-            or now < ti.rebase_checked + _REBASE_CHECK_S
-            or index.drift() < _REBASE_DRIFT
-            or not self.config.index_snapshots
-        ):
-            return
-        ti.rebase_checked = now
-        st, tenant = self.storage, ti.keys.tenant
-        snap = yield from st._snapshot_info(tenant)
-        if snap is None or snap.generation in (ti.snapshot, ti.rebase_failed):
-            return
-        if not (yield from st._log_info(tenant)).holds_since(snap.added):
-            return
-        log.info(
-            "tenant %s: %.0f%% of the index changed since snapshot %s: loading snapshot %s",
-            tenant,
-            100 * index.drift(),
-            ti.snapshot,
-            snap.generation,
-        )
-        ti.built, ti.rebasing = False, True
-        self._start_build(ti)
-
-    def _start_build(self, ti: TenantIndex) -> Job | None:
-        """The running build of ``ti``, started if none runs (``None``: built already,
-        closing, or waiting to retry a failed build)."""
-        with self._jobs_lock:  # threads of a sync manager: one build at a time
-            if ti.built or self._closed:
-                return None
-            job = ti.job
-            if job is not None and not job.done():
-                return job
-            now = time.monotonic()
-            if now < ti.retry_at:
-                return None
-            ti.build_started = now
-            ti.progress = (0, 0)
-            ti.answered = False
-            ti.job = job = self.spawn(self._build(ti), f"zerda-index-{ti.keys.tenant}")
-            self._jobs.add(job)
-            if not ti.rebasing:  # a move to a newer snapshot: the index in use is whole
-                self.metrics.index_ready.labels(self.metrics.tenant(ti.keys.tenant)).set(0)
-            return job
-
-    def _await_index(self, ti: TenantIndex, wait: float | None) -> Flow[None]:
-        """Start ``ti``'s build if none runs, then wait for it: until ``wait`` seconds
-        after it began (lookups: no lookup waits longer than ``redis_timeout_s``; none
-        waits while Redis is failing, since the lookup has its own timeout to spend), or,
-        with ``wait=None``, until it is done (``sync_index``)."""
-        job = self._start_build(ti)
-        if job is None or job.done():
-            return
-        if wait is None:
-            while not job.done():
-                yield job.wait(None)
-            return
-        left = ti.build_started + wait - time.monotonic()
-        if left > 0 and self._outage_since is None:
-            yield job.wait(left)
-
-    def _build(self, ti: TenantIndex) -> Flow[None]:
-        """Build ``ti``'s index from Redis beside the one in use (a background job, at
-        most ``_BUILD_SLOTS`` of a manager at once), then put it in use and replay the
-        log's events since the scan began (events that raced the scan are applied twice
-        at worst, and both operations are idempotent)."""
-        tenant = ti.keys.tenant
-        started = time.monotonic()
-        try:
-            yield from locked(self._build_slots, self._scan_and_install(ti, started))
-        except StorageError as exc:
-            self._build_failed(ti, exc)
-            raise
-        except Exception as exc:  # a bug: logged with its traceback, retried later
-            self._build_failed(ti, exc, unexpected=True)
-            raise
-        finally:
-            ti.finished_at = time.monotonic()
-            if not self._closed:  # a closed manager's registry may be another's now
-                label = self.metrics.tenant(tenant)
-                self.metrics.index_ready.labels(label).set(1 if ti.built else 0)
-        if ti.built:
-            elapsed = ti.finished_at - started
-            ti.failures = 0
-            self.metrics.index_build_seconds.observe(elapsed)
-            slow = elapsed >= _BUILD_LOG_EVERY_S or ti.progress[1] >= 10_000
-            log.log(
-                logging.INFO if slow else logging.DEBUG,
-                "tenant %s: index ready, %d entries in %.1f s",
-                tenant,
-                len(ti),
-                elapsed,
-            )
-
-    def _build_failed(self, ti: TenantIndex, exc: Exception, *, unexpected: bool = False) -> None:
-        """Retry later, later still after each failure in a row (up to a minute)."""
-        ti.failures += 1
-        delay = min(_BUILD_RETRY_S * 2 ** (ti.failures - 1), 60.0)
-        ti.retry_at = time.monotonic() + delay
-        tenant = ti.keys.tenant
-        if unexpected:
-            log.exception("tenant %s: index build crashed; retried in %.0f s", tenant, delay)
-        else:
-            log.warning(
-                "tenant %s: index build failed, lookups serve exact matches until it is "
-                "retried in %.0f s: %s",
-                tenant,
-                delay,
-                exc,
-            )
-
-    def _from_snapshot(self, ti: TenantIndex) -> Flow[bool]:
-        """Install the worker's index snapshot of the tenant, if one is published and the
-        log still holds every event since its position, and replay the log from there:
-        a large tenant's index in the time it takes to read it, not to build it. False
-        (scan instead) when there is none, it is stale or it does not check out."""
-        st, tenant = self.storage, ti.keys.tenant
-        snap = yield from st._snapshot_info(tenant)
-        ti.answered = True
-        ti.snapshot_seen = None if snap is None else snap.generation
-        if snap is None:
-            return False
-        now = yield from st._log_info(tenant)
-        if not now.holds_since(snap.added):
-            log.info(
-                "tenant %s: index snapshot %s is older than the log (or the log is new): "
-                "scanning instead",
-                tenant,
-                snap.generation,
-            )
-            return False
-        try:
-            blob = yield from st._read_snapshot(tenant, snap)
-            if blob is None:
-                return False
-            if self._closed:  # a restore is seconds of C++ at 1M: not past close
-                return True
-            # CPU work: off the event loop (asyncio)
-            index = yield self.offload(ScopedIndex.restore, blob, self._index_policy)
-        except ValueError as exc:
-            log.warning("tenant %s: index snapshot %s unusable: %s", tenant, snap.generation, exc)
-            return False
-        except Exception as exc:  # a snapshot is only a shortcut: scan instead
-            if not ti.rebasing and isinstance(exc, StorageError):
-                raise  # Redis is failing: the scan would too; the build is retried later
-            log.warning(
-                "tenant %s: loading the index snapshot failed (%s: %s)",
-                tenant,
-                type(exc).__name__,
-                exc,
-                exc_info=not isinstance(exc, StorageError | MemoryError | OSError),
-            )
-            return False
-        ti.progress = (snap.entries, snap.entries)
-        yield from self._calibrate(ti, index)
-        if self._closed:
-            return True  # nothing installed; nothing else to build either
-        position = LogInfo(last_id=snap.last_id, added=snap.added, length=0)
-        yield from locked(ti.lock, self._install_locked(ti, index, position, snap.generation))
-        if ti.built:
-            log.info(
-                "tenant %s: index loaded from snapshot %s (%d entries, log %d events on)",
-                tenant,
-                snap.generation,
-                len(ti),
-                now.added - snap.added,
-            )
-        return True
-
-    def _resume_locked(self, ti: TenantIndex) -> Flow[None]:
-        """Go on with the index in use, from its own log position (a move to a newer
-        snapshot that did not happen); lookups catch it up again."""
-        ti.rebase_failed = ti.snapshot_seen
-        ti.built, ti.rebasing = True, False
-        ti.job = None
-        return
-        yield  # a flow
-
-    def _scan_and_install(self, ti: TenantIndex, started: float) -> Flow[None]:
-        st, tenant = self.storage, ti.keys.tenant
-        if self._closed:  # closed while this build waited for a slot
-            return
-        if self.config.index_snapshots and (yield from self._from_snapshot(ti)):
-            return
-        if ti.rebasing:  # the newer snapshot did not load: keep the index in use
-            yield from locked(ti.lock, self._resume_locked(ti))
-            return
-        info = yield from st._log_info(tenant)
-        ti.answered = True
-        total = yield from st._count(tenant)
-        # The index takes the tenant's dimension (restored from the entries' majority if
-        # its cfg hash lost it), never the first vector scanned: entries of another
-        # dimension are corrupt, left out and reported for the worker to evict.
-        dim = yield from st._tenant_dim(tenant)
-        ti.progress = (0, total)
-        index: ScopedIndex | None = None
-        scanned, told = 0, started
-        cursor: int | None = None
-        while cursor != 0:
-            if self._closed:
-                return
-            cursor, vectors, n = yield from self._scan_batch(tenant, cursor or 0, dim)
-            if vectors:  # the insertion is CPU work: off the event loop (asyncio)
-                index = yield self.offload(ti.scanned, index, vectors)
-            scanned += n
-            ti.progress = (scanned, total)
-            if time.monotonic() - told >= _BUILD_LOG_EVERY_S:
-                told = time.monotonic()
-                log.info(
-                    "tenant %s: building this replica's index: %d of %d entries, %.0f s",
-                    tenant,
-                    scanned,
-                    total,
-                    told - started,
-                )
-        if index is not None:
-            yield from self._calibrate(ti, index)
-        if self._closed:
-            return
-        yield from locked(ti.lock, self._install_locked(ti, index, info))
-
-    def _calibrate(self, ti: TenantIndex, index: ScopedIndex) -> Flow[None]:
-        """Measure the search width a newly built index needs on its own vectors, before
-        it is in use (``ScopedIndex.calibrate``; CPU work, off the event loop), unless
-        the snapshot it was restored from carries the worker's measure of it. A failure
-        leaves the size schedule's width: the index is sound without it."""
-        if not self.calibrate_indexes or self._closed:
-            return
-        try:
-            widths = yield self.offload(index.calibrate, self.config.top_k, self._is_closed)
-        except Exception as exc:
-            log.warning(
-                "tenant %s: calibrating the index's search width failed (%s: %s): "
-                "searching at the configured width",
-                ti.keys.tenant,
-                type(exc).__name__,
-                exc,
-                exc_info=True,
-            )
-            return
-        for scope, (width, seconds) in widths.items():
-            log.info(
-                "tenant %s: HNSW search width %d for scope %r (%s)",
-                ti.keys.tenant,
-                width,
-                scope,
-                "calibrated by the worker" if seconds is None else f"calibrated in {seconds:.1f} s",
-            )
-
-    def _scan_batch(
-        self, tenant: str, cursor: int, dim: int | None = None
-    ) -> Flow[tuple[int, dict[str, tuple[Vector, str]], int]]:
-        """One batch of the build's scan: the next cursor, the vectors, the ids scanned.
-        A failed batch is tried again (a build of a million entries reads 500 batches:
-        one socket timeout should not throw the rest away)."""
-        st = self.storage
-        for attempt in range(_BATCH_ATTEMPTS):
-            try:
-                nxt, items = yield from st._scan_ids(tenant, cursor, _BUILD_BATCH)
-                ids = [e for e, _ in items]
-                vectors = (yield from st._vectors(tenant, ids, dim)) if items else {}
-                return nxt, vectors, len(items)
-            except StorageError:
-                if attempt == _BATCH_ATTEMPTS - 1:
-                    raise
-                yield self.pause(0.1 * 2**attempt)
-        raise AssertionError("unreachable")
-
-    def _install_locked(
-        self,
-        ti: TenantIndex,
-        index: ScopedIndex | None,
-        info: LogInfo,
-        snapshot: str | None = None,
-    ) -> Flow[None]:
-        """Put the new index in use and replay the log from the position read before the
-        scan (or the position of ``snapshot``, the generation it was loaded from). If
-        events the replay needs were trimmed away meanwhile (the log is capped at
-        ``index_log_maxlen``), the replay finds out and starts another build."""
-        tenant = ti.keys.tenant
-        ti.install(index, info)
-        ti.snapshot = snapshot
-        ti.rebase_checked = time.monotonic()
-        ti.job = None  # done: a rebuild the replay finds necessary starts a new job
-        self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
-        ti.replaying = True  # not "ready" before the events that raced the build are in
-        try:
-            delta = yield from self.storage._read_log(tenant, ti.last_id)
-            yield from self._apply_locked(ti, delta, paced=True)
-        finally:
-            ti.replaying = False
-        if not ti.built:
-            log.warning(
-                "tenant %s: the log was trimmed during the build; raise index_log_maxlen "
-                "(now %d) if this repeats",
-                tenant,
-                self.config.index_log_maxlen,
-            )
-
-    def _sync_index(self, tenant: str) -> Flow[int]:
-        """Bring ``tenant``'s local index up to date now, waiting for its build (however
-        long that takes); returns its size. Lookups never wait this long: use it where a
-        replica should be ready before it takes traffic (a readiness probe, a warm-up).
-
-        Raises:
-            StorageError: Redis failed, or the manager is closed. A build that failed
-                otherwise (a bug) raises its own error.
-        """
-        ti = self._tenant_index(self.storage.keys(tenant))
-        for _ in range(_MAX_REBUILDS):
-            if self._closed:
-                raise StorageError("the cache manager is closed")
-            ti.retry_at = 0.0  # asked for explicitly: build now
-            job = self._start_build(ti)
-            yield from self._await_index(ti, None)
-            error = job.error() if job is not None else None
-            if error is not None and not ti.built:
-                raise error
-            yield from locked(ti.lock, self._sync_locked(ti))
-            if ti.built:
-                return len(ti)
-        raise StorageError(f"tenant {tenant}: still changing after {_MAX_REBUILDS} rebuilds")
-
-    def _sync_locked(self, ti: TenantIndex) -> Flow[None]:
-        if ti.usable:
-            delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
-            yield from self._apply_locked(ti, delta)
-
-    def index_ready(self, tenant: str) -> bool:
-        """Is this replica's index of ``tenant`` built (lookups search all of it)? False
-        before its first lookup and while a build runs; ``index_progress`` says how far.
-        A move to a newer snapshot (``_rebase``) keeps it True: the index in use is whole."""
-        ti = self._indexes.get(validate_tenant(tenant))
-        return ti is not None and ti.usable and not ti.replaying
-
-    def index_progress(self, tenant: str) -> tuple[int, int]:
-        """The running build of ``tenant``'s index: (entries scanned, entries counted
-        when it began); ``(n, n)`` once built."""
-        ti = self._indexes.get(validate_tenant(tenant))
-        if ti is None:
-            return (0, 0)
-        return (len(ti), len(ti)) if ti.usable else ti.progress
-
-    def index_ids(self, tenant: str) -> set[str]:
-        """The entry ids in this replica's index for ``tenant`` (as of its last sync)."""
-        ti = self._indexes.get(validate_tenant(tenant))
-        return set() if ti is None else ti.ids()
-
     # -- put -------------------------------------------------------------------------------
     def _put(
         self,
@@ -1408,15 +965,15 @@ class CacheEngine:
             if dedup is not None:
                 # Near duplicates are found in the replica's index: while it is being
                 # built (past the bounded wait) only the same question is replaced.
-                ti = self._tenant_index(keys)
+                ti = self.indexes.of(keys)
                 if not ti.built:
-                    yield from self._await_index(ti, self._build_wait(ti, True))
+                    yield from self.indexes.await_index(ti, self.indexes.build_wait(ti, True))
                 if ti.usable:
-                    yield from locked(ti.lock, self._sync_locked(ti))
-                    self._check_dim(tenant, ti, vec)
+                    yield from self.indexes.refresh(ti)
+                    self.indexes.check_dim(tenant, ti, vec)
                     best = ti.search(vec, scope, 1, dedup)
                     near = best[0][0] if best else None
-            indexed = self._indexes.get(tenant)
+            indexed = self.indexes.get(tenant)
             out = yield from self.storage._put(
                 tenant,
                 query,
@@ -1590,7 +1147,7 @@ class CacheEngine:
         out: dict[str, Any] = dict((yield from self.storage._stats(tenant)))
         lookups = out.get("hits", 0) + out.get("misses", 0)
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
-        ti = self._indexes.get(tenant)
+        ti = self.indexes.get(tenant)
         out["replica_index_entries"] = len(ti) if ti is not None else 0
         out["replica_index_ready"] = ti is not None and ti.usable
         return out
@@ -1612,50 +1169,41 @@ class CacheEngine:
         yield from st._reset_tenant(tenant)
         return removed
 
+    # -- the replica's indexes (``ReplicaIndexes``) ------------------------------------------
+    def _sync_index(self, tenant: str) -> Flow[int]:
+        """Bring ``tenant``'s local index up to date now, waiting for its build (however
+        long that takes); returns its size. Lookups never wait this long: use it where a
+        replica should be ready before it takes traffic (a readiness probe, a warm-up).
+
+        Raises:
+            StorageError: Redis failed, or the manager is closed. A build that failed
+                otherwise (a bug) raises its own error.
+        """
+        return (yield from self.indexes.sync(tenant))
+
+    def index_ready(self, tenant: str) -> bool:
+        """Is this replica's index of ``tenant`` built (lookups search all of it)? False
+        before its first lookup and while a build runs; ``index_progress`` says how far."""
+        return self.indexes.ready(tenant)
+
+    def index_progress(self, tenant: str) -> tuple[int, int]:
+        """The running build of ``tenant``'s index: (entries scanned, entries counted
+        when it began); ``(n, n)`` once built."""
+        return self.indexes.progress(tenant)
+
+    def index_ids(self, tenant: str) -> set[str]:
+        """The entry ids in this replica's index for ``tenant`` (as of its last sync)."""
+        return self.indexes.ids(tenant)
+
     def stop_jobs(self) -> list[Job]:
         """Stop the index builds, and start no more (``close`` does this first; a manager
         whose client belongs to someone else, as the worker's snapshotter's, stops here).
         Returns the jobs that were running."""
-        self._closed = True
-        with self._jobs_lock:
-            jobs = list(self._jobs)
-        for job in jobs:
-            job.cancel()  # a task; a thread stops at its next batch
-        return jobs
-
-    def _is_closed(self) -> bool:
-        return self._closed
-
-    def _stop_builds(self) -> Flow[None]:
-        """Stop the index builds and wait until they have, up to ``_STOP_WAIT_S``: a
-        build thread must
-        not outlive the interpreter (see ``_STOP_WAIT_S``), and a cancelled task runs
-        its cleanup (its connection back to the pool) only when the loop runs it,
-        before the client closes. An asyncio build's CPU work already in a thread of
-        the loop's executor goes on there; the interpreter joins those threads itself."""
-        return self._await_stopped(self.stop_jobs())
-
-    def _await_stopped(self, jobs: list[Job], deadline: float | None = None) -> Flow[None]:
-        """Wait for ``jobs``, stopped already, up to ``deadline`` (a ``time.monotonic()``;
-        default ``_STOP_WAIT_S`` from now)."""
-        if deadline is None:
-            deadline = time.monotonic() + _STOP_WAIT_S
-        for job in jobs:
-            left = deadline - time.monotonic()
-            if not job.done() and left > 0:
-                yield job.wait(left)
-        running = sum(not job.done() for job in jobs)
-        if running:
-            log.warning(
-                "%d index builds still running %.0f s after close: a process that exits "
-                "now may abort",
-                running,
-                _STOP_WAIT_S,
-            )
+        return self.indexes.stop()
 
     def _close(self) -> Flow[None]:
         """Stop the index builds, flush the pending miss counts, then close the client."""
-        yield from self._stop_builds()
+        yield from self.indexes.stop_and_wait()
         for tenant in list(self._pending_misses):
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self._flush_misses(tenant)
@@ -1779,18 +1327,6 @@ class CacheEngine:
         if self._clock_sync is None or mono - self._clock_sync[0] > _CLOCK_RESYNC_S:
             self._clock_sync = (mono, (yield from self.storage._now()))
         return self._clock_sync[1] + (mono - self._clock_sync[0])
-
-    def _tenant_index(self, keys: TenantKeys) -> TenantIndex:
-        ti = self._indexes.get(keys.tenant)
-        if ti is None:
-            new = TenantIndex(keys, self._index_policy, lock=self.lock_factory())
-            ti = self._indexes.setdefault(keys.tenant, new)
-        return ti
-
-    @staticmethod
-    def _check_dim(tenant: str, ti: TenantIndex, vec: Vector | None) -> None:
-        if vec is not None and ti.usable and ti.dim is not None and ti.dim != len(vec):
-            raise DimensionMismatchError(tenant, ti.dim, len(vec))
 
     # -- ranking ---------------------------------------------------------------------------
     def _candidates(
@@ -1979,14 +1515,7 @@ def _reset_after_fork() -> None:
         # Counts pending in the parent are the parent's to write.
         engine._pending_misses = {}
         engine._traffic = {}
-        engine._jobs_lock = threading.Lock()
-        engine._jobs = weakref.WeakSet()
-        engine._build_slots = engine.semaphore_factory(_BUILD_SLOTS)
-        for ti in engine._indexes.values():
-            ti.lock = engine.lock_factory()
-            if ti.job is not None:  # mid-build (or mid-install): start over
-                ti.job = None
-                ti.built = False
+        engine.indexes.after_fork()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -1995,14 +1524,14 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 def _stop_at_exit() -> None:
     """At the interpreter's exit, stop the index builds of every sync manager (those
     never closed, and those whose jobs were only stopped, as the worker's snapshotter
-    does) and wait for them all, ``_STOP_WAIT_S`` in all. An asyncio manager's builds
+    does) and wait for them all, ``STOP_WAIT_S`` in all. An asyncio manager's builds
     are tasks of a loop that is gone by now; their CPU work ran in the loop's executor,
     whose threads the interpreter joins itself."""
     # Every build is told to stop at its next step first, all at once; then waited for.
     stopped = [(e, e.stop_jobs()) for e in list(_engines) if not e.is_async]
-    deadline = time.monotonic() + _STOP_WAIT_S
+    deadline = time.monotonic() + STOP_WAIT_S
     for engine, jobs in stopped:
-        run_sync(engine._await_stopped(jobs, deadline))
+        run_sync(engine.indexes.await_stopped(jobs, deadline))
 
 
 atexit.register(_stop_at_exit)

@@ -14,12 +14,12 @@ publishes it with the log position it is at:
   chunks of 16 MB (``p:{t}:snap:<gen>:<i>``, written with a TTL while unpublished);
 * ``snapshot.lua`` publishes the generation in the tenant's ``p:{t}:snap`` hash and
   deletes the previous one, in one step;
-* a new replica's build (``CacheEngine._from_snapshot``) reads it, checks its size and
+* a new replica's build (``ReplicaIndexes._from_snapshot``) reads it, checks its size and
   checksum and that the log still holds every event since its position, installs it and
   replays the log from there: the same replay as after a scan, so nothing published
   after the snapshot is missed. Anything amiss (no snapshot, a stale or damaged one):
   the replica scans as before. A replica whose index has drifted by a tenth from the
-  snapshot it serves loads a newer one (``CacheEngine._rebase``).
+  snapshot it serves loads a newer one (``ReplicaIndexes._rebase``).
 
 A snapshot is made again once the tenant's log has moved on by a tenth of its entries or
 by half the log's cap (``index_log_maxlen``), whichever comes first: a snapshot the log
@@ -78,7 +78,7 @@ class Snapshotter:
             )
             # Its indexes are dumped, not searched: they are calibrated when dumped
             # (``snapshot_tenant``), not when built.
-            self._manager.calibrate_indexes = False
+            self._manager.indexes.calibrating = False
         return self._manager
 
     def due(self, moved: int | None, entries: int) -> bool:
@@ -100,7 +100,7 @@ class Snapshotter:
         started = time.perf_counter()
         m = self.manager()
         m.sync_index(tenant)
-        ti = m._indexes[tenant]
+        ti = m.indexes[tenant]
         info = st.snapshot_info(tenant)
         with ti.lock:  # no catch-up while the index is serialised
             moved = None if info is None else ti.consumed - info.added
@@ -163,10 +163,10 @@ class Snapshotter:
                 )
 
     def close(self) -> None:
-        """Stop the manager's index builds and wait for them (``engine._STOP_WAIT_S``)
+        """Stop the manager's index builds and wait for them (``replica.STOP_WAIT_S``)
         before the worker closes the client they use; the client is left open."""
         if self._manager is not None:
-            run_sync(self._manager._stop_builds())
+            run_sync(self._manager.indexes.stop_and_wait())
 
 
 __all__ = ["SnapshotReport", "Snapshotter"]
