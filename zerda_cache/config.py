@@ -90,8 +90,8 @@ DEFAULT_SNAPSHOT_INTERVAL_S = 120.0
 #: builds its own at ``ann_ef_construction``, 128): a better graph for twice the build
 #: time, paid once by the worker instead of by every replica's search. At 1M MiniLM
 #: embeddings (docs/BENCHMARKS.md, "hnsw-minilm-1000k-quant") the replica's calibration
-#: asks width 32 of such a graph, 64 of one built at 128; searches took 0.63x as long
-#: (p99 0.50x), the build 2.2x.
+#: asks width 32 of such a graph, 64 of one built at 128; searches take 0.63x as long
+#: (p99 0.50x), the build 2.2x (bench_hnsw measures both).
 DEFAULT_SNAPSHOT_EF_CONSTRUCTION = 256
 
 # --- the worker process ---------------------------------------------------------------------
@@ -125,9 +125,11 @@ DEFAULT_EMBEDDING_CACHE_TTL_S = 3_600.0
 #: Metrics label this many tenants by name; the rest are "other".
 DEFAULT_MAX_TENANT_LABELS = 50
 #: A scope's local index switches from exact search to HNSW at this many entries. Exact
-#: search costs N x d multiply-adds per lookup, on one thread (index.py says why): a whole
-#: lookup at 10,000 entries took 2.1 ms p50 exact against 1.2 ms with HNSW, and at 3,000
-#: both 0.9 ms, recall@1 1.000 and 0.999 (one run, a loaded 2-core machine).
+#: search costs N x d multiply-adds per lookup, on one thread (index.py says why): at a
+#: few thousand entries a whole lookup takes about as long exact as with HNSW, and past
+#: that exact search falls behind, while HNSW's recall@1 stays near 1. Lower trades an
+#: exact answer and a cheap insert for HNSW's search time sooner; bench_lookup times
+#: exact search beside the HNSW graphs (``--sizes`` picks the entries).
 DEFAULT_ANN_THRESHOLD = 5_000
 #: usearch (~1.0x the raw vector bytes at M=32 with int8 graphs) or hnswlib (float32, ~1.4x).
 DEFAULT_ANN_BACKEND = "usearch"
@@ -135,18 +137,18 @@ DEFAULT_ANN_BACKEND = "usearch"
 #: (``b1``) for vectors of 256 dimensions and more, int8 (``i8``) for shorter ones
 #: (``index.resolve_dtype``); both re-score the candidates from float16 rows beside the
 #: graph. At 1M 384-d MiniLM embeddings, graphs as the worker builds them, a binary graph
-#: searched in 0.66x the time of an int8 one (p99 0.37x) at the same width, built in
-#: 0.53x, in 0.79x the bytes, at the same near-copy recall (docs/BENCHMARKS.md,
-#: "hnsw-minilm-1000k-b1"); whole lookups took the same time in a run where the worker
-#: calibrated the int8 graph narrower (docs/design.md, "What a lookup costs at 1M
-#: entries"). ``f16`` keeps float16 vectors in the graph only.
+#: searches in 0.66x the time of an int8 one (p99 0.37x) at the same width, builds in
+#: 0.53x, in 0.79x the bytes, at the same near-copy recall (bench_hnsw;
+#: docs/BENCHMARKS.md, "hnsw-minilm-1000k-b1"); whole lookups can take the same time
+#: when the worker calibrates the int8 graph narrower (docs/design.md, "What a lookup
+#: costs at 1M entries"). ``f16`` keeps float16 vectors in the graph only.
 #: ``index.UsearchIndex`` says more.
 DEFAULT_ANN_DTYPE = "auto"
 #: How a put stores its vector in Redis: ``float16`` (the default: 2 bytes a dimension
 #: and a marker byte, ~0.7x the memory of an entry at 384-d; a cosine moved by at most
 #: 4e-5 on MiniLM embeddings, measured, ~1e-3 at worst) or ``float32`` (4 bytes, exact).
-#: Readers tell them apart by the length, so a tenant may hold both. Versions before
-#: float16 storage read a float16 vector as corrupt: a deployment that still runs one
+#: Readers tell them apart by the length, so a tenant may hold both. A release without
+#: float16 storage reads a float16 vector as corrupt: a deployment that still runs one
 #: sets ``float32`` until every replica and worker is upgraded.
 VECTOR_STORAGES = ("float32", "float16")
 ANN_BACKENDS = ("usearch", "hnswlib")

@@ -34,14 +34,13 @@ _MIN_GROW_ROWS = 256
 _GROW_FACTOR = 1.0625
 #: An uncalibrated HNSW index (see ``CALIBRATE_FROM``) searches wider as it grows:
 #: ``ef_search`` up to this many entries, then doubled each time the size doubles (with
-#: the default 16: 16 up to 125k, 32 up to 250k, 64 up to 500k, 128 up to 1M). Measured
-#: (docs/BENCHMARKS.md, "HNSW parameters"), M=32, ef_construction=128, int8 graphs,
-#: near-copy recall@1: 0.998-1.000 at width 16 on 20k and 100k real MiniLM embeddings
-#: and 20k clustered random 384-d vectors (as at 32), 0.999 on 100k of those (1.000 at
-#: 32), 1.000 at 32 on 250k clustered vectors;
-#: on 1M of those, 0.980 at 32 and 0.998 at 128. M=16 with ef_construction 64 (the
-#: earlier defaults) got 0.79 at 64 and 0.93 at 256 on the same 1M vectors: its graph is
-#: too sparse there, whatever the width.
+#: the default 16: 16 up to 125k, 32 up to 250k, 64 up to 500k, 128 up to 1M). With
+#: M=32, ef_construction=128 and int8 graphs, near-copy recall@1 (bench_hnsw;
+#: docs/BENCHMARKS.md, "HNSW parameters") is 0.998-1.000 at width 16 on 20k and 100k
+#: real MiniLM embeddings and 20k clustered random 384-d vectors (as at 32), 0.999 on
+#: 100k of those (1.000 at 32), 1.000 at 32 on 250k clustered vectors; on 1M of those,
+#: 0.980 at 32 and 0.998 at 128. M=16 with ef_construction 64 gets 0.79 at 64 and 0.93
+#: at 256 on the same 1M vectors: its graph is too sparse there, whatever the width.
 WIDE_FROM = 125_000
 #: A built HNSW index of this many entries or more measures the width it needs on its own
 #: vectors (``_SlottedAnn.calibrate``) instead of taking ``WIDE_FROM``'s schedule, which
@@ -60,9 +59,9 @@ CALIBRATION_COSINE = 0.9
 #: Widths tried: ``ef_search`` times 1, 2, ... 2**(CALIBRATION_STEPS - 1), then, below
 #: the first that passes (if it is not the first tried), that width over sqrt(2): kept if
 #: it passes too. A search's time grows about in step with its width, and the doubling
-#: alone kept up to twice the width needed: 1M MiniLM embeddings, 32 before and 23 now,
-#: searched alone in 0.12-0.15 ms against 0.15-0.17, near-copy recall@1 0.997 against
-#: 0.998 (docs/BENCHMARKS.md, "cold-start-1m-minilm-width").
+#: alone can keep up to twice the width needed; the step between the last two doublings
+#: trades a little recall for a narrower, faster search (bench_cold_start measures both
+#: against a baseline tree; docs/BENCHMARKS.md, "cold-start-1m-minilm-width").
 CALIBRATION_STEPS = 6
 #: The version of the method above, in a snapshot's calibrated width
 #: (``ScopedIndex.dump``): a replica takes the worker's width only if measured as it
@@ -76,19 +75,19 @@ PARALLEL_INSERT_FROM = 20_000
 #: ``ScopedIndex.dump``; the header's ``v`` tells them apart).
 SNAPSHOT_MAGIC = b"ZCIX\x02\0\0\0"
 #: How a usearch graph holds its vectors: ``i8`` (int8, searched ~2x as fast as float16
-#: at 100k 384-d vectors on AVX2, and built ~2x as fast; the candidates are re-scored
-#: from float16 rows kept beside the graph) or ``f16`` (float16 in the graph only: less
+#: at 100k 384-d vectors on AVX2, and built ~2x as fast: bench_hnsw; the candidates are
+#: re-scored from float16 rows kept beside the graph) or ``f16`` (float16 in the graph only: less
 #: memory, slower searches) or ``b1`` (one bit a dimension, searched by Hamming distance,
 #: the candidates re-scored from float16 rows as for ``i8``). See ``UsearchIndex``.
 USEARCH_DTYPES = ("i8", "f16", "b1")
 #: The dtypes whose graph holds coarse codes, with float16 rows beside it to re-score from.
 ROW_DTYPES = ("i8", "b1")
 #: ``auto`` (the default ``CacheConfig.ann_dtype``): ``b1`` for vectors of at least this
-#: many dimensions, ``i8`` for fewer. Measured on 384-d vectors (MiniLM and clustered
-#: random, 100k to 1M: docs/BENCHMARKS.md "hnsw-minilm-1000k-b1" and "Lookup, put and
-#: index memory"), where a binary graph searched in 0.66x the time of an int8 one at the
-#: same width and recall; one bit a dimension of a short vector is a coarse code, not
-#: measured here, so short vectors keep int8.
+#: many dimensions, ``i8`` for fewer. On 384-d vectors (MiniLM and clustered random,
+#: 100k to 1M: bench_hnsw and bench_lookup; docs/BENCHMARKS.md "hnsw-minilm-1000k-b1"
+#: and "Lookup, put and index memory") a binary graph searches in about 2/3 the time of
+#: an int8 one at the same width and recall; one bit a dimension of a short vector is a
+#: coarse code that no benchmark here covers, so short vectors keep int8.
 AUTO_B1_FROM_DIM = 256
 #: What ``IndexPolicy.dtype`` accepts: a dtype, or ``auto`` (``resolve_dtype``).
 POLICY_DTYPES = (*USEARCH_DTYPES, "auto")
@@ -194,9 +193,9 @@ class ExactIndex:
         if n == 0 or k < 1:
             return []
         # One thread, not BLAS: a multithreaded matrix-vector product per lookup collapses
-        # on a busy CPU (2,000 x 384 on a loaded 2-core machine: 7 ms p50 through
-        # OpenBLAS's thread pool, 0.5 ms single-threaded), and a replica's lookups already
-        # run in parallel, one per request thread or task.
+        # on a busy CPU, where its pool's threads compete for the cores with the
+        # replica's lookups, which already run in parallel, one per request thread or
+        # task (bench_lookup times the exact index's lookups).
         sims = np.einsum("ij,j->i", self._mat[:n], query.astype(np.float32, copy=False))
         # Few vectors clear a cache's threshold: filter first, then partition those. The
         # slack keeps float32 rounding from dropping a vector the float64 re-score keeps.
@@ -593,8 +592,8 @@ def _search_one(graph: Any, query: Any, k: int) -> tuple[npt.NDArray[Any], npt.N
     """The keys and distances of ``graph``'s ``k`` nearest to one ``query``, nearest
     first: usearch's compiled search called as ``Index.search`` calls it (the same
     keywords), without the Python around it: its argument checks and its ``BatchMatches``
-    and ``Matches`` objects, about a quarter of a search's time at 6,000 vectors in a
-    one-off timing (``bench_lookup``'s index-alone column measures whole searches)."""
+    and ``Matches`` objects, a sizeable share of a small graph's search
+    (``bench_lookup``'s index-alone column measures whole searches)."""
     global _COMPILED_SEARCH
     refused: Exception | None = None
     if _COMPILED_SEARCH:
@@ -628,11 +627,11 @@ class UsearchIndex(_SlottedAnn):
     each vector sits beside it in a plain matrix (``_rows``, by slot). A search walks the
     int8 graph, and its few candidates are re-scored from the float16 rows, so the
     similarities a lookup sees are as exact as with a float16 graph. int8 distances are
-    cheaper: at 100k clustered 384-d vectors (2 AVX2 cores, docs/BENCHMARKS.md
-    "hnsw-random-100k") a search took 0.71 ms against 1.58 ms with float16 vectors in
-    the graph, and a bulk build 51 s against 102 s, with the same near-copy recall
-    (1.000; 0.999 on MiniLM embeddings, "Lookup, put and index memory"). The whole index
-    is ~1.05x the raw float32 bytes instead of ~0.8x.
+    cheaper: at 100k clustered 384-d vectors on AVX2, a search takes about half the time
+    it takes with float16 vectors in the graph, and so does a bulk build, with the same
+    near-copy recall (bench_hnsw; docs/BENCHMARKS.md "hnsw-random-100k", and "Lookup,
+    put and index memory" for MiniLM embeddings). The whole index is ~1.05x the raw
+    float32 bytes instead of ~0.8x.
 
     ``dtype="f16"``: the graph holds float16 vectors and the candidates are re-scored
     from them (similarities accurate to ~1e-3 before that, ~1e-4 measured).
@@ -642,7 +641,7 @@ class UsearchIndex(_SlottedAnn):
     fewer than ``CENTRE_FROM``), walked by Hamming distance; the candidates are re-scored
     from float16 rows as for ``i8``. A 384-d code is 48 bytes, one cache line: at 1M
     MiniLM embeddings, searches in 0.66x the time of ``i8`` at the same width, ~20% less
-    memory (docs/BENCHMARKS.md, "hnsw-minilm-1000k-b1"). The centre is part of the
+    memory (bench_hnsw; docs/BENCHMARKS.md, "hnsw-minilm-1000k-b1"). The centre is part of the
     graph: it is dumped with it and a restored graph codes queries and new vectors
     against it.
 
@@ -652,8 +651,9 @@ class UsearchIndex(_SlottedAnn):
     components are ~0.04 on average and at most ~0.33, so its int8 values would be ~5
     and at most ~42, and the distances the graph is built and walked by would be that
     coarse. An inner product of vectors all scaled alike orders them as the unscaled
-    one does. 0.0: usearch's own conversion (a graph dumped before ``quant``: the worker
-    builds it again, scaled, when it dumps it, ``_rescale``); None: not set yet (no
+    one does. 0.0: usearch's own conversion (a graph restored from a format-3 dump,
+    which has no scale: the worker builds it again, scaled, when it dumps it,
+    ``_rescale``); None: not set yet (no
     vector added). An index whose first vectors are few (an ``ann_threshold`` far under
     the default 5,000) may get a scale under which later vectors' largest components are
     clipped: only the graph's walk is the coarser for it, not the similarities served.
@@ -725,10 +725,10 @@ class UsearchIndex(_SlottedAnn):
 
     def _graph_add(self, slots: npt.NDArray[np.int64], vectors: Vector) -> None:
         # usearch's parallel insert races: a node added beside another may end up with no
-        # way in. Measured (2 cores, M=32): 300 vectors added on every core left 1-5 nodes
-        # unfindable in 3 builds of 4; at 50k, 2-8 (~1e-4). One thread loses none and
-        # builds 50k in ~2x the time, so a graph is built on one thread up to
-        # ``PARALLEL_INSERT_FROM`` vectors, where that costs a second or two.
+        # way in, so that no search finds it (a few nodes a build, on 2 cores and M=32).
+        # One thread loses none but builds more slowly (about the core count's factor),
+        # so a graph is built on one thread up to ``PARALLEL_INSERT_FROM`` vectors, where
+        # that costs a second or two (bench_hnsw times bulk builds).
         if self._rows is not None:
             self._set_rows(slots, vectors)
         self._insert(self._graph, slots.astype(np.uint64), vectors)
@@ -839,8 +839,9 @@ class UsearchIndex(_SlottedAnn):
         depends on it): its float16 dot products, the query rounded to float16 too,
         summed in float32. That differs from the float64 product of the rows and the
         exact query by ~1e-5 on unit vectors (the rows' own rounding is ~1e-3 a
-        component), and took a third of its time in a one-off timing: numpy converts
-        float16 to float64 one element at a time."""
+        component), and is faster than numpy's product, which converts float16 to
+        float64 one element at a time (bench_lookup's index-alone column times whole
+        searches)."""
         if self._rows is None or not _numkong_fit():
             return super()._rescore(slots, query)
         rows = self._rows_at(slots)
@@ -866,14 +867,13 @@ class UsearchIndex(_SlottedAnn):
         return out
 
     def _graph_nbytes(self) -> int:
-        # usearch's memory_usage counts the arenas it reserved, touched or not (1,856
-        # bytes an entry at 100k, M=32, against 1,155 of RSS growth). What the graph
-        # holds is its serialised length (vectors, links, keys: 1,044 bytes an entry),
-        # plus per slot of its capacity (a power of two) the key table and node
-        # pointers: ~64 bytes, fitted to the RSS growth measured at 20k, 100k and 200k
-        # entries (1,226, 1,155, 1,136 bytes an entry; this gives 1,149, 1,128, 1,128).
-        # A base view costs what it reads (its buffer) and ~75 bytes a node of offsets
-        # and key table (RSS growth of a 200k view, measured).
+        # usearch's memory_usage counts the arenas it reserved, touched or not (at 100k
+        # entries, M=32, ~1.6x the RSS growth). What the graph holds is its serialised
+        # length (vectors, links, keys), plus per slot of its capacity (a power of two)
+        # the key table and node pointers: ~64 bytes, fitted to the RSS growth at 20k to
+        # 200k entries (this account is within ~7% under it; bench_cold_start prints the
+        # two side by side). A base view costs what it reads (its buffer) and ~75 bytes
+        # a node of offsets and key table (fitted to the RSS growth of a 200k view).
         # The float16 rows (i8, b1) are counted whole (a restored snapshot's where they lie).
         own = int(self._graph.serialized_length) + 64 * int(self._graph.capacity)
         if self._rows is not None:
@@ -931,7 +931,7 @@ class UsearchIndex(_SlottedAnn):
 
     def _rescale(self) -> None:
         """Build the graph again from the float16 rows, its vectors scaled (``quant``): a
-        graph of usearch's own int8 conversion, from a snapshot of an earlier version,
+        graph of usearch's own int8 conversion, from a format-3 snapshot (no scale),
         is replaced on the worker's first dump of it, so that the tenant's next snapshot
         is scaled (a bulk build: minutes at a million vectors, once)."""
         assert self._rows is not None
@@ -1433,11 +1433,11 @@ class ScopedIndex:
         calibrated search width if it has one, ``calibrated``), then each HNSW scope's
         usearch graph and, for an ``i8`` scope, its float16 rows, each at a 64-byte
         aligned offset the header gives. These stay out of msgpack so that ``restore``
-        can serve them where they lie, with no copy. Format 2 was the same with float16
+        can serve them where they lie, with no copy. Format 2 is the same with float16
         graphs only (no ``dtype``, no rows). Format 5 is format 3 with a ``b1`` graph (its
         ``centre`` in the header). Format 4 is format 3 with an ``i8`` graph
-        whose vectors were scaled before int8 (``UsearchIndex.quant``, in the header):
-        a replica of a version before it would search such a graph with vectors
+        whose vectors are scaled before int8 (``UsearchIndex.quant``, in the header):
+        a replica that does not know ``quant`` would search such a graph with vectors
         converted another way, so it is given a format it refuses (it builds its
         index itself)."""
         import msgpack
@@ -1493,7 +1493,7 @@ class ScopedIndex:
         (``UsearchIndex.restore``): the blob must not be changed afterwards, and one in
         private anonymous ``mmap`` memory (as ``read_snapshot`` returns it) is restored
         once: the pages before its graphs are given back. Format 1 (one msgpack
-        document, from earlier versions) is still read, with a copy.
+        document) is read too, with a copy.
 
         Raises:
             ValueError: not a dump of these formats, or one whose parts do not agree.
@@ -1568,8 +1568,8 @@ def dump_format(blob: Any) -> str:
 
 
 def _restored_quant(data: Mapping[str, Any]) -> float | None:
-    """An ``i8`` dump's ``quant``: 0.0 (usearch's own conversion) for a dump made before
-    it, None for a graph that had no vector yet."""
+    """An ``i8`` dump's ``quant``: 0.0 (usearch's own conversion) for a dump without one
+    (format 3), None for a graph that had no vector yet."""
     if "quant" not in data:
         return 0.0
     quant = data["quant"]

@@ -67,40 +67,38 @@ T = TypeVar("T")
 
 #: Batches a whole scan reads ahead of the one it scores, each in its own thread: while
 #: one waits for Redis, another packs its call or parses its reply, so the server is
-#: never idle (bench_worker times the scan at 0, 1 and 2 ahead; three measured no better
-#: than two). From 1 on, the ZSCAN steps run ahead too, in a thread of their own: at 1M
-#: entries the scan's wall time fell ~10% when the scoring no longer waited for them.
+#: never idle. From 1 on, the ZSCAN steps run ahead too, in a thread of their own, so the
+#: scoring does not wait for them. Two ahead already keep the server busy: a third adds a
+#: thread, not throughput (bench_worker times the whole scan at 0, 1 and 2 ahead).
 #: ``Maintenance.read_ahead``.
 READ_AHEAD = 2
 #: Entries removed per call of the evict script, at most (``EvictionConfig.scan_batch``
 #: if smaller). A removal costs the server ~15-20 us (the hash, the state, the ids, the
-#: exact-match map, a log event). 500 a call held its one thread ~20 ms (~40 us each),
-#: every replica's lookups waiting behind it (bench_worker, another client's GET p99
-#: during a full cycle).
+#: exact-match map, a log event), and a call holds the server's one thread for all of its
+#: removals, every replica's lookups waiting behind it: 500 a call holds it ~20 ms, 50 a
+#: call ~1 ms. bench_worker measures this (another client's GET p50 / p99 during a full
+#: cycle, and Redis's own time per call).
 EVICT_BATCH = 50
 #: Calls of the evict script under way at once (``Maintenance.execute``): with two, the
 #: worker packs and parses one while the server runs the other, and another client's
 #: command waits behind both at worst, so each call is half of what one alone could be.
-#: The removals of a full cycle at 1M entries (97,500; a saved tenant, another client
-#: sending a GET every millisecond, medians of 3 rounds side by side; a one-off probe,
-#: not a benchmark script), calls of 100 one at a time: 2.51 s, that GET 1.18 / 2.55 ms
-#: p50 / p99; 100 two at a time: 2.16 s, 2.40 / 5.74 ms; 50 two at a time: 1.62 s,
-#: 1.06 / 3.63 ms.
+#: More calls at once finish a cycle's removals sooner but make another client wait
+#: behind more of them; larger calls do the same. bench_worker measures both sides (the
+#: full cycle's time and another client's GET p50 / p99 meanwhile).
 EVICT_IN_FLIGHT = 2
 #: Arms whose decay is persisted per call of the decay script, at most (``scan_batch`` if
 #: smaller): rewriting an arm costs the server ~14 us (read, decode, decay, encode, write),
-#: so 500 a call held its one thread ~7 ms, the longest of a full cycle's calls
-#: (bench_worker; slowlog on a 200k-entry cycle).
+#: so 500 a call holds its one thread ~7 ms, which would be the longest of a full cycle's
+#: calls; 100 a call holds it ~1.4 ms (bench_worker measures Redis's time per call over
+#: a full cycle; SLOWLOG shows the longest).
 DECAY_BATCH = 100
 #: Entries whose state one call of the read-only ``state`` script reads, at most (each
 #: ZSCAN step of ``scan_batch`` ids is read in calls of this many). Smaller calls let
-#: other clients in sooner but cost the worker a round trip and a decode each. A full
-#: cycle at 1M entries (a saved tenant, another client sending a GET every millisecond,
-#: medians of 3 rounds side by side, 2026-12-04, a one-off probe): 100 a call 8.63 s,
-#: that GET 0.22 / 1.70 ms p50 / p99; 200: 6.90 s, 0.28 / 1.79 ms; 500: 5.77 s, 0.44 /
-#: 2.02 ms. bench_worker's tenant, loaded by puts, is slower to scan (500: 7.5 s, 100:
-#: 9.0 s, docs/BENCHMARKS.md): 100 would leave the 10 s target no margin on a slower
-#: host. 500 stands.
+#: other clients in sooner but cost the worker a round trip and a decode each: at 100 a
+#: call a full cycle at 1M entries comes close to the 10 s target, leaving no margin on a
+#: slower host, while 500 a call adds little to another client's wait. bench_worker
+#: measures both (``--state-batch`` sets this; docs/BENCHMARKS.md has a run at 100
+#: beside the default).
 STATE_BATCH = 500
 #: Entries whose content (doc, vector, meta and digest: ``Storage.audit``) is read per
 #: eviction plan of a tenant, from where the last plan's audit stopped: corruption that the scan of
@@ -220,7 +218,7 @@ class Maintenance:
             fencing token refuses what is already under way, if a newer leader wrote).
         fence: the fencing token (lease epoch) every decay and evict write carries; a
             write refused because a newer leader wrote to the tenant (``FencedError``)
-            stops the cycle. ``None``: writes are not fenced (the CLI's one-off passes).
+            stops the cycle. ``None``: writes are not fenced (the CLI's single passes).
         worker_id: written into the cycle log.
     """
 
@@ -298,9 +296,9 @@ class Maintenance:
         changes no arm's value (readers decay to now from ``decayed_at``); it folds the
         decay in, and lets an arm whose evidence faded leave the list.
 
-        Data from before the list existed (or whose flag was lost) is scanned whole
-        once: that fills the list. ``complete``: whether the list is complete, if the
-        caller has just read it (``evidence_complete``).
+        A tenant without a complete list (data written without one, or whose flag
+        was lost) is scanned whole once: that fills the list. ``complete``: whether
+        the list is complete, if the caller has just read it (``evidence_complete``).
         """
         report = DecayReport(tenant)
         started = time.perf_counter()
@@ -322,7 +320,7 @@ class Maintenance:
                     break
             self._sweeps[tenant] = cursor
             report.swept = cursor == 0
-        else:  # data from before the list existed, or its flag was lost: scan it all once
+        else:  # data written without the list, or its flag was lost: scan it all once
             for batch in st.iter_ids(tenant, size):
                 cols = self._state_arrays(tenant, [eid for eid, _ in batch], rl)
                 self._decay_columns(tenant, cols, report, rl)
@@ -602,12 +600,12 @@ class Maintenance:
         # Each group in the order of its ids: the ids zset orders ids of equal expiry
         # (every entry without a TTL) by their bytes, so removals in that order walk
         # the same upper levels of its skiplist one after another, while the server's
-        # caches still hold them (the ZREMs of 97,500 removals from a saved 1M-entry
-        # tenant: 0.145 s against 0.448 s of the server's time, commandstats). Groups
-        # go in turn, each done before the next starts: a cycle stopped in one has
-        # removed the groups before it whole, and of the one it stopped in, ids from
-        # the start of the id order, not its lowest-scored entries first. All of them
-        # were due.
+        # caches still hold them: the ZREMs cost the server a fraction of what they
+        # cost in score order (bench_worker's commandstats show their time in a full
+        # cycle). Groups go in turn, each done before the next starts: a cycle stopped
+        # in one has removed the groups before it whole, and of the one it stopped in,
+        # ids from the start of the id order, not its lowest-scored entries first. All
+        # of them are due.
         groups: list[tuple[EvictReason, list[tuple[str, int | None]]]] = [
             ("expired", [(eid, None) for eid in sorted(plan.expired)]),
             ("corrupt", [(eid, None) for eid in sorted(plan.corrupt)]),
@@ -732,7 +730,7 @@ class Maintenance:
             )
             st.calibrate(tenant, logs.version, None, logs.logged, {})
             return report
-        model = fit(logs.x, logs.y, logs.version + 1)  # on every label, now that it helps
+        model = fit(logs.x, logs.y, logs.version + 1)  # on every label, as it ranks them better
         counts = _rescored(model, logs)
         report.published = st.calibrate(tenant, logs.version, model, logs.logged, counts)
         report.version = model.version if report.published else logs.version
@@ -931,8 +929,8 @@ class Maintenance:
 
     def run_calibration(self) -> list[FitReport]:
         """Fit the match model of every tenant where one is due (the eviction job runs
-        it after its cycle: a fit reads two capped lists and costs ~0.1 s per 20,000
-        labels)."""
+        it after its cycle: a fit reads two capped lists, so its cost is bounded by their
+        caps)."""
         reports = []
         for tenant in self.tenants():
             if self._halted():

@@ -153,7 +153,8 @@ class ReplicaMetrics:
         )
 
         # (tenant, result) -> the lookup counter's and the latency histogram's children:
-        # ``labels()`` takes a lock and builds its key on every call (~4 us a lookup).
+        # ``labels()`` takes a lock and builds its key on every call, a cost every lookup
+        # would pay (bench_ab compares a lookup's cost against a baseline tree).
         # Children are never removed from these metrics, so a cached one stays the one
         # exported; at most _LOOKUP_CHILDREN pairs (tenants past that are not cached).
         self._lookup_children: dict[tuple[str, str], tuple[Any, Any]] = {}

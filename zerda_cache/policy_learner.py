@@ -164,7 +164,7 @@ class CachePolicyLearner:
         self.config = config
         self.eviction = eviction if eviction is not None else EvictionConfig()
         # Generator methods serialise on their bit generator's lock, so one generator per
-        # learner is safe to share between threads (the seed's np.random.beta was not
+        # learner is safe to share between threads (the seed's np.random.beta is not
         # isolated from every other user of the global state).
         self._rng = rng if rng is not None else np.random.default_rng(config.seed)
         self._lock = threading.RLock()
@@ -257,7 +257,7 @@ class CachePolicyLearner:
         with ``s = similarity_bonus_scale``. The candidates within
         ``similarity_tie_margin`` of the most similar are equally likely to be the
         question asked, and the bandit chooses among them; the rest follow, grouped the
-        same way. (The seed sorted by the composite alone, so a fresh arm's draw could
+        same way. (The seed sorts by the composite alone, so a fresh arm's draw can
         serve another question's answer to an exact repeat: ``docs/differences.md``.)
         Arms are used as given: bring them to the current time first (``BanditArm.at``)
         when they come from storage.

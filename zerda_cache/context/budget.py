@@ -1,8 +1,8 @@
 """Budget allocation strategies: split a total context budget between several queries.
 
 As in the seed: the first query absorbs the rounding remainder, and a weighted share is
-floored at 1. Fixed: ``ComplexityBasedAllocation`` without matching analyses still falls
-back to an equal split, but now logs a WARNING instead of doing so silently.
+floored at 1. Unlike the seed, ``ComplexityBasedAllocation`` without matching analyses
+logs a WARNING when it falls back to an equal split, rather than doing so silently.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``ContextCache``: a small process-local LRU+TTL cache (the seed's, corrected).
 
-The seed's version tracked recency in a deque that went stale (a re-put did not move its
-key; an expired key stayed in the deque), so it behaved as FIFO with stale keys. This one
+The seed's version tracks recency in a deque that goes stale (a re-put does not move its
+key; an expired key stays in the deque), so it behaves as FIFO with stale keys. This one
 is a real LRU: an ``OrderedDict`` in recency order, where every hit and every put moves
 the key to the most-recent end, and expired or evicted keys leave every structure at once.
 In zerda-cache each replica uses it to memoise query -> embedding.

@@ -17,15 +17,16 @@ Kept from the seed by choice: the guard reports and does not block anything itse
 caller decides; zerda-cache's ``put`` refuses to cache a failed answer), and ``analysis``
 is accepted for interface conformance but unused.
 
-Fixed (documented defects; see ``docs/differences.md``):
+Where it differs from the seed (documented defects; see ``docs/differences.md``):
 
 - The seed's source regex ``\\[(?:|Source|source):`` has an empty alternative, so any
-  ``[anything:`` counted as a source marker; ours matches only ``[Source:`` and
+  ``[anything:`` counts as a source marker; ours matches only ``[Source:`` and
   ``[source:``.
-- ``check_relevance`` without an ``embed_fn`` was skipped silently; now the constructor logs
-  one WARNING and :attr:`ContextGuard.relevance_active` says whether the check runs.
-- An embedding failure passed silently (a DEBUG line); it still passes, but is logged at
-  WARNING and counted in :attr:`ContextGuard.embedding_failures`.
+- The seed skips ``check_relevance`` silently without an ``embed_fn``; here the
+  constructor logs one WARNING and :attr:`ContextGuard.relevance_active` says whether the
+  check runs.
+- The seed passes an embedding failure silently (a DEBUG line); here it still passes, but
+  is logged at WARNING and counted in :attr:`ContextGuard.embedding_failures`.
 """
 
 from __future__ import annotations

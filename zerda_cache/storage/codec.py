@@ -406,9 +406,9 @@ def state_columns(
     Corrupt is what the scripts that write arms call corrupt (``zc_state``: not 120
     bytes, arm or use fields whose sum is not finite, alpha or beta not positive, a run
     of negatives that is not a whole number in [0, 1e9)) and, as the scan needs the
-    size, a ``sz`` that is not finite. The whole batch is one numpy array: ~0.1 us an
-    entry, where decoding two msgpack maps an entry took ~2 us (docs/design.md, "The
-    worker's cycle")."""
+    size, a ``sz`` that is not finite. The whole batch is one numpy array, a small
+    fraction of the cost of decoding two msgpack maps an entry (docs/design.md, "The
+    worker's cycle"; bench_worker times the scan)."""
     n = len(states)
     status = np.zeros(n, dtype=np.int8)
     values = np.zeros((n, STATE_COLUMNS), dtype=np.float64)

@@ -12,12 +12,12 @@ from zerda_cache.config import CacheConfig
 #: Seconds between the health checks (PING) of an idle pooled connection.
 HEALTH_CHECK_INTERVAL_S = 30
 #: What the one quick retry is for: a pooled connection the server closed meanwhile (a
-#: restart, an idle timeout). Never a timeout: retrying one doubled the fail-open bound
-#: (a lookup took 2 x redis_timeout_s before it returned its miss).
+#: restart, an idle timeout). Never a timeout: retrying one would double the fail-open
+#: bound (a lookup would take 2 x redis_timeout_s before it returned its miss).
 RETRY_ON = (RedisConnectionError,)
 #: Connections of an asyncio client's pool. The pool blocks (up to ``redis_timeout_s``)
 #: when all are in use: redis-py's default asyncio pool raises "Too many connections" at
-#: once, which turned a burst of concurrent lookups into fail-open misses.
+#: once, which would turn a burst of concurrent lookups into fail-open misses.
 ASYNC_MAX_CONNECTIONS = 100
 
 

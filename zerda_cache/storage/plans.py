@@ -1100,7 +1100,7 @@ class StoragePlans:
         it is gone (trimmed, or the log re-created) or was never an event (the position
         of an index built over an empty log, ``0-0``), and events may be missing. A log
         is trimmed only by the ``XADD`` of a newer event, so an empty range means none
-        was. (This read was an ``XRANGE`` of the oldest event and an ``XREAD``.)"""
+        was. (One command, not an ``XRANGE`` of the oldest event and an ``XREAD``.)"""
         log_key = self.keys(tenant).log
 
         def queue(pipe: Any) -> None:

@@ -79,10 +79,10 @@ SNAPSHOT_CHUNK = 16 * 1024 * 1024
 #: Chunks of a snapshot not published within this long are garbage (a worker died).
 SNAPSHOT_UNPUBLISHED_TTL_MS = 3_600_000
 #: The snapshot formats a replica reads (``fmt`` in the ``snap`` hash: the dump's own,
-#: ``index.dump_format``, given by the writer). One of an earlier version does not know
-#: "5" (binary graphs, ``ann_dtype="b1"``), "4" (int8 graphs of vectors scaled before
-#: int8, ``UsearchIndex.quant``) or "3" (int8 graphs with float16 rows beside them) and
-#: scans instead.
+#: ``index.dump_format``, given by the writer). A replica whose list lacks "5" (binary
+#: graphs, ``ann_dtype="b1"``), "4" (int8 graphs of vectors scaled before int8,
+#: ``UsearchIndex.quant``) or "3" (int8 graphs with float16 rows beside them) scans
+#: instead of loading a snapshot of that format.
 SNAPSHOT_FORMATS_READ = ("1", "2", "3", "4", "5")
 #: A snapshot chunk is copied into the replica's buffer this many bytes at a time.
 _COPY_STEP = 4 * 1024 * 1024
@@ -95,9 +95,9 @@ def _advise_huge_pages(buf: Any) -> bool:
     ``madvise``). A snapshot's graph is searched in place, one random node after another:
     with 4 KB pages nearly every node visited costs a TLB miss and a page walk, with 2 MB
     pages a few hundred entries cover a million-entry graph. At 1M MiniLM embeddings a
-    search took 0.81x as long as in 4 KB pages (p99 0.85x; docs/BENCHMARKS.md,
-    "hnsw-minilm-1000k-pages"). False where the advice is not available (another OS, a
-    kernel without THP); the memory works the same."""
+    search takes 0.81x as long as in 4 KB pages (p99 0.85x; bench_hnsw --pages;
+    docs/BENCHMARKS.md, "hnsw-minilm-1000k-pages"). False where the advice is not
+    available (another OS, a kernel without THP); the memory works the same."""
     import mmap
 
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -394,10 +394,10 @@ class Storage(StoragePlans):
     ) -> Flow[StateArrays]:
         """Learning state of many entries as columns (``plan_raw_states``). Without
         ``check_hashes``, one plain HMGET of the state hash, and the script only for the
-        entries that have no state there (written by 0.1, their state lost, or gone): at
-        1M entries the server spent 3.3 s on the scan's reads that way against 4.7 s
-        through the script, which converts every value into Lua and back (side by side,
-        2026-12-03)."""
+        entries that have no state there (written by 0.1, their state lost, or gone):
+        the plain read costs the server less than the script, which converts every value
+        into Lua and back (bench_worker's commandstats show the HMGETs' and the scripts'
+        time over a full cycle)."""
         ids = list(entry_ids)
         if not ids:
             return state_arrays_of(ids, [])
@@ -693,8 +693,8 @@ class Storage(StoragePlans):
 
     def _evidence_complete(self, tenant: str) -> Flow[bool]:
         """True once a full decay scan has filled the tenant's evidence set (the set is
-        then kept by the scripts); False for data written before it existed, or after
-        the settings hash was lost."""
+        then kept by the scripts); False for data written without it, or after the
+        settings hash was lost."""
         flag = yield from self._command("evidence", "hget", self.keys(tenant).cfg, "evx")
         return flag is not None
 

@@ -7,7 +7,7 @@ generator steps and an ``Encoder.encode`` of four ``isinstance`` checks
 (``HiredisRespSerializer.pack``), then ``execute_command`` or ``Pipeline.execute`` adds
 its observability bookkeeping, closures and the retry wrapper. ``bench_ab.py
 --callgrind`` counts what this saves per call (docs/BENCHMARKS.md, "client instructions
-per call"): a feedback, one EVALSHA, took about 4 PINGs' worth of client instructions
+per call"): a feedback, one EVALSHA, costs about 4 PINGs' worth of client instructions
 through redis-py and 2 this way.
 
 A storage keeps one ``wire_for(client)``, whose ``send`` sends a lone script call and

@@ -81,7 +81,7 @@ end
 -- One hash for the tenant rather than fields of each entry's own hash, so that the
 -- worker's whole scan reads a batch of states from one key; fixed-width numbers rather
 -- than msgpack maps, so that the worker decodes a batch as one array (codec.state_columns)
--- instead of ~2 us of msgpack an entry (docs/design.md, "The worker's cycle").
+-- instead of decoding msgpack an entry at a time (docs/design.md, "The worker's cycle").
 local ZC_STATE = '<' .. string.rep('d', 15)
 local ZC_STATE_BYTES = 120
 
