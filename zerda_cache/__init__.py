@@ -7,7 +7,6 @@ Thompson draw plus confidence.
 
 from zerda_cache.aio import AsyncCacheManager
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
-from zerda_cache.engine import same_meaning, same_text
 from zerda_cache.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.errors import (
     CorruptEntryError,
@@ -26,6 +25,7 @@ from zerda_cache.manager import AdmissionCheck, CacheHit, CacheManager, PutResul
 from zerda_cache.policy_learner import CachePolicyLearner, EvictionCandidate, FeedbackSignal
 from zerda_cache.prompt import PromptRequest, prompt_scope
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
+from zerda_cache.verification import same_meaning, same_text
 
 __version__ = "0.2.0"
 

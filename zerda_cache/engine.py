@@ -26,23 +26,20 @@ import logging
 import math
 import os
 import time
-import unicodedata
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, Self
+from typing import Any, Self
 
 import numpy as np
 
+from zerda_cache.admission import AdmissionCheck, default_admission
 from zerda_cache.calibration import NEVER, bin_of, check_error_rate, exact_level
 from zerda_cache.config import CacheConfig
 from zerda_cache.context import (
     AdaptiveLearningSystem,
     ContextCache,
     ContextEngineConfig,
-    ContextGuard,
-    GuardConfig,
     QueryAnalysis,
     QueryComplexity,
 )
@@ -61,6 +58,7 @@ from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
 from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.replica import STOP_WAIT_S, ReplicaIndexes, TenantIndex
+from zerda_cache.results import CacheHit, PutResult
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.connect import connect
@@ -76,6 +74,7 @@ from zerda_cache.storage.plans import (
 )
 from zerda_cache.storage.store import Storage
 from zerda_cache.validation import check_query, check_response, check_scope, validate_tenant
+from zerda_cache.verification import SameAnswer, Ticket, same_text, ticket_key
 
 log = logging.getLogger(__name__)
 
@@ -97,106 +96,6 @@ _TRAFFIC_WINDOWS = 10
 _EXACT = "e"
 
 
-@dataclass(frozen=True, slots=True)
-class CacheHit:
-    """A served answer.
-
-    Attributes:
-        entry_id: the entry to send feedback about.
-        response: the cached answer.
-        query: the cached question that matched.
-        similarity: cosine similarity of the two questions (1.0 for an exact match).
-        score: the composite ranking score (similarity, Thompson draw, confidence).
-        expected_reward: the arm's posterior mean when it was served.
-        confidence: the entry's composite confidence.
-        exact: matched by the normalised-question digest rather than by vector search.
-    """
-
-    entry_id: str
-    tenant: str
-    response: str
-    query: str
-    similarity: float
-    score: float
-    expected_reward: float
-    confidence: float
-    metadata: dict[str, Any] = field(default_factory=dict)
-    scope: str = ""
-    exact: bool = False
-
-    def feedback(
-        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
-    ) -> FeedbackSignal:
-        """A ``FeedbackSignal`` about this hit, ready for ``CacheManager.feedback``."""
-        return FeedbackSignal(
-            entry_id=self.entry_id,
-            tenant_id=self.tenant,
-            positive=positive,
-            magnitude=magnitude,
-            source=source,
-            similarity=min(1.0, max(-1.0, self.similarity)),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    """What ``put`` did. ``bool(result)`` is ``stored``.
-
-    Attributes:
-        stored: the answer is now cached.
-        entry_id: its id when stored. Under an error bound, when the lookup before held
-            back the question's own cached entry and this answer is the same
-            (``same_answer``), that entry is kept (with the verification's positive
-            signal) and this is its id.
-        reason: why it was not stored (the admission check's verdict).
-        warnings: the admission check's warnings, stored or not.
-        replaced_id: an entry this one replaced (same question, or a near-duplicate when
-            ``dedup_threshold`` is set).
-        tenant: the tenant it was put for.
-        verified: when the lookup before this put asked for a verification, whether the
-            cached answer it held back was the same as this fresh one (``None``: no
-            verification).
-    """
-
-    stored: bool
-    entry_id: str | None = None
-    reason: str | None = None
-    warnings: tuple[str, ...] = ()
-    replaced_id: str | None = None
-    tenant: str = ""
-    verified: bool | None = None
-
-    def __bool__(self) -> bool:
-        return self.stored
-
-    def feedback(
-        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
-    ) -> FeedbackSignal:
-        """A ``FeedbackSignal`` about the answer just cached, ready for
-        ``CacheManager.feedback``: the user's reaction to the fresh answer judges it
-        before it is ever served from the cache. It is about the entry's own question,
-        so it carries similarity 1.0 (it never moves the entry's similarity bar).
-
-        Raises:
-            ValueError: nothing was stored.
-        """
-        if not self.stored or self.entry_id is None:
-            raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
-        return FeedbackSignal(
-            entry_id=self.entry_id,
-            tenant_id=self.tenant,
-            positive=positive,
-            magnitude=magnitude,
-            source=source,
-            similarity=1.0,
-        )
-
-
-#: ``same_answer(cached, fresh)``: is the cached answer as right as the fresh one? It
-#: labels a verification (see ``same_text``).
-SameAnswer = Callable[[str, str], bool]
-
-
 #: The most candidates a tie passes to the hit script (Lua's unpack has a limit); a
 #: larger top_k ranks its ties after reading their states, as a cluster does.
 _TIE_MAX = 512
@@ -207,78 +106,6 @@ def clear_leader(found: Sequence[tuple[str, float]], margin: float) -> bool:
     of the next by more than ``margin`` (``similarity_tie_margin``): then ranking puts
     it first whatever the arms say, and a lookup serves it in its first round trip."""
     return len(found) == 1 or (len(found) > 1 and found[1][1] < found[0][1] - margin)
-
-
-def same_text(cached: str, fresh: str) -> bool:
-    """The default answer equivalence: equal after Unicode normalisation, case folding
-    and collapsing whitespace and punctuation. Strict: an LLM that words the same answer
-    differently counts as a different answer, which errs on the side of not serving.
-    Pass your own ``same_answer`` (an embedding similarity of the two answers, an LLM
-    judge) when answers vary in wording."""
-    return _canonical(cached) == _canonical(fresh)
-
-
-def same_meaning(embed: Callable[[str], Any], threshold: float = 0.9) -> SameAnswer:
-    """An answer equivalence for LLMs that word an answer differently from call to call:
-    the same text (``same_text``), or embeddings of the two answers (``embed``: any sync
-    text -> vector function, e.g. ``MiniLMEmbedder().embed``) at cosine ``threshold`` or
-    more. Looser than ``same_text``: answers that differ in one name or number can embed
-    close, so check the threshold on your own answers (under an error bound, a
-    verification it gets wrong is a wrong label)."""
-    if not 0 < threshold <= 1:
-        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
-
-    def compare(cached: str, fresh: str) -> bool:
-        if same_text(cached, fresh):
-            return True
-        a, b = codec.normalize_vector(embed(cached)), codec.normalize_vector(embed(fresh))
-        return float(a @ b) >= threshold
-
-    return compare
-
-
-def _canonical(text: str) -> str:
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    return " ".join("".join(c if c.isalnum() else " " for c in folded).split())
-
-
-class AdmissionCheck(Protocol):
-    """Decides whether an answer may enter the cache: ``(passed, warnings)``.
-
-    A failed check means the answer is not cached; the first warning is the reason.
-    """
-
-    def __call__(
-        self, query: str, response: str, metadata: Mapping[str, Any]
-    ) -> tuple[bool, list[str]]: ...
-
-
-def basic_admission(
-    query: str, response: str, metadata: Mapping[str, Any]
-) -> tuple[bool, list[str]]:
-    """The simplest check: refuse an empty (or whitespace-only) answer."""
-    if not response.strip():
-        return False, ["empty response"]
-    return True, []
-
-
-def default_admission(config: CacheConfig) -> AdmissionCheck:
-    """The seed's ``ContextGuard`` as the admission check of ``put``: the answer about to
-    be cached is the context it validates (empty, too short, too long). A failed guard
-    means the answer is not cached.
-
-    For a cache, the guard's RAG-oriented defaults are loosened: any non-empty answer
-    is long enough, source markers are not required, and relevance checking is off
-    (turn it on with your own ``ContextGuard(..., embed_fn=...)``: question-answer
-    similarity depends on the embedding model).
-    """
-    guard_config = GuardConfig(
-        min_context_length=1,
-        max_context_length=config.max_response_bytes,
-        check_source_coverage=False,
-        check_relevance=False,
-    )
-    return ContextGuard(ContextEngineConfig(guard=guard_config)).as_admission()
 
 
 class CacheEngine:
@@ -682,8 +509,8 @@ class CacheEngine:
         if not ranked:
             return None, n_found, False, self._asked(asked, None)
         (eid, sim, _), _, _ = ranked[0]
-        ticket = _Ticket(eid, sim, feats.get(eid))
-        self._tickets.put(self._ticket_key(tenant, query, scope), ticket)
+        ticket = Ticket(eid, sim, feats.get(eid))
+        self._tickets.put(ticket_key(tenant, query, scope), ticket)
         return None, n_found, True, self._asked(asked, None)
 
     def _lookup_policy(self, tenant: str) -> Flow[tuple[TenantPolicy, bool]]:
@@ -736,10 +563,6 @@ class CacheEngine:
         """
         yield from self.storage._set_tenant_policy(tenant, changes)
         return (yield from self._tenant_policy(tenant, fresh=True))
-
-    @staticmethod
-    def _ticket_key(tenant: str, query: str, scope: str) -> str:
-        return tenant + "\n" + codec.query_digest(query, scope)
 
     def _serve_best(
         self,
@@ -875,8 +698,8 @@ class CacheEngine:
         ``level`` is not proven safe enough, or this lookup explores). The app's next
         put of the question verifies it (``_verify``: an exact label at that level)."""
         self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
-        ticket = _Ticket(entry_id, 1.0, None, level, exact=True)
-        self._tickets.put(self._ticket_key(tenant, query, scope), ticket)
+        ticket = Ticket(entry_id, 1.0, None, level, exact=True)
+        self._tickets.put(ticket_key(tenant, query, scope), ticket)
         return None, n_found, True, level
 
     @staticmethod
@@ -946,12 +769,12 @@ class CacheEngine:
             # signal on top of its evidence (replaced by the fresh entry, its arm would
             # start again from one signal, and its exact repeats' level with it) -- unless
             # it has expired, or this put sets a TTL, quality or metadata of its own.
-            ticket_key = self._ticket_key(tenant, query, scope)
+            held_key = ticket_key(tenant, query, scope)
             own: bool | None = None
             replaced_answer: str | None = None
-            held = self._tickets.get(ticket_key)
+            held = self._tickets.get(held_key)
             if held is not None and held.exact:
-                self._tickets.pop(ticket_key)
+                self._tickets.pop(held_key)
                 own, cached = yield from self._verify(tenant, held, response)
                 replaced_answer = cached.response if cached is not None else None
                 plain = ttl_s is None and quality is None and metadata is None
@@ -997,7 +820,7 @@ class CacheEngine:
                 agree = FeedbackSignal(out.entry_id, tenant, True, source="verify")
                 yield from self.storage._feedback(agree, rl=policy.rl)
             # Verify before the replaced entries go: the candidate may be one of them.
-            ticket = self._tickets.pop(ticket_key)
+            ticket = self._tickets.pop(held_key)
             if ticket is not None:
                 verified, _ = yield from self._verify(tenant, ticket, response)
                 result = dataclasses.replace(result, verified=verified)
@@ -1011,7 +834,7 @@ class CacheEngine:
             return result
 
     def _verify(
-        self, tenant: str, ticket: _Ticket, fresh: str
+        self, tenant: str, ticket: Ticket, fresh: str
     ) -> Flow[tuple[bool | None, IntelligentCacheEntry | None]]:
         """Compare the fresh answer with the candidate a lookup held back, and learn from
         it: one label of the tenant's calibration (with the match's features), one signal
@@ -1476,7 +1299,7 @@ class CacheEngine:
         """
         tenant = validate_tenant(tenant)
         query = check_query(query, self.config.max_query_chars)
-        key = self._ticket_key(tenant, query, check_scope(scope))
+        key = ticket_key(tenant, query, check_scope(scope))
         return self._tickets.get(key) is not None
 
 
@@ -1489,18 +1312,6 @@ _Pending = tuple[float, Counter[tuple[int, int | str]], list[Features | str | No
 #: keeps the numbers, not the analysis): one frozen value, not a checked dataclass made
 #: per lookup.
 _UNANALYSED = QueryAnalysis(query="", complexity=QueryComplexity.LOW, context_budget=0)
-
-
-class _Ticket(NamedTuple):
-    """A verification a lookup asked for: the candidate it held back, the similarity it
-    matched at (1: the question's own entry), its match features (near matches) and its
-    entry's level (exact repeats)."""
-
-    entry_id: str
-    similarity: float
-    features: Features | None = None
-    level: int = 0
-    exact: bool = False
 
 
 #: Every engine of the process, for ``_reset_after_fork`` and ``_stop_at_exit``.
@@ -1549,12 +1360,4 @@ def _reason_label(reason: str) -> str:
     return "_".join(words[:4]) or "unknown"
 
 
-__all__ = [
-    "AdmissionCheck",
-    "CacheEngine",
-    "CacheHit",
-    "EmbedFn",
-    "PutResult",
-    "basic_admission",
-    "default_admission",
-]
+__all__ = ["CacheEngine", "EmbedFn"]

@@ -21,9 +21,10 @@ from typing import Any
 import msgpack
 
 from zerda_cache.aio import AsyncCacheManager
-from zerda_cache.engine import CacheEngine, CacheHit, PutResult
+from zerda_cache.engine import CacheEngine
 from zerda_cache.manager import CacheManager
 from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.results import CacheHit, PutResult
 from zerda_cache.validation import validate_tenant
 
 log = logging.getLogger("zerda_cache.integrations")

@@ -36,7 +36,6 @@ from langchain_core.messages import BaseMessage, message_to_dict, messages_from_
 from langchain_core.outputs import ChatGeneration, Generation, LLMResult
 
 from zerda_cache.aio import AsyncCacheManager
-from zerda_cache.engine import CacheHit, PutResult
 from zerda_cache.integrations._binding import (
     INFO_KEY,
     CacheBinding,
@@ -48,6 +47,7 @@ from zerda_cache.integrations._binding import (
 )
 from zerda_cache.manager import CacheManager
 from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.results import CacheHit, PutResult
 
 log = logging.getLogger(__name__)
 

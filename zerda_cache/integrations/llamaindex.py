@@ -53,7 +53,6 @@ from llama_index.core.llms.llm import LLM
 from pydantic import PrivateAttr
 
 from zerda_cache.aio import AsyncCacheManager
-from zerda_cache.engine import CacheHit, PutResult
 from zerda_cache.integrations._binding import (
     INFO_KEY,
     CacheBinding,
@@ -64,6 +63,7 @@ from zerda_cache.integrations._binding import (
     signal_from_info,
 )
 from zerda_cache.manager import CacheManager
+from zerda_cache.results import CacheHit, PutResult
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ import httpx
 from fastapi import Body, FastAPI, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from zerda_cache.engine import CacheHit
 from zerda_cache.errors import ZerdaError
+from zerda_cache.results import CacheHit
 from zerda_cache.service.embedding import EmbedderError
 from zerda_cache.service.errors import ApiError
 
