@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 DEMO_ARGS ?=
 
 .PHONY: venv demo test lint typecheck pytest bench bench-quality clean prometheus-tools minilm \
-        sentence-transformers
+        sentence-transformers docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,11 @@ pytest: $(STAMP) prometheus-tools
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
+
+# The user guide (mkdocs.yml: docs/ and the references generated from the code) into
+# site/; --strict fails on a broken link or anchor, as tests/test_docs.py does.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_storage.py

@@ -1,6 +1,8 @@
 """The README's examples run as written: its Python examples (each starts its own
 throwaway server) and the shell session of the HTTP service (`zerda-cache keys create`,
-`zerda-cache serve` and curl, against a throwaway Redis)."""
+`zerda-cache serve` and curl, against a throwaway Redis). So do the user guide's (docs/),
+which holds every README example too, and the guide builds with `mkdocs build --strict`
+(no broken link or anchor, the references generated from the code)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+#: The user guide's pages (docs/BENCHMARKS.md is written by the benchmark scripts).
+GUIDE = sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "BENCHMARKS.md")
+GUIDE_BLOCKS = [
+    (page, block)
+    for page in GUIDE
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+]
+#: The guide's examples the README does not show (those it shows run above).
+GUIDE_ONLY = [(page, block) for page, block in GUIDE_BLOCKS if block not in BLOCKS]
 
 
 def test_readme_has_examples() -> None:
@@ -35,6 +46,66 @@ def test_readme_example_runs(index: int, capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert out.strip()  # every example prints what it shows
     assert "miss" not in out.splitlines()[0]
+
+
+def test_the_readme_examples_are_in_the_guide() -> None:
+    """The README shows a few of the guide's examples: each is in the guide as written,
+    so the guide is complete on its own and the two cannot drift apart."""
+    guide = "\n".join(page.read_text() for page in GUIDE)
+    for block in BLOCKS + re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+        assert block in guide, block[:200]
+
+
+def test_the_guide_has_examples_of_its_own() -> None:
+    """asyncio (library.md) and the error bound (concepts.md) are shown in the guide only."""
+    pages = {page.name for page, _ in GUIDE_ONLY}
+    assert {"library.md", "concepts.md"} <= pages, pages
+
+
+@pytest.mark.parametrize(
+    "page, block",
+    GUIDE_ONLY,
+    ids=[f"{page.relative_to(ROOT)}-{i + 1}" for i, (page, _) in enumerate(GUIDE_ONLY)],
+)
+def test_guide_example_runs(page: Path, block: str, capsys: pytest.CaptureFixture[str]) -> None:
+    name = f"{page.relative_to(ROOT)} example"
+    exec(compile(block, name, "exec"), {"__name__": "doc"})
+    out = capsys.readouterr().out
+    assert out.strip()  # every example prints what it shows
+    assert "miss" not in out.splitlines()[0]
+
+
+def test_the_user_guide_builds_strict(tmp_path: Path) -> None:
+    """`mkdocs build --strict` (what `make docs` runs): a broken link, a missing anchor or a
+    docstring the reference cannot parse fails the build. The references are generated
+    from the code: every manager method, the configuration's fields, every command."""
+    site = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "WARNING" not in proc.stderr, proc.stderr[-5000:]
+    api = (site / "reference" / "api" / "index.html").read_text()
+    for method in ("lookup", "put", "feedback", "invalidate", "stats", "clear", "close"):
+        assert f'id="zerda_cache.CacheManager.{method}"' in api, method
+    for name in ("AsyncCacheManager", "CacheHit", "PutResult", "FeedbackSignal"):
+        assert f'id="zerda_cache.{name}"' in api, name
+    assert 'id="zerda_cache.errors.ZerdaError"' in api
+    config = (site / "reference" / "config" / "index.html").read_text()
+    for name in ("CacheConfig", "RLConfig", "EvictionConfig"):
+        assert f'id="zerda_cache.config.{name}"' in config, name
+    assert "min_reward_to_serve" in config
+    cli = (site / "reference" / "cli" / "index.html").read_text()
+    for command in ("worker", "serve", "stats", "tenant", "keys", "demo"):
+        assert f'id="zerda-cache-{command}"' in cli, command
+    for page in ("concepts", "library", "service", "integrations", "worker", "design"):
+        assert (site / page / "index.html").is_file(), page
+    assert (site / "BENCHMARKS" / "index.html").is_file()
 
 
 # --- the README's shell example of the HTTP service ---------------------------------------
