@@ -27,14 +27,13 @@ import math
 import os
 import time
 import weakref
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import numpy as np
 
 from zerda_cache.admission import AdmissionCheck, default_admission
-from zerda_cache.calibration import NEVER, bin_of, check_error_rate, exact_level
+from zerda_cache.calibration import NEVER, check_error_rate, exact_level
 from zerda_cache.config import CacheConfig
 from zerda_cache.context import (
     AdaptiveLearningSystem,
@@ -43,6 +42,7 @@ from zerda_cache.context import (
     QueryAnalysis,
     QueryComplexity,
 )
+from zerda_cache.counting import LookupCounts
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.errors import (
     CorruptEntryError,
@@ -84,16 +84,6 @@ EmbedFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
 #: How often the manager re-reads the server's clock for its local estimate.
 _CLOCK_RESYNC_S = 60.0
-#: Lookups are counted in Redis (for the error bound's share of requests, see
-#: ``calibration.py``) by a later lookup's pipeline, once this many are pending or the
-#: oldest pending one is this old; the tenant's counts are halved past this many label
-#: windows of lookups.
-_TRAFFIC_BATCH = 32
-_TRAFFIC_FLUSH_S = 1.0
-_TRAFFIC_WINDOWS = 10
-#: The lookup sample's marker of an exact repeat, followed by its level when above 0 (a
-#: row is features, or None: no candidate).
-_EXACT = "e"
 
 
 #: The most candidates a tie passes to the hit script (Lua's unpack has a limit); a
@@ -175,12 +165,8 @@ class CacheEngine:
         _engines.add(self)
         self._outage_since: float | None = None
         self._clock_sync: tuple[float, float] | None = None
-        # Misses are counted in Redis by the tenant's next lookup pipeline (no round trip
-        # of their own); at most one count is pending per tenant, and stats() flushes it.
-        self._pending_misses: dict[str, int] = {}
-        # Lookups per similarity bin of their best near candidate ("x": none), per tenant,
-        # with the monotonic time the oldest pending one was counted (``_TRAFFIC_*``).
-        self._traffic: dict[str, tuple[float, Counter[tuple[int, int | str]], list[Any]]] = {}
+        #: Misses and lookup traffic, written by a later lookup's round trip (counting.py).
+        self.counts = LookupCounts(self.storage)
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
         self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
@@ -271,7 +257,9 @@ class CacheEngine:
             return None
         self._recovered()
         if level is not None:  # an exact repeat: counted at its entry's level
-            self._count_exact(tenant, level, override)
+            cached = self._policies.get(tenant)
+            sample = cached is not None and cached[1].bound(override) is not None
+            self.counts.exact(tenant, level, time.monotonic(), sample)
         self._record_lookup(tenant, query, hit, started, candidates, verify)
         return hit
 
@@ -374,14 +362,14 @@ class CacheEngine:
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = []
         if not folded:
             parts.append(st.peek_log(tenant, position) if live else st.read_dim(tenant))
-        pending = self._pending_misses.pop(tenant, 0)
-        if pending:
-            parts.append(st.count_misses(tenant, pending))
+        misses = self.counts.send_misses(tenant)
+        if misses is not None:
+            parts.append(misses)
         report = st.report_suspects(tenant)  # corrupt ids found here: for the worker
         if report is not None:
             parts.append(report)
         mono = time.monotonic()
-        traffic = self._due_traffic(tenant, mono)
+        traffic = self.counts.due(tenant, mono)
         if traffic is not None:
             traffic_at = len(parts)
             parts.append(st.count_traffic(tenant, *traffic))
@@ -403,12 +391,9 @@ class CacheEngine:
         if refresh:
             self._policies[tenant] = (mono, replies[policy_at])
         if exact_id is None:  # an exact repeat is counted once its level is known
-            self._count_lookup(tenant, found, feats, mono, policy, bound is not None)
-        if (
-            traffic is not None
-            and replies[traffic_at] > policy.config.label_window * _TRAFFIC_WINDOWS
-        ):
-            yield from self._halve_traffic(tenant, policy)
+            self.counts.near(tenant, found, feats, mono, policy, bound is not None)
+        if traffic is not None and self.counts.over_window(replies[traffic_at], policy):
+            yield from self.counts.halve(tenant, policy)
         changed = False
         if live:
             changed = yield from self.indexes.catch_up(ti, head, position)
@@ -497,7 +482,7 @@ class CacheEngine:
             )
         if hit is not None:
             return hit, n_found, False, self._asked(asked, hit)
-        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
+        self.counts.miss(tenant)
         if bound is None or not found:
             return None, n_found, False, self._asked(asked, None)
         # Not served: ask the app's next put of this question to verify the best candidate.
@@ -697,7 +682,7 @@ class CacheEngine:
         """Not served: the question's own entry is under its bar under a bound (its
         ``level`` is not proven safe enough, or this lookup explores). The app's next
         put of the question verifies it (``_verify``: an exact label at that level)."""
-        self._pending_misses[tenant] = self._pending_misses.get(tenant, 0) + 1
+        self.counts.miss(tenant)
         ticket = Ticket(entry_id, 1.0, None, level, exact=True)
         self._tickets.put(ticket_key(tenant, query, scope), ticket)
         return None, n_found, True, level
@@ -965,8 +950,7 @@ class CacheEngine:
     def _stats(self, tenant: str) -> Flow[dict[str, Any]]:
         """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
         entries, bytes), its hit rate, and this replica's index size."""
-        yield from self._flush_misses(tenant)
-        yield from self._flush_traffic(tenant)
+        yield from self.counts.flush(tenant)
         out: dict[str, Any] = dict((yield from self.storage._stats(tenant)))
         lookups = out.get("hits", 0) + out.get("misses", 0)
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
@@ -1027,12 +1011,9 @@ class CacheEngine:
     def _close(self) -> Flow[None]:
         """Stop the index builds, flush the pending miss counts, then close the client."""
         yield from self.indexes.stop_and_wait()
-        for tenant in list(self._pending_misses):
+        for tenant in self.counts.pending_tenants():
             with contextlib.suppress(StorageError):  # closing while Redis is down
-                yield from self._flush_misses(tenant)
-        for tenant in list(self._traffic):
-            with contextlib.suppress(StorageError):
-                yield from self._flush_traffic(tenant)
+                yield from self.counts.flush(tenant)
         yield from self.storage._close()
 
     lookup = op(_lookup)
@@ -1066,79 +1047,6 @@ class CacheEngine:
         """The match features of every candidate of a search (``match_model.py``)."""
         floor = policy.config.similarity_threshold
         return {eid: f for (eid, _), f in zip(found, candidate_features(found, floor), strict=True)}
-
-    def _pending_traffic(self, tenant: str, mono: float) -> _Pending:
-        pending = self._traffic.get(tenant)
-        if pending is None:
-            pending = self._traffic[tenant] = (mono, Counter(), [])
-        return pending
-
-    def _count_exact(self, tenant: str, level: int, override: float | None) -> None:
-        """Count one lookup that asked a cached question itself: "e", and "e<level>"
-        for a confirmed level; under a bound, mark it in the lookup sample (the sample
-        keeps the shares: the exact repeats' too)."""
-        pending = self._pending_traffic(tenant, time.monotonic())
-        pending[1][(0, _EXACT)] += 1
-        if level:
-            pending[1][(0, f"{_EXACT}{level}")] += 1
-        cached = self._policies.get(tenant)
-        if cached is not None and cached[1].bound(override) is not None:
-            pending[2].append(f"{_EXACT}{level}" if level else _EXACT)
-
-    def _count_lookup(
-        self,
-        tenant: str,
-        found: list[tuple[str, float]],
-        feats: Mapping[str, Features],
-        mono: float,
-        policy: TenantPolicy,
-        sample: bool,
-    ) -> None:
-        """Count one lookup that did not ask a cached question itself under the score
-        bin of its best near candidate, or "x" without one; under a bound (``sample``),
-        keep that candidate's features for the worker's next fit."""
-        pending = self._pending_traffic(tenant, mono)
-        model = policy.calibration.model
-        best: Features | None = None
-        best_score = -math.inf
-        for eid, _ in found:
-            if eid in feats:
-                score = score_of(model, feats[eid])
-                if score > best_score:
-                    best, best_score = feats[eid], score
-        version = policy.calibration.model_version
-        pending[1][(version, bin_of(best_score) if best is not None else "x")] += 1
-        if sample:
-            pending[2].append(best)
-
-    def _due_traffic(self, tenant: str, mono: float) -> _PendingTraffic | None:
-        """The tenant's pending lookup counts, taken, if they are due to be written."""
-        pending = self._traffic.get(tenant)
-        if pending is None:
-            return None
-        since, counts, sample = pending
-        if counts.total() < _TRAFFIC_BATCH and mono - since < _TRAFFIC_FLUSH_S:
-            return None
-        self._traffic.pop(tenant, None)
-        return counts, sample
-
-    def _flush_traffic(self, tenant: str) -> Flow[None]:
-        pending = self._traffic.pop(tenant, None)
-        if pending is not None:
-            plan = self.storage.count_traffic(tenant, pending[1], pending[2])
-            yield from self.storage._read(plan)
-
-    def _halve_traffic(self, tenant: str, policy: TenantPolicy) -> Flow[None]:
-        window = policy.config.label_window * _TRAFFIC_WINDOWS
-        try:
-            yield from self.storage._run(self.storage.plan_halve_traffic(tenant, window))
-        except StorageError as exc:  # the next batch past the window tries again
-            log.debug("tenant %s: lookup counts not halved: %s", tenant, exc)
-
-    def _flush_misses(self, tenant: str) -> Flow[None]:
-        pending = self._pending_misses.pop(tenant, 0)
-        if pending:
-            yield from self.storage._count_misses(tenant, pending)
 
     def _now(self) -> Flow[float]:
         """The storage clock, estimated locally: the server's time, measured once a
@@ -1303,11 +1211,6 @@ class CacheEngine:
         return self._tickets.get(key) is not None
 
 
-#: Lookup counts by (model version, score bin or "x"), and the sampled features.
-_PendingTraffic = tuple[Counter[tuple[int, int | str]], list[Features | str | None]]
-_Pending = tuple[float, Counter[tuple[int, int | str]], list[Features | str | None]]
-
-
 #: What the engine tells the adaptive windows of a query it does not analyse (``record``
 #: keeps the numbers, not the analysis): one frozen value, not a checked dataclass made
 #: per lookup.
@@ -1324,8 +1227,7 @@ def _reset_after_fork() -> None:
     Fresh locks, and a tenant whose build was running is built again on first use."""
     for engine in list(_engines):
         # Counts pending in the parent are the parent's to write.
-        engine._pending_misses = {}
-        engine._traffic = {}
+        engine.counts.reset()
         engine.indexes.after_fork()
 
 
