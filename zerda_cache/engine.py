@@ -28,7 +28,7 @@ import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -96,6 +96,17 @@ def clear_leader(found: Sequence[tuple[str, float]], margin: float) -> bool:
     of the next by more than ``margin`` (``similarity_tie_margin``): then ranking puts
     it first whatever the arms say, and a lookup serves it in its first round trip."""
     return len(found) == 1 or (len(found) > 1 and found[1][1] < found[0][1] - margin)
+
+
+class Found(NamedTuple):
+    """What ``_find`` decided for one lookup."""
+
+    hit: CacheHit | None  #: the answer served, or None (a miss, or a verification)
+    candidates: int  #: how many near candidates the index found
+    verify: bool  #: a candidate was held back: the app's next put verifies it
+    #: for an exact repeat, its entry's level at this lookup as far as it is known
+    #: (``calibration.exact_level``; 0 when it is not); None: not an exact repeat
+    level: int | None
 
 
 class CacheEngine:
@@ -249,19 +260,17 @@ class CacheEngine:
         vec = yield from self._embedding(query, embedding)
         started = time.perf_counter()  # the latency metric excludes the embedding
         try:
-            hit, candidates, verify, level = yield from self._find(
-                keys, query, vec, scope, override
-            )
+            found = yield from self._find(keys, query, vec, scope, override)
         except StorageError as exc:
             self._fail_open(tenant, exc)
             return None
         self._recovered()
-        if level is not None:  # an exact repeat: counted at its entry's level
+        if found.level is not None:  # an exact repeat: counted at its entry's level
             cached = self._policies.get(tenant)
             sample = cached is not None and cached[1].bound(override) is not None
-            self.counts.exact(tenant, level, time.monotonic(), sample)
-        self._record_lookup(tenant, query, hit, started, candidates, verify)
-        return hit
+            self.counts.exact(tenant, found.level, time.monotonic(), sample)
+        self._record_lookup(tenant, query, found.hit, started, found.candidates, found.verify)
+        return found.hit
 
     def _find(
         self,
@@ -270,10 +279,8 @@ class CacheEngine:
         vec: Vector | None,
         scope: str,
         override: float | None,
-    ) -> Flow[tuple[CacheHit | None, int, bool, int | None]]:
-        """The hit (or None), how many candidates the index found, whether a
-        verification was asked for, and for an exact repeat, its entry's level at this
-        lookup as far as it is known (``calibration.exact_level``; 0 when it is not)."""
+    ) -> Flow[Found]:
+        """Decide one lookup: the answer to serve, or a miss, or a verification."""
         tenant, st = keys.tenant, self.storage
         ti = self.indexes.of(keys)
         if not ti.built:  # built in the background: wait a bounded time for it
@@ -411,7 +418,7 @@ class CacheEngine:
                     spec = (spec[0], 1.0)
                 exact = spec[0] == exact_id
                 served = self._spec_hit(tenant, spec, outcome, exact, policy)
-                return served, n_found, False, self._asked(exact_id, served)
+                return Found(served, n_found, False, self._asked(exact_id, served))
             if outcome.states is not None:  # a tie's (or a refused leader's) candidates
                 states = outcome.states
                 ghosts.update(states.missing)
@@ -481,10 +488,10 @@ class CacheEngine:
                 ti, vec, scope, policy, n_found, states, now, ghosts, tried, servable, feats
             )
         if hit is not None:
-            return hit, n_found, False, self._asked(asked, hit)
+            return Found(hit, n_found, False, self._asked(asked, hit))
         self.counts.miss(tenant)
         if bound is None or not found:
-            return None, n_found, False, self._asked(asked, None)
+            return Found(None, n_found, False, self._asked(asked, None))
         # Not served: ask the app's next put of this question to verify the best candidate.
         rest = [f for f in found if f[0] not in ghosts]
         missing = [eid for eid, _ in rest if eid not in states.entries]
@@ -492,11 +499,11 @@ class CacheEngine:
             states.entries.update((yield from st._load_states(tenant, missing)).entries)
         ranked = self._candidates(rest, None, states, now, policy)
         if not ranked:
-            return None, n_found, False, self._asked(asked, None)
+            return Found(None, n_found, False, self._asked(asked, None))
         (eid, sim, _), _, _ = ranked[0]
         ticket = Ticket(eid, sim, feats.get(eid))
         self._tickets.put(ticket_key(tenant, query, scope), ticket)
-        return None, n_found, True, self._asked(asked, None)
+        return Found(None, n_found, True, self._asked(asked, None))
 
     def _lookup_policy(self, tenant: str) -> Flow[tuple[TenantPolicy, bool]]:
         """The tenant's policy for a lookup, and whether the lookup should read it again
@@ -678,14 +685,14 @@ class CacheEngine:
 
     def _verify_exact(
         self, tenant: str, query: str, scope: str, entry_id: str, n_found: int, level: int
-    ) -> tuple[CacheHit | None, int, bool, int | None]:
+    ) -> Found:
         """Not served: the question's own entry is under its bar under a bound (its
         ``level`` is not proven safe enough, or this lookup explores). The app's next
         put of the question verifies it (``_verify``: an exact label at that level)."""
         self.counts.miss(tenant)
         ticket = Ticket(entry_id, 1.0, None, level, exact=True)
         self._tickets.put(ticket_key(tenant, query, scope), ticket)
-        return None, n_found, True, level
+        return Found(None, n_found, True, level)
 
     @staticmethod
     def _asked(exact_id: str | None, hit: CacheHit | None) -> int | None:
