@@ -250,8 +250,11 @@ class CacheEngine:
         returns ``None``, logs once per outage and counts it. Bad input still raises.
 
         Raises:
-            InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
-            DimensionMismatchError: bad input; InvalidSettingError: a bound not in (0, 1).
+            InvalidTenantError: a bad tenant id.
+            InvalidEntryError: a bad query or scope.
+            InvalidEmbeddingError: a bad embedding (NaN, all zeros, not a vector).
+            DimensionMismatchError: an embedding of another dimension than the tenant's.
+            InvalidSettingError: a bound not in (0, 1).
         """
         keys = self.storage.keys(tenant)
         query = check_query(query, self.config.max_query_chars)
@@ -733,8 +736,11 @@ class CacheEngine:
         and so is a near-duplicate when ``config.dedup_threshold`` is set.
 
         Raises:
-            InvalidTenantError, InvalidEntryError, InvalidEmbeddingError,
-            DimensionMismatchError: bad input; nothing is written.
+            InvalidTenantError: a bad tenant id; nothing is written.
+            InvalidEntryError: a bad query, answer, scope, TTL or metadata; nothing is
+                written.
+            InvalidEmbeddingError: a bad embedding, or none and no ``embed_fn``.
+            DimensionMismatchError: an embedding of another dimension than the tenant's.
             StorageError: Redis failed.
         """
         with self._counting("put"):
