@@ -21,6 +21,10 @@ ENTRY_ID_RE = re.compile(r"[0-9a-f]{32}")
 PREFIX_RE = re.compile(r"[A-Za-z0-9._-]{1,32}")
 #: A scope is a digest or a short label (``prompt_scope`` makes 32 hex characters).
 MAX_SCOPE_CHARS = 256
+#: A tag is a short label (a document id, a source, a version): printable, no spaces.
+TAG_RE = re.compile(r"[!-~]{1,128}")
+#: Tags one entry may carry.
+MAX_TAGS = 16
 
 
 def validate_tenant(tenant: object) -> str:
@@ -99,6 +103,29 @@ def check_response(response: object, max_bytes: int) -> str:
     if size > max_bytes:
         raise InvalidEntryError(f"response has {size} bytes, over max_response_bytes={max_bytes}")
     return response
+
+
+def check_tags(tags: object) -> tuple[str, ...]:
+    """Tags for a put (``None``: none): at most ``MAX_TAGS`` distinct strings of 1 to 128
+    printable ASCII characters without spaces, else ``InvalidEntryError``."""
+    if tags is None:
+        return ()
+    if isinstance(tags, str) or not isinstance(tags, list | tuple | set | frozenset):
+        raise InvalidEntryError(f"tags must be a list of str, got {type(tags).__name__}")
+    out = tuple(dict.fromkeys(check_tag(t) for t in tags))
+    if len(out) > MAX_TAGS:
+        raise InvalidEntryError(f"at most {MAX_TAGS} tags an entry, got {len(out)}")
+    return out
+
+
+def check_tag(tag: object) -> str:
+    """One tag: 1 to 128 printable ASCII characters without spaces."""
+    if not isinstance(tag, str) or not TAG_RE.fullmatch(tag):
+        shown = repr(tag) if not isinstance(tag, str) or len(tag) <= 80 else repr(tag[:77]) + "..."
+        raise InvalidEntryError(
+            f"invalid tag {shown}: use 1 to 128 printable ASCII characters without spaces"
+        )
+    return tag
 
 
 def check_scope(scope: object) -> str:

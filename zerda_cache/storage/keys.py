@@ -31,6 +31,11 @@ key                    type     holds
 ``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
 ``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size
 ``p:{t}:snap:<g>:<i>`` string   chunk ``i`` of snapshot generation ``g``
+``p:{t}:tag:<name>``   set      ids of the live entries put with tag ``name``
+``p:{t}:cmp:<id>``     string   a completion id the proxy answered with -> its entry id
+                                (expires)
+``p:{t}:fly:<d>``      string   a lease on the upstream call for request digest ``d``
+                                (coalesced misses; expires)
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
@@ -71,6 +76,16 @@ class TenantKeys:
 
     def snap_chunk(self, generation: str, index: int) -> str:
         return f"{self.snap}:{generation}:{index}"
+
+    def tag(self, name: str) -> str:
+        """The set of ids put with tag ``name`` (validated: ``validation.check_tag``)."""
+        return self.base + "tag:" + name
+
+    def completion(self, completion_id: str) -> str:
+        return self.base + "cmp:" + completion_id
+
+    def in_flight(self, digest: str) -> str:
+        return self.base + "fly:" + digest
 
     @property
     def entry_prefix(self) -> str:
