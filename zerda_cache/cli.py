@@ -613,6 +613,50 @@ def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> Non
         console.print(table)
 
 
+# -- tags -----------------------------------------------------------------------------------------
+@cli.group()
+def tags() -> None:
+    """The tags of a tenant's entries (put(..., tags=[...])) and their invalidation."""
+
+
+@tags.command("list")
+@shared_options
+@click.option("--tenant", required=True)
+@json_option
+@pass_state
+def tags_list(state: CliState, tenant: str, as_json: bool) -> None:
+    """List a tenant's tags and how many ids each one's set holds (the ids of removed
+    entries among them until the worker's next sweep)."""
+    with errors():
+        found = state.storage().tags(tenant)
+        if as_json:
+            _print_json({"tenant": tenant, "tags": found})
+            return
+        table = Table(title=f"tenant {tenant}: {len(found):,} tags")
+        table.add_column("tag")
+        table.add_column("entries", justify="right")
+        for name, n in found.items():
+            table.add_row(name, f"{n:,}")
+        console.print(table)
+
+
+@tags.command("invalidate")
+@shared_options
+@click.option("--tenant", required=True)
+@click.argument("tag")
+@json_option
+@pass_state
+def tags_invalidate(state: CliState, tenant: str, tag: str, as_json: bool) -> None:
+    """Remove every entry of TENANT put with TAG, from every replica (one call, through
+    the tag's index: never a scan of the tenant)."""
+    with errors():
+        removed = state.storage().invalidate_tag(tenant, tag)
+        if as_json:
+            _print_json({"tenant": tenant, "tag": tag, "removed": removed})
+            return
+        console.print(f"removed {removed:,} entries tagged {tag!r} from tenant {tenant}")
+
+
 # -- evict ----------------------------------------------------------------------------------------
 @cli.command()
 @shared_options

@@ -73,7 +73,13 @@ from zerda_cache.storage.plans import (
     StateBatch,
 )
 from zerda_cache.storage.store import Storage
-from zerda_cache.validation import check_query, check_response, check_scope, validate_tenant
+from zerda_cache.validation import (
+    check_query,
+    check_response,
+    check_scope,
+    check_tags,
+    validate_tenant,
+)
 from zerda_cache.verification import SameAnswer, Ticket, same_text, ticket_key
 
 log = logging.getLogger(__name__)
@@ -728,8 +734,10 @@ class CacheEngine:
         quality: float | None = None,
         metadata: Mapping[str, Any] | None = None,
         scope: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Flow[PutResult]:
-        """Cache ``response`` as the answer to ``query``.
+        """Cache ``response`` as the answer to ``query``. ``tags``: labels to invalidate
+        it by later (``invalidate_tag``): the document it was built on, its source.
 
         The admission check runs first; a refused answer is not cached and the result
         says why. An earlier entry for the same normalised question and scope is replaced,
@@ -747,6 +755,7 @@ class CacheEngine:
             keys = self.storage.keys(tenant)
             query = check_query(query, self.config.max_query_chars)
             scope = check_scope(scope)
+            tag_names = check_tags(tags)
             vec = yield from self._embedding(query, embedding)
             if vec is None:
                 raise InvalidEmbeddingError(
@@ -775,7 +784,7 @@ class CacheEngine:
                 self._tickets.pop(held_key)
                 own, cached = yield from self._verify(tenant, held, response)
                 replaced_answer = cached.response if cached is not None else None
-                plain = ttl_s is None and quality is None and metadata is None
+                plain = ttl_s is None and quality is None and metadata is None and not tag_names
                 now = yield from self._now()
                 if own and plain and cached is not None and not cached.is_expired(now):
                     self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
@@ -806,6 +815,7 @@ class CacheEngine:
                 metadata=metadata,
                 index_dim=indexed.dim if indexed is not None and indexed.usable else None,
                 rl=policy.rl,
+                tags=tag_names,
             )
             replaced, result = self._put_done(tenant, warnings, out, near)
             if own is not None:
@@ -960,6 +970,17 @@ class CacheEngine:
         """
         return (yield from self.storage._invalidate(tenant, entry_id))
 
+    def _invalidate_tag(self, tag: str, *, tenant: str) -> Flow[int]:
+        """Remove every entry of ``tenant`` put with ``tag`` (from every replica), through
+        the tag's index in Redis: one call however large the tenant, touching only those
+        entries. Returns how many were removed.
+
+        Raises:
+            InvalidEntryError: ``tag`` is not a valid tag.
+            StorageError: Redis failed.
+        """
+        return (yield from self.storage._invalidate_tag(tenant, tag))
+
     def _stats(self, tenant: str) -> Flow[dict[str, Any]]:
         """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
         entries, bytes), its hit rate, and this replica's index size."""
@@ -1033,6 +1054,7 @@ class CacheEngine:
     put = op(_put)
     feedback = op(_feedback)
     invalidate = op(_invalidate)
+    invalidate_tag = op(_invalidate_tag)
     stats = op(_stats)
     clear = op(_clear)
     sync_index = op(_sync_index)

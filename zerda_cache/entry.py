@@ -148,6 +148,8 @@ class IntelligentCacheEntry:
     embedding: np.ndarray[Any, np.dtype[np.float32]] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     scope: str = ""
+    #: Labels the entry can be invalidated by (``invalidate_tag``).
+    tags: tuple[str, ...] = ()
     created_at: float = 0.0
     ttl_s: float | None = None
     expires_at: float = math.inf

@@ -106,6 +106,9 @@ STATE_BATCH = 500
 #: meta that does not match it, a garbage digest, a key of another type) is found
 #: within ``entries / AUDIT_BATCH`` plans even when no replica reads and reports it.
 AUDIT_BATCH = 2_000
+#: Tags whose sets each eviction of a tenant sweeps of removed entries' ids, at most
+#: (``Maintenance.sweep_tags``; every tag in turn, from where the last sweep stopped).
+TAG_SWEEP = 100
 
 #: How a cycle ended (the cycle log's ``outcome`` and the worker's metrics label).
 CycleOutcome = Literal["ok", "stopped", "error"]
@@ -177,6 +180,7 @@ class EvictionReport:
     kept_changed: int = 0  # changed since scored: kept this cycle
     already_gone: int = 0
     seconds: float = 0.0
+    tags_swept: int = 0  # ids of removed entries dropped from tags' sets
 
 
 @dataclass(slots=True)
@@ -254,6 +258,8 @@ class Maintenance:
         self._sweeps: dict[str, int] = {}
         #: Where the audit of each tenant's entries stands (a ZSCAN cursor; ``_audit``).
         self._audits: dict[str, int] = {}
+        #: Where the sweep of each tenant's tags stands (an SSCAN cursor; ``sweep_tags``).
+        self._tag_sweeps: dict[str, int] = {}
         self._claimed: int | None = None  # the lease epoch written into every fence
         #: Batches a whole scan reads ahead (``READ_AHEAD``; 0: one at a time).
         self.read_ahead = READ_AHEAD
@@ -503,6 +509,24 @@ class Maintenance:
             log.warning("tenant %s: the audit found %d corrupt entries", tenant, len(bad))
         return list(dict.fromkeys(bad))  # a ZSCAN may return an id twice
 
+    def sweep_tags(self, tenant: str) -> int:
+        """Drop the ids of removed entries from the next ``TAG_SWEEP`` tags' sets of the
+        tenant (in SSCAN order of its tags, from where the last sweep stopped), and tags
+        left with none: an eviction does not know an entry's tags, so their sets keep
+        its id until this sweep (or the tag's invalidation). Returns the ids dropped."""
+        st = self.storage
+        cursor = self._tag_sweeps.get(tenant, 0)
+        dropped = swept = 0
+        while swept < TAG_SWEEP and not self._halted():
+            cursor, names = st.scan_tags(tenant, cursor, TAG_SWEEP)
+            for name in names:
+                dropped += st.sweep_tag(tenant, name)
+            swept += len(names)
+            if cursor == 0:
+                break
+        self._tag_sweeps[tenant] = cursor
+        return dropped
+
     def _states_ahead(
         self, tenant: str, now: float, skip: set[str], rl: RLConfig, check: bool
     ) -> Iterator[tuple[IdBatch, StateArrays]]:
@@ -694,6 +718,7 @@ class Maintenance:
             plan = self.plan_eviction(tenant, decay=decay)
             decay.seconds = time.perf_counter() - started
         report = self.execute(plan)
+        report.tags_swept = self.sweep_tags(tenant)
         self.calibrate_tenant(tenant)
         return decay, report
 
@@ -875,6 +900,7 @@ class Maintenance:
         if plan is None:
             plan = self.plan_eviction(tenant)
         report = self.execute(plan)
+        report.tags_swept = self.sweep_tags(tenant)
         if report.removed or report.kept_changed:
             log.info(
                 "tenant %s: evicted %s, kept %d changed since scored (%.2fs)",

@@ -450,4 +450,8 @@ def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
     if not isinstance(scope, str):
         raise CorruptEntryError(key, "meta.sc is not a str")
     out["sc"] = scope
+    tags = meta.get("tg", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise CorruptEntryError(key, "meta.tg is not a list of str")
+    out["tg"] = tuple(tags)
     return out

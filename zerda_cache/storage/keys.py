@@ -31,7 +31,9 @@ key                    type     holds
 ``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
 ``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size
 ``p:{t}:snap:<g>:<i>`` string   chunk ``i`` of snapshot generation ``g``
-``p:{t}:tag:<name>``   set      ids of the live entries put with tag ``name``
+``p:{t}:tag:<name>``   set      ids of the entries put with tag ``name`` (removed ones
+                                until the worker's sweep or the tag's invalidation)
+``p:{t}:tags``         set      the tenant's tag names
 ``p:{t}:cmp:<id>``     string   a completion id the proxy answered with -> its entry id
                                 (expires)
 ``p:{t}:fly:<d>``      string   a lease on the upstream call for request digest ``d``
@@ -70,6 +72,7 @@ class TenantKeys:
     bad: str
     ev: str
     snap: str
+    tags: str
 
     def entry(self, entry_id: str) -> str:
         return self.base + "e:" + entry_id
@@ -112,6 +115,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         bad=base + "bad",
         ev=base + "ev",
         snap=base + "snap",
+        tags=base + "tags",
     )
 
 

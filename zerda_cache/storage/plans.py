@@ -49,6 +49,7 @@ from zerda_cache.validation import (
     check_query,
     check_response,
     check_scope,
+    check_tags,
     finite_number,
     new_entry_id,
     validate_entry_id,
@@ -259,6 +260,8 @@ class PutFields(TypedDict, total=False):
             second witness of the tenant's dimension should its cfg hash be lost.
         rl: the tenant's bandit parameters (the new arm's prior); default: the
             configuration's.
+        tags: labels to invalidate the entry by (``invalidate_tag``): the document an
+            answer was built on, its source, a version.
     """
 
     scope: str
@@ -269,6 +272,7 @@ class PutFields(TypedDict, total=False):
     entry_id: str | None
     index_dim: int | None
     rl: RLConfig | None
+    tags: Sequence[str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,6 +601,7 @@ class StoragePlans:
         check_query(query, cfg.max_query_chars)
         check_response(response, cfg.max_response_bytes)
         scope = check_scope(fields.get("scope", ""))
+        tags = check_tags(fields.get("tags"))
         quality, similarity = fields.get("quality"), fields.get("similarity")
         metadata, entry_id = fields.get("metadata"), fields.get("entry_id")
         ttl = fields.get("ttl_s")
@@ -627,6 +632,8 @@ class StoragePlans:
             cfg.index_log_maxlen,
             repr(float(cfg.default_ttl_s or 0)),
             "" if fields.get("index_dim") is None else str(int(fields["index_dim"] or 0)),
+            len(tags),
+            *tags,
         ]
 
         def parse(res: Any) -> PutOutcome:
@@ -640,7 +647,8 @@ class StoragePlans:
             displaced = text(res[1]) or None
             return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
 
-        keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg, k.st]
+        keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg, k.st, k.tags]
+        keys += [k.tag(tag) for tag in tags]
         return ScriptCall("put", keys, args, parse)
 
     def plan_restore_dim(self, tenant: str, sample: Sequence[str]) -> ScriptCall[int | None]:
@@ -650,6 +658,13 @@ class StoragePlans:
         k = self.keys(tenant)
         keys = [k.cfg, k.ids, *(k.entry(eid) for eid in sample)]
         return ScriptCall("dim", keys, [], lambda res: int(res) if res else None)
+
+    def plan_tag_sweep(self, tenant: str, tag: str, ids: Sequence[str]) -> ScriptCall[int]:
+        """Plan dropping the ids among ``ids`` that are no longer live from ``tag``'s set,
+        and the tag from the tenant's tags once its set is empty (``lua/tag_sweep.lua``)."""
+        k = self.keys(tenant)
+        keys = [k.tag(tag), k.ids, k.tags]
+        return ScriptCall("tag_sweep", keys, [tag, *ids], lambda res: int(res))
 
     def needs_registration(self, tenant: str) -> bool:
         """True until this process has added ``tenant`` to the global tenant set.
@@ -783,6 +798,7 @@ class StoragePlans:
                 response=response,
                 metadata=metadata,
                 scope=meta["sc"],
+                tags=meta["tg"],
                 created_at=meta["ct"],
                 ttl_s=meta["ttl"] or None,
                 quality_score=use.quality,
@@ -1493,6 +1509,7 @@ def _state_entry(
         query="",
         response="",
         scope=meta["sc"],
+        tags=meta["tg"],
         created_at=meta["ct"],
         ttl_s=meta["ttl"] or None,
         expires_at=float(score) if score is not None else -math.inf,

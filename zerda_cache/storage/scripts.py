@@ -46,6 +46,8 @@ FLAGS = {
     "settings": "allow-oom",
     # Restoring a lost dimension writes one field of the cfg hash.
     "dim": "allow-oom",
+    # Sweeping a tag's set only removes members.
+    "tag_sweep": "allow-oom",
     # Taking back orphaned entries re-creates their ids on a full server too.
     "adopt": "allow-oom",
     # Publishing a snapshot writes a small hash; its chunks were written (or refused)
@@ -81,6 +83,7 @@ SCRIPT_NAMES = (
     "dispute",
     "resolve",
     "dim",
+    "tag_sweep",
 )
 
 
@@ -124,6 +127,7 @@ class Scripts:
     dispute: Any
     resolve: Any
     dim: Any
+    tag_sweep: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

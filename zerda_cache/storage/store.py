@@ -63,7 +63,7 @@ from zerda_cache.storage.plans import (
 from zerda_cache.storage.plans import batch as join_plans
 from zerda_cache.storage.scripts import Scripts
 from zerda_cache.storage.wire import wire_for
-from zerda_cache.validation import validate_entry_id, validate_tenant
+from zerda_cache.validation import check_tag, validate_entry_id, validate_tenant
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 READ_ENTRIES_BATCH = 200
 #: Entries whose vectors vote when a tenant's lost dimension is restored (``dim.lua``).
 DIM_SAMPLE = 25
+#: Entries of a tag removed per call of the evict script (``invalidate_tag``), and ids of
+#: a tag's set checked per call of the sweep script.
+TAG_BATCH = 200
 #: The worker's cycle log keeps about this many records.
 CYCLE_LOG_MAXLEN = 1_000
 #: An index snapshot is stored in strings of at most this many bytes (Redis caps a
@@ -338,6 +341,67 @@ class Storage(StoragePlans):
         out = yield from self._evict(tenant, [(entry_id, None)], "invalidated")
         return bool(out.removed)
 
+    def _invalidate_tag(self, tenant: str, tag: str) -> Flow[int]:
+        """Remove every entry put with ``tag`` now, from its set (the tag's index, never a
+        scan of the tenant): ``TAG_BATCH`` entries a call of the evict script, each call
+        atomic, and the tag's set emptied as they go. Returns the entries removed. An
+        entry put with the tag while this runs may stay (it came after the invalidation).
+        """
+        k = self.keys(tenant)
+        key = k.tag(check_tag(tag))
+        removed, cursor = 0, None
+        while cursor != 0:
+            nxt, members = yield from self._command(
+                "invalidate tag", "sscan", key, cursor=cursor or 0, count=TAG_BATCH
+            )
+            cursor = int(nxt)
+            ids = list(dict.fromkeys(text(m) for m in members))
+            for at in range(0, len(ids), TAG_BATCH):
+                chunk = ids[at : at + TAG_BATCH]
+                out = yield from self._evict(tenant, [(e, None) for e in chunk], "invalidated")
+                removed += len(out.removed)
+                yield from self._command("invalidate tag", "srem", key, *chunk)
+        yield from self._run(self.plan_tag_sweep(tenant, tag, []))
+        return removed
+
+    def _sweep_tag(self, tenant: str, tag: str) -> Flow[int]:
+        """Drop the ids of removed entries from ``tag``'s set (and the tag once none is
+        left): the worker's upkeep of the tags index. Returns the ids dropped."""
+        key = self.keys(tenant).tag(tag)
+        dropped, cursor = 0, None
+        while cursor != 0:
+            nxt, members = yield from self._command(
+                "sweep tag", "sscan", key, cursor=cursor or 0, count=TAG_BATCH
+            )
+            cursor = int(nxt)
+            ids = [text(m) for m in members]
+            dropped += yield from self._run(self.plan_tag_sweep(tenant, tag, ids))
+        return dropped
+
+    def _scan_tags(
+        self, tenant: str, cursor: int = 0, batch: int | None = None
+    ) -> Flow[tuple[int, list[str]]]:
+        """One SSCAN step over the tenant's tag names."""
+        nxt, names = yield from self._command(
+            "tags", "sscan", self.keys(tenant).tags, cursor=cursor, count=batch or TAG_BATCH
+        )
+        return int(nxt), [text(n) for n in names]
+
+    def _tags(self, tenant: str) -> Flow[dict[str, int]]:
+        """The tenant's tags and how many ids each one's set holds (removed entries among
+        them until the worker's sweep)."""
+        k = self.keys(tenant)
+        names = sorted(text(m) for m in (yield from self._command("tags", "smembers", k.tags)))
+        if not names:
+            return {}
+
+        def queue(pipe: Any) -> None:
+            for name in names:
+                pipe.scard(k.tag(name))
+
+        counts = yield from self._read(ReadPlan("tags", queue, lambda res: res, len(names)))
+        return {name: int(n) for name, n in zip(names, counts, strict=True)}
+
     #: Serve ``entry_id``: count the use and return the entry (arm at now); see
     #: ``StoragePlans.plan_hit`` for the serving bar and the similarity bar.
     hit = op(scripted(StoragePlans.plan_hit))
@@ -347,6 +411,10 @@ class Storage(StoragePlans):
     decay = op(_decay)
     evict = op(_evict)
     invalidate = op(_invalidate)
+    invalidate_tag = op(_invalidate_tag)
+    sweep_tag = op(_sweep_tag)
+    tags = op(_tags)
+    scan_tags = op(_scan_tags)
 
     # -- reads -------------------------------------------------------------------------------
     def _get_entry(
@@ -767,12 +835,16 @@ class Storage(StoragePlans):
         another embedding model must not inherit similarity thresholds learned on the old
         one. The index log stays: replicas still need its events."""
         k = self.keys(tenant)
+        tags = [text(m) for m in (yield from self._command("tags", "smembers", k.tags))]
 
         def queue(pipe: Any) -> None:
-            pipe.unlink(k.stats, k.fb, k.cal, k.lab, k.seen, k.bad, k.ev)
+            pipe.unlink(k.stats, k.fb, k.cal, k.lab, k.seen, k.bad, k.ev, k.tags)
             pipe.hdel(k.cfg, "dim")
+            for at in range(0, len(tags), 500):
+                pipe.unlink(*(k.tag(t) for t in tags[at : at + 500]))
 
-        yield from self._read(ReadPlan("reset_tenant", queue, _ignore, 2))
+        size = 2 + (len(tags) + 499) // 500
+        yield from self._read(ReadPlan("reset_tenant", queue, _ignore, size))
         yield from self._drop_snapshot(tenant)
 
     def _feedback_log(self, tenant: str, count: int = 100) -> Flow[list[dict[str, str]]]:

@@ -1,5 +1,6 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] q hash  KEYS[4] log stream  KEYS[5] stats hash
--- KEYS[6] cfg hash  KEYS[7] state hash.  ARGV: see below.  returns {1, displaced_id or '', created_at (string)}
+-- KEYS[6] cfg hash  KEYS[7] state hash  KEYS[8] the tenant's tag names
+-- KEYS[9 .. 8+N] the sets of the entry's N tags (ARGV[16]).  ARGV: see below.  returns {1, displaced_id or '', created_at (string)}
 -- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists;
 -- {-3} the tenant's dimension is lost and unknown to the caller (see ARGV[15]).
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
@@ -12,6 +13,7 @@
 -- still refuses another dimension. With neither, the reply is {-3} (nothing written):
 -- the caller restores the dimension from the entries (dim.lua) and puts again, passing
 -- the restored dimension, or its own when the entries hold no majority.
+-- ARGV[16] N, the number of tags  ARGV[17 .. 16+N] the tags' names
 -- The TTL is the caller's, else the tenant's override (cfg 'ttl'), else the default.
 local now = zc_now(ARGV[1])
 local id, dim, digest, scope = ARGV[2], tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -39,6 +41,14 @@ if not tenant_dim then
 end
 
 local meta = {v = 1, ct = now, ttl = ttl, sc = scope, dim = dim}
+local n_tags = tonumber(ARGV[16]) or 0
+if n_tags > 0 then
+  local tags = {}
+  for i = 1, n_tags do
+    tags[i] = ARGV[16 + i]
+  end
+  meta.tg = tags
+end
 local arm = {a = tonumber(ARGV[11]), b = tonumber(ARGV[12]), n = 0, r = 0, t = now}
 local use = {n = 0, la = now, c = 0, v = 1, ss = tonumber(ARGV[9]), qs = tonumber(ARGV[10]),
              sb = 0, pm = 2}
@@ -53,6 +63,10 @@ if ttl > 0 then
   expires = string.format('%.17g', now + ttl)
 end
 redis.call('ZADD', KEYS[2], expires, id)
+for i = 1, n_tags do
+  redis.call('SADD', KEYS[8 + i], id)
+  redis.call('SADD', KEYS[8], ARGV[16 + i])
+end
 local displaced = redis.call('HGET', KEYS[3], digest)
 redis.call('HSET', KEYS[3], digest, id)
 if not displaced or displaced == id then
