@@ -8,6 +8,7 @@ the real service app on a real Redis with keys for two tenants.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -43,6 +44,9 @@ class UpstreamState:
     calls: list[dict[str, Any]] = field(default_factory=list)
     #: A fixed answer for every question (default: the answer names the question).
     reply: str | None = None
+    #: The first this many chat calls hang until ``release`` is set (a slow LLM).
+    hold_first: int = 0
+    release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def chat_calls(self) -> int:
@@ -50,7 +54,8 @@ class UpstreamState:
 
 
 def upstream_app(state: UpstreamState) -> FastAPI:
-    """An OpenAI-compatible API: answers ``answer to: <question>`` (or ``state.reply``);
+    """An OpenAI-compatible API: answers ``answer to: <question>`` (or ``state.reply``)
+    (the first ``state.hold_first`` chat calls only once ``state.release`` is set);
     a tool call when ``tool_choice`` is ``required``; ``finish_reason: length`` when
     ``max_tokens`` is 1; an error for model ``broken``; streams when asked."""
     app = FastAPI()
@@ -63,6 +68,9 @@ def upstream_app(state: UpstreamState) -> FastAPI:
                 {"path": request.url.path, "headers": dict(request.headers), "body": body}
             )
             n = len(state.calls)
+        if n <= state.hold_first:
+            while not state.release.is_set():
+                await asyncio.sleep(0.01)
         if body["model"] == "broken":
             err = {"error": {"message": "upstream exploded", "type": "server_error"}}
             return JSONResponse(err, status_code=500)
@@ -174,3 +182,34 @@ def running_service(
 def snapshot(client: redis.Redis) -> dict[bytes, bytes | None]:
     """Every key of the server with its serialized value: equal snapshots, same data."""
     return {key: client.dump(key) for key in sorted(client.scan_iter(count=1000))}
+
+
+def openai_client(svc: Service, tenant: str = "acme", **kwargs: Any) -> Any:
+    """The official ``openai`` client pointed at the service with ``tenant``'s key."""
+    import openai
+
+    return openai.OpenAI(
+        base_url=svc.url + "/v1", api_key=svc.tokens[tenant], max_retries=0, **kwargs
+    )
+
+
+def ask(client: Any, question: str, **kwargs: Any) -> tuple[Any, Any]:
+    """``(completion, headers)`` of one chat completion through the proxy (``model``
+    defaults to ``gpt-test``; ``extra_headers`` and the rest go to ``create``)."""
+    kwargs.setdefault("model", "gpt-test")
+    messages = kwargs.pop("messages", None) or [{"role": "user", "content": question}]
+    raw = client.chat.completions.with_raw_response.create(messages=messages, **kwargs)
+    return raw.parse(), raw.headers
+
+
+def ask_streaming(client: Any, question: str, **kwargs: Any) -> tuple[str, list[Any], Any]:
+    """``(text, chunks, headers)`` of one streamed chat completion through the proxy."""
+    kwargs.setdefault("model", "gpt-test")
+    messages = kwargs.pop("messages", None) or [{"role": "user", "content": question}]
+    with client.chat.completions.with_streaming_response.create(
+        messages=messages, stream=True, **kwargs
+    ) as resp:
+        chunks = list(resp.parse())
+        headers = resp.headers
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    return text, chunks, headers

@@ -82,7 +82,7 @@ def test_put_lookup_feedback_stats_invalidate(
         "/v1/feedback",
         {"entry_id": entry_id, "positive": False, "similarity": entry["similarity"]},
     )
-    assert fb.status_code == 200 and fb.json() == {"applied": True}
+    assert fb.status_code == 200 and fb.json() == {"applied": True, "entry_id": entry_id}
 
     stats = http.get("/v1/stats", headers=service.headers("acme")).json()
     assert stats["tenant"] == "acme" and stats["entries"] == 1

@@ -36,6 +36,8 @@ from zerda_cache.apikeys import looks_like_token, token_digest
 from zerda_cache.errors import StorageError
 from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.service.body import JsonBody
+from zerda_cache.service.control import request_control
+from zerda_cache.service.coordination import COMPLETION_ID_RE, CoalesceSettings, Coordination
 from zerda_cache.service.embedding import EmbedderError
 from zerda_cache.service.errors import ApiError, error_response, install_error_handlers
 from zerda_cache.service.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, send_error
@@ -146,21 +148,28 @@ class ServiceSettings:
             on top.
         warm_tenants: tenants whose index is built at start-up; ``/readyz`` answers 503
             until that is done (otherwise a tenant's first lookup builds it).
+        completion_ttl_s: how long the proxy's completion ids stay mapped to their
+            entries (feedback by a completion id after that is a 404).
+        coalesce: how concurrent identical proxy misses share one upstream call.
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     warm_tenants: tuple[str, ...] = ()
+    completion_ttl_s: float = 86_400.0
+    coalesce: CoalesceSettings = field(default_factory=CoalesceSettings)
 
 
 @dataclass
 class ServiceContext:
-    """What the routes share: the manager, the key store, metrics and the upstream."""
+    """What the routes share: the manager, the key store, metrics, the upstream, and
+    the completion ids and leases the replicas share in Redis."""
 
     manager: AsyncCacheManager
     keys: AsyncRedisStorage
     metrics: ServiceMetrics
     upstream: Upstream | None
     settings: ServiceSettings
+    coordination: Coordination
     warmed: bool = False
     draining: bool = False
     _http: httpx.AsyncClient | None = field(default=None, repr=False)
@@ -285,6 +294,9 @@ def create_app(
         metrics=service_metrics(reg),
         upstream=upstream,
         settings=cfg,
+        coordination=Coordination(
+            manager.storage, completion_ttl_s=cfg.completion_ttl_s, settings=cfg.coalesce
+        ),
     )
 
     @contextlib.asynccontextmanager
@@ -330,22 +342,28 @@ def create_app(
             )
 
     @app.post("/v1/lookup", tags=["cache"])
-    async def lookup(body: LookupRequest, tenant: Tenant) -> LookupResponse:
+    async def lookup(body: LookupRequest, tenant: Tenant, request: Request) -> LookupResponse:
         """The best servable cached answer for the question, or a miss.
 
         ``decision`` tells a plain miss from a *verification* (``verify``: the tenant
         has an error bound and a near match was held back): the next ``/v1/put`` of the
-        same question to this service replica then reports ``verified``."""
+        same question to this service replica then reports ``verified``.
+        ``Cache-Control: no-cache`` or ``no-store`` answer a miss without reading the
+        cache; ``X-Zerda-Scope`` adds a partition to the scope."""
+        control = request_control(request.headers)
+        scope = control.scoped(body.scope)
         need_vector(body.embedding)
+        if not control.read:
+            return LookupResponse(hit=False, decision="miss", entry=None)
         hit = await manager.lookup(
             body.query,
             tenant=tenant,
             embedding=body.embedding,
-            scope=body.scope,
+            scope=scope,
             max_error_rate=body.max_error_rate,
         )
         if hit is None:
-            verify = manager.awaiting_verification(body.query, tenant=tenant, scope=body.scope)
+            verify = manager.awaiting_verification(body.query, tenant=tenant, scope=scope)
             return LookupResponse(hit=False, decision="verify" if verify else "miss", entry=None)
         entry = Entry(
             entry_id=hit.entry_id,
@@ -362,17 +380,23 @@ def create_app(
         return LookupResponse(hit=True, decision="hit", entry=entry)
 
     @app.post("/v1/put", tags=["cache"])
-    async def put(body: PutRequest, tenant: Tenant) -> PutResponse:
+    async def put(body: PutRequest, tenant: Tenant, request: Request) -> PutResponse:
         """Cache an answer (unless the admission check refuses it: ``stored`` false and
-        the ``reason``; nothing is written then)."""
+        the ``reason``; nothing is written then). ``Cache-Control: no-store`` stores
+        nothing, ``max-age=N`` is the TTL when the body sets none; ``X-Zerda-Scope`` adds
+        a partition to the scope."""
+        control = request_control(request.headers)
+        scope = control.scoped(body.scope)
         need_vector(body.embedding)
+        if not control.write:
+            return PutResponse(stored=False, reason="Cache-Control: no-store", verified=None)
         result = await manager.put(
             body.query,
             body.response,
             tenant=tenant,
             embedding=body.embedding,
-            scope=body.scope,
-            ttl_s=body.ttl_s,
+            scope=scope,
+            ttl_s=body.ttl_s if body.ttl_s is not None else control.ttl_s,
             quality=body.quality,
             metadata=body.metadata,
         )
@@ -387,19 +411,48 @@ def create_app(
 
     @app.post("/v1/feedback", tags=["cache"])
     async def feedback(body: FeedbackRequest, tenant: Tenant) -> FeedbackResponse:
-        """A user's (or a judge's) verdict on an answer: 404 for an entry this key's
-        tenant does not have."""
-        validate_entry_id(body.entry_id)
+        """A user's (or a judge's) verdict on an answer, named by its ``entry_id`` or by
+        the ``completion_id`` the proxy answered with: 404 for an entry this key's tenant
+        does not have, and for a completion id it was not answered (or that expired)."""
+        if (body.entry_id is None) == (body.completion_id is None):
+            raise ApiError(
+                422,
+                'send one of "entry_id" and "completion_id"',
+                "invalid_request_error",
+                "entry_or_completion",
+            )
+        similarity = body.similarity
+        if body.completion_id is not None:
+            if not COMPLETION_ID_RE.fullmatch(body.completion_id):
+                raise ApiError(
+                    422,
+                    "invalid completion id: expected 1 to 128 of A-Z a-z 0-9 _ . : -",
+                    "invalid_request_error",
+                    "invalid_completion_id",
+                )
+            served = await ctx.coordination.recall(tenant, body.completion_id)
+            if served is None:
+                raise ApiError(
+                    404,
+                    f"no completion {body.completion_id!r} for this key's tenant "
+                    "(unknown, expired, or its answer was not cached)",
+                    "not_found",
+                )
+            entry_id = served.entry_id
+            if similarity is None:
+                similarity = served.similarity
+        else:
+            entry_id = validate_entry_id(body.entry_id)
         signal = FeedbackSignal(
-            entry_id=body.entry_id,
+            entry_id=entry_id,
             tenant_id=tenant,
             positive=body.positive,
             magnitude=body.magnitude,
             source=body.source,
-            similarity=body.similarity,
+            similarity=similarity,
         )
         await manager.feedback(signal)
-        return FeedbackResponse(applied=True)
+        return FeedbackResponse(applied=True, entry_id=entry_id)
 
     @app.post("/v1/invalidate", tags=["cache"])
     async def invalidate(body: InvalidateRequest, tenant: Tenant) -> InvalidateResponse:

@@ -86,7 +86,13 @@ class PutResponse(BaseModel):
 
 
 class FeedbackRequest(_Strict):
-    entry_id: str
+    entry_id: str | None = Field(None, description="The entry (send this or completion_id).")
+    completion_id: str | None = Field(
+        None,
+        description="The id of a chat completion the proxy answered (its ``id``, also in "
+        "``x-zerda-completion-id``), in place of ``entry_id``: the entry it was answered "
+        "with, and the similarity it was served at.",
+    )
     positive: bool
     magnitude: float = 1.0
     source: str = "user"
@@ -100,6 +106,7 @@ class FeedbackRequest(_Strict):
 
 class FeedbackResponse(BaseModel):
     applied: bool
+    entry_id: str | None = Field(None, description="The entry the feedback reached.")
 
 
 class InvalidateRequest(_Strict):

@@ -44,20 +44,22 @@ key only.
 import hashlib
 import json
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
-from fastapi import Body, FastAPI, Response
+from fastapi import Body, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from zerda_cache.errors import ZerdaError
+from zerda_cache.errors import StorageError, ZerdaError
 from zerda_cache.results import CacheHit
+from zerda_cache.service.control import RequestControl, request_control
+from zerda_cache.service.coordination import Lease, new_completion_id
 from zerda_cache.service.embedding import EmbedderError
 from zerda_cache.service.errors import ApiError
+from zerda_cache.storage.codec import query_digest
 
 if TYPE_CHECKING:
     from zerda_cache.service.app import ServiceContext
@@ -152,10 +154,12 @@ def cacheable_answer(data: Any) -> str | None:
     return content if isinstance(content, str) and content.strip() else None
 
 
-def completion_from_hit(hit: CacheHit, model: str) -> dict[str, Any]:
+def completion_from_hit(
+    hit: CacheHit, model: str, completion_id: str | None = None
+) -> dict[str, Any]:
     """A ``chat.completion`` object serving a cached answer (no tokens were spent)."""
     return {
-        "id": "chatcmpl-zc" + secrets.token_hex(12),
+        "id": completion_id or new_completion_id(),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": str(hit.metadata.get("model") or model),
@@ -172,9 +176,11 @@ def completion_from_hit(hit: CacheHit, model: str) -> dict[str, Any]:
     }
 
 
-def stream_from_hit(hit: CacheHit, model: str, include_usage: bool) -> list[bytes]:
+def stream_from_hit(
+    hit: CacheHit, model: str, include_usage: bool, completion_id: str | None = None
+) -> list[bytes]:
     """The server-sent events serving a cached answer to a streaming request."""
-    whole = completion_from_hit(hit, model)
+    whole = completion_from_hit(hit, model, completion_id)
     base = {k: whole[k] for k in ("id", "created", "model", "system_fingerprint")}
     base["object"] = "chat.completion.chunk"
     chunks: list[dict[str, Any]] = [
@@ -245,6 +251,45 @@ class StreamCollector:
         return text if complete and text.strip() else None
 
 
+@dataclass
+class EventSplitter:
+    """Cuts a byte stream into whole server-sent events (each ending in a blank line)."""
+
+    buffer: bytes = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self.buffer += chunk
+        events = []
+        while b"\n\n" in self.buffer:
+            event, self.buffer = self.buffer.split(b"\n\n", 1)
+            events.append(event + b"\n\n")
+        return events
+
+
+def with_completion_id(event: bytes, completion_id: str) -> bytes:
+    """A server-sent event whose JSON ``data`` object carries ``completion_id`` as its
+    ``id`` (other events, and data that is not a JSON object, as they are)."""
+    lines = event.split(b"\n")
+    for i, line in enumerate(lines):
+        payload = line[5:].strip() if line.startswith(b"data:") else b""
+        if not payload.startswith(b"{"):
+            continue
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and "id" in data:
+            data["id"] = completion_id
+            lines[i] = b"data: " + json.dumps(data, ensure_ascii=False).encode("utf-8")
+    return b"\n".join(lines)
+
+
+def feedback_headers(completion_id: str) -> dict[str, str]:
+    """Where a response says how to send feedback on it."""
+    how = f'POST /v1/feedback {{"completion_id": "{completion_id}", "positive": true|false}}'
+    return {"x-zerda-completion-id": completion_id, "x-zerda-feedback": how}
+
+
 def _hit_headers(hit: CacheHit) -> dict[str, str]:
     return {
         "x-zerda-cache": "hit",
@@ -301,14 +346,14 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
         )
 
     async def store(
-        tenant: str, key: ChatKey, answer: str, model: Any
+        tenant: str, key: ChatKey, answer: str, model: Any, ttl_s: float | None
     ) -> tuple[str | None, bool | None]:
         """Cache an upstream answer: ``(entry id, verified)``; a failure only logs (the
         client still gets its answer)."""
         meta = {"model": model} if isinstance(model, str) else {}
         try:
             result = await manager.put(
-                key.query, answer, tenant=tenant, scope=key.scope, metadata=meta
+                key.query, answer, tenant=tenant, scope=key.scope, metadata=meta, ttl_s=ttl_s
             )
         except (ZerdaError, EmbedderError) as exc:
             log.warning("tenant %s: proxy answer not cached: %s", tenant, exc)
@@ -317,35 +362,77 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
             log.info("tenant %s: proxy answer not cached: %s", tenant, result.reason)
         return result.entry_id, result.verified
 
+    async def finish(lease: Lease | None, stored: bool) -> None:
+        if lease is not None:
+            await lease.finish(stored)
+
     async def passthrough_stream(
-        tenant: str, body: Mapping[str, Any], key: ChatKey | None, headers: dict[str, str]
+        tenant: str,
+        body: Mapping[str, Any],
+        key: ChatKey | None,
+        headers: dict[str, str],
+        *,
+        lease: Lease | None = None,
+        ttl_s: float | None = None,
     ) -> Response:
-        url = upstream_url("/chat/completions")
-        client = ctx.http()
-        request = client.build_request("POST", url, json=body, headers=upstream_headers())
+        """Stream the upstream's answer through; under a ``key``, with an id of the
+        proxy's making, cached (and the id mapped) before the final ``[DONE]`` is sent,
+        so feedback sent once the stream ended finds it. ``lease`` is finished then."""
         try:
+            url = upstream_url("/chat/completions")
+            client = ctx.http()
+            request = client.build_request("POST", url, json=body, headers=upstream_headers())
             resp = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
+            await finish(lease, False)
             metrics.proxy.labels("/chat/completions", "error").inc()
             raise ApiError(
                 502, f"the upstream API is unreachable ({type(exc).__name__})", "upstream_error"
             ) from exc
+        except BaseException:
+            await finish(lease, False)
+            raise
         if resp.status_code != 200:
             await resp.aread()
             await resp.aclose()
+            await finish(lease, False)
             return relay(resp, headers)
+        completion_id = new_completion_id() if key is not None else None
+        if completion_id is not None:
+            headers = {**headers, **feedback_headers(completion_id)}
 
         async def events() -> AsyncIterator[bytes]:
             collector = StreamCollector()
+            splitter = EventSplitter()
+            held: list[bytes] = []  # [DONE] and after: sent once the answer is cached
+            stored = False
             try:
-                async for chunk in resp.aiter_bytes():
-                    collector.feed(chunk)
-                    yield chunk
+                try:
+                    async for chunk in resp.aiter_bytes():
+                        if completion_id is None:
+                            collector.feed(chunk)
+                            yield chunk
+                            continue
+                        for event in splitter.feed(chunk):
+                            collector.feed(event)
+                            if collector.done:
+                                held.append(event)
+                            else:
+                                yield with_completion_id(event, completion_id)
+                    if splitter.buffer:
+                        held.append(splitter.buffer)
+                finally:
+                    await resp.aclose()
+                answer = collector.answer
+                if key is not None and answer is not None:
+                    entry_id, _ = await store(tenant, key, answer, body.get("model"), ttl_s)
+                    if entry_id is not None and completion_id is not None:
+                        stored = True
+                        await ctx.coordination.remember(tenant, completion_id, entry_id, 1.0)
             finally:
-                await resp.aclose()
-            answer = collector.answer
-            if key is not None and answer is not None:
-                await store(tenant, key, answer, body.get("model"))
+                await finish(lease, stored)
+            for event in held:
+                yield event
 
         return StreamingResponse(
             events(),
@@ -353,19 +440,86 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
             headers={**_relayed(resp), **headers, "cache-control": "no-cache"},
         )
 
+    async def serve_hit(
+        tenant: str, hit: CacheHit, body: Mapping[str, Any], extra: dict[str, str]
+    ) -> Response:
+        """A cached answer, under a fresh completion id mapped to its entry."""
+        metrics.proxy.labels("/chat/completions", "hit").inc()
+        completion_id = new_completion_id()
+        await ctx.coordination.remember(tenant, completion_id, hit.entry_id, hit.similarity)
+        headers = {**_hit_headers(hit), **feedback_headers(completion_id), **extra}
+        model = str(body["model"])
+        if body.get("stream") is True:
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            return StreamingResponse(
+                _iterate(stream_from_hit(hit, model, usage, completion_id)),
+                media_type="text/event-stream",
+                headers={**headers, "cache-control": "no-cache"},
+            )
+        return JSONResponse(completion_from_hit(hit, model, completion_id), headers=headers)
+
+    async def look_up(tenant: str, key: ChatKey) -> CacheHit | None:
+        try:
+            return await manager.lookup(key.query, tenant=tenant, scope=key.scope)
+        except EmbedderError as exc:
+            log.warning("tenant %s: embedder failed while waiting: %s", tenant, exc)
+            return None
+
+    async def coalesce(
+        tenant: str, key: ChatKey
+    ) -> tuple[CacheHit | None, Lease | None, str | None]:
+        """After a miss: lead the upstream call (a lease), or wait for the request that
+        leads it. ``(hit, lease, how)``: a hit the wait found, the lease this request
+        holds, and how the wait went (``x-zerda-coalesced``; ``None``: no wait)."""
+        co = ctx.coordination
+        if not co.settings.enabled:
+            return None, None, None
+        lease_key = co.lease_key(tenant, query_digest(key.query, key.scope))
+        try:
+            lease = await co.try_lead(lease_key)
+        except StorageError as exc:
+            log.warning("tenant %s: no lease (%s); going upstream", tenant, exc)
+            return None, None, None
+        if lease is not None:
+            return None, lease, None
+        waited = await co.wait(lease_key, lambda: look_up(tenant, key))
+        if waited.outcome == "found":
+            return waited.found, None, "waited"
+        if waited.outcome == "lead":
+            return None, waited.lease, "took-over"
+        if waited.outcome == "finished":
+            hit = await look_up(tenant, key)
+            return hit, None, "waited" if hit is not None else "passed"
+        if waited.outcome == "timeout":
+            log.warning(
+                "tenant %s: waited %.1f s for another upstream call; going upstream",
+                tenant,
+                co.settings.wait_s,
+            )
+        return None, None, waited.outcome
+
     @app.post("/v1/chat/completions", tags=["proxy"])
     async def chat_completions(
-        body: Annotated[dict[str, Any], Body()], tenant: tenant_dep
+        body: Annotated[dict[str, Any], Body()], tenant: tenant_dep, request: Request
     ) -> Response:
         """OpenAI chat completions, answered from the cache when it can (see
-        ``x-zerda-cache``), else by the upstream API (then cached)."""
+        ``x-zerda-cache``), else by the upstream API (then cached). ``Cache-Control``
+        (``no-cache``, ``no-store``, ``max-age``) and ``X-Zerda-Scope`` control it per
+        request."""
         check_chat_request(body)
+        control: RequestControl = request_control(request.headers)
         streaming = body.get("stream") is True
         key = chat_key(body, manager.config.max_query_chars)
-        if isinstance(key, ChatKey) and not ctx.can_embed:
-            key = "no embedder configured"
-        hit: CacheHit | None = None
         if isinstance(key, ChatKey):
+            if control.directive is not None:
+                key = control.directive
+            elif not ctx.can_embed:
+                key = "no embedder configured"
+            else:
+                key = ChatKey(key.query, control.scoped(key.scope) or "")
+        hit: CacheHit | None = None
+        if isinstance(key, ChatKey) and control.read:
             try:
                 hit = await manager.lookup(key.query, tenant=tenant, scope=key.scope)
             except EmbedderError as exc:
@@ -377,39 +531,57 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
             if streaming:
                 return await passthrough_stream(tenant, body, None, headers)
             return relay(await call("/chat/completions", body), headers)
-        model = str(body["model"])
         if hit is not None:
-            metrics.proxy.labels("/chat/completions", "hit").inc()
-            if streaming:
-                options = body.get("stream_options")
-                usage = isinstance(options, dict) and options.get("include_usage") is True
-                return StreamingResponse(
-                    _iterate(stream_from_hit(hit, model, usage)),
-                    media_type="text/event-stream",
-                    headers={**_hit_headers(hit), "cache-control": "no-cache"},
-                )
-            return JSONResponse(completion_from_hit(hit, model), headers=_hit_headers(hit))
+            return await serve_hit(tenant, hit, body, {})
+        lease: Lease | None = None
+        headers = {"x-zerda-cache": "miss"}
+        if control.read:
+            hit, lease, how = await coalesce(tenant, key)
+            if how is not None:
+                headers["x-zerda-coalesced"] = how
+            if hit is not None:
+                return await serve_hit(tenant, hit, body, {"x-zerda-coalesced": how or ""})
         if streaming:
             metrics.proxy.labels("/chat/completions", "miss").inc()
-            return await passthrough_stream(tenant, body, key, {"x-zerda-cache": "miss"})
-        resp = await call("/chat/completions", body)
-        answer = None
-        if resp.status_code == 200:
-            try:
-                answer = cacheable_answer(resp.json())
-            except ValueError:
-                answer = None
-        headers = {"x-zerda-cache": "miss"}
-        if answer is not None:
-            entry_id, verified = await store(tenant, key, answer, resp.json().get("model"))
-            if entry_id is not None:
-                headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
-            if verified is not None:
-                headers.update(
-                    {"x-zerda-cache": "verify", "x-zerda-verified": str(verified).lower()}
+            return await passthrough_stream(
+                tenant, body, key, headers, lease=lease, ttl_s=control.ttl_s
+            )
+        stored = False
+        try:
+            resp = await call("/chat/completions", body)
+            data: Any = None
+            if resp.status_code == 200:
+                try:
+                    data = resp.json()
+                except ValueError:
+                    data = None
+            answer = cacheable_answer(data)
+            if answer is not None:
+                entry_id, verified = await store(
+                    tenant, key, answer, data.get("model"), control.ttl_s
                 )
+                if entry_id is not None:
+                    stored = True
+                    headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
+                if verified is not None:
+                    headers.update(
+                        {"x-zerda-cache": "verify", "x-zerda-verified": str(verified).lower()}
+                    )
+                completion_id = new_completion_id()
+                data["id"] = completion_id
+                if entry_id is not None:
+                    await ctx.coordination.remember(tenant, completion_id, entry_id, 1.0)
+                    headers.update(feedback_headers(completion_id))
+        finally:
+            await finish(lease, stored)
         metrics.proxy.labels("/chat/completions", headers["x-zerda-cache"]).inc()
-        return relay(resp, headers)
+        if answer is None:
+            return relay(resp, headers)
+        return JSONResponse(
+            data,
+            status_code=resp.status_code,
+            headers={**_relayed(resp), **headers},
+        )
 
     @app.post("/v1/embeddings", tags=["proxy"])
     async def embeddings(body: Annotated[dict[str, Any], Body()], tenant: tenant_dep) -> Response:

@@ -1,0 +1,274 @@
+"""What the service's replicas share in Redis besides the cache: completion ids and leases.
+
+**Completion ids.** Every chat completion the proxy answers under a cache key carries an
+id of the proxy's making (``chatcmpl-zc`` and 24 hex digits). Once the response's entry
+is known (a hit: the served entry; a miss: the entry its put created), the id is mapped
+to it: ``TenantKeys.completion(id)`` holds ``{"t": tenant, "e": entry id, "s":
+similarity}`` for ``completion_ttl_s`` (one ``SET ... EX``). ``POST /v1/feedback`` with
+``completion_id`` reads it under the key's own tenant, so another tenant's id is not
+found (a 404), like another tenant's entry id.
+
+**Leases on upstream calls (coalesced misses).** Concurrent identical misses of a tenant
+(the same normalised question under the same scope, ``query_digest``) make one upstream
+call, across replicas. The first takes the lease ``TenantKeys.in_flight(digest)`` with
+``SET NX PX`` and a random token, renews it while its call runs, and when done replaces
+it, token-checked, with a short-lived marker (``=stored`` or ``=none``); the others poll
+the key and, once the marker shows, look the question up (the leader's answer is cached
+by then) or go upstream on their own. A lease that lapses without a marker (its holder
+died) is taken over by the next waiter; a waiter past ``coalesce_wait_s`` goes upstream
+itself. Renewal and the finish are Lua scripts comparing the token first, so a holder
+that stalled past its lease never touches the lease of the one that took over.
+
+Every Redis failure here makes the proxy carry on without the shared state: a miss goes
+upstream alone, a mapping that could not be written only logs (feedback by that id is
+then a 404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerda_cache.errors import StorageError
+from zerda_cache.storage.driver import wrap_errors
+from zerda_cache.storage.store import AsyncRedisStorage
+
+log = logging.getLogger(__name__)
+
+#: What a completion id the proxy made looks like.
+COMPLETION_PREFIX = "chatcmpl-zc"
+#: What ``/v1/feedback`` accepts as a completion id (others: a 422, unknown ones a 404).
+COMPLETION_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+#: Marker values a finished leader leaves (tokens are hex: never start with "=").
+STORED, NO_ANSWER = "=stored", "=none"
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_FINISH = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+def new_completion_id() -> str:
+    """A fresh completion id: unique per response (96 random bits)."""
+    return COMPLETION_PREFIX + secrets.token_hex(12)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What a completion id was answered with."""
+
+    entry_id: str
+    similarity: float
+
+
+@dataclass(frozen=True, slots=True)
+class CoalesceSettings:
+    """How misses are coalesced.
+
+    Attributes:
+        enabled: coalesce at all (off: every miss goes upstream).
+        lease_s: the lease's time to live; its holder renews it every third of it, so a
+            holder that died blocks the others for at most this long.
+        wait_s: the longest a request waits for another's upstream call before making
+            its own.
+        poll_s: how often a waiting request reads the lease.
+        finished_s: how long a finished leader's marker stays (waiters read it within
+            ``poll_s``).
+        max_hold_s: the longest a lease is renewed (a bound on a leaked holder).
+    """
+
+    enabled: bool = True
+    lease_s: float = 10.0
+    wait_s: float = 30.0
+    poll_s: float = 0.05
+    finished_s: float = 5.0
+    max_hold_s: float = 600.0
+
+
+@dataclass
+class Lease:
+    """A held lease on one upstream call; ``finish`` once (idempotent)."""
+
+    coordination: Coordination
+    key: str
+    token: str
+    _renewer: asyncio.Task[None] | None = field(default=None, repr=False)
+    _finished: bool = False
+
+    async def finish(self, stored: bool) -> None:
+        """Stop renewing and leave the marker for the waiters (if the lease is still
+        this holder's). Never raises: a failure leaves the lease to expire."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._renewer
+        co = self.coordination
+        ms = max(1, int(co.settings.finished_s * 1000))
+        try:
+            with wrap_errors("lease finish"):
+                await co._finish(
+                    keys=[self.key], args=[self.token, STORED if stored else NO_ANSWER, ms]
+                )
+        except StorageError as exc:
+            log.warning("lease %s not finished (it expires): %s", self.key, exc)
+
+
+@dataclass(frozen=True, slots=True)
+class Waited:
+    """How a wait for another request's upstream call ended.
+
+    ``outcome``: ``finished`` (the leader is done: look the question up), ``found`` (the
+    lease was gone and the lookup found the answer: ``found``), ``lead`` (the lease
+    lapsed and this request took it over: ``lease``), ``timeout`` (waited ``wait_s``) or
+    ``error`` (Redis failed).
+    """
+
+    outcome: str
+    lease: Lease | None = None
+    found: Any = None
+
+
+class Coordination:
+    """Completion ids and leases in the cache's Redis (see the module docstring)."""
+
+    def __init__(
+        self,
+        storage: AsyncRedisStorage,
+        *,
+        completion_ttl_s: float = 86_400.0,
+        settings: CoalesceSettings | None = None,
+    ) -> None:
+        self.storage = storage
+        self.client: Any = storage.client
+        self.completion_ttl_s = completion_ttl_s
+        self.settings = settings if settings is not None else CoalesceSettings()
+        self._renew = self.client.register_script(_RENEW)
+        self._finish = self.client.register_script(_FINISH)
+
+    # -- completion ids -------------------------------------------------------------------
+    async def remember(
+        self, tenant: str, completion_id: str, entry_id: str, similarity: float
+    ) -> bool:
+        """Map ``completion_id`` to the entry it was answered with (expires). A Redis
+        failure only logs: the response is served all the same."""
+        key = self.storage.keys(tenant).completion(completion_id)
+        value = json.dumps({"t": tenant, "e": entry_id, "s": round(similarity, 6)})
+        try:
+            with wrap_errors("completion id"):
+                await self.client.set(key, value, ex=max(1, int(self.completion_ttl_s)))
+        except StorageError as exc:
+            log.warning("tenant %s: completion id %s not mapped: %s", tenant, completion_id, exc)
+            return False
+        return True
+
+    async def recall(self, tenant: str, completion_id: str) -> Served | None:
+        """The entry ``completion_id`` of ``tenant`` was answered with; ``None`` when
+        unknown, expired or not this tenant's.
+
+        Raises:
+            StorageError: Redis failed.
+        """
+        key = self.storage.keys(tenant).completion(completion_id)
+        with wrap_errors("completion id"):
+            raw = await self.client.get(key)
+        if raw is None:
+            return None
+        try:
+            value = json.loads(raw)
+            if value["t"] != tenant:
+                return None
+            return Served(str(value["e"]), float(value["s"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("tenant %s: completion id %s maps to %r", tenant, completion_id, raw)
+            return None
+
+    # -- leases ---------------------------------------------------------------------------
+    def lease_key(self, tenant: str, digest: str) -> str:
+        return self.storage.keys(tenant).in_flight(digest)
+
+    async def try_lead(self, key: str) -> Lease | None:
+        """Take the lease ``key`` if it is free (``SET NX PX``), renewing it until
+        ``finish``; ``None`` when another holds it.
+
+        Raises:
+            StorageError: Redis failed.
+        """
+        token = secrets.token_hex(16)
+        ms = max(1, int(self.settings.lease_s * 1000))
+        with wrap_errors("lease"):
+            taken = await self.client.set(key, token, nx=True, px=ms)
+        if not taken:
+            return None
+        lease = Lease(self, key, token)
+        lease._renewer = asyncio.create_task(self._keep(lease, ms))
+        return lease
+
+    async def _keep(self, lease: Lease, ms: int) -> None:
+        """Renew the lease every third of its time to live, while it is this holder's."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.settings.max_hold_s
+        while loop.time() < until:
+            await asyncio.sleep(self.settings.lease_s / 3)
+            try:
+                with wrap_errors("lease renewal"):
+                    if not await self._renew(keys=[lease.key], args=[lease.token, ms]):
+                        return  # lapsed, and maybe another's now
+            except StorageError as exc:
+                log.warning("lease %s not renewed: %s", lease.key, exc)
+
+    async def wait(self, key: str, look_up: Callable[[], Awaitable[Any]]) -> Waited:
+        """Wait for the holder of ``key`` to finish. ``look_up`` is called when the
+        lease is gone without a marker (its holder died, or finished long ago): what it
+        finds (not ``None``) ends the wait, else the lease is taken over."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.wait_s
+        try:
+            while True:
+                with wrap_errors("lease"):
+                    raw = await self.client.get(key)
+                if raw is not None and bytes(raw).startswith(b"="):
+                    return Waited("finished")
+                if raw is None:
+                    found = await look_up()
+                    if found is not None:
+                        return Waited("found", found=found)
+                    lease = await self.try_lead(key)
+                    if lease is not None:
+                        return Waited("lead", lease)
+                if loop.time() >= deadline:
+                    return Waited("timeout")
+                await asyncio.sleep(self.settings.poll_s)
+        except StorageError as exc:
+            log.warning("lease %s: %s; going upstream", key, exc)
+            return Waited("error")
+
+
+__all__ = [
+    "COMPLETION_ID_RE",
+    "COMPLETION_PREFIX",
+    "CoalesceSettings",
+    "Coordination",
+    "Lease",
+    "Served",
+    "Waited",
+    "new_completion_id",
+]
