@@ -657,6 +657,90 @@ def tags_invalidate(state: CliState, tenant: str, tag: str, as_json: bool) -> No
         console.print(f"removed {removed:,} entries tagged {tag!r} from tenant {tenant}")
 
 
+# -- export and import ----------------------------------------------------------------------------
+def _progress(disable: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=disable,
+    )
+
+
+@cli.command("export")
+@shared_options
+@click.option("--tenant", required=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    default="-",
+    show_default=True,
+    help="The file to write ('-': standard output).",
+)
+@pass_state
+def export_cmd(state: CliState, tenant: str, output: str) -> None:
+    """Write a tenant's live entries as JSON lines (answers, vectors, arms, uses, expiry
+    and tags: the import brings them back as they were). Progress goes to stderr."""
+    from zerda_cache.transfer import export_tenant
+
+    with errors():
+        st = state.storage()
+        with (
+            click.open_file(output, "w", encoding="utf-8") as out,
+            _progress(disable=False) as progress,
+        ):
+            task = progress.add_task(f"exporting {tenant}", total=st.count(tenant))
+
+            def advance(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+
+            written = export_tenant(st, tenant, out, progress=advance)
+        err.print(f"exported {written:,} entries of tenant {tenant}")
+
+
+@cli.command("import")
+@shared_options
+@click.option("--tenant", required=True, help="The tenant to import into (any name).")
+@click.argument("source", type=click.Path(dir_okay=False, allow_dash=True))
+@json_option
+@pass_state
+def import_cmd(state: CliState, tenant: str, source: str, as_json: bool) -> None:
+    """Write the entries of an export (SOURCE, '-' for standard input) into TENANT. An id
+    already there is skipped, so an import run again resumes where it stopped; lines
+    that do not check out are refused and listed."""
+    from zerda_cache.transfer import ImportReport, import_tenant
+
+    with errors():
+        st = state.storage()
+        with click.open_file(source, "r", encoding="utf-8") as lines, _progress(as_json) as bar:
+            task = bar.add_task(f"importing into {tenant}", total=None)
+
+            def advance(report: ImportReport) -> None:
+                bar.update(task, completed=report.stored + report.skipped)
+
+            report = import_tenant(st, tenant, lines, progress=advance)
+        summary = {
+            "tenant": tenant,
+            "stored": report.stored,
+            "skipped": report.skipped,
+            "expired": report.expired,
+            "refused": [{"line": n, "why": why} for n, why in report.refused],
+        }
+        if as_json:
+            _print_json(summary)
+            return
+        console.print(
+            f"imported into {tenant}: {report.stored:,} stored, {report.skipped:,} already "
+            f"there, {report.expired:,} expired, {len(report.refused):,} refused"
+        )
+        for n, why in report.refused[:20]:
+            console.print(f"  line {n}: {why}")
+
+
 # -- evict ----------------------------------------------------------------------------------------
 @cli.command()
 @shared_options

@@ -71,6 +71,17 @@ PEEK_EVENTS = 64
 _PEEK_COUNT = str(PEEK_EVENTS + 1)  # the XREVRANGE's COUNT: the position's event too
 
 
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """An entry's stored fields as they are in Redis (an export's unit)."""
+
+    entry_id: str
+    doc: bytes | None
+    vec: bytes | None
+    meta: bytes | None
+    state: bytes | None
+
+
 class DimensionLost(Exception):
     """The put script's answer when the tenant's dimension is gone from its cfg hash
     while entries remain, and the caller named none: ``Storage.put`` restores it from
@@ -658,6 +669,75 @@ class StoragePlans:
         k = self.keys(tenant)
         keys = [k.cfg, k.ids, *(k.entry(eid) for eid in sample)]
         return ScriptCall("dim", keys, [], lambda res: int(res) if res else None)
+
+    def read_export(self, tenant: str, entry_ids: Sequence[str]) -> ReadPlan[list[StoredEntry]]:
+        """The stored fields of ``entry_ids`` as they are, for an export: doc, vec, meta
+        and the learning state (``None`` fields where an entry is gone or partial)."""
+        k = self.keys(tenant)
+        ids = list(entry_ids)
+
+        def queue(pipe: Any) -> None:
+            for eid in ids:
+                pipe.hmget(k.entry(eid), ("doc", "vec", "meta"))
+            pipe.hmget(k.st, ids)
+
+        def parse(res: list[Any]) -> list[StoredEntry]:
+            *rows, states = res
+            out = []
+            for eid, row, state in zip(ids, rows, states, strict=True):
+                key = k.entry(eid)
+                try:
+                    doc, vec, meta = _hash_row(row, key)
+                except CorruptEntryError:
+                    doc = vec = meta = None
+                out.append(StoredEntry(eid, doc, vec, meta, state))
+            return out
+
+        return ReadPlan("export", queue, parse, len(ids) + 1, tolerant=tuple(range(len(ids))))
+
+    def plan_restore_entry(
+        self,
+        tenant: str,
+        entry: StoredEntry,
+        *,
+        digest: str,
+        scope: str,
+        dim: int,
+        expires_at: float,
+        size: int,
+        evidence: bool,
+        tags: Sequence[str],
+    ) -> ScriptCall[bool]:
+        """Plan writing back an exported entry whole (``lua/restore_entry.lua``): True
+        stored, False skipped (an entry with its id exists). Every value is the
+        caller's to check first."""
+        k = self.keys(tenant)
+        keys = [k.entry(entry.entry_id), k.ids, k.q, k.log, k.stats, k.cfg, k.st, k.ev, k.tags]
+        keys += [k.tag(tag) for tag in tags]
+        expiry = "+inf" if math.isinf(expires_at) else repr(float(expires_at))
+        args = [
+            entry.entry_id,
+            entry.doc,
+            entry.vec,
+            entry.meta,
+            digest,
+            scope,
+            dim,
+            expiry,
+            entry.state,
+            size,
+            self.config.index_log_maxlen,
+            "1" if evidence else "",
+            len(tags),
+            *tags,
+        ]
+
+        def parse(res: Any) -> bool:
+            if isinstance(res, list):
+                raise DimensionMismatchError(tenant, int(res[1]), dim)
+            return bool(int(res))
+
+        return ScriptCall("restore_entry", keys, args, parse)
 
     def plan_tag_sweep(self, tenant: str, tag: str, ids: Sequence[str]) -> ScriptCall[int]:
         """Plan dropping the ids among ``ids`` that are no longer live from ``tag``'s set,

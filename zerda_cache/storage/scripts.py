@@ -48,6 +48,8 @@ FLAGS = {
     "dim": "allow-oom",
     # Sweeping a tag's set only removes members.
     "tag_sweep": "allow-oom",
+    # An import writes entries: refused whole on a full server, as a put is.
+    "restore_entry": "",
     # Taking back orphaned entries re-creates their ids on a full server too.
     "adopt": "allow-oom",
     # Publishing a snapshot writes a small hash; its chunks were written (or refused)
@@ -84,6 +86,7 @@ SCRIPT_NAMES = (
     "resolve",
     "dim",
     "tag_sweep",
+    "restore_entry",
 )
 
 
@@ -128,6 +131,7 @@ class Scripts:
     resolve: Any
     dim: Any
     tag_sweep: Any
+    restore_entry: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

@@ -56,6 +56,7 @@ from zerda_cache.storage.plans import (
     StateArrays,
     StateBatch,
     StoragePlans,
+    StoredEntry,
     T,
     _group_by_tenant,
     state_arrays_of,
@@ -378,6 +379,12 @@ class Storage(StoragePlans):
             dropped += yield from self._run(self.plan_tag_sweep(tenant, tag, ids))
         return dropped
 
+    def _export_batch(self, tenant: str, entry_ids: Sequence[str]) -> Flow[list[StoredEntry]]:
+        """The stored fields of ``entry_ids`` (``read_export``)."""
+        if not entry_ids:
+            return []
+        return (yield from self._read(self.read_export(tenant, entry_ids)))
+
     def _scan_tags(
         self, tenant: str, cursor: int = 0, batch: int | None = None
     ) -> Flow[tuple[int, list[str]]]:
@@ -414,6 +421,7 @@ class Storage(StoragePlans):
     invalidate_tag = op(_invalidate_tag)
     sweep_tag = op(_sweep_tag)
     tags = op(_tags)
+    export_batch = op(_export_batch)
     scan_tags = op(_scan_tags)
 
     # -- reads -------------------------------------------------------------------------------
