@@ -16,15 +16,19 @@ def put_all(
     *,
     batch: int = 500,
     progress: bool = True,
+    tags: Sequence[Sequence[str]] | None = None,
 ) -> list[str]:
-    """Put ``texts[i]`` (answer ``"answer i"``) with ``vecs[i]`` through ``storage``'s put
-    script and register the tenant; returns the entry ids in order."""
+    """Put ``texts[i]`` (answer ``"answer i"``) with ``vecs[i]`` (and ``tags[i]``, if
+    given) through ``storage``'s put script and register the tenant; returns the entry
+    ids in order."""
     client = storage.client
     ids: list[str] = []
     for start in range(0, len(texts), batch):
         pipe = client.pipeline(transaction=False)
         calls = [
-            storage.plan_put(tenant, texts[i], f"answer {i}", vecs[i])
+            storage.plan_put(
+                tenant, texts[i], f"answer {i}", vecs[i], tags=tags[i] if tags else None
+            )
             for i in range(start, min(len(texts), start + batch))
         ]
         for c in calls:

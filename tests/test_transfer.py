@@ -141,3 +141,19 @@ def test_the_cli_exports_and_imports(
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["stored"] == 20
     assert m.storage.count("dst") == 20
+
+
+def test_tags_and_a_round_trip_on_redis_cluster(cluster_client: Any) -> None:
+    """Every key of a tenant, tags' sets included, shares its hash tag: the scripts run on
+    one slot, and the import sends its calls one at a time (no scripts in a cluster's
+    pipelines)."""
+    st = RedisStorage(cluster_client, CacheConfig())
+    x = _vectors(30)
+    for i, v in enumerate(x):
+        st.put("src", f"q{i}", f"a{i}", v, tags=["even"] if i % 2 == 0 else ["odd"])
+    out = io.StringIO()
+    assert export_tenant(st, "src", out) == 30
+    report = import_tenant(st, "dst", out.getvalue().splitlines())
+    assert report.stored == 30 and st.tags("dst") == {"even": 15, "odd": 15}
+    assert st.invalidate_tag("dst", "even") == 15
+    assert st.count("dst") == 15 and st.count("src") == 30
