@@ -160,7 +160,7 @@ def test_unknown_expired_or_another_tenants_completion_id_is_a_404(
     for body in (
         {"positive": True},
         {
-            "entry_id": h.get("x-zerda-entry-id", "0" * 32),
+            "entry_id": "0" * 32,
             "completion_id": mine.id,
             "positive": True,
         },
