@@ -6,6 +6,8 @@ module            holds
 ================  ==========================================================================
 ``app``           ``create_app``: the cache endpoints, health, metrics, key checking
 ``proxy``         ``/v1/chat/completions`` and ``/v1/embeddings``: keys, scopes, streaming
+``control``       per-request ``Cache-Control`` and ``X-Zerda-Scope``
+``coordination``  completion ids and upstream-call leases shared in Redis
 ``models``        request and response bodies of the cache endpoints
 ``errors``        the one JSON error shape, and how library errors map to statuses
 ``limits``        the request body limit (an ASGI middleware)

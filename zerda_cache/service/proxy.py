@@ -27,13 +27,27 @@ key as its API key. What is cached, and under which scope:
 - **Streaming** (``stream: true``): a hit is served as a server-sent event stream in the
   ``chat.completion.chunk`` format (one content chunk, a finish chunk, a usage chunk if
   ``stream_options.include_usage``, ``[DONE]``). A miss is streamed through from the
-  upstream as it arrives and cached once the stream completed; its entry id is not
-  known when the headers go out, so a streamed miss has no ``x-zerda-entry-id``.
+  upstream as it arrives and cached once the stream completed, before its ``[DONE]`` is
+  sent; its entry id is not known when the headers go out, so a streamed miss has no
+  ``x-zerda-entry-id`` (its completion id serves for feedback).
+- **Completion ids**: every answer under a cache key (hit, miss, verify; streamed or not)
+  has an ``id`` of the proxy's making (``coordination.new_completion_id``), mapped in
+  Redis to the entry it was answered with, which ``POST /v1/feedback`` takes as
+  ``completion_id``. Passed-through answers keep the upstream's id.
+- **Per-request control** (``control``): ``Cache-Control: no-cache`` skips the lookup and
+  replaces the cached answer, ``no-store`` passes the request through, ``max-age=N`` is
+  the stored answer's TTL, ``X-Zerda-Scope`` a partition on top of the scope.
+- **Coalesced misses** (``coordination``): after a miss, one request per tenant, scope
+  and normalised question holds a lease in Redis and calls upstream; the others wait
+  for its answer to be cached (bounded), then are served it as hits.
 
 Headers on every proxied chat completion: ``x-zerda-cache`` (``hit``, ``miss``,
 ``verify``: a miss that verified a near match under the tenant's error bound, or
 ``bypass``), and when an entry is known ``x-zerda-entry-id`` and ``x-zerda-similarity``
-(send both back with ``POST /v1/feedback``); ``x-zerda-verified`` on a verify.
+(send both back with ``POST /v1/feedback``); ``x-zerda-verified`` on a verify;
+``x-zerda-completion-id`` and ``x-zerda-feedback`` (how to send feedback by it) when the
+answer is mapped or, streamed, will be; ``x-zerda-coalesced`` when the request waited for
+another's upstream call (``waited``, ``passed``, ``took-over``, ``timeout``, ``error``).
 
 The client's key never leaves the service: upstream calls carry the configured upstream
 key only.
