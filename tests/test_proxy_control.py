@@ -228,3 +228,56 @@ def test_the_scope_header_keeps_two_users_apart(
     with pytest.raises(openai.UnprocessableEntityError):
         ask(c, QUESTION, extra_headers={"X-Zerda-Scope": "a b"})
     assert state.chat_calls() == 4
+
+
+def test_tags_on_stored_answers_and_invalidation_by_tag(
+    service: Service,
+    upstream: tuple[str, UpstreamState],
+    library: CacheManager,
+    redis_client: redis.Redis,
+) -> None:
+    _, state = upstream
+    c = openai_client(service)
+    handbook = {"X-Zerda-Tags": "doc:handbook, faq"}
+    _, h = ask(c, QUESTION, extra_headers=handbook)
+    assert set(library.storage.get_entry("acme", h["x-zerda-entry-id"]).tags) == {
+        "doc:handbook",
+        "faq",
+    }
+    ask_streaming(c, "Where is the handbook?", extra_headers=handbook)
+    _, h = ask(c, "Where is the handbook?")
+    assert h["x-zerda-cache"] == "hit"
+    assert "doc:handbook" in library.storage.get_entry("acme", h["x-zerda-entry-id"]).tags
+    ask(c, "An untagged question")
+    # the HTTP API: a put's tags field
+    put = api(service, "/v1/put", {"query": "q", "response": "a", "tags": ["doc:handbook"]})
+    assert put.json()["stored"]
+    assert library.storage.get_entry("acme", put.json()["entry_id"]).tags == ("doc:handbook",)
+
+    # another tenant's key removes nothing of acme's
+    before = snapshot(redis_client)
+    resp = httpx.post(
+        service.url + "/v1/invalidate/tag",
+        json={"tag": "doc:handbook"},
+        headers=service.headers("globex"),
+    )
+    assert resp.status_code == 200 and resp.json() == {"removed": 0}
+    assert snapshot(redis_client) == before
+    resp = api(service, "/v1/invalidate/tag", {"tag": "doc:handbook"})
+    assert resp.status_code == 200 and resp.json() == {"removed": 3}
+    calls = state.chat_calls()
+    for question in (QUESTION, "Where is the handbook?"):
+        _, h = ask(c, question)
+        assert h["x-zerda-cache"] == "miss"
+    assert not api(service, "/v1/lookup", {"query": "q"}).json()["hit"]
+    _, h = ask(c, "An untagged question")
+    assert h["x-zerda-cache"] == "hit" and state.chat_calls() == calls + 2
+
+    # tags that are not tags are refused before anything is read or sent
+    for bad in ("a b", ",".join(f"t{i}" for i in range(17)), "x" * 129):
+        with pytest.raises(openai.UnprocessableEntityError, match="x-zerda-tags"):
+            ask(c, QUESTION, extra_headers={"X-Zerda-Tags": bad})
+    resp = api(service, "/v1/put", {"query": "q", "response": "a", "tags": ["a b"]})
+    assert resp.status_code == 422
+    assert api(service, "/v1/invalidate/tag", {"tag": ""}).status_code == 422
+    assert state.chat_calls() == calls + 2

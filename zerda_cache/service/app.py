@@ -47,6 +47,8 @@ from zerda_cache.service.models import (
     FeedbackResponse,
     InvalidateRequest,
     InvalidateResponse,
+    InvalidateTagRequest,
+    InvalidateTagResponse,
     LookupRequest,
     LookupResponse,
     PutRequest,
@@ -399,6 +401,7 @@ def create_app(
             ttl_s=body.ttl_s if body.ttl_s is not None else control.ttl_s,
             quality=body.quality,
             metadata=body.metadata,
+            tags=body.tags if body.tags is not None else control.tags,
         )
         return PutResponse(
             stored=result.stored,
@@ -461,6 +464,13 @@ def create_app(
         if not await manager.invalidate(body.entry_id, tenant=tenant):
             raise ApiError(404, f"no entry {body.entry_id!r} for this key's tenant", "not_found")
         return InvalidateResponse(removed=True)
+
+    @app.post("/v1/invalidate/tag", tags=["cache"])
+    async def invalidate_tag(body: InvalidateTagRequest, tenant: Tenant) -> InvalidateTagResponse:
+        """Remove every entry of this key's tenant put with ``tag`` (from every replica),
+        in one call through the tag's index in Redis; ``removed``: how many (0 for a tag
+        no live entry has)."""
+        return InvalidateTagResponse(removed=await manager.invalidate_tag(body.tag, tenant=tenant))
 
     @app.get("/v1/stats", tags=["cache"])
     async def stats(tenant: Tenant) -> dict[str, Any]:

@@ -11,6 +11,8 @@ request header                 effect
                                ``ttl_s``; ``max-age=0`` stores nothing, as ``no-store``)
 ``X-Zerda-Scope: <partition>`` an extra partition (a user, a session) on top of the scope:
                                only requests with the same partition meet
+``X-Zerda-Tags: a,b``          tags of the answer this request stores (comma-separated), to
+                               invalidate it by later (``POST /v1/invalidate/tag``)
 =============================  ==============================================================
 
 ``max-age`` on a request is, in HTTP, the oldest cached answer the client accepts; here
@@ -24,11 +26,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from zerda_cache.errors import InvalidEntryError
 from zerda_cache.service.errors import ApiError
-from zerda_cache.validation import MAX_SCOPE_CHARS
+from zerda_cache.validation import MAX_SCOPE_CHARS, check_tags
 
 #: The header naming an extra scope partition.
 SCOPE_HEADER = "x-zerda-scope"
+#: The header listing the stored answer's tags.
+TAGS_HEADER = "x-zerda-tags"
 #: What a partition may hold (user ids, e-mail addresses, session ids).
 PARTITION_RE = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
 #: Between the scope and the partition.
@@ -44,12 +49,14 @@ class RequestControl:
         write: store the answer (false: ``no-store``).
         ttl_s: the stored answer's time to live (``max-age``).
         partition: ``X-Zerda-Scope``, combined with the scope (``scoped``).
+        tags: ``X-Zerda-Tags``: the stored answer's tags.
     """
 
     read: bool = True
     write: bool = True
     ttl_s: float | None = None
     partition: str | None = None
+    tags: tuple[str, ...] = ()
 
     @property
     def directive(self) -> str | None:
@@ -109,7 +116,12 @@ def request_control(headers: Mapping[str, str]) -> RequestControl:
                 f"{SCOPE_HEADER} must be 1 to 128 of A-Z a-z 0-9 . _ : @ + = / -",
                 "invalid_scope_partition",
             )
-    return RequestControl(read=read, write=write, ttl_s=ttl_s, partition=partition)
+    names = [t.strip() for v in _all(headers, TAGS_HEADER) for t in v.split(",") if t.strip()]
+    try:
+        tags = check_tags(names)
+    except InvalidEntryError as exc:
+        raise _bad(f"{TAGS_HEADER}: {exc}", "invalid_tags") from exc
+    return RequestControl(read=read, write=write, ttl_s=ttl_s, partition=partition, tags=tags)
 
 
 def _all(headers: Mapping[str, str], name: str) -> list[str]:
@@ -124,6 +136,7 @@ __all__ = [
     "PARTITION_RE",
     "PARTITION_SEP",
     "SCOPE_HEADER",
+    "TAGS_HEADER",
     "RequestControl",
     "request_control",
 ]

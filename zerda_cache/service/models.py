@@ -70,6 +70,11 @@ class PutRequest(_Strict):
     ttl_s: float | None = Field(None, gt=0)
     quality: float | None = Field(None, ge=0, le=1)
     metadata: dict[str, Any] | None = None
+    tags: list[str] | None = Field(
+        None,
+        description="Labels to invalidate the answer by later (``/v1/invalidate/tag``): "
+        "the document it was built on, its source. Default: the ``X-Zerda-Tags`` header's.",
+    )
 
 
 class PutResponse(BaseModel):
@@ -117,12 +122,22 @@ class InvalidateResponse(BaseModel):
     removed: bool
 
 
+class InvalidateTagRequest(_Strict):
+    tag: str
+
+
+class InvalidateTagResponse(BaseModel):
+    removed: int = Field(description="How many entries the tag named (now removed).")
+
+
 __all__ = [
     "Entry",
     "FeedbackRequest",
     "FeedbackResponse",
     "InvalidateRequest",
     "InvalidateResponse",
+    "InvalidateTagRequest",
+    "InvalidateTagResponse",
     "LookupRequest",
     "LookupResponse",
     "PutRequest",

@@ -360,14 +360,20 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
         )
 
     async def store(
-        tenant: str, key: ChatKey, answer: str, model: Any, ttl_s: float | None
+        tenant: str, key: ChatKey, answer: str, model: Any, control: RequestControl
     ) -> tuple[str | None, bool | None]:
-        """Cache an upstream answer: ``(entry id, verified)``; a failure only logs (the
-        client still gets its answer)."""
+        """Cache an upstream answer (with the request's TTL and tags): ``(entry id,
+        verified)``; a failure only logs (the client still gets its answer)."""
         meta = {"model": model} if isinstance(model, str) else {}
         try:
             result = await manager.put(
-                key.query, answer, tenant=tenant, scope=key.scope, metadata=meta, ttl_s=ttl_s
+                key.query,
+                answer,
+                tenant=tenant,
+                scope=key.scope,
+                metadata=meta,
+                ttl_s=control.ttl_s,
+                tags=control.tags or None,
             )
         except (ZerdaError, EmbedderError) as exc:
             log.warning("tenant %s: proxy answer not cached: %s", tenant, exc)
@@ -387,7 +393,7 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
         headers: dict[str, str],
         *,
         lease: Lease | None = None,
-        ttl_s: float | None = None,
+        control: RequestControl | None = None,
     ) -> Response:
         """Stream the upstream's answer through; under a ``key``, with an id of the
         proxy's making, cached (and the id mapped) before the final ``[DONE]`` is sent,
@@ -439,7 +445,9 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
                     await resp.aclose()
                 answer = collector.answer
                 if key is not None and answer is not None:
-                    entry_id, _ = await store(tenant, key, answer, body.get("model"), ttl_s)
+                    entry_id, _ = await store(
+                        tenant, key, answer, body.get("model"), control or RequestControl()
+                    )
                     if entry_id is not None and completion_id is not None:
                         stored = True
                         await ctx.coordination.remember(tenant, completion_id, entry_id, 1.0)
@@ -558,7 +566,7 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
         if streaming:
             metrics.proxy.labels("/chat/completions", "miss").inc()
             return await passthrough_stream(
-                tenant, body, key, headers, lease=lease, ttl_s=control.ttl_s
+                tenant, body, key, headers, lease=lease, control=control
             )
         stored = False
         try:
@@ -571,9 +579,7 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
                     data = None
             answer = cacheable_answer(data)
             if answer is not None:
-                entry_id, verified = await store(
-                    tenant, key, answer, data.get("model"), control.ttl_s
-                )
+                entry_id, verified = await store(tenant, key, answer, data.get("model"), control)
                 if entry_id is not None:
                     stored = True
                     headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
