@@ -27,7 +27,6 @@ then a 404).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -118,9 +117,7 @@ class Lease:
             return
         self._finished = True
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._renewer
+            self._renewer.cancel()  # not awaited: finish may run in a cancelled task
         co = self.coordination
         ms = max(1, int(co.settings.finished_s * 1000))
         try:
