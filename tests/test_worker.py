@@ -675,7 +675,7 @@ def exposed(text: str) -> dict[str, tuple[str, set[str]]]:
 def test_worker_and_replica_expose_every_contract_metric(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
-    from zerda_cache import CacheManager
+    from zerda_cache import CacheManager, LLMUsage
 
     st = RedisStorage(redis_client)
     ids = bulk_put(st, "acme", 50)
@@ -703,6 +703,11 @@ def test_worker_and_replica_expose_every_contract_metric(
     m = CacheManager(redis_client, metrics=ReplicaMetrics(registry))
     m.put("q", "a", tenant="acme", embedding=np.ones(DIM))
     m.lookup("q", tenant="acme", embedding=np.ones(DIM))
+    # (a tenant without the bound: its hit saves a call, then is judged wrong)
+    m.put("q", "a", tenant="shop", embedding=np.ones(DIM), usage=LLMUsage("gpt-4o", 10, 5))
+    hit = m.lookup("q", tenant="shop", embedding=np.ones(DIM))
+    assert hit is not None
+    m.feedback(hit.feedback(False))
     m.lookup("zz", tenant="acme", embedding=-np.ones(DIM))
     m.put("q2", " ", tenant="acme", embedding=np.ones(DIM))
     m.feedback(FeedbackSignal(ids[0], "acme", True))

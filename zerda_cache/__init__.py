@@ -7,7 +7,7 @@ Thompson draw plus confidence.
 
 from zerda_cache.aio import AsyncCacheManager
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
-from zerda_cache.entry import BanditArm, IntelligentCacheEntry
+from zerda_cache.entry import BanditArm, IntelligentCacheEntry, LLMUsage
 from zerda_cache.errors import (
     CorruptEntryError,
     DimensionMismatchError,
@@ -51,6 +51,7 @@ __all__ = [
     "InvalidFeedbackError",
     "InvalidSettingError",
     "InvalidTenantError",
+    "LLMUsage",
     "PromptRequest",
     "PutResult",
     "RLConfig",

@@ -46,6 +46,7 @@ from zerda_cache.config import (
 from zerda_cache.errors import EntryNotFoundError, StorageError, ZerdaError
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.policy import POLICY_FIELDS, flatten
+from zerda_cache.savings import from_stats, price_table
 from zerda_cache.storage import RedisStorage, connect
 
 # Piped output (a file, grep, a CI log) is not cut to 80 columns as rich does by default.
@@ -408,17 +409,20 @@ def stats(state: CliState, tenant: str | None, as_json: bool) -> None:
         st = state.storage()
         tenants = [tenant] if tenant else st.tenants()
         m = Maintenance(st)
+        prices = price_table({mo: (p, c) for mo, p, c in state.config.token_prices})
         if as_json:
             rows = []
             for t in tenants:
                 s = st.stats(t)
                 lookups = s.get("hits", 0) + s.get("misses", 0)
+                saved = from_stats(s, prices)
                 rows.append(
                     {
                         "tenant": t,
                         "capacity": m.limits(t).max_entries,
                         "hit_rate": s.get("hits", 0) / lookups if lookups else None,
-                        **s,
+                        **{k: v for k, v in s.items() if not k.startswith(("saved:", "wrong:"))},
+                        "savings": {model: v.as_dict() for model, v in saved.items()},
                     }
                 )
             cycles = [c for c in m.recent_cycles(6) if c.get("phase") == "end"]
@@ -458,6 +462,15 @@ def stats(state: CliState, tenant: str | None, as_json: bool) -> None:
                 f"{evicted:,}",
             )
         console.print(table)
+        for t in tenants:
+            total = from_stats(st.stats(t), prices).get("*")
+            if total is not None:
+                console.print(
+                    f"{t}: hits saved {total.calls:,} LLM calls "
+                    f"({total.prompt_tokens + total.completion_tokens:,} tokens, "
+                    f"${total.usd:,.2f}); {total.wrong_calls:,} judged wrong "
+                    f"(${total.wrong_usd:,.2f}); net ${total.net_usd:,.2f}"
+                )
         console.print(f"worker leader: [bold]{st.leader() or 'none'}[/bold]")
         for c in m.recent_cycles(6):
             if c.get("phase") == "end":

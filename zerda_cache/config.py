@@ -12,6 +12,7 @@ the others are ours and are documented next to their constant.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +189,27 @@ def _check_finite(name: str, value: float) -> None:
     if finite_number(value) is None:
         shown = "an int too large for a float" if isinstance(value, int) else repr(value)
         raise ValueError(f"{name} must be finite, got {shown}")
+
+
+def _prices(value: object) -> tuple[tuple[str, float, float], ...]:
+    """``token_prices`` as a sorted tuple of ``(model, prompt, completion)``, checked."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(items, Iterable) or isinstance(items, str):
+        raise ValueError(f"token_prices must map a model to (prompt, completion), got {value!r}")
+    out = []
+    for item in items:
+        if isinstance(value, Mapping):
+            model, pair = item
+            item = (model, *pair)
+        if not (isinstance(item, tuple | list) and len(item) == 3 and isinstance(item[0], str)):
+            raise ValueError(f"token_prices: {item!r} is not a model with two prices")
+        model, prompt, completion = item
+        _check_finite(f"token_prices[{model!r}]", prompt)
+        _check_finite(f"token_prices[{model!r}]", completion)
+        if prompt < 0 or completion < 0:
+            raise ValueError(f"token_prices[{model!r}] must be >= 0")
+        out.append((model, float(prompt), float(completion)))
+    return tuple(sorted(out))
 
 
 def _check_arm_step(name: str, value: float) -> None:
@@ -441,6 +463,10 @@ class CacheConfig:
             and replays the log from its position, instead of scanning every vector.
         label_window / policy_refresh_s: see ``DEFAULT_LABEL_WINDOW`` and
             ``DEFAULT_POLICY_REFRESH_S``.
+        token_prices: US dollars per million tokens, ``{model: (prompt, completion)}``,
+            over ``savings.DEFAULT_PRICES``: what the savings metrics and ``stats`` count
+            a hit's avoided call at (kept as a sorted tuple of ``(model, prompt,
+            completion)``, so that the configuration stays hashable).
         rl / eviction: the nested configurations.
     """
 
@@ -471,11 +497,13 @@ class CacheConfig:
     label_window: int = DEFAULT_LABEL_WINDOW
     policy_refresh_s: float = DEFAULT_POLICY_REFRESH_S
     index_snapshots: bool = True
+    token_prices: Any = ()
     rl: RLConfig = field(default_factory=RLConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
     def __post_init__(self) -> None:
         validate_prefix(self.key_prefix)
+        object.__setattr__(self, "token_prices", _prices(self.token_prices))
         if self.max_error_rate is not None and (
             isinstance(self.max_error_rate, bool)
             or not isinstance(self.max_error_rate, int | float)

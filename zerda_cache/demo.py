@@ -49,6 +49,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
+from zerda_cache.entry import LLMUsage
 
 TENANT = "faq-demo"
 #: The plain threshold cache the demo compares against (see the module's docstring).
@@ -108,9 +109,22 @@ def make_embedder(name: str) -> Any:
     raise ValueError(f"unknown embedder {name!r}: use hashing or minilm")
 
 
+#: The demo's simulated LLM and its price (US dollars per million prompt and completion
+#: tokens): each answer it gives is put with its usage, so hits count as savings.
+DEMO_MODEL = "demo-llm"
+DEMO_PRICES = {DEMO_MODEL: (0.15, 0.60)}
+
+
+def demo_usage(query: str, answer: str) -> LLMUsage:
+    """What the simulated LLM's call for ``answer`` costs: a system prompt of 200 tokens
+    plus the question, and the answer (about 4 characters a token)."""
+    return LLMUsage(DEMO_MODEL, 200 + len(query) // 4, max(1, len(answer) // 4))
+
+
 def demo_config(embedder: str = "hashing") -> CacheConfig:
     """The configuration every demo process shares (replicas and worker alike)."""
     return CacheConfig(
+        token_prices=DEMO_PRICES,
         similarity_threshold=THRESHOLDS[embedder],
         rl=RLConfig(decay_interval_s=30.0),
         eviction=EvictionConfig(
@@ -165,7 +179,8 @@ def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: 
                 answer = right
             else:
                 answer = right if rng.random() >= opts.llm_error_rate else topic.wrong
-            manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s)
+            usage = demo_usage(query, answer)
+            manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s, usage=usage)
         # The baseline: the same question, no feedback ever; its misses get answers from
         # an LLM just as wrong, drawn on its own so that zerda-cache's stream is unchanged.
         base = manager.lookup(query, tenant=BASELINE)
@@ -238,7 +253,8 @@ def serve_app(url: str, *, metrics_port: int, rate: float, seed: int = 7) -> int
             else:
                 wrong = topic is not None and rng.random() < opts.llm_error_rate
                 answer = topic.wrong if topic is not None and wrong else right
-                manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s * 30)
+                usage = demo_usage(query, answer)
+                manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s * 30, usage=usage)
         except ZerdaError as exc:  # Redis away: the app goes on; lookups already fail open
             print(f"zerda-cache demo app: {exc}", file=sys.stderr)
     manager.close()

@@ -43,7 +43,7 @@ from zerda_cache.context import (
     QueryComplexity,
 )
 from zerda_cache.counting import LookupCounts
-from zerda_cache.entry import IntelligentCacheEntry
+from zerda_cache.entry import IntelligentCacheEntry, LLMUsage
 from zerda_cache.errors import (
     CorruptEntryError,
     DimensionMismatchError,
@@ -59,6 +59,7 @@ from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.replica import STOP_WAIT_S, ReplicaIndexes, TenantIndex
 from zerda_cache.results import CacheHit, PutResult
+from zerda_cache.savings import cost, from_stats, price_table, stat_fields
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.connect import connect
@@ -184,6 +185,8 @@ class CacheEngine:
         self._clock_sync: tuple[float, float] | None = None
         #: Misses and lookup traffic, written by a later lookup's round trip (counting.py).
         self.counts = LookupCounts(self.storage)
+        #: US dollars per million tokens by model (``savings.price_table``).
+        self.prices = price_table({m: (p, c) for m, p, c in self.config.token_prices})
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self._speculate = not self.storage.cluster
         self.same_answer: SameAnswer = same_answer if same_answer is not None else same_text
@@ -274,6 +277,8 @@ class CacheEngine:
             self._fail_open(tenant, exc)
             return None
         self._recovered()
+        if found.hit is not None and found.hit.usage is not None:
+            self._count_savings(tenant, "saved", found.hit.usage)
         if found.level is not None:  # an exact repeat: counted at its entry's level
             cached = self._policies.get(tenant)
             sample = cached is not None and cached[1].bound(override) is not None
@@ -389,6 +394,9 @@ class CacheEngine:
         if traffic is not None:
             traffic_at = len(parts)
             parts.append(st.count_traffic(tenant, *traffic))
+            savings = self.counts.send_savings(tenant)  # sent as often as the traffic
+            if savings is not None:
+                parts.append(savings)
         if refresh:  # read the policy again for the next lookups, in this round trip
             policy_at = len(parts)
             parts.append(st.read_policy(tenant))
@@ -735,9 +743,13 @@ class CacheEngine:
         metadata: Mapping[str, Any] | None = None,
         scope: str | None = None,
         tags: Sequence[str] | None = None,
+        usage: LLMUsage | Mapping[str, Any] | None = None,
     ) -> Flow[PutResult]:
         """Cache ``response`` as the answer to ``query``. ``tags``: labels to invalidate
         it by later (``invalidate_tag``): the document it was built on, its source.
+        ``usage``: what the LLM call that made it cost (``LLMUsage``, or the OpenAI
+        response's ``usage`` with its ``model``): each hit then counts as that call
+        saved (``stats(tenant)["savings"]``, the ``zerda_cache_saved_*`` metrics).
 
         The admission check runs first; a refused answer is not cached and the result
         says why. An earlier entry for the same normalised question and scope is replaced,
@@ -756,6 +768,7 @@ class CacheEngine:
             query = check_query(query, self.config.max_query_chars)
             scope = check_scope(scope)
             tag_names = check_tags(tags)
+            cost_of = LLMUsage.of(dict(usage) if isinstance(usage, Mapping) else usage)
             vec = yield from self._embedding(query, embedding)
             if vec is None:
                 raise InvalidEmbeddingError(
@@ -784,7 +797,13 @@ class CacheEngine:
                 self._tickets.pop(held_key)
                 own, cached = yield from self._verify(tenant, held, response)
                 replaced_answer = cached.response if cached is not None else None
-                plain = ttl_s is None and quality is None and metadata is None and not tag_names
+                plain = (
+                    ttl_s is None
+                    and quality is None
+                    and metadata is None
+                    and not tag_names
+                    and cost_of is None
+                )
                 now = yield from self._now()
                 if own and plain and cached is not None and not cached.is_expired(now):
                     self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
@@ -816,6 +835,7 @@ class CacheEngine:
                 index_dim=indexed.dim if indexed is not None and indexed.usable else None,
                 rl=policy.rl,
                 tags=tag_names,
+                usage=cost_of,
             )
             replaced, result = self._put_done(tenant, warnings, out, near)
             if own is not None:
@@ -925,6 +945,14 @@ class CacheEngine:
             )
         with self._counting("feedback"):
             yield from self._learn(signal)
+            if signal.served and not signal.positive:
+                # A hit judged wrong: its answer's call was bought after all.
+                st = self.storage
+                usage = yield from st._read(st.read_usage(signal.tenant_id, signal.entry_id))
+                if usage is not None:
+                    self._count_savings(signal.tenant_id, "wrong", usage)
+                    increments = stat_fields("wrong", usage)
+                    yield from st._read(st.count_stats(signal.tenant_id, increments))
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
 
@@ -986,6 +1014,9 @@ class CacheEngine:
         entries, bytes), its hit rate, and this replica's index size."""
         yield from self.counts.flush(tenant)
         out: dict[str, Any] = dict((yield from self.storage._stats(tenant)))
+        saved = from_stats(out, self.prices)
+        out = {k: v for k, v in out.items() if not k.startswith(("saved:", "wrong:"))}
+        out["savings"] = {model: s.as_dict() for model, s in saved.items()}
         lookups = out.get("hits", 0) + out.get("misses", 0)
         out["hit_rate"] = out.get("hits", 0) / lookups if lookups else 0.0
         ti = self.indexes.get(tenant)
@@ -1144,6 +1175,7 @@ class CacheEngine:
             metadata=served.metadata,
             scope=served.scope,
             exact=exact,
+            usage=served.usage,
         )
 
     def _spec_hit(
@@ -1165,6 +1197,13 @@ class CacheEngine:
         ((scored, score),) = self.learner.score_candidates([(cand[0], cand[1], served)], policy.rl)
         served.confidence_score = after
         return self._hit(tenant, scored, score, exact, served)
+
+    def _count_savings(self, tenant: str, kind: str, usage: LLMUsage) -> None:
+        """A hit's avoided call (``kind`` "saved": counted in Redis with the next traffic
+        flush) or a wrong hit's (written by the feedback), in this replica's metrics."""
+        if kind == "saved":
+            self.counts.saved(tenant, usage)
+        self.metrics.savings(tenant, kind, usage, cost(usage, self.prices))
 
     # -- metrics and fail-open -------------------------------------------------------------
     @contextlib.contextmanager

@@ -133,6 +133,51 @@ class BanditArm:
         return cls(alpha=config.prior_alpha, beta=config.prior_beta, decayed_at=now)
 
 
+@dataclass(frozen=True, slots=True)
+class LLMUsage:
+    """What the upstream LLM call that produced an answer cost: its model and tokens (the
+    OpenAI ``usage`` shape). Stored with the entry; every hit of it saved that much."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+
+    def __post_init__(self) -> None:
+        from zerda_cache.errors import InvalidEntryError
+
+        if not isinstance(self.model, str) or not 0 < len(self.model) <= 128:
+            raise InvalidEntryError(f"usage model must be a str of 1-128 chars, got {self.model!r}")
+        if not self.model.isprintable() or not self.model.isascii():
+            raise InvalidEntryError(f"usage model must be printable ASCII, got {self.model!r}")
+        for name in ("prompt_tokens", "completion_tokens"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**31:
+                raise InvalidEntryError(f"usage {name} must be an int in [0, 2**31), got {n!r}")
+
+    @classmethod
+    def of(cls, value: object) -> LLMUsage | None:
+        """A usage from an ``LLMUsage``, a mapping with ``model``, ``prompt_tokens`` and
+        ``completion_tokens`` (an OpenAI response's ``usage`` plus its ``model``), or
+        ``None``."""
+        from zerda_cache.errors import InvalidEntryError
+
+        if value is None or isinstance(value, LLMUsage):
+            return value
+        if not isinstance(value, dict):
+            raise InvalidEntryError(f"usage must be a mapping, got {type(value).__name__}")
+        unknown = set(value) - {"model", "prompt_tokens", "completion_tokens", "total_tokens"}
+        if unknown:
+            raise InvalidEntryError(f"usage has unknown fields {sorted(unknown)}")
+        try:
+            return cls(value["model"], value["prompt_tokens"], value["completion_tokens"])
+        except KeyError as exc:
+            raise InvalidEntryError(f"usage needs {exc.args[0]!r}") from None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
 @dataclass(slots=True)
 class IntelligentCacheEntry:
     """One cached answer: immutable content plus mutable learning state.
@@ -150,6 +195,8 @@ class IntelligentCacheEntry:
     scope: str = ""
     #: Labels the entry can be invalidated by (``invalidate_tag``).
     tags: tuple[str, ...] = ()
+    #: What the LLM call that produced the answer cost, if the put said.
+    usage: LLMUsage | None = None
     created_at: float = 0.0
     ttl_s: float | None = None
     expires_at: float = math.inf

@@ -51,6 +51,8 @@ BUILD_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
 #: Most (tenant, result) pairs whose lookup metrics a ``ReplicaMetrics`` keeps at hand.
 _LOOKUP_CHILDREN = 4096
+#: Models named in the savings metrics; the rest are counted as "other".
+MAX_MODEL_LABELS = 32
 
 
 class TenantLabels:
@@ -151,6 +153,45 @@ class ReplicaMetrics:
             ["operation"],
             registry=reg,
         )
+        # Savings (zerda_cache.savings): hits of answers put with their usage, and hits
+        # judged wrong (their call was bought after all).
+        self.saved_calls = Counter(
+            "zerda_cache_saved_calls",
+            "LLM calls a hit avoided, by the model that made the cached answer.",
+            ["tenant", "model"],
+            registry=reg,
+        )
+        self.saved_tokens = Counter(
+            "zerda_cache_saved_tokens",
+            "Tokens of the LLM calls hits avoided, by kind (prompt, completion).",
+            ["tenant", "model", "kind"],
+            registry=reg,
+        )
+        self.saved_usd = Counter(
+            "zerda_cache_saved_usd",
+            "US dollars of the LLM calls hits avoided (CacheConfig.token_prices).",
+            ["tenant", "model"],
+            registry=reg,
+        )
+        self.wrong_calls = Counter(
+            "zerda_cache_wrong_hit_calls",
+            "Hits judged wrong by negative feedback: calls bought after all.",
+            ["tenant", "model"],
+            registry=reg,
+        )
+        self.wrong_tokens = Counter(
+            "zerda_cache_wrong_hit_tokens",
+            "Tokens of the hits judged wrong, by kind (prompt, completion).",
+            ["tenant", "model", "kind"],
+            registry=reg,
+        )
+        self.wrong_usd = Counter(
+            "zerda_cache_wrong_hit_usd",
+            "US dollars of the hits judged wrong.",
+            ["tenant", "model"],
+            registry=reg,
+        )
+        self._models: set[str] = set()
 
         # (tenant, result) -> the lookup counter's and the latency histogram's children:
         # ``labels()`` takes a lock and builds its key on every call, a cost every lookup
@@ -171,6 +212,29 @@ class ReplicaMetrics:
                 self._lookup_children[(tenant, result)] = pair
         pair[0].inc()
         pair[1].observe(seconds)
+
+    def model(self, model: str) -> str:
+        """A bounded model label: the first ``MAX_MODEL_LABELS`` models seen, then
+        ``other``."""
+        if model in self._models:
+            return model
+        if len(self._models) < MAX_MODEL_LABELS:
+            self._models.add(model)
+            return model
+        return OTHER
+
+    def savings(self, tenant: str, kind: str, usage: Any, usd: float) -> None:
+        """Count one hit (``kind`` "saved") or one hit judged wrong ("wrong")."""
+        t, m = self.tenant(tenant), self.model(usage.model)
+        calls, tokens, dollars = (
+            (self.saved_calls, self.saved_tokens, self.saved_usd)
+            if kind == "saved"
+            else (self.wrong_calls, self.wrong_tokens, self.wrong_usd)
+        )
+        calls.labels(t, m).inc()
+        tokens.labels(t, m, "prompt").inc(usage.prompt_tokens)
+        tokens.labels(t, m, "completion").inc(usage.completion_tokens)
+        dollars.labels(t, m).inc(usd)
 
     def watch(self, adaptive: Any) -> None:
         """Export ``adaptive``'s rolling windows (an ``AdaptiveLearningSystem``)."""

@@ -66,6 +66,9 @@ class FeedbackSignal:
     #: The cosine similarity at which the entry was served (``CacheHit.feedback`` fills
     #: it): lets a negative signal on a near miss teach the entry its own similarity bar.
     similarity: float | None
+    #: The signal is about an answer the cache served (``CacheHit.feedback`` sets it): a
+    #: negative one counts that hit as wrong in the savings (``zerda_cache.savings``).
+    served: bool
 
     def __init__(
         self,
@@ -78,6 +81,7 @@ class FeedbackSignal:
         similarity: float | None = None,
         *,
         tenant: str | None = None,
+        served: bool = False,
     ) -> None:
         if tenant is not None and tenant_id is not None and tenant != tenant_id:
             raise InvalidFeedbackError(f"tenant {tenant!r} and tenant_id {tenant_id!r} differ")
@@ -90,6 +94,7 @@ class FeedbackSignal:
         put(self, "source", source)
         put(self, "timestamp", time.time() if timestamp is None else timestamp)
         put(self, "similarity", similarity)
+        put(self, "served", served)
         self.__post_init__()
 
     @property
@@ -121,6 +126,8 @@ class FeedbackSignal:
                 raise InvalidFeedbackError(
                     f"similarity must be in [-1, 1] or None, got {_shown(self.similarity)}"
                 )
+        if not isinstance(self.served, bool):
+            raise InvalidFeedbackError(f"served must be a bool, got {self.served!r}")
         if finite_number(self.timestamp) is None:
             raise InvalidFeedbackError(
                 f"timestamp must be a finite number, got {_shown(self.timestamp)}"

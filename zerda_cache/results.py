@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerda_cache.entry import LLMUsage
 from zerda_cache.policy_learner import FeedbackSignal
 
 
@@ -35,6 +36,8 @@ class CacheHit:
     metadata: dict[str, Any] = field(default_factory=dict)
     scope: str = ""
     exact: bool = False
+    #: what the LLM call that made the answer cost (when its put said): what this hit saved
+    usage: LLMUsage | None = None
 
     def feedback(
         self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
@@ -47,6 +50,7 @@ class CacheHit:
             magnitude=magnitude,
             source=source,
             similarity=min(1.0, max(-1.0, self.similarity)),
+            served=True,
         )
 
 

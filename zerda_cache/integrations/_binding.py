@@ -251,6 +251,7 @@ def signal_from_info(
         magnitude=magnitude,
         source=source,
         similarity=float(similarity) if isinstance(similarity, int | float) else None,
+        served=info.get("hit") is True,
     )
 
 

@@ -51,7 +51,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from zerda_cache.entry import BanditArm
+from zerda_cache.entry import BanditArm, LLMUsage
 from zerda_cache.errors import (
     CorruptEntryError,
     InvalidEmbeddingError,
@@ -454,4 +454,12 @@ def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise CorruptEntryError(key, "meta.tg is not a list of str")
     out["tg"] = tuple(tags)
+    usage = meta.get("us")
+    out["us"] = None
+    if usage is not None:
+        try:
+            model, prompt, completion = usage
+            out["us"] = LLMUsage(model, int(prompt), int(completion))
+        except (TypeError, ValueError, InvalidEntryError) as exc:
+            raise CorruptEntryError(key, f"meta.us is not a usage: {exc}") from None
     return out

@@ -29,6 +29,7 @@ from zerda_cache.entry import (
     DEFAULT_SIMILARITY,
     BanditArm,
     IntelligentCacheEntry,
+    LLMUsage,
 )
 from zerda_cache.errors import (
     CorruptEntryError,
@@ -273,6 +274,8 @@ class PutFields(TypedDict, total=False):
             configuration's.
         tags: labels to invalidate the entry by (``invalidate_tag``): the document an
             answer was built on, its source, a version.
+        usage: what the LLM call that made the answer cost (``LLMUsage``): every hit of
+            it saves that much (``zerda_cache.savings``).
     """
 
     scope: str
@@ -284,6 +287,7 @@ class PutFields(TypedDict, total=False):
     index_dim: int | None
     rl: RLConfig | None
     tags: Sequence[str] | None
+    usage: LLMUsage | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,6 +617,7 @@ class StoragePlans:
         check_response(response, cfg.max_response_bytes)
         scope = check_scope(fields.get("scope", ""))
         tags = check_tags(fields.get("tags"))
+        usage = LLMUsage.of(fields.get("usage"))
         quality, similarity = fields.get("quality"), fields.get("similarity")
         metadata, entry_id = fields.get("metadata"), fields.get("entry_id")
         ttl = fields.get("ttl_s")
@@ -645,6 +650,11 @@ class StoragePlans:
             "" if fields.get("index_dim") is None else str(int(fields["index_dim"] or 0)),
             len(tags),
             *tags,
+            *(
+                ("",)
+                if usage is None
+                else (usage.model, usage.prompt_tokens, usage.completion_tokens)
+            ),
         ]
 
         def parse(res: Any) -> PutOutcome:
@@ -879,6 +889,7 @@ class StoragePlans:
                 metadata=metadata,
                 scope=meta["sc"],
                 tags=meta["tg"],
+                usage=meta["us"],
                 created_at=meta["ct"],
                 ttl_s=meta["ttl"] or None,
                 quality_score=use.quality,
@@ -1495,6 +1506,42 @@ class StoragePlans:
 
         return ReadPlan("report corrupt", queue, parse, 1, tolerant=(0,))
 
+    def read_usage(self, tenant: str, entry_id: str) -> ReadPlan[LLMUsage | None]:
+        """What the LLM call that made ``entry_id``'s answer cost, if its put said
+        (``None`` too when the entry is gone or its meta does not read)."""
+        key = self.keys(tenant).entry(entry_id)
+
+        def queue(pipe: Any) -> None:
+            pipe.hget(key, "meta")
+
+        def parse(res: list[Any]) -> LLMUsage | None:
+            if res[0] is None or isinstance(res[0], Exception):
+                return None
+            try:
+                usage: LLMUsage | None = codec.unpack_meta(res[0], key=key)["us"]
+            except CorruptEntryError:
+                return None
+            return usage
+
+        return ReadPlan("usage", queue, parse, 1, tolerant=(0,))
+
+    def count_stats(self, tenant: str, increments: Mapping[str, int]) -> ReadPlan[None]:
+        """Add ``increments`` to fields of the tenant's stats hash (HINCRBY each: no script
+        needed); a refusal (a full server) loses the counts, never the lookup."""
+        stats_key = self.keys(tenant).stats
+        items = [(name, int(n)) for name, n in increments.items() if n]
+
+        def queue(pipe: Any) -> None:
+            for name, n in items:
+                pipe.hincrby(stats_key, name, n)
+
+        def parse(res: list[Any]) -> None:
+            errors = [r for r in res if isinstance(r, Exception)]
+            if errors:
+                log.warning("tenant %s: %d counts not written: %s", tenant, len(errors), errors[0])
+
+        return ReadPlan("count stats", queue, parse, len(items), tolerant=tuple(range(len(items))))
+
     def count_misses(self, tenant: str, n: int) -> ReadPlan[None]:
         """Add ``n`` to the tenant's miss counter (an atomic HINCRBY: no script needed)."""
         stats_key = self.keys(tenant).stats
@@ -1590,6 +1637,7 @@ def _state_entry(
         response="",
         scope=meta["sc"],
         tags=meta["tg"],
+        usage=meta["us"],
         created_at=meta["ct"],
         ttl_s=meta["ttl"] or None,
         expires_at=float(score) if score is not None else -math.inf,

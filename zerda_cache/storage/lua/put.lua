@@ -14,6 +14,8 @@
 -- the caller restores the dimension from the entries (dim.lua) and puts again, passing
 -- the restored dimension, or its own when the entries hold no majority.
 -- ARGV[16] N, the number of tags  ARGV[17 .. 16+N] the tags' names
+-- ARGV[17+N] the model of the LLM call that made the answer ('' = no usage given)
+-- ARGV[18+N] its prompt tokens  ARGV[19+N] its completion tokens
 -- The TTL is the caller's, else the tenant's override (cfg 'ttl'), else the default.
 local now = zc_now(ARGV[1])
 local id, dim, digest, scope = ARGV[2], tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -48,6 +50,10 @@ if n_tags > 0 then
     tags[i] = ARGV[16 + i]
   end
   meta.tg = tags
+end
+local usage_model = ARGV[17 + n_tags]
+if usage_model and usage_model ~= '' then
+  meta.us = {usage_model, tonumber(ARGV[18 + n_tags]), tonumber(ARGV[19 + n_tags])}
 end
 local arm = {a = tonumber(ARGV[11]), b = tonumber(ARGV[12]), n = 0, r = 0, t = now}
 local use = {n = 0, la = now, c = 0, v = 1, ss = tonumber(ARGV[9]), qs = tonumber(ARGV[10]),

@@ -1,0 +1,135 @@
+"""Savings (zerda_cache.savings): hits of answers put with their LLM usage count as calls,
+tokens and dollars saved; hits judged wrong count apart, so the net is honest (real
+servers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import near, unit
+from prometheus_client import CollectorRegistry
+
+from zerda_cache import CacheConfig, InvalidEntryError, LLMUsage
+from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.savings import DEFAULT_PRICES
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_hits_count_saved_calls_tokens_and_dollars_and_wrong_hits_apart(
+    make_manager: Any,
+) -> None:
+    registry = CollectorRegistry()
+    cfg = CacheConfig(similarity_threshold=0.8, token_prices={"my-model": (1.0, 4.0)})
+    m = make_manager(cfg, metrics=ReplicaMetrics(registry))
+    usages = [
+        {"model": "my-model", "prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150},
+        LLMUsage("gpt-4o-mini", 1_000, 200),
+    ]
+    for i, usage in enumerate(usages):
+        m.put(f"question {i}", f"answer {i}", tenant="t", embedding=unit(i), usage=usage)
+    m.put("no usage", "answer", tenant="t", embedding=unit(9))
+    hits = []
+    for _ in range(3):  # three exact hits and three near hits of each
+        for i in range(2):
+            hits.append(m.lookup(f"question {i}", tenant="t", embedding=unit(i)))
+            hits.append(m.lookup(f"asked again {i}", tenant="t", embedding=near(unit(i), 0.95)))
+    assert all(h is not None for h in hits)
+    assert hits[0].usage == LLMUsage("my-model", 100, 50)
+    assert m.lookup("no usage", tenant="t", embedding=unit(9)).usage is None  # counts nothing
+    # The user says two of the my-model hits were wrong: bought after all.
+    for hit in hits[:2]:
+        m.feedback(hit.feedback(False))
+    # A negative about a fresh answer (the LLM's, never served) is no wrong hit.
+    fresh = m.put("question 5", "answer 5", tenant="t", embedding=unit(5), usage=usages[0])
+    m.feedback(fresh.feedback(False))
+
+    savings = m.stats("t")["savings"]
+    mine, mini = savings["my-model"], savings["gpt-4o-mini"]
+    assert (mine["calls"], mine["prompt_tokens"], mine["completion_tokens"]) == (6, 600, 300)
+    assert mine["usd"] == pytest.approx((600 * 1.0 + 300 * 4.0) / 1e6)
+    assert (mine["wrong_calls"], mine["wrong_prompt_tokens"]) == (2, 200)
+    assert mine["wrong_usd"] == pytest.approx((200 * 1.0 + 100 * 4.0) / 1e6)
+    assert mine["net_usd"] == pytest.approx(mine["usd"] - mine["wrong_usd"])
+    p, c = DEFAULT_PRICES["gpt-4o-mini"]
+    assert mini["calls"] == 6 and mini["usd"] == pytest.approx((6_000 * p + 1_200 * c) / 1e6)
+    assert savings["*"]["calls"] == 12 and savings["*"]["wrong_calls"] == 2
+    assert not any(k.startswith(("saved:", "wrong:")) for k in m.stats("t"))
+    # The replica's metrics count the same.
+    assert sample(registry, "zerda_cache_saved_calls_total", tenant="t", model="my-model") == 6
+    assert (
+        sample(
+            registry,
+            "zerda_cache_saved_tokens_total",
+            tenant="t",
+            model="gpt-4o-mini",
+            kind="prompt",
+        )
+        == 6_000
+    )
+    assert sample(registry, "zerda_cache_wrong_hit_calls_total", tenant="t", model="my-model") == 2
+    assert sample(registry, "zerda_cache_saved_usd_total", tenant="t", model="my-model") == (
+        pytest.approx(mine["usd"])
+    )
+
+
+def test_another_replica_sees_the_savings(make_manager: Any) -> None:
+    a, b = make_manager(), make_manager()
+    a.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
+    for _ in range(5):
+        assert b.lookup("q", tenant="t", embedding=unit(1)) is not None
+    assert a.stats("t")["savings"] == {}  # b has not written its counts yet
+    b.stats("t")  # flushes b's pending counts (as its next lookups' pipelines would)
+    assert a.stats("t")["savings"]["gpt-4o"]["calls"] == 5
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"model": "m", "prompt_tokens": -1, "completion_tokens": 0},
+        {"model": "m", "prompt_tokens": 1.5, "completion_tokens": 0},
+        {"model": "", "prompt_tokens": 1, "completion_tokens": 0},
+        {"model": "m\n", "prompt_tokens": 1, "completion_tokens": 0},
+        {"prompt_tokens": 1, "completion_tokens": 0},
+        {"model": "m", "prompt_tokens": 1, "completion_tokens": 0, "cost": 3},
+        "gpt-4o",
+        {"model": "m", "prompt_tokens": 10**400, "completion_tokens": 0},
+    ],
+)
+def test_bad_usage_is_refused(make_manager: Any, usage: Any) -> None:
+    m = make_manager()
+    with pytest.raises(InvalidEntryError):
+        m.put("q", "a", tenant="t", embedding=unit(1), usage=usage)
+    assert m.stats("t")["entries"] == 0
+
+
+def test_prices_are_checked() -> None:
+    with pytest.raises(ValueError, match="token_prices"):
+        CacheConfig(token_prices={"m": (float("nan"), 1.0)})
+    with pytest.raises(ValueError, match="token_prices"):
+        CacheConfig(token_prices={"m": (-1.0, 1.0)})
+    cfg = CacheConfig(token_prices={"b": (1, 2), "a": (3, 4)})
+    assert cfg.token_prices == (("a", 3.0, 4.0), ("b", 1.0, 2.0))
+    hash(cfg)
+
+
+def test_the_cli_reports_the_savings(redis_url: str, make_manager: Any) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from zerda_cache.cli import cli
+
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 1_000, 500))
+    for _ in range(4):
+        m.lookup("q", tenant="t", embedding=unit(1))
+    m.stats("t")  # writes the replica's pending counts
+    result = CliRunner().invoke(cli, ["--redis-url", redis_url, "stats", "--tenant", "t", "--json"])
+    row = json.loads(result.stdout)["tenants"][0]
+    assert row["savings"]["gpt-4o"]["calls"] == 4 and "saved:gpt-4o:calls" not in row
+    result = CliRunner().invoke(cli, ["--redis-url", redis_url, "stats", "--tenant", "t"])
+    assert "hits saved 4 LLM calls" in result.output
