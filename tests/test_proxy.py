@@ -230,7 +230,7 @@ def test_streaming_hit_is_served_as_events_and_a_streamed_miss_is_cached(
         assert resp.headers["x-zerda-cache"] == "hit" and resp.headers["x-zerda-entry-id"]
         chunks = list(resp.parse())
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text
-    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 0
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 0  # no usage stored
     # stream is not in the scope: a plain request meets the streamed answer too
     answer, h = ask(c)
     assert answer == text and h["x-zerda-cache"] == "hit" and state.chat_calls() == 1

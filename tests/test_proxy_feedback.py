@@ -170,3 +170,37 @@ def test_unknown_expired_or_another_tenants_completion_id_is_a_404(
     ):
         resp = feedback(service, body)
         assert resp.status_code == 422, (body, resp.text)
+
+
+def test_hits_report_the_saved_usage_and_a_wrong_hit_counts_against_the_savings(
+    service: Service, library: CacheManager
+) -> None:
+    """A miss stores the upstream's usage with its answer; a hit reports those tokens,
+    marked as served from cache, and counts them saved; feedback by a hit's completion
+    id that says it was wrong counts that call bought after all."""
+    c = openai_client(service)
+    messages = [{"role": "user", "content": QUESTION}]
+    miss = c.chat.completions.with_raw_response.create(model="gpt-test", messages=messages)
+    assert miss.headers["x-zerda-cache"] == "miss"
+    entry = library.storage.get_entry("acme", miss.headers["x-zerda-entry-id"])
+    assert entry.usage is not None and (
+        entry.usage.prompt_tokens,
+        entry.usage.completion_tokens,
+    ) == (5, 7)
+    raw = c.chat.completions.with_raw_response.create(model="gpt-test", messages=messages)
+    assert raw.headers["x-zerda-cache"] == "hit"
+    usage = raw.parse().usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (5, 7)
+    assert usage.model_extra["zerda_cache"]["served_from_cache"] is True
+    wrong = feedback(
+        service, {"completion_id": raw.headers["x-zerda-completion-id"], "positive": False}
+    )
+    assert wrong.status_code == 200
+    # a miss's completion id judged wrong is the LLM's answer, not a wrong hit
+    fine = feedback(
+        service, {"completion_id": miss.headers["x-zerda-completion-id"], "positive": False}
+    )
+    assert fine.status_code == 200
+    savings = library.stats("acme")["savings"]  # (the hit's saving waits in the service)
+    model = entry.usage.model
+    assert savings[model]["wrong_calls"] == 1 and savings[model]["wrong_prompt_tokens"] == 5

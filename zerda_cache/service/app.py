@@ -425,6 +425,7 @@ def create_app(
                 "entry_or_completion",
             )
         similarity = body.similarity
+        served_hit = False
         if body.completion_id is not None:
             if not COMPLETION_ID_RE.fullmatch(body.completion_id):
                 raise ApiError(
@@ -442,6 +443,7 @@ def create_app(
                     "not_found",
                 )
             entry_id = served.entry_id
+            served_hit = served.hit
             if similarity is None:
                 similarity = served.similarity
         else:
@@ -453,6 +455,7 @@ def create_app(
             magnitude=body.magnitude,
             source=body.source,
             similarity=similarity,
+            served=served_hit,
         )
         await manager.feedback(signal)
         return FeedbackResponse(applied=True, entry_id=entry_id)
@@ -475,7 +478,8 @@ def create_app(
     @app.get("/v1/stats", tags=["cache"])
     async def stats(tenant: Tenant) -> dict[str, Any]:
         """The key's tenant's shared counters (hits, misses, puts, feedback, evictions,
-        entries, bytes) and hit rate."""
+        entries, bytes), hit rate and ``savings`` (calls, tokens and dollars saved, wrong
+        and net, per model)."""
         return {"tenant": tenant, **(await manager.stats(tenant))}
 
     @app.get("/healthz", tags=["operations"])

@@ -74,6 +74,8 @@ class Served:
 
     entry_id: str
     similarity: float
+    #: the answer came from the cache (a hit), not from the upstream (a miss)
+    hit: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +165,20 @@ class Coordination:
 
     # -- completion ids -------------------------------------------------------------------
     async def remember(
-        self, tenant: str, completion_id: str, entry_id: str, similarity: float
+        self,
+        tenant: str,
+        completion_id: str,
+        entry_id: str,
+        similarity: float,
+        *,
+        hit: bool = False,
     ) -> bool:
         """Map ``completion_id`` to the entry it was answered with (expires). A Redis
         failure only logs: the response is served all the same."""
         key = self.storage.keys(tenant).completion(completion_id)
-        value = json.dumps({"t": tenant, "e": entry_id, "s": round(similarity, 6)})
+        value = json.dumps(
+            {"t": tenant, "e": entry_id, "s": round(similarity, 6), "h": 1 if hit else 0}
+        )
         try:
             with wrap_errors("completion id"):
                 await self.client.set(key, value, ex=max(1, int(self.completion_ttl_s)))
@@ -193,7 +203,7 @@ class Coordination:
             value = json.loads(raw)
             if value["t"] != tenant:
                 return None
-            return Served(str(value["e"]), float(value["s"]))
+            return Served(str(value["e"]), float(value["s"]), bool(value.get("h")))
         except (ValueError, KeyError, TypeError):
             log.warning("tenant %s: completion id %s maps to %r", tenant, completion_id, raw)
             return None

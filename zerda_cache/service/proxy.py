@@ -67,6 +67,7 @@ import httpx
 from fastapi import Body, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from zerda_cache.entry import LLMUsage
 from zerda_cache.errors import StorageError, ZerdaError
 from zerda_cache.results import CacheHit
 from zerda_cache.service.control import RequestControl, request_control
@@ -168,10 +169,41 @@ def cacheable_answer(data: Any) -> str | None:
     return content if isinstance(content, str) and content.strip() else None
 
 
+def hit_usage(hit: CacheHit) -> dict[str, Any]:
+    """A served answer's ``usage``: the tokens of the call that made it (what this hit
+    saved; zeros when its put did not say), marked ``zerda_cache.served_from_cache``:
+    none of them were spent on this request."""
+    u = hit.usage
+    prompt, completion = (u.prompt_tokens, u.completion_tokens) if u is not None else (0, 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "zerda_cache": {"served_from_cache": True, "saved_tokens": prompt + completion},
+    }
+
+
+def usage_of(model: object, usage: object) -> LLMUsage | None:
+    """An upstream response's usage (and model) as the entry stores it, if it reads."""
+    if not isinstance(model, str) or not isinstance(usage, dict):
+        return None
+    try:
+        return LLMUsage.of(
+            {
+                "model": model,
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "completion_tokens": usage.get("completion_tokens"),
+            }
+        )
+    except ZerdaError:
+        return None
+
+
 def completion_from_hit(
     hit: CacheHit, model: str, completion_id: str | None = None
 ) -> dict[str, Any]:
-    """A ``chat.completion`` object serving a cached answer (no tokens were spent)."""
+    """A ``chat.completion`` object serving a cached answer (``hit_usage``: no tokens
+    were spent on it)."""
     return {
         "id": completion_id or new_completion_id(),
         "object": "chat.completion",
@@ -185,7 +217,7 @@ def completion_from_hit(
                 "finish_reason": "stop",
             }
         ],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "usage": hit_usage(hit),
         "system_fingerprint": None,
     }
 
@@ -228,6 +260,8 @@ class StreamCollector:
     finish_reason: str | None = None
     done: bool = False
     usable: bool = True
+    model: str | None = None
+    usage: dict[str, Any] | None = None
 
     def feed(self, chunk: bytes) -> None:
         self.buffer += chunk
@@ -246,6 +280,11 @@ class StreamCollector:
         except ValueError:
             self.usable = False
             return
+        if isinstance(data, dict):
+            if isinstance(data.get("model"), str):
+                self.model = data["model"]
+            if isinstance(data.get("usage"), dict):  # stream_options.include_usage
+                self.usage = data["usage"]
         for choice in data.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 self.usable = False
@@ -360,10 +399,16 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
         )
 
     async def store(
-        tenant: str, key: ChatKey, answer: str, model: Any, control: RequestControl
+        tenant: str,
+        key: ChatKey,
+        answer: str,
+        model: Any,
+        control: RequestControl,
+        usage: LLMUsage | None = None,
     ) -> tuple[str | None, bool | None]:
-        """Cache an upstream answer (with the request's TTL and tags): ``(entry id,
-        verified)``; a failure only logs (the client still gets its answer)."""
+        """Cache an upstream answer (with the request's TTL and tags, and the upstream's
+        usage: what each later hit saves): ``(entry id, verified)``; a failure only logs
+        (the client still gets its answer)."""
         meta = {"model": model} if isinstance(model, str) else {}
         try:
             result = await manager.put(
@@ -374,6 +419,7 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
                 metadata=meta,
                 ttl_s=control.ttl_s,
                 tags=control.tags or None,
+                usage=usage,
             )
         except (ZerdaError, EmbedderError) as exc:
             log.warning("tenant %s: proxy answer not cached: %s", tenant, exc)
@@ -446,7 +492,12 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
                 answer = collector.answer
                 if key is not None and answer is not None:
                     entry_id, _ = await store(
-                        tenant, key, answer, body.get("model"), control or RequestControl()
+                        tenant,
+                        key,
+                        answer,
+                        body.get("model"),
+                        control or RequestControl(),
+                        usage_of(collector.model, collector.usage),
                     )
                     if entry_id is not None and completion_id is not None:
                         stored = True
@@ -468,7 +519,9 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
         """A cached answer, under a fresh completion id mapped to its entry."""
         metrics.proxy.labels("/chat/completions", "hit").inc()
         completion_id = new_completion_id()
-        await ctx.coordination.remember(tenant, completion_id, hit.entry_id, hit.similarity)
+        await ctx.coordination.remember(
+            tenant, completion_id, hit.entry_id, hit.similarity, hit=True
+        )
         headers = {**_hit_headers(hit), **feedback_headers(completion_id), **extra}
         model = str(body["model"])
         if body.get("stream") is True:
@@ -579,7 +632,10 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
                     data = None
             answer = cacheable_answer(data)
             if answer is not None:
-                entry_id, verified = await store(tenant, key, answer, data.get("model"), control)
+                usage = usage_of(data.get("model"), data.get("usage"))
+                entry_id, verified = await store(
+                    tenant, key, answer, data.get("model"), control, usage
+                )
                 if entry_id is not None:
                     stored = True
                     headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
