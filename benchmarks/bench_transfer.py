@@ -147,7 +147,8 @@ def bench_transfer(n: int, checks: int) -> str:
         m.close()
         client.close()
     return (
-        f"{n:,} entries (384-d float32), exported to a file and imported into another "
+        f"{n:,} entries (384-d, stored as float16, the default), exported to a file and "
+        "imported into another "
         f"tenant; a fresh replica then asks {checks:,} exact questions and {checks:,} near "
         "copies (cosine 0.97) of both:\n\n"
         + table(
