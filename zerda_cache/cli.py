@@ -770,15 +770,7 @@ def evict(state: CliState, tenant: str | None, dry_run: bool, as_json: bool) -> 
         m = Maintenance(st)
         tenants = [tenant] if tenant else st.tenants()
         rows: list[dict[str, Any]] = []
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-            disable=as_json,
-        ) as progress:
+        with _progress(disable=as_json) as progress:
             for t in tenants:
                 task = progress.add_task(f"scanning {t}", total=st.count(t))
 
