@@ -369,7 +369,7 @@ def test_the_worker_log_is_not_flooded_by_apscheduler(redis_url: str, tmp_path: 
 
 
 def test_serve_takes_its_settings_from_the_environment(
-    redis_client: redis.Redis, redis_url: str
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
     """ZERDA_PORT, ZERDA_EMBEDDER and ZERDA_SIMILARITY_THRESHOLD, as the worker's and the
     shared options have ZERDA_* variables: here the port it listens on, the service
@@ -384,6 +384,8 @@ def test_serve_takes_its_settings_from_the_environment(
     out = CliRunner().invoke(cli, ["--redis-url", redis_url, "keys", "create", "--tenant", "acme"])
     token = re.findall(r"zk_[A-Za-z0-9_-]{43}", out.output)[0]
     port = _unused_port()
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"house-llm": [2.0, 8.0]}')
     env = {
         **os.environ,
         "ZERDA_REDIS_URL": redis_url,
@@ -391,6 +393,7 @@ def test_serve_takes_its_settings_from_the_environment(
         "ZERDA_EMBEDDER": "hashing",
         "ZERDA_SIMILARITY_THRESHOLD": "0.5",
         "ZERDA_REDIS_TIMEOUT": "10",
+        "ZERDA_TOKEN_PRICES": str(prices),
     }
     exe = str(Path(sys.executable).with_name("zerda-cache"))
     with subprocess.Popen([exe, "serve"], stderr=subprocess.PIPE, text=True, env=env) as proc:
@@ -407,11 +410,19 @@ def test_serve_takes_its_settings_from_the_environment(
                 else:
                     pytest.fail(f"nothing answered on port {port} (ZERDA_PORT)")
                 headers = {"Authorization": f"Bearer {token}"}
-                body = {"query": "How do I reset my password?", "response": "Settings."}
+                usage = {"model": "house-llm", "prompt_tokens": 1_000, "completion_tokens": 500}
+                body = {
+                    "query": "How do I reset my password?",
+                    "response": "Settings.",
+                    "usage": usage,
+                }
                 assert http.post("/v1/put", json=body, headers=headers).json()["stored"]
                 near = {"query": "How can I reset my password, please?"}
                 hit = http.post("/v1/lookup", json=near, headers=headers).json()
                 assert hit["hit"] and hit["entry"]["response"] == "Settings.", hit
+                # ZERDA_TOKEN_PRICES priced the saved call: 1,000 x $2 + 500 x $8 per 1M
+                saved = http.get("/v1/stats", headers=headers).json()["savings"]["house-llm"]
+                assert saved["calls"] == 1 and saved["usd"] == pytest.approx(0.006)
         finally:
             proc.terminate()
             proc.communicate(timeout=30)

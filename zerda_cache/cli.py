@@ -1209,6 +1209,31 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     "that still run a version that cannot read float16, see docs/operations.md) "
     "(env ZERDA_VECTOR_STORAGE).",
 )
+@click.option(
+    "--token-prices",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="ZERDA_TOKEN_PRICES",
+    default=None,
+    help="A JSON file of US dollars per million tokens, {model: [prompt, completion]}, "
+    "over the default table, for the savings (env ZERDA_TOKEN_PRICES).",
+)
+@click.option(
+    "--completion-ttl",
+    type=click.FloatRange(min=1),
+    envvar="ZERDA_COMPLETION_TTL",
+    default=86_400.0,
+    show_default=True,
+    help="Seconds a proxy completion id stays mapped for feedback (env ZERDA_COMPLETION_TTL).",
+)
+@click.option(
+    "--coalesce-wait",
+    type=click.FloatRange(min=0),
+    envvar="ZERDA_COALESCE_WAIT",
+    default=30.0,
+    show_default=True,
+    help="Seconds a proxy miss waits for an identical one's upstream call before making "
+    "its own; 0 turns coalescing off (env ZERDA_COALESCE_WAIT).",
+)
 @pass_state
 def serve(
     state: CliState,
@@ -1223,6 +1248,9 @@ def serve(
     similarity_threshold: float | None,
     redis_timeout: float | None,
     vector_storage: str,
+    token_prices: str | None,
+    completion_ttl: float,
+    coalesce_wait: float,
 ) -> None:
     """Run the HTTP service and the OpenAI-compatible caching proxy (needs the service
     extra: pip install 'zerda-cache[service]')."""
@@ -1233,6 +1261,7 @@ def serve(
 
         from zerda_cache.aio import AsyncCacheManager
         from zerda_cache.service import ServiceSettings, Upstream, create_app
+        from zerda_cache.service.coordination import CoalesceSettings
         from zerda_cache.service.embedding import make_embedder
         from zerda_cache.validation import validate_tenant
     except ImportError as exc:
@@ -1248,6 +1277,8 @@ def serve(
         if redis_timeout is not None:
             cfg = replace(cfg, redis_timeout_s=redis_timeout)
         cfg = replace(cfg, vector_storage=vector_storage)
+        if token_prices is not None:
+            cfg = replace(cfg, token_prices=_read_prices(token_prices))
         try:
             embed_fn = make_embedder(
                 embedder,
@@ -1274,11 +1305,30 @@ def serve(
         app = create_app(
             manager,
             upstream=upstream,
-            settings=ServiceSettings(max_body_bytes=max_body_bytes, warm_tenants=warm_tenant),
+            settings=ServiceSettings(
+                max_body_bytes=max_body_bytes,
+                warm_tenants=warm_tenant,
+                completion_ttl_s=completion_ttl,
+                coalesce=CoalesceSettings(enabled=coalesce_wait > 0, wait_s=coalesce_wait),
+            ),
             close_on_shutdown=True,
         )
     level = (state.log_level or "INFO").lower()
     uvicorn.run(app, host=host, port=port, log_level=level, server_header=False)
+
+
+def _read_prices(path: str) -> dict[str, tuple[float, float]]:
+    """A prices file: ``{model: [prompt, completion]}``, US dollars per million tokens."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        return {str(m): (float(v[0]), float(v[1])) for m, v in raw.items()}
+    except (OSError, ValueError, TypeError, IndexError, KeyError) as exc:
+        raise click.BadParameter(
+            f"{path}: expected {{model: [prompt, completion]}} ({exc})", param_hint="--token-prices"
+        ) from None
 
 
 # -- API keys of the HTTP service -----------------------------------------------------------------

@@ -402,6 +402,7 @@ def create_app(
             quality=body.quality,
             metadata=body.metadata,
             tags=body.tags if body.tags is not None else control.tags,
+            usage=body.usage,
         )
         return PutResponse(
             stored=result.stored,

@@ -75,6 +75,12 @@ class PutRequest(_Strict):
         description="Labels to invalidate the answer by later (``/v1/invalidate/tag``): "
         "the document it was built on, its source. Default: the ``X-Zerda-Tags`` header's.",
     )
+    usage: dict[str, Any] | None = Field(
+        None,
+        description="What the LLM call that made the answer cost: ``model``, "
+        "``prompt_tokens``, ``completion_tokens`` (an OpenAI response's usage and model). "
+        "Each hit of the answer then counts that call saved (``/v1/stats``' savings).",
+    )
 
 
 class PutResponse(BaseModel):
