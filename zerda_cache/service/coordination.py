@@ -48,21 +48,6 @@ COMPLETION_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 #: Marker values a finished leader leaves (tokens are hex: never start with "=").
 STORED, NO_ANSWER = "=stored", "=none"
 
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_FINISH = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-return 0
-"""
-
-
 def new_completion_id() -> str:
     """A fresh completion id: unique per response (96 random bits)."""
     return COMPLETION_PREFIX + secrets.token_hex(12)
@@ -160,8 +145,9 @@ class Coordination:
         self.client: Any = storage.client
         self.completion_ttl_s = completion_ttl_s
         self.settings = settings if settings is not None else CoalesceSettings()
-        self._renew = self.client.register_script(_RENEW)
-        self._finish = self.client.register_script(_FINISH)
+        # lua/lease_renew.lua and lua/lease_finish.lua: token-checked, never another's
+        self._renew = storage.scripts.lease_renew
+        self._finish = storage.scripts.lease_finish
 
     # -- completion ids -------------------------------------------------------------------
     async def remember(

@@ -35,6 +35,7 @@ FLAGS = {
     "lease_renew": "allow-oom",
     "lease_release": "allow-oom",
     "lease_acquire": "allow-oom",
+    "lease_finish": "allow-oom",
     "label": "allow-oom",
     # A batch of lookup counts: a few fields of a fixed set, on a full server too (the
     # lookups it counts were served there).
@@ -74,6 +75,7 @@ SCRIPT_NAMES = (
     "lease_renew",
     "lease_release",
     "lease_acquire",
+    "lease_finish",
     "label",
     "traffic",
     "calibrate",
@@ -119,6 +121,7 @@ class Scripts:
     lease_renew: Any
     lease_release: Any
     lease_acquire: Any
+    lease_finish: Any
     label: Any
     traffic: Any
     calibrate: Any
