@@ -767,8 +767,12 @@ class CacheEngine:
             keys = self.storage.keys(tenant)
             query = check_query(query, self.config.max_query_chars)
             scope = check_scope(scope)
-            tag_names = check_tags(tags)
-            cost_of = LLMUsage.of(dict(usage) if isinstance(usage, Mapping) else usage)
+            tag_names = check_tags(tags) if tags is not None else ()
+            cost_of = (
+                None
+                if usage is None
+                else LLMUsage.of(dict(usage) if isinstance(usage, Mapping) else usage)
+            )
             vec = yield from self._embedding(query, embedding)
             if vec is None:
                 raise InvalidEmbeddingError(

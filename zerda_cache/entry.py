@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from zerda_cache.config import DEFAULT_DECAY_INTERVAL_S, DEFAULT_USAGE_DECAY, RLConfig
+from zerda_cache.errors import InvalidEntryError
 
 #: Usage credibility saturates at this many uses (seed: log1p(n) / log1p(50)).
 USAGE_SATURATION = 50
@@ -143,8 +144,6 @@ class LLMUsage:
     completion_tokens: int
 
     def __post_init__(self) -> None:
-        from zerda_cache.errors import InvalidEntryError
-
         if not isinstance(self.model, str) or not 0 < len(self.model) <= 128:
             raise InvalidEntryError(f"usage model must be a str of 1-128 chars, got {self.model!r}")
         if not self.model.isprintable() or not self.model.isascii():
@@ -159,8 +158,6 @@ class LLMUsage:
         """A usage from an ``LLMUsage``, a mapping with ``model``, ``prompt_tokens`` and
         ``completion_tokens`` (an OpenAI response's ``usage`` plus its ``model``), or
         ``None``."""
-        from zerda_cache.errors import InvalidEntryError
-
         if value is None or isinstance(value, LLMUsage):
             return value
         if not isinstance(value, dict):

@@ -63,7 +63,14 @@ def finite_number(value: object) -> float | None:
     """``value`` as a float if it is a real number (not a bool) that a float holds as a
     finite value, else ``None``. An int past a float's range (``10**400``) is ``None``:
     ``math.isfinite`` would raise ``OverflowError`` on it, which is no validation error."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    kind = type(value)
+    if kind is float or kind is int:  # the common case, without the ABC check below
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except OverflowError:
+            return None
+        return number if math.isfinite(number) else None
+    if kind is bool or not isinstance(value, numbers.Real):
         return None
     try:
         number = float(value)

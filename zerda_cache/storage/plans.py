@@ -616,8 +616,8 @@ class StoragePlans:
         check_query(query, cfg.max_query_chars)
         check_response(response, cfg.max_response_bytes)
         scope = check_scope(fields.get("scope", ""))
-        tags = check_tags(fields.get("tags"))
-        usage = LLMUsage.of(fields.get("usage"))
+        tags = check_tags(fields["tags"]) if fields.get("tags") is not None else ()
+        usage = LLMUsage.of(fields["usage"]) if fields.get("usage") is not None else None
         quality, similarity = fields.get("quality"), fields.get("similarity")
         metadata, entry_id = fields.get("metadata"), fields.get("entry_id")
         ttl = fields.get("ttl_s")
