@@ -788,44 +788,24 @@ class CacheEngine:
                     warnings=tuple(warnings),
                     tenant=tenant,
                 )
-            # The question's own entry, held back by the lookup before: when the fresh
-            # answer is the same, that entry stays, with this verification's positive
-            # signal on top of its evidence (replaced by the fresh entry, its arm would
-            # start again from one signal, and its exact repeats' level with it) -- unless
-            # it has expired, or this put sets a TTL, quality or metadata of its own.
             held_key = ticket_key(tenant, query, scope)
+            held = self._tickets.get(held_key)
             own: bool | None = None
             replaced_answer: str | None = None
-            held = self._tickets.get(held_key)
             if held is not None and held.exact:
                 self._tickets.pop(held_key)
-                own, cached = yield from self._verify(tenant, held, response)
-                replaced_answer = cached.response if cached is not None else None
-                plain = (
-                    ttl_s is None
-                    and quality is None
-                    and metadata is None
-                    and not tag_names
-                    and cost_of is None
+                plain = (ttl_s, quality, metadata, cost_of) == (None,) * 4 and not tag_names
+                own, replaced_answer, kept = yield from self._settle_own(
+                    tenant, held, response, plain
                 )
-                now = yield from self._now()
-                if own and plain and cached is not None and not cached.is_expired(now):
+                if kept:
                     self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
                     return PutResult(
                         True, held.entry_id, warnings=tuple(warnings), tenant=tenant, verified=True
                     )
             near: str | None = None
             if dedup is not None:
-                # Near duplicates are found in the replica's index: while it is being
-                # built (past the bounded wait) only the same question is replaced.
-                ti = self.indexes.of(keys)
-                if not ti.built:
-                    yield from self.indexes.await_index(ti, self.indexes.build_wait(ti, True))
-                if ti.usable:
-                    yield from self.indexes.refresh(ti)
-                    self.indexes.check_dim(tenant, ti, vec)
-                    best = ti.search(vec, scope, 1, dedup)
-                    near = best[0][0] if best else None
+                near = yield from self._near_duplicate(keys, vec, scope, dedup)
             indexed = self.indexes.get(tenant)
             out = yield from self.storage._put(
                 tenant,
@@ -849,8 +829,7 @@ class CacheEngine:
             elif own and out.entry_id != (held.entry_id if held is not None else None):
                 # The same answer, stored anew (the old entry had expired, or this put
                 # sets its own TTL or metadata): the fresh entry is confirmed too.
-                agree = FeedbackSignal(out.entry_id, tenant, True, source="verify")
-                yield from self.storage._feedback(agree, rl=policy.rl)
+                yield from self._confirm(tenant, out.entry_id, policy)
             # Verify before the replaced entries go: the candidate may be one of them.
             ticket = self._tickets.pop(held_key)
             if ticket is not None:
@@ -859,11 +838,47 @@ class CacheEngine:
                 if verified and out.entry_id != ticket[0]:
                     # Two answers agree: the fresh one is confirmed too (under a bound,
                     # its exact repeats are then served without another verification).
-                    agree = FeedbackSignal(out.entry_id, tenant, True, source="verify")
-                    yield from self.storage._feedback(agree, rl=policy.rl)
+                    yield from self._confirm(tenant, out.entry_id, policy)
             if replaced:
                 yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
             return result
+
+    def _settle_own(
+        self, tenant: str, held: Ticket, response: str, plain: bool
+    ) -> Flow[tuple[bool | None, str | None, bool]]:
+        """Verify the question's own entry, which the lookup before held back, against
+        the fresh answer: ``(same, the cached answer, kept)``. When they are the same,
+        the entry stays (``kept``), with this verification's positive signal on top of
+        its evidence (replaced by the fresh entry, its arm would start again from one
+        signal, and its exact repeats' level with it), unless it has expired or the put
+        sets a TTL, quality, metadata, tags or usage of its own (not ``plain``)."""
+        own, cached = yield from self._verify(tenant, held, response)
+        replaced_answer = cached.response if cached is not None else None
+        if not (own and plain and cached is not None):
+            return own, replaced_answer, False
+        now = yield from self._now()
+        return own, replaced_answer, not cached.is_expired(now)
+
+    def _near_duplicate(
+        self, keys: TenantKeys, vec: Vector, scope: str, dedup: float
+    ) -> Flow[str | None]:
+        """The entry a put replaces as a near duplicate (``dedup_threshold``), found in
+        the replica's index: while it is being built (past the bounded wait) only the
+        same question is replaced."""
+        ti = self.indexes.of(keys)
+        if not ti.built:
+            yield from self.indexes.await_index(ti, self.indexes.build_wait(ti, True))
+        if not ti.usable:
+            return None
+        yield from self.indexes.refresh(ti)
+        self.indexes.check_dim(keys.tenant, ti, vec)
+        best = ti.search(vec, scope, 1, dedup)
+        return best[0][0] if best else None
+
+    def _confirm(self, tenant: str, entry_id: str, policy: TenantPolicy) -> Flow[None]:
+        """A fresh answer two verifications agree on: a positive signal on its entry."""
+        agree = FeedbackSignal(entry_id, tenant, True, source="verify")
+        yield from self.storage._feedback(agree, rl=policy.rl)
 
     def _verify(
         self, tenant: str, ticket: Ticket, fresh: str
