@@ -48,6 +48,7 @@ COMPLETION_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 #: Marker values a finished leader leaves (tokens are hex: never start with "=").
 STORED, NO_ANSWER = "=stored", "=none"
 
+
 def new_completion_id() -> str:
     """A fresh completion id: unique per response (96 random bits)."""
     return COMPLETION_PREFIX + secrets.token_hex(12)
