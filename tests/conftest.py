@@ -18,6 +18,7 @@ Fixtures:
     cluster_client         function: ``RedisCluster`` (bytes), all primaries flushed
     flavour                function: ``"sync"`` or ``"async"`` (the driver under test)
     make_manager           function: managers of that flavour, called the same way
+    upstream               function: a canned OpenAI-compatible API on a free port
 
 ``Clock`` (an injectable "now"), ``Blocking`` (an async manager behind blocking calls),
 ``unit`` and ``near`` (test vectors) are importable from here: ``from conftest import Clock``.
@@ -272,3 +273,14 @@ def make_manager(
             with contextlib.suppress(Exception):  # a test may have stopped its server
                 manager.close()
         close_loop(loop)
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[str, Any]]:
+    """A canned OpenAI-compatible upstream API on a free port (``service_support``):
+    ``(its /v1 URL, its UpstreamState)``, which counts and records the calls."""
+    from service_support import ThreadedServer, UpstreamState, upstream_app
+
+    state = UpstreamState()
+    with ThreadedServer(upstream_app(state)) as server:
+        yield server.url + "/v1", state

@@ -20,7 +20,6 @@ from service_support import (
     add_key,
     running_service,
     snapshot,
-    upstream_app,
 )
 
 from zerda_cache import AsyncCacheManager, CacheConfig
@@ -32,13 +31,6 @@ from zerda_cache.storage import RedisStorage
 
 QUESTION = "How do I reset my password?"
 NEAR = "How do I reset my password now?"  # a near-duplicate: cosine 0.87 (hashing, 256-d)
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[str, UpstreamState]]:
-    state = UpstreamState()
-    with ThreadedServer(upstream_app(state)) as server:
-        yield server.url + "/v1", state
 
 
 @pytest.fixture

@@ -14,27 +14,18 @@ import pytest
 import redis
 from service_support import (
     Service,
-    ThreadedServer,
     UpstreamState,
     ask,
     ask_streaming,
     openai_client,
     running_service,
     snapshot,
-    upstream_app,
 )
 
 from zerda_cache import CacheManager
 
 QUESTION = "How do I reset my password?"
 NEAR = "How do I reset my password now?"
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[str, UpstreamState]]:
-    state = UpstreamState()
-    with ThreadedServer(upstream_app(state)) as server:
-        yield server.url + "/v1", state
 
 
 @pytest.fixture

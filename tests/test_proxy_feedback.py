@@ -14,14 +14,12 @@ import pytest
 import redis
 from service_support import (
     Service,
-    ThreadedServer,
     UpstreamState,
     ask,
     ask_streaming,
     openai_client,
     running_service,
     snapshot,
-    upstream_app,
 )
 
 from zerda_cache import CacheManager
@@ -30,13 +28,6 @@ from zerda_cache.service import ServiceSettings
 QUESTION = "How do I reset my password?"
 NEAR = "How do I reset my password now?"  # a near duplicate (cosine 0.87, hashing 256-d)
 TTL_S = 3600.0
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[str, UpstreamState]]:
-    state = UpstreamState()
-    with ThreadedServer(upstream_app(state)) as server:
-        yield server.url + "/v1", state
 
 
 @pytest.fixture
