@@ -507,20 +507,36 @@ class CacheEngine:
         if hit is not None:
             return Found(hit, n_found, False, self._asked(asked, hit))
         self.counts.miss(tenant)
-        if bound is None or not found:
-            return Found(None, n_found, False, self._asked(asked, None))
-        # Not served: ask the app's next put of this question to verify the best candidate.
-        rest = [f for f in found if f[0] not in ghosts]
-        missing = [eid for eid, _ in rest if eid not in states.entries]
+        verify = False
+        if bound is not None and found:
+            rest = [f for f in found if f[0] not in ghosts]
+            verify = yield from self._ask_verification(
+                tenant, query, scope, rest, states, now, policy, feats
+            )
+        return Found(None, n_found, verify, self._asked(asked, None))
+
+    def _ask_verification(
+        self,
+        tenant: str,
+        query: str,
+        scope: str,
+        found: list[tuple[str, float]],
+        states: StateBatch,
+        now: float,
+        policy: TenantPolicy,
+        feats: dict[str, Features],
+    ) -> Flow[bool]:
+        """A miss under a bound: ask the app's next put of this question to verify the
+        best candidate (a ticket, ``verification.py``). False when none is servable."""
+        missing = [eid for eid, _ in found if eid not in states.entries]
         if missing:
-            states.entries.update((yield from st._load_states(tenant, missing)).entries)
-        ranked = self._candidates(rest, None, states, now, policy)
+            states.entries.update((yield from self.storage._load_states(tenant, missing)).entries)
+        ranked = self._candidates(found, None, states, now, policy)
         if not ranked:
-            return Found(None, n_found, False, self._asked(asked, None))
+            return False
         (eid, sim, _), _, _ = ranked[0]
-        ticket = Ticket(eid, sim, feats.get(eid))
-        self._tickets.put(ticket_key(tenant, query, scope), ticket)
-        return Found(None, n_found, True, self._asked(asked, None))
+        self._tickets.put(ticket_key(tenant, query, scope), Ticket(eid, sim, feats.get(eid)))
+        return True
 
     def _lookup_policy(self, tenant: str) -> Flow[tuple[TenantPolicy, bool]]:
         """The tenant's policy for a lookup, and whether the lookup should read it again
