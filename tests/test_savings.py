@@ -124,7 +124,15 @@ def test_the_cli_reports_the_savings(redis_url: str, make_manager: Any) -> None:
     from zerda_cache.cli import cli
 
     m = make_manager()
-    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 1_000, 500))
+    put = m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 1_000, 500))
+    result = CliRunner().invoke(
+        cli, ["--redis-url", redis_url, "inspect", put.entry_id, "--tenant", "t", "--json"]
+    )
+    assert json.loads(result.stdout)["usage"] == {
+        "model": "gpt-4o",
+        "prompt_tokens": 1_000,
+        "completion_tokens": 500,
+    }
     for _ in range(4):
         m.lookup("q", tenant="t", embedding=unit(1))
     m.stats("t")  # writes the replica's pending counts

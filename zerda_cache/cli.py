@@ -517,6 +517,14 @@ def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
                     "quality": e.quality_score,
                     "similarity_score": e.similarity_score,
                     "size_bytes": e.size_bytes,
+                    "tags": list(e.tags),
+                    "usage": None
+                    if e.usage is None
+                    else {
+                        "model": e.usage.model,
+                        "prompt_tokens": e.usage.prompt_tokens,
+                        "completion_tokens": e.usage.completion_tokens,
+                    },
                 }
             )
             return
@@ -548,6 +556,14 @@ def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
             ("uses", f"{e.usage_count:,}"),
             ("quality / similarity", f"{e.quality_score:.2f} / {e.similarity_score:.2f}"),
             ("size", _fmt_bytes(e.size_bytes)),
+            ("tags", ", ".join(e.tags) or "none"),
+            (
+                "cost upstream",
+                "not given"
+                if e.usage is None
+                else f"{e.usage.model}: {e.usage.prompt_tokens:,} prompt + "
+                f"{e.usage.completion_tokens:,} completion tokens (what each hit saves)",
+            ),
         ]
         for k, v in rows:
             table.add_row(k, v)
