@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerda_cache.errors import StorageError
-from zerda_cache.storage.driver import wrap_errors
 from zerda_cache.storage.store import AsyncRedisStorage
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,8 @@ class Lease:
     """A held lease on one upstream call; ``finish`` once (idempotent)."""
 
     coordination: Coordination
-    key: str
+    tenant: str
+    digest: str
     token: str
     _renewer: asyncio.Task[None] | None = field(default=None, repr=False)
     _finished: bool = False
@@ -108,13 +108,11 @@ class Lease:
             self._renewer.cancel()  # not awaited: finish may run in a cancelled task
         co = self.coordination
         ms = max(1, int(co.settings.finished_s * 1000))
+        marker = STORED if stored else NO_ANSWER
         try:
-            with wrap_errors("lease finish"):
-                await co._finish(
-                    keys=[self.key], args=[self.token, STORED if stored else NO_ANSWER, ms]
-                )
+            await co.storage.finish_flight(self.tenant, self.digest, self.token, marker, ms)
         except StorageError as exc:
-            log.warning("lease %s not finished (it expires): %s", self.key, exc)
+            log.warning("lease %s not finished (it expires): %s", self.digest, exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +141,8 @@ class Coordination:
         settings: CoalesceSettings | None = None,
     ) -> None:
         self.storage = storage
-        self.client: Any = storage.client
         self.completion_ttl_s = completion_ttl_s
         self.settings = settings if settings is not None else CoalesceSettings()
-        # lua/lease_renew.lua and lua/lease_finish.lua: token-checked, never another's
-        self._renew = storage.scripts.lease_renew
-        self._finish = storage.scripts.lease_finish
 
     # -- completion ids -------------------------------------------------------------------
     async def remember(
@@ -162,13 +156,13 @@ class Coordination:
     ) -> bool:
         """Map ``completion_id`` to the entry it was answered with (expires). A Redis
         failure only logs: the response is served all the same."""
-        key = self.storage.keys(tenant).completion(completion_id)
         value = json.dumps(
             {"t": tenant, "e": entry_id, "s": round(similarity, 6), "h": 1 if hit else 0}
         )
         try:
-            with wrap_errors("completion id"):
-                await self.client.set(key, value, ex=max(1, int(self.completion_ttl_s)))
+            await self.storage.remember_completion(
+                tenant, completion_id, value, self.completion_ttl_s
+            )
         except StorageError as exc:
             log.warning("tenant %s: completion id %s not mapped: %s", tenant, completion_id, exc)
             return False
@@ -181,9 +175,7 @@ class Coordination:
         Raises:
             StorageError: Redis failed.
         """
-        key = self.storage.keys(tenant).completion(completion_id)
-        with wrap_errors("completion id"):
-            raw = await self.client.get(key)
+        raw = await self.storage.recall_completion(tenant, completion_id)
         if raw is None:
             return None
         try:
@@ -196,23 +188,18 @@ class Coordination:
             return None
 
     # -- leases ---------------------------------------------------------------------------
-    def lease_key(self, tenant: str, digest: str) -> str:
-        return self.storage.keys(tenant).in_flight(digest)
-
-    async def try_lead(self, key: str) -> Lease | None:
-        """Take the lease ``key`` if it is free (``SET NX PX``), renewing it until
-        ``finish``; ``None`` when another holds it.
+    async def try_lead(self, tenant: str, digest: str) -> Lease | None:
+        """Take the lease on the upstream call of request ``digest`` if it is free
+        (``SET NX PX``), renewing it until ``finish``; ``None`` when another holds it.
 
         Raises:
             StorageError: Redis failed.
         """
         token = secrets.token_hex(16)
         ms = max(1, int(self.settings.lease_s * 1000))
-        with wrap_errors("lease"):
-            taken = await self.client.set(key, token, nx=True, px=ms)
-        if not taken:
+        if not await self.storage.take_flight(tenant, digest, token, ms):
             return None
-        lease = Lease(self, key, token)
+        lease = Lease(self, tenant, digest, token)
         lease._renewer = asyncio.create_task(self._keep(lease, ms))
         return lease
 
@@ -223,36 +210,34 @@ class Coordination:
         while loop.time() < until:
             await asyncio.sleep(self.settings.lease_s / 3)
             try:
-                with wrap_errors("lease renewal"):
-                    if not await self._renew(keys=[lease.key], args=[lease.token, ms]):
-                        return  # lapsed, and maybe another's now
+                if not await self.storage.renew_flight(lease.tenant, lease.digest, lease.token, ms):
+                    return  # lapsed, and maybe another's now
             except StorageError as exc:
-                log.warning("lease %s not renewed: %s", lease.key, exc)
+                log.warning("lease %s not renewed: %s", lease.digest, exc)
 
-    async def wait(self, key: str, look_up: Callable[[], Awaitable[Any]]) -> Waited:
-        """Wait for the holder of ``key`` to finish. ``look_up`` is called when the
-        lease is gone without a marker (its holder died, or finished long ago): what it
-        finds (not ``None``) ends the wait, else the lease is taken over."""
+    async def wait(self, tenant: str, digest: str, look_up: Callable[[], Awaitable[Any]]) -> Waited:
+        """Wait for the holder of request ``digest``'s lease to finish. ``look_up`` is
+        called when the lease is gone without a marker (its holder died, or finished long
+        ago): what it finds (not ``None``) ends the wait, else the lease is taken over."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.wait_s
         try:
             while True:
-                with wrap_errors("lease"):
-                    raw = await self.client.get(key)
-                if raw is not None and bytes(raw).startswith(b"="):
+                raw = await self.storage.read_flight(tenant, digest)
+                if raw is not None and raw.startswith(b"="):
                     return Waited("finished")
                 if raw is None:
                     found = await look_up()
                     if found is not None:
                         return Waited("found", found=found)
-                    lease = await self.try_lead(key)
+                    lease = await self.try_lead(tenant, digest)
                     if lease is not None:
                         return Waited("lead", lease)
                 if loop.time() >= deadline:
                     return Waited("timeout")
                 await asyncio.sleep(self.settings.poll_s)
         except StorageError as exc:
-            log.warning("lease %s: %s; going upstream", key, exc)
+            log.warning("lease %s: %s; going upstream", digest, exc)
             return Waited("error")
 
 

@@ -550,15 +550,15 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
         co = ctx.coordination
         if not co.settings.enabled:
             return None, None, None
-        lease_key = co.lease_key(tenant, query_digest(key.query, key.scope))
+        digest = query_digest(key.query, key.scope)
         try:
-            lease = await co.try_lead(lease_key)
+            lease = await co.try_lead(tenant, digest)
         except StorageError as exc:
             log.warning("tenant %s: no lease (%s); going upstream", tenant, exc)
             return None, None, None
         if lease is not None:
             return None, lease, None
-        waited = await co.wait(lease_key, lambda: look_up(tenant, key))
+        waited = await co.wait(tenant, digest, lambda: look_up(tenant, key))
         if waited.outcome == "found":
             return waited.found, None, "waited"
         if waited.outcome == "lead":

@@ -385,6 +385,46 @@ class Storage(StoragePlans):
             return []
         return (yield from self._read(self.read_export(tenant, entry_ids)))
 
+    # -- the proxy's shared state (service/coordination.py) ----------------------------------
+    def _remember_completion(
+        self, tenant: str, completion_id: str, value: str, ttl_s: float
+    ) -> Flow[None]:
+        """Map a completion id the proxy answered with to ``value`` (expires)."""
+        key = self.keys(tenant).completion(completion_id)
+        yield from self._command("completion id", "set", key, value, ex=max(1, int(ttl_s)))
+
+    def _recall_completion(self, tenant: str, completion_id: str) -> Flow[bytes | None]:
+        """What a completion id maps to (``None``: unknown or expired)."""
+        key = self.keys(tenant).completion(completion_id)
+        raw = yield from self._command("completion id", "get", key)
+        return None if raw is None else bytes(raw)
+
+    def _take_flight(self, tenant: str, digest: str, token: str, ms: int) -> Flow[bool]:
+        """Take the lease on the upstream call of request ``digest`` if it is free."""
+        key = self.keys(tenant).in_flight(digest)
+        taken = yield from self._command("lease", "set", key, token, nx=True, px=ms)
+        return bool(taken)
+
+    def _read_flight(self, tenant: str, digest: str) -> Flow[bytes | None]:
+        """The lease's value: a holder's token, a finished holder's marker, or ``None``."""
+        raw = yield from self._command("lease", "get", self.keys(tenant).in_flight(digest))
+        return None if raw is None else bytes(raw)
+
+    def _renew_flight(self, tenant: str, digest: str, token: str, ms: int) -> Flow[bool]:
+        """Extend the lease if it is still ``token``'s (``lua/lease_renew.lua``)."""
+        key = self.keys(tenant).in_flight(digest)
+        plan = ScriptCall("lease_renew", [key], [token, ms], lambda res: bool(res))
+        return (yield from self._run(plan))
+
+    def _finish_flight(
+        self, tenant: str, digest: str, token: str, marker: str, ms: int
+    ) -> Flow[bool]:
+        """Replace the lease by ``marker`` for ``ms`` if it is still ``token``'s
+        (``lua/lease_finish.lua``)."""
+        key = self.keys(tenant).in_flight(digest)
+        plan = ScriptCall("lease_finish", [key], [token, marker, ms], lambda res: bool(res))
+        return (yield from self._run(plan))
+
     def _scan_tags(
         self, tenant: str, cursor: int = 0, batch: int | None = None
     ) -> Flow[tuple[int, list[str]]]:
@@ -423,6 +463,12 @@ class Storage(StoragePlans):
     tags = op(_tags)
     export_batch = op(_export_batch)
     scan_tags = op(_scan_tags)
+    remember_completion = op(_remember_completion)
+    recall_completion = op(_recall_completion)
+    take_flight = op(_take_flight)
+    read_flight = op(_read_flight)
+    renew_flight = op(_renew_flight)
+    finish_flight = op(_finish_flight)
 
     # -- reads -------------------------------------------------------------------------------
     def _get_entry(
