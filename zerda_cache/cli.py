@@ -43,6 +43,7 @@ from zerda_cache.config import (
     CacheConfig,
     load_rl_config,
 )
+from zerda_cache.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.errors import EntryNotFoundError, StorageError, ZerdaError
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.policy import POLICY_FIELDS, flatten
@@ -480,6 +481,42 @@ def stats(state: CliState, tenant: str | None, as_json: bool) -> None:
                 )
 
 
+def _entry_json(
+    e: IntelligentCacheEntry, entry_id: str, tenant: str, arm: BanditArm, serve_bar: float
+) -> dict[str, Any]:
+    """``inspect --json``: an entry as stored, its arm at now."""
+    return {
+        "entry_id": entry_id,
+        "tenant": tenant,
+        "scope": e.scope,
+        "query": e.query,
+        "response": e.response,
+        "metadata": e.metadata,
+        "created_at": e.created_at,
+        "expires_at": None if math.isinf(e.expires_at) else e.expires_at,
+        "alpha": arm.alpha,
+        "beta": arm.beta,
+        "signals": arm.pulls,
+        "expected_reward": arm.expected_reward,
+        "served": arm.expected_reward >= serve_bar,
+        "similarity_bar": e.similarity_bar,
+        "negative_streak": e.negative_streak,
+        "confidence": e.confidence_score,
+        "uses": e.usage_count,
+        "quality": e.quality_score,
+        "similarity_score": e.similarity_score,
+        "size_bytes": e.size_bytes,
+        "tags": list(e.tags),
+        "usage": None
+        if e.usage is None
+        else {
+            "model": e.usage.model,
+            "prompt_tokens": e.usage.prompt_tokens,
+            "completion_tokens": e.usage.completion_tokens,
+        },
+    }
+
+
 @cli.command()
 @shared_options
 @click.argument("entry_id")
@@ -495,38 +532,7 @@ def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
         rl = st.tenant_policy(tenant).rl  # the tenant's decay and serving bar
         arm = e.bandit_arm.at(now, rl)
         if as_json:
-            _print_json(
-                {
-                    "entry_id": entry_id,
-                    "tenant": tenant,
-                    "scope": e.scope,
-                    "query": e.query,
-                    "response": e.response,
-                    "metadata": e.metadata,
-                    "created_at": e.created_at,
-                    "expires_at": None if math.isinf(e.expires_at) else e.expires_at,
-                    "alpha": arm.alpha,
-                    "beta": arm.beta,
-                    "signals": arm.pulls,
-                    "expected_reward": arm.expected_reward,
-                    "served": arm.expected_reward >= rl.serve_bar,
-                    "similarity_bar": e.similarity_bar,
-                    "negative_streak": e.negative_streak,
-                    "confidence": e.confidence_score,
-                    "uses": e.usage_count,
-                    "quality": e.quality_score,
-                    "similarity_score": e.similarity_score,
-                    "size_bytes": e.size_bytes,
-                    "tags": list(e.tags),
-                    "usage": None
-                    if e.usage is None
-                    else {
-                        "model": e.usage.model,
-                        "prompt_tokens": e.usage.prompt_tokens,
-                        "completion_tokens": e.usage.completion_tokens,
-                    },
-                }
-            )
+            _print_json(_entry_json(e, entry_id, tenant, arm, rl.serve_bar))
             return
         table = Table(show_header=False, title=f"entry {entry_id}")
         rows = [

@@ -773,8 +773,8 @@ class CacheEngine:
 
         Raises:
             InvalidTenantError: a bad tenant id; nothing is written.
-            InvalidEntryError: a bad query, answer, scope, TTL or metadata; nothing is
-                written.
+            InvalidEntryError: a bad query, answer, scope, TTL, metadata, tags or usage;
+                nothing is written.
             InvalidEmbeddingError: a bad embedding, or none and no ``embed_fn``.
             DimensionMismatchError: an embedding of another dimension than the tenant's.
             StorageError: Redis failed.
@@ -783,12 +783,9 @@ class CacheEngine:
             keys = self.storage.keys(tenant)
             query = check_query(query, self.config.max_query_chars)
             scope = check_scope(scope)
+            # checked before anything is written (a verification below writes labels)
             tag_names = check_tags(tags) if tags is not None else ()
-            cost_of = (
-                None
-                if usage is None
-                else LLMUsage.of(dict(usage) if isinstance(usage, Mapping) else usage)
-            )
+            cost_of = LLMUsage.of(usage)
             vec = yield from self._embedding(query, embedding)
             if vec is None:
                 raise InvalidEmbeddingError(

@@ -14,6 +14,7 @@ missed or doubled decay cycle leaves the same arm.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +161,7 @@ class LLMUsage:
         ``None``."""
         if value is None or isinstance(value, LLMUsage):
             return value
-        if not isinstance(value, dict):
+        if not isinstance(value, Mapping):
             raise InvalidEntryError(f"usage must be a mapping, got {type(value).__name__}")
         unknown = set(value) - {"model", "prompt_tokens", "completion_tokens", "total_tokens"}
         if unknown:
