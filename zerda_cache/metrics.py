@@ -192,6 +192,7 @@ class ReplicaMetrics:
             registry=reg,
         )
         self._models: set[str] = set()
+        self._savings_children: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
 
         # (tenant, result) -> the lookup counter's and the latency histogram's children:
         # ``labels()`` takes a lock and builds its key on every call, a cost every lookup
@@ -224,17 +225,30 @@ class ReplicaMetrics:
         return OTHER
 
     def savings(self, tenant: str, kind: str, usage: Any, usd: float) -> None:
-        """Count one hit (``kind`` "saved") or one hit judged wrong ("wrong")."""
-        t, m = self.tenant(tenant), self.model(usage.model)
-        calls, tokens, dollars = (
-            (self.saved_calls, self.saved_tokens, self.saved_usd)
-            if kind == "saved"
-            else (self.wrong_calls, self.wrong_tokens, self.wrong_usd)
-        )
-        calls.labels(t, m).inc()
-        tokens.labels(t, m, "prompt").inc(usage.prompt_tokens)
-        tokens.labels(t, m, "completion").inc(usage.completion_tokens)
-        dollars.labels(t, m).inc(usd)
+        """Count one hit (``kind`` "saved") or one hit judged wrong ("wrong"). Hits of
+        answers with a usage pay this on the lookup path: the label children are kept,
+        as ``lookup_done`` keeps its own."""
+        key = (tenant, kind, usage.model)
+        children = self._savings_children.get(key)
+        if children is None:
+            t, m = self.tenant(tenant), self.model(usage.model)
+            calls, tokens, dollars = (
+                (self.saved_calls, self.saved_tokens, self.saved_usd)
+                if kind == "saved"
+                else (self.wrong_calls, self.wrong_tokens, self.wrong_usd)
+            )
+            children = (
+                calls.labels(t, m),
+                tokens.labels(t, m, "prompt"),
+                tokens.labels(t, m, "completion"),
+                dollars.labels(t, m),
+            )
+            if len(self._savings_children) < _LOOKUP_CHILDREN:
+                self._savings_children[key] = children
+        children[0].inc()
+        children[1].inc(usage.prompt_tokens)
+        children[2].inc(usage.completion_tokens)
+        children[3].inc(usd)
 
     def watch(self, adaptive: Any) -> None:
         """Export ``adaptive``'s rolling windows (an ``AdaptiveLearningSystem``)."""
