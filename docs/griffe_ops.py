@@ -1,5 +1,5 @@
 """A griffe extension for the API reference (mkdocs.yml loads it): the public methods of
-the managers are flows bound by ``lookup = op(_lookup)`` in ``CacheEngine``'s body
+the managers are flows bound by ``lookup = op(lookup_flow)`` in ``CacheEngine``'s body
 (``zerda_cache/storage/driver.py``), which static analysis sees as attributes. Each such
 attribute is documented as the method it is: the flow's signature and docstring under
 the public name, returning what the flow yields back (``Flow[T]`` is shown as ``T``).

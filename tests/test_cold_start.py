@@ -38,7 +38,7 @@ def hold_build(manager: Any, flavour: str) -> Callable[[], None]:
     an asyncio event for the async flavour's task)."""
     target = manager.target if flavour == "async" else manager
     storage = target.storage
-    read_vectors = storage._vectors
+    read_vectors = storage.vectors_flow
     gate: Any = threading.Event() if flavour == "sync" else asyncio.Event()
     wait = (lambda: gate.wait(60)) if flavour == "sync" else gate.wait
 
@@ -46,7 +46,7 @@ def hold_build(manager: Any, flavour: str) -> Callable[[], None]:
         yield wait
         return (yield from read_vectors(tenant, entry_ids, dim))
 
-    storage._vectors = gated
+    storage.vectors_flow = gated
     opened: Callable[[], None] = gate.set
     return opened
 
@@ -131,7 +131,7 @@ def test_close_stops_a_running_build_and_waits_for_it(
     reader = make_manager(CacheConfig(redis_timeout_s=0.05))
     target = reader.target if flavour == "async" else reader
     storage = target.storage
-    read_vectors = storage._vectors
+    read_vectors = storage.vectors_flow
     reads: list[int] = []
 
     def slow(tenant: str, entry_ids: Any, dim: int | None = None) -> Any:
@@ -139,7 +139,7 @@ def test_close_stops_a_running_build_and_waits_for_it(
         yield (lambda: asyncio.sleep(0.05)) if flavour == "async" else (lambda: time.sleep(0.05))
         return (yield from read_vectors(tenant, entry_ids, dim))
 
-    storage._vectors = slow
+    storage.vectors_flow = slow
     assert reader.lookup("nothing", tenant="t", embedding=unit(999)) is None  # starts it
     job = target.indexes["t"].job
     assert job is not None and not job.done()

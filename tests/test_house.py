@@ -7,6 +7,7 @@ measures it (and to docs/BENCHMARKS.md), not to the day it was measured.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -67,3 +68,70 @@ def test_the_scan_knows_history_when_it_sees_it() -> None:
         "float16 bits 0x3c00",
     ):
         assert not HISTORY.search(text), text
+
+
+#: Private names of other libraries the package uses on purpose: ``(attribute, why)``.
+FOREIGN_PRIVATE = {
+    # usearch's compiled index, searched without the Python wrapper (index._search_one).
+    "_compiled": "usearch",
+}
+#: Private-looking names that are public API: namedtuple methods, ``os._exit``.
+_BUILTIN_PRIVATE = {"_replace", "_asdict", "_fields", "_make", "_exit"}
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    """Every name a module defines: functions, classes, attributes it assigns, arguments."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def private_uses(source: str) -> list[str]:
+    """``_private`` names ``source`` uses but does not define: another module's privates
+    (an attribute of an object made elsewhere, inherited, or imported)."""
+    tree = ast.parse(source)
+    own = _defined_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+            if (
+                name.startswith("_")
+                and not name.startswith("__")
+                and name not in own
+                and name not in _BUILTIN_PRIVATE
+                and name not in FOREIGN_PRIVATE
+            ):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("zerda_cache"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{node.lineno}: import {alias.name}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """A leading underscore means private to its module. Flows, which other modules
+    compose with ``yield from``, are public and named ``*_flow`` (``driver.op``)."""
+    hits = []
+    modules = sorted(PACKAGE.rglob("*.py"))
+    assert len(modules) > 40
+    for path in modules:
+        rel = path.relative_to(ROOT).as_posix()
+        hits += [f"{rel}:{hit}" for hit in private_uses(path.read_text(encoding="utf-8"))]
+    assert not hits, "private names used across modules:\n" + "\n".join(hits)
+
+
+def test_the_private_name_check_sees_a_foreign_private() -> None:
+    assert private_uses("def f(st):\n    return st._run(1)\n") == ["2: st._run"]
+    assert private_uses("from zerda_cache.x import _helper\n") == ["1: import _helper"]
+    own = "class A:\n    def _x(self):\n        return 1\n\ndef f(a):\n    return a._x()\n"
+    assert private_uses(own) == []

@@ -794,7 +794,7 @@ def _hit_peek(st: RedisStorage, tenant: str, after: str) -> Any:
     from zerda_cache.storage.driver import run_sync
 
     plan = st.plan_hit(tenant, "0" * 32, asked="d" * 40, peek=after)
-    outcome = run_sync(st._run(plan))
+    outcome = run_sync(st.run_flow(plan))
     assert outcome.status is HitStatus.GONE
     return outcome.log
 
@@ -815,7 +815,7 @@ def test_a_log_read_from_a_position_says_whether_events_may_be_missing(
     def read(after: str) -> Any:
         if reader == "hit_peek":
             return _hit_peek(st, "acme", after)
-        return run_sync(st._read(getattr(st, reader)("acme", after)))
+        return run_sync(st.read_flow(getattr(st, reader)("acme", after)))
 
     k = tenant_keys("acme")
     ids = [
@@ -858,7 +858,7 @@ def test_a_lookups_peek_at_the_log_is_whole_up_to_its_size(
     def peek(after: str) -> Any:
         if reader == "hit_peek":
             return _hit_peek(st, "acme", after)
-        return run_sync(st._read(st.peek_log("acme", after)))
+        return run_sync(st.read_flow(st.peek_log("acme", after)))
 
     k = tenant_keys("acme")
 
@@ -880,7 +880,7 @@ def test_a_lookups_peek_at_the_log_is_whole_up_to_its_size(
     redis_client.xtrim(k.log, maxlen=PEEK_EVENTS + 1, approximate=False)  # start goes
     gone = peek(start)  # the position trimmed, and more than a peek after it
     assert gone.partial and not gone.maybe_trimmed
-    assert run_sync(st._read_log("acme", start)).maybe_trimmed  # the forward read says so
+    assert run_sync(st.read_log_flow("acme", start)).maybe_trimmed  # the forward read says so
     redis_client.xtrim(k.log, maxlen=3, approximate=False)
     few = peek(start)  # the position trimmed, every event after it returned
     assert few.maybe_trimmed and not few.partial and few.count == 3

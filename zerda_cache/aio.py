@@ -25,7 +25,7 @@ class AsyncCacheManager(AsyncDriven, CacheEngine):
     async def aclose(self) -> None:
         """Stop the index builds (cancelled tasks, waited for up to 10 s), flush the
         pending miss counts and close the client."""
-        await self._drive(self._close())
+        await self.drive(self.close_flow())
 
     async def __aenter__(self) -> AsyncCacheManager:
         return self

@@ -149,19 +149,19 @@ class LookupCounts:
         """Write the tenant's pending miss count and lookup counts now."""
         plan = self.send_misses(tenant)
         if plan is not None:
-            yield from self.storage._read(plan)
+            yield from self.storage.read_flow(plan)
         pending = self._traffic.pop(tenant, None)
         if pending is not None:
-            yield from self.storage._read(self.storage.count_traffic(tenant, *pending[1:]))
+            yield from self.storage.read_flow(self.storage.count_traffic(tenant, *pending[1:]))
         savings = self.send_savings(tenant)
         if savings is not None:
-            yield from self.storage._read(savings)
+            yield from self.storage.read_flow(savings)
 
     def halve(self, tenant: str, policy: TenantPolicy) -> Flow[None]:
         """Halve the tenant's lookup counts (old traffic fades, as old labels do)."""
         window = policy.config.label_window * TRAFFIC_WINDOWS
         try:
-            yield from self.storage._run(self.storage.plan_halve_traffic(tenant, window))
+            yield from self.storage.run_flow(self.storage.plan_halve_traffic(tenant, window))
         except StorageError as exc:  # the next batch past the window tries again
             log.debug("tenant %s: lookup counts not halved: %s", tenant, exc)
 

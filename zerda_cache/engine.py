@@ -232,7 +232,7 @@ class CacheEngine:
         return cls(connect(url, cfg, cluster=cluster, asyncio=cls.is_async), cfg, **kwargs)
 
     # -- lookup ----------------------------------------------------------------------------
-    def _lookup(
+    def lookup_flow(
         self,
         query: str,
         *,
@@ -408,7 +408,7 @@ class CacheEngine:
                 parts.append(st.read_states(tenant, [eid for eid, _ in found]))
         else:
             parts.append(plan)
-        replies = yield from st._send("lookup", parts)  # a lone script: its EVALSHA alone
+        replies = yield from st.send_flow("lookup", parts)  # a lone script: its EVALSHA alone
         # the log's news (or without the index, the tenant's dimension)
         head = replies[-1].log if folded else replies[0]
         exact_id: str | None = replies[-1].own if spec is not None else replies[digest_at]
@@ -471,7 +471,7 @@ class CacheEngine:
             # script alone decides, without reading the entry's state first.
             tried.add(exact_id)
             plan = self._plan_hit(tenant, exact_id, 1.0, policy, exact_bar)
-            outcome = yield from st._run(plan)
+            outcome = yield from st.run_flow(plan)
             if outcome.served is not None:
                 hit = self._spec_hit(tenant, (exact_id, 1.0), outcome, True, policy)
             elif outcome.status is HitStatus.GONE:
@@ -530,7 +530,9 @@ class CacheEngine:
         best candidate (a ticket, ``verification.py``). False when none is servable."""
         missing = [eid for eid, _ in found if eid not in states.entries]
         if missing:
-            states.entries.update((yield from self.storage._load_states(tenant, missing)).entries)
+            states.entries.update(
+                (yield from self.storage.load_states_flow(tenant, missing)).entries
+            )
         ranked = self._candidates(found, None, states, now, policy)
         if not ranked:
             return False
@@ -568,16 +570,18 @@ class CacheEngine:
         parts: list[ReadPlan[Any]] = [st.read_policy(tenant)]
         if register:
             parts.append(st.register(tenant))
-        replies = yield from st._read(st.batch("policy", parts))
+        replies = yield from st.read_flow(st.batch("policy", parts))
         policy: TenantPolicy = replies[0]
         self._policies[tenant] = (mono, policy)
         return policy
 
-    def _read_tenant_policy(self, tenant: str) -> Flow[TenantPolicy]:
+    def read_tenant_policy_flow(self, tenant: str) -> Flow[TenantPolicy]:
         """The tenant's policy as this manager applies it, read from Redis now."""
         return (yield from self._tenant_policy(tenant, fresh=True))
 
-    def _set_tenant_policy(self, tenant: str, changes: Mapping[str, object]) -> Flow[TenantPolicy]:
+    def set_tenant_policy_flow(
+        self, tenant: str, changes: Mapping[str, object]
+    ) -> Flow[TenantPolicy]:
         """Change the tenant's policy in Redis for every replica and worker (see
         ``RedisStorage.set_tenant_policy``; ``None`` clears a setting) and return it as
         this manager now applies it. Other processes apply it within
@@ -586,7 +590,7 @@ class CacheEngine:
         Raises:
             InvalidSettingError: an unknown setting or a refused value; nothing is written.
         """
-        yield from self.storage._set_tenant_policy(tenant, changes)
+        yield from self.storage.set_tenant_policy_flow(tenant, changes)
         return (yield from self._tenant_policy(tenant, fresh=True))
 
     def _serve_best(
@@ -612,7 +616,7 @@ class CacheEngine:
         if exact_id is not None and exact_id not in states.entries:
             missing.append(exact_id)
         if missing:
-            more = yield from self.storage._load_states(tenant, missing)
+            more = yield from self.storage.load_states_flow(tenant, missing)
             states.entries.update(more.entries)
             ghosts.update(more.missing)
         ranked = self._candidates(found, exact_id, states, now, policy)
@@ -632,7 +636,7 @@ class CacheEngine:
         for cand, score, exact in ranked:
             tried.add(cand[0])
             plan = self._plan_hit(tenant, cand[0], cand[1], policy, exact_bar if exact else None)
-            outcome = yield from self.storage._run(plan)
+            outcome = yield from self.storage.run_flow(plan)
             if outcome.served is not None:
                 return self._hit(tenant, cand, score, exact, outcome.served)
             if outcome.status is HitStatus.GONE:
@@ -747,7 +751,7 @@ class CacheEngine:
         return ti.search(vec, scope, cfg.top_k, cfg.similarity_threshold)
 
     # -- put -------------------------------------------------------------------------------
-    def _put(
+    def put_flow(
         self,
         query: str,
         response: str,
@@ -820,7 +824,7 @@ class CacheEngine:
             if dedup is not None:
                 near = yield from self._near_duplicate(keys, vec, scope, dedup)
             indexed = self.indexes.get(tenant)
-            out = yield from self.storage._put(
+            out = yield from self.storage.put_flow(
                 tenant,
                 query,
                 response,
@@ -853,7 +857,9 @@ class CacheEngine:
                     # its exact repeats are then served without another verification).
                     yield from self._confirm(tenant, out.entry_id, policy)
             if replaced:
-                yield from self.storage._evict(tenant, [(e, None) for e in replaced], "replaced")
+                yield from self.storage.evict_flow(
+                    tenant, [(e, None) for e in replaced], "replaced"
+                )
             return result
 
     def _settle_own(
@@ -891,7 +897,7 @@ class CacheEngine:
     def _confirm(self, tenant: str, entry_id: str, policy: TenantPolicy) -> Flow[None]:
         """A fresh answer two verifications agree on: a positive signal on its entry."""
         agree = FeedbackSignal(entry_id, tenant, True, source="verify")
-        yield from self.storage._feedback(agree, rl=policy.rl)
+        yield from self.storage.feedback_flow(agree, rl=policy.rl)
 
     def _verify(
         self, tenant: str, ticket: Ticket, fresh: str
@@ -912,7 +918,7 @@ class CacheEngine:
             parts: list[ReadPlan[Any]] = [st.read_entry(tenant, entry_id, with_vector=False)]
             if exact:  # in the same round trip
                 parts.append(st.read_dispute(tenant, entry_id))
-            replies = yield from st._read(st.batch("verify", parts))
+            replies = yield from st.read_flow(st.batch("verify", parts))
             cached: IntelligentCacheEntry = replies[0]
             dispute: tuple[int, str] | None = replies[1] if exact else None
         except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
@@ -933,7 +939,7 @@ class CacheEngine:
             features = (sim, *features[1:])
         yield from self._learn(signal, label=True, features=features, level=level)
         if dispute is not None:
-            yield from st._run(st.plan_resolve(tenant, entry_id, dispute[0], replaced_right))
+            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute[0], replaced_right))
         return right, cached
 
     def _dispute(self, tenant: str, entry_id: str, level: int, replaced: str) -> Flow[None]:
@@ -942,7 +948,7 @@ class CacheEngine:
         refusal (a full server) leaves the label as it is: wrong, the safe side."""
         plan = self.storage.plan_dispute(tenant, entry_id, level, replaced)
         try:
-            yield from self.storage._run(plan)
+            yield from self.storage.run_flow(plan)
         except StorageError as exc:
             log.debug("tenant %s: dispute not recorded: %s", tenant, exc)
 
@@ -964,7 +970,7 @@ class CacheEngine:
         return replaced, result
 
     # -- feedback and management -----------------------------------------------------------
-    def _feedback(self, signal: FeedbackSignal) -> Flow[None]:
+    def feedback_flow(self, signal: FeedbackSignal) -> Flow[None]:
         """Apply one feedback signal to the entry's arm, atomically in Redis.
 
         Raises:
@@ -980,11 +986,11 @@ class CacheEngine:
             if signal.served and not signal.positive:
                 # A hit judged wrong: its answer's call was bought after all.
                 st = self.storage
-                usage = yield from st._read(st.read_usage(signal.tenant_id, signal.entry_id))
+                usage = yield from st.read_flow(st.read_usage(signal.tenant_id, signal.entry_id))
                 if usage is not None:
                     self._count_savings(signal.tenant_id, "wrong", usage)
                     increments = stat_fields("wrong", usage)
-                    yield from st._read(st.count_stats(signal.tenant_id, increments))
+                    yield from st.read_flow(st.count_stats(signal.tenant_id, increments))
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
 
@@ -1004,7 +1010,7 @@ class CacheEngine:
         tenant, sim = signal.tenant_id, signal.similarity
         policy = yield from self._tenant_policy(tenant)
         label = label or policy.bound() is not None
-        yield from self.storage._feedback(signal, rl=policy.rl)
+        yield from self.storage.feedback_flow(signal, rl=policy.rl)
         # A label of a near match (below similarity 1); at 1, only a verification of an
         # exact repeat is one, counted apart at its entry's level.
         exact = sim is not None and sim >= 1.0
@@ -1019,18 +1025,18 @@ class CacheEngine:
                 exact=exact,
                 level=level,
             )
-            yield from self.storage._run(plan)
+            yield from self.storage.run_flow(plan)
         self.learner.note_feedback(signal)
 
-    def _invalidate(self, entry_id: str, *, tenant: str) -> Flow[bool]:
+    def invalidate_flow(self, entry_id: str, *, tenant: str) -> Flow[bool]:
         """Remove one entry from every replica; False if it did not exist.
 
         Raises:
             InvalidEntryError: ``entry_id`` is not an id this library made.
         """
-        return (yield from self.storage._invalidate(tenant, entry_id))
+        return (yield from self.storage.invalidate_flow(tenant, entry_id))
 
-    def _invalidate_tag(self, tag: str, *, tenant: str) -> Flow[int]:
+    def invalidate_tag_flow(self, tag: str, *, tenant: str) -> Flow[int]:
         """Remove every entry of ``tenant`` put with ``tag`` (from every replica), through
         the tag's index in Redis: one call however large the tenant, touching only those
         entries. Returns how many were removed.
@@ -1039,13 +1045,13 @@ class CacheEngine:
             InvalidEntryError: ``tag`` is not a valid tag.
             StorageError: Redis failed.
         """
-        return (yield from self.storage._invalidate_tag(tenant, tag))
+        return (yield from self.storage.invalidate_tag_flow(tenant, tag))
 
-    def _stats(self, tenant: str) -> Flow[dict[str, Any]]:
+    def stats_flow(self, tenant: str) -> Flow[dict[str, Any]]:
         """Shared counters of ``tenant`` (hits, misses, puts, feedback, evictions,
         entries, bytes), its hit rate, and this replica's index size."""
         yield from self.counts.flush(tenant)
-        out: dict[str, Any] = dict((yield from self.storage._stats(tenant)))
+        out: dict[str, Any] = dict((yield from self.storage.stats_flow(tenant)))
         saved = from_stats(out, self.prices)
         out = {k: v for k, v in out.items() if not k.startswith(("saved:", "wrong:"))}
         out["savings"] = {model: s.as_dict() for model, s in saved.items()}
@@ -1056,25 +1062,27 @@ class CacheEngine:
         out["replica_index_ready"] = ti is not None and ti.usable
         return out
 
-    def _clear(self, tenant: str) -> Flow[int]:
+    def clear_flow(self, tenant: str) -> Flow[int]:
         """Remove every entry of ``tenant`` (from every replica) and reset its counters,
         feedback log and dimension. Returns the number of entries removed.
 
         Not atomic with puts made to the same tenant while it runs.
         """
         st, removed = self.storage, 0
-        while (yield from st._count(tenant)) > 0:
+        while (yield from st.count_flow(tenant)) > 0:
             cursor: int | None = None
             while cursor != 0:
-                cursor, items = yield from st._scan_ids(tenant, cursor or 0)
+                cursor, items = yield from st.scan_ids_flow(tenant, cursor or 0)
                 if items:
-                    out = yield from st._evict(tenant, [(e, None) for e, _ in items], "invalidated")
+                    out = yield from st.evict_flow(
+                        tenant, [(e, None) for e, _ in items], "invalidated"
+                    )
                     removed += len(out.removed)
-        yield from st._reset_tenant(tenant)
+        yield from st.reset_tenant_flow(tenant)
         return removed
 
     # -- the replica's indexes (``ReplicaIndexes``) ------------------------------------------
-    def _sync_index(self, tenant: str) -> Flow[int]:
+    def sync_index_flow(self, tenant: str) -> Flow[int]:
         """Bring ``tenant``'s local index up to date now, waiting for its build (however
         long that takes); returns its size. Lookups never wait this long: use it where a
         replica should be ready before it takes traffic (a readiness probe, a warm-up).
@@ -1105,24 +1113,24 @@ class CacheEngine:
         Returns the jobs that were running."""
         return self.indexes.stop()
 
-    def _close(self) -> Flow[None]:
+    def close_flow(self) -> Flow[None]:
         """Stop the index builds, flush the pending miss counts, then close the client."""
         yield from self.indexes.stop_and_wait()
         for tenant in self.counts.pending_tenants():
             with contextlib.suppress(StorageError):  # closing while Redis is down
                 yield from self.counts.flush(tenant)
-        yield from self.storage._close()
+        yield from self.storage.close_flow()
 
-    lookup = op(_lookup)
-    put = op(_put)
-    feedback = op(_feedback)
-    invalidate = op(_invalidate)
-    invalidate_tag = op(_invalidate_tag)
-    stats = op(_stats)
-    clear = op(_clear)
-    sync_index = op(_sync_index)
-    tenant_policy = op(_read_tenant_policy)
-    set_tenant_policy = op(_set_tenant_policy)
+    lookup = op(lookup_flow)
+    put = op(put_flow)
+    feedback = op(feedback_flow)
+    invalidate = op(invalidate_flow)
+    invalidate_tag = op(invalidate_tag_flow)
+    stats = op(stats_flow)
+    clear = op(clear_flow)
+    sync_index = op(sync_index_flow)
+    tenant_policy = op(read_tenant_policy_flow)
+    set_tenant_policy = op(set_tenant_policy_flow)
 
     # -- helpers of the flows --------------------------------------------------------------
     def _embedding(self, query: str, embedding: object | None) -> Flow[Vector | None]:
@@ -1154,7 +1162,7 @@ class CacheEngine:
             return float(self.storage.clock())
         mono = time.monotonic()
         if self._clock_sync is None or mono - self._clock_sync[0] > _CLOCK_RESYNC_S:
-            self._clock_sync = (mono, (yield from self.storage._now()))
+            self._clock_sync = (mono, (yield from self.storage.now_flow()))
         return self._clock_sync[1] + (mono - self._clock_sync[0])
 
     # -- ranking ---------------------------------------------------------------------------

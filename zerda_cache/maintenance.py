@@ -264,7 +264,7 @@ class Maintenance:
         #: Batches a whole scan reads ahead (``READ_AHEAD``; 0: one at a time).
         self.read_ahead = READ_AHEAD
 
-    def _halted(self) -> bool:
+    def halted(self) -> bool:
         return self.stop.is_set() or self.fenced or not self.active()
 
     def _refused(self, tenant: str, exc: FencedError) -> None:
@@ -322,7 +322,7 @@ class Maintenance:
                 if ids:
                     self._decay_ids(tenant, ids, report, rl)
                 done += len(ids)
-                if cursor == 0 or done >= budget or self._halted():
+                if cursor == 0 or done >= budget or self.halted():
                     break
             self._sweeps[tenant] = cursor
             report.swept = cursor == 0
@@ -330,7 +330,7 @@ class Maintenance:
             for batch in st.iter_ids(tenant, size):
                 cols = self._state_arrays(tenant, [eid for eid, _ in batch], rl)
                 self._decay_columns(tenant, cols, report, rl)
-                if self._halted():
+                if self.halted():
                     break
             else:
                 self._decay_ids(tenant, [], report, rl, complete=True)
@@ -442,7 +442,7 @@ class Maintenance:
             plan.confidences.add(cols.confidence)
             if progress is not None:
                 progress(len(fresh))
-            if self._halted():
+            if self.halted():
                 plan.complete = False
                 return plan  # a partial scan must not pick capacity victims
         if decay is not None:  # every arm with evidence was seen: the list is complete
@@ -496,7 +496,7 @@ class Maintenance:
         st = self.storage
         cursor = self._audits.get(tenant, 0)
         ids: list[str] = []
-        while len(ids) < AUDIT_BATCH and not self._halted():
+        while len(ids) < AUDIT_BATCH and not self.halted():
             cursor, batch = st.scan_ids(tenant, cursor, min(AUDIT_BATCH, 1_000))
             ids += [eid for eid, _ in batch if eid not in known]
             if cursor == 0:
@@ -517,7 +517,7 @@ class Maintenance:
         st = self.storage
         cursor = self._tag_sweeps.get(tenant, 0)
         dropped = swept = 0
-        while swept < TAG_SWEEP and not self._halted():
+        while swept < TAG_SWEEP and not self.halted():
             cursor, names = st.scan_tags(tenant, cursor, TAG_SWEEP)
             for name in names:
                 dropped += st.sweep_tag(tenant, name)
@@ -643,7 +643,7 @@ class Maintenance:
                 sent: deque[Future[EvictOutcome]] = deque()
                 stopped = False
                 for i in range(0, len(items), batch):
-                    if self._halted():  # before the write too: a leader that woke up late
+                    if self.halted():  # before the write too: a leader that woke up late
                         stopped = True
                         break
                     sent.append(
@@ -664,7 +664,7 @@ class Maintenance:
                 # waits for a call still under way).
                 while sent:
                     stopped = not self._count(plan, reason, sent.popleft(), report) or stopped
-                if stopped or self._halted():
+                if stopped or self.halted():
                     report.seconds = time.perf_counter() - started
                     return report
         if plan.feedback_mark is not None:  # carried out whole: read on from its mark
@@ -829,7 +829,7 @@ class Maintenance:
             plan.low_reward += [
                 (cols.ids[i], int(cols.version[i])) for i in np.flatnonzero(scores < 0).tolist()
             ]
-            if self._halted():
+            if self.halted():
                 plan.complete = False
                 break
         if plan.complete:
@@ -848,7 +848,7 @@ class Maintenance:
         adopted = 0
         for ids in self.storage.iter_entry_keys(tenant):
             adopted += self.storage.adopt(tenant, ids)
-            if self._halted():
+            if self.halted():
                 break
         if adopted:
             log.warning(
@@ -879,7 +879,7 @@ class Maintenance:
                 except ValueError:  # a key of another shape: not a tenant of ours
                     continue
                 seen.add(tenant)
-            if self._halted():
+            if self.halted():
                 break
         # The registry may be gone too (another key of the same eviction).
         self.storage.register_tenants(sorted(seen))
@@ -936,7 +936,7 @@ class Maintenance:
             tenants = self.tenants()
             self.claim(tenants)
             for tenant in tenants:
-                if self._halted():
+                if self.halted():
                     break
                 reports.append(self.decay_tenant(tenant))
             return reports
@@ -948,7 +948,7 @@ class Maintenance:
             tenants = self.tenants()
             self.claim(tenants)
             for tenant in tenants:
-                if self._halted():
+                if self.halted():
                     break
                 reports.append(self.evict_tenant(tenant))
             return reports
@@ -959,7 +959,7 @@ class Maintenance:
         caps)."""
         reports = []
         for tenant in self.tenants():
-            if self._halted():
+            if self.halted():
                 break
             report = self.calibrate_tenant(tenant)
             if report is not None:
@@ -1059,7 +1059,7 @@ class _Cycle:
 
     def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:
         outcome: CycleOutcome = (
-            "error" if exc is not None else ("stopped" if self.m._halted() else "ok")
+            "error" if exc is not None else ("stopped" if self.m.halted() else "ok")
         )
         try:
             self.m.record(

@@ -27,7 +27,7 @@ class CacheManager(SyncDriven, CacheEngine):
     def close(self) -> None:
         """Stop the index builds (waiting up to 10 s for them to stop), flush the
         pending miss counts and close the client."""
-        self._drive(self._close())
+        self.drive(self.close_flow())
 
     def __enter__(self) -> CacheManager:
         return self

@@ -245,7 +245,7 @@ class ReplicaIndexes:
     them (``of``, ``await_index``, ``catch_up``); nothing else changes them.
 
     Methods that return a ``Flow`` are steps for the manager's driver: run them with
-    ``yield from`` inside a flow, or ``run_sync`` (sync) / the manager's ``_drive``.
+    ``yield from`` inside a flow, or ``run_sync`` (sync) / the manager's ``drive``.
 
     Args:
         storage: the manager's storage (its driver's flavour).
@@ -317,7 +317,7 @@ class ReplicaIndexes:
         if changed or delta.partial:
             # Another thread or task applied events meanwhile, or more happened than a
             # lookup's peek returns: read on from where the index is.
-            delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
+            delta = yield from self.storage.read_log_flow(ti.keys.tenant, ti.last_id)
         return (yield from self._apply_locked(ti, delta)) or changed
 
     def _apply_locked(self, ti: TenantIndex, delta: LogDelta, paced: bool = False) -> Flow[bool]:
@@ -331,19 +331,21 @@ class ReplicaIndexes:
         st, tenant = self.storage, ti.keys.tenant
         changed = False
         while True:
-            if delta.maybe_trimmed and ti.trimmed_past((yield from st._log_info(tenant))):
+            if delta.maybe_trimmed and ti.trimmed_past((yield from st.log_info_flow(tenant))):
                 reason = "its log was trimmed past this replica's position, or re-created"
                 ti.built = False
             elif delta.empty:
                 return changed
             else:
-                vectors = (yield from st._vectors(tenant, list(delta.adds))) if delta.adds else {}
+                vectors = (
+                    (yield from st.vectors_flow(tenant, list(delta.adds))) if delta.adds else {}
+                )
                 if ti.apply(delta, vectors):
                     changed = True
                     if not delta.more:
                         yield from self._rebase(ti)
                         return True
-                    delta = yield from st._read_log(tenant, ti.last_id)
+                    delta = yield from st.read_log_flow(tenant, ti.last_id)
                     continue
                 reason = "its embedding dimension changed"
                 ti.drop()
@@ -380,10 +382,10 @@ class ReplicaIndexes:
             return
         ti.rebase_checked = now
         st, tenant = self.storage, ti.keys.tenant
-        snap = yield from st._snapshot_info(tenant)
+        snap = yield from st.snapshot_info_flow(tenant)
         if snap is None or snap.generation in (ti.snapshot, ti.rebase_failed):
             return
-        if not (yield from st._log_info(tenant)).holds_since(snap.added):
+        if not (yield from st.log_info_flow(tenant)).holds_since(snap.added):
             return
         log.info(
             "tenant %s: %.0f%% of the index changed since snapshot %s: loading snapshot %s",
@@ -488,12 +490,12 @@ class ReplicaIndexes:
         a large tenant's index in the time it takes to read it, not to build it. False
         (scan instead) when there is none, it is stale or it does not check out."""
         st, tenant = self.storage, ti.keys.tenant
-        snap = yield from st._snapshot_info(tenant)
+        snap = yield from st.snapshot_info_flow(tenant)
         ti.answered = True
         ti.snapshot_seen = None if snap is None else snap.generation
         if snap is None:
             return False
-        now = yield from st._log_info(tenant)
+        now = yield from st.log_info_flow(tenant)
         if not now.holds_since(snap.added):
             log.info(
                 "tenant %s: index snapshot %s is older than the log (or the log is new): "
@@ -503,7 +505,7 @@ class ReplicaIndexes:
             )
             return False
         try:
-            blob = yield from st._read_snapshot(tenant, snap)
+            blob = yield from st.read_snapshot_flow(tenant, snap)
             if blob is None:
                 return False
             if self.closed:  # a restore is seconds of C++ at 1M: not past close
@@ -558,13 +560,13 @@ class ReplicaIndexes:
         if ti.rebasing:  # the newer snapshot did not load: keep the index in use
             yield from locked(ti.lock, self._resume_locked(ti))
             return
-        info = yield from st._log_info(tenant)
+        info = yield from st.log_info_flow(tenant)
         ti.answered = True
-        total = yield from st._count(tenant)
+        total = yield from st.count_flow(tenant)
         # The index takes the tenant's dimension (restored from the entries' majority if
         # its cfg hash lost it), never the first vector scanned: entries of another
         # dimension are corrupt, left out and reported for the worker to evict.
-        dim = yield from st._tenant_dim(tenant)
+        dim = yield from st.tenant_dim_flow(tenant)
         ti.progress = (0, total)
         index: ScopedIndex | None = None
         scanned, told = 0, started
@@ -629,9 +631,9 @@ class ReplicaIndexes:
         st = self.storage
         for attempt in range(BATCH_ATTEMPTS):
             try:
-                nxt, items = yield from st._scan_ids(tenant, cursor, BUILD_BATCH)
+                nxt, items = yield from st.scan_ids_flow(tenant, cursor, BUILD_BATCH)
                 ids = [e for e, _ in items]
-                vectors = (yield from st._vectors(tenant, ids, dim)) if items else {}
+                vectors = (yield from st.vectors_flow(tenant, ids, dim)) if items else {}
                 return nxt, vectors, len(items)
             except StorageError:
                 if attempt == BATCH_ATTEMPTS - 1:
@@ -658,7 +660,7 @@ class ReplicaIndexes:
         self.metrics.index_rebuilds.labels(self.metrics.tenant(tenant)).inc()
         ti.replaying = True  # not "ready" before the events that raced the build are in
         try:
-            delta = yield from self.storage._read_log(tenant, ti.last_id)
+            delta = yield from self.storage.read_log_flow(tenant, ti.last_id)
             yield from self._apply_locked(ti, delta, paced=True)
         finally:
             ti.replaying = False
@@ -701,7 +703,7 @@ class ReplicaIndexes:
 
     def _sync_locked(self, ti: TenantIndex) -> Flow[None]:
         if ti.usable:
-            delta = yield from self.storage._read_log(ti.keys.tenant, ti.last_id)
+            delta = yield from self.storage.read_log_flow(ti.keys.tenant, ti.last_id)
             yield from self._apply_locked(ti, delta)
 
     def ready(self, tenant: str) -> bool:

@@ -202,7 +202,7 @@ class Worker:
         if self.maintenance.fenced:  # a newer leader wrote: this one's lease is stale
             log.warning("%s cycle fenced off: giving the lease up", job)
             self._release()
-        outcome = "stopped" if self.maintenance._halted() else "ok"
+        outcome = "stopped" if self.maintenance.halted() else "ok"
         self.metrics.cycles.labels(job, outcome).inc()
         self.metrics.cycle_seconds.labels(job).observe(time.perf_counter() - started)
         if outcome == "ok":

@@ -231,7 +231,7 @@ class SyncDriven:
     is_async = False
 
     @staticmethod
-    def _drive(flow: Flow[T]) -> T:
+    def drive(flow: Flow[T]) -> T:
         return run_sync(flow)
 
     @staticmethod
@@ -260,7 +260,7 @@ class AsyncDriven:
     is_async = True
 
     @staticmethod
-    async def _drive(flow: Flow[T]) -> T:
+    async def drive(flow: Flow[T]) -> T:
         return await run_async(flow)
 
     @staticmethod
@@ -285,15 +285,15 @@ class AsyncDriven:
 class op(Generic[P, T]):
     """The public method of a flow, for both flavours.
 
-    ``lookup = op(_lookup)`` in a class body: ``manager.lookup(...)`` drives
-    ``manager._lookup(...)`` with the object's driver and returns its result (sync) or an
+    ``lookup = op(lookup_flow)`` in a class body: ``manager.lookup(...)`` drives
+    ``manager.lookup_flow(...)`` with the object's driver and returns its result (sync) or an
     awaitable of it (asyncio).
     """
 
     def __init__(self, flow: Callable[Concatenate[Any, P], Flow[T]]) -> None:
         self.flow = flow
         self.__doc__ = flow.__doc__
-        self.__name__ = flow.__name__.lstrip("_")
+        self.__name__ = flow.__name__.removesuffix("_flow")
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> Self: ...
@@ -304,7 +304,7 @@ class op(Generic[P, T]):
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        flow, drive = self.flow, obj._drive
+        flow, drive = self.flow, obj.drive
 
         def bound(*args: Any, **kwargs: Any) -> Any:
             return drive(flow(obj, *args, **kwargs))

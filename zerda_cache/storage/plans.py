@@ -554,7 +554,7 @@ class StoragePlans:
         self.config = config if config is not None else CacheConfig()
         self.clock = clock
         self._keys: dict[str, TenantKeys] = {}
-        self._registered_tenants: set[str] = set()
+        self.registered_tenants: set[str] = set()
         #: Ids this process found undecodable (a doc, meta or vec the put script does not
         #: check), by tenant, until a lookup reports them for the worker to evict.
         self._suspected: dict[str, set[str]] = {}
@@ -762,7 +762,7 @@ class StoragePlans:
         The set lives in another slot, so it cannot be part of the put script; SADD is
         idempotent and the worker tolerates a tenant without entries.
         """
-        return tenant not in self._registered_tenants
+        return tenant not in self.registered_tenants
 
     def plan_hit(
         self,
@@ -1576,7 +1576,7 @@ def state_arrays_of(ids: Sequence[str], states: Sequence[bytes | None]) -> State
     )
 
 
-def _group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:
+def group_by_tenant(signals: Sequence[FeedbackSignal]) -> dict[str, list[int]]:
     """Positions of ``signals`` grouped by tenant, in order."""
     groups: dict[str, list[int]] = {}
     for i, sig in enumerate(signals):

@@ -2,9 +2,9 @@
 
 Each ``lua/<name>.lua`` opens with its KEYS/ARGV/return contract. Scripts that touch arms
 are prefixed with ``lua/_lib.lua`` (static code, never values: everything variable goes
-through KEYS and ARGV). ``Storage._run`` sends EVALSHA itself and, on NOSCRIPT, lets
+through KEYS and ARGV). ``Storage.run_flow`` sends EVALSHA itself and, on NOSCRIPT, lets
 redis-py's ``Script`` object load and run the script (plain clients and Redis Cluster);
-``Storage._read`` does the same for scripts inside a pipeline.
+``Storage.read_flow`` does the same for scripts inside a pipeline.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Redis storage: every command the library sends, written once for both client flavours.
 
 ``Storage`` executes the plans of ``plans.py`` as flows (``driver.py``): every method
-``_x`` is a generator that yields the client calls it needs, and ``x = op(_x)`` is its
-public form. ``RedisStorage`` runs them over ``redis.Redis`` / ``RedisCluster``;
-``AsyncRedisStorage`` over ``redis.asyncio`` clients. Every change to shared state is one
-Lua script (put, hit, feedback, decay, evict); reads are plain commands, batched in
-pipelines so that a batch costs one round trip (or inside a script a lookup sends
-anyway: the hit script reads the digest and the log's new events). Arm arithmetic
-uses one clock, the Redis server's ``TIME``, unless a ``clock`` is injected (tests).
+``x_flow`` is a generator that yields the client calls it needs (other flows compose it
+with ``yield from``), and ``x = op(x_flow)`` is its driven form. ``RedisStorage`` runs
+them over ``redis.Redis`` / ``RedisCluster``; ``AsyncRedisStorage`` over
+``redis.asyncio`` clients. Every change to shared state is one Lua script (put, hit,
+feedback, decay, evict); reads are plain commands, batched in pipelines so that a batch
+costs one round trip (or inside a script a lookup sends anyway: the hit script reads the
+digest and the log's new events). Arm arithmetic uses one clock, the Redis server's
+``TIME``, unless a ``clock`` is injected (tests).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from zerda_cache.storage.plans import (
     StoragePlans,
     StoredEntry,
     T,
-    _group_by_tenant,
+    group_by_tenant,
     state_arrays_of,
 )
 from zerda_cache.storage.plans import batch as join_plans
@@ -130,7 +131,7 @@ def scripted(
     """The flow that plans one script call with ``plan`` and runs it."""
 
     def flow(self: S, /, *args: P.args, **kwargs: P.kwargs) -> Flow[T]:
-        return (yield from self._run(plan(self, *args, **kwargs)))
+        return (yield from self.run_flow(plan(self, *args, **kwargs)))
 
     flow.__name__ = plan.__name__.removeprefix("plan")
     flow.__doc__ = plan.__doc__
@@ -165,7 +166,7 @@ class Storage(StoragePlans):
         self.wire = wire_for(client)  # how commands reach the server (wire.py)
 
     # -- executing plans ---------------------------------------------------------------------
-    def _run(self, plan: ScriptCall[T]) -> Flow[T]:
+    def run_flow(self, plan: ScriptCall[T]) -> Flow[T]:
         """Execute one planned script call: EVALSHA (sent directly where the client
         allows it: ``wire.py``), and on NOSCRIPT (its first use on this server, or after
         SCRIPT FLUSH) the ``Script`` object, which tries EVALSHA once more, loads the
@@ -180,7 +181,7 @@ class Storage(StoragePlans):
                 res = yield call(script, keys=plan.keys, args=plan.args)
         return plan.parse(res)
 
-    def _read(self, plan: ReadPlan[T]) -> Flow[T]:
+    def read_flow(self, plan: ReadPlan[T]) -> Flow[T]:
         """Execute one read plan in a single pipeline round trip (sent directly where
         the client allows it: ``wire.py``)."""
         with wrap_errors(plan.name):
@@ -197,12 +198,14 @@ class Storage(StoragePlans):
                     raise StorageError(f"{plan.name} failed: {reply}") from reply
         return plan.parse(replies)
 
-    def _send(self, name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]]) -> Flow[list[Any]]:
+    def send_flow(
+        self, name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]]
+    ) -> Flow[list[Any]]:
         """Several plans in one round trip, their results in order: a lone script call
-        as its own EVALSHA (``_run``), anything else as one pipeline (``batch``)."""
+        as its own EVALSHA (``run_flow``), anything else as one pipeline (``batch``)."""
         if len(parts) == 1 and isinstance(parts[0], ScriptCall):
-            return [(yield from self._run(parts[0]))]
-        return (yield from self._read(self.batch(name, parts)))
+            return [(yield from self.run_flow(parts[0]))]
+        return (yield from self.read_flow(self.batch(name, parts)))
 
     def batch(
         self, name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]]
@@ -210,25 +213,25 @@ class Storage(StoragePlans):
         """Several plans in one pipeline round trip (see ``plans.batch``)."""
         return join_plans(name, parts, lambda script: getattr(self.scripts, script).sha)
 
-    def _command(self, what: str, method: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+    def command_flow(self, what: str, method: str, *args: Any, **kwargs: Any) -> Flow[Any]:
         """One plain client command."""
         with wrap_errors(what):
             return (yield call(getattr(self.client, method), *args, **kwargs))
 
-    run = op(_run)
-    read = op(_read)
+    run = op(run_flow)
+    read = op(read_flow)
 
-    def _now(self) -> Flow[float]:
+    def now_flow(self) -> Flow[float]:
         """Current time on the storage clock (the server's, unless one was injected)."""
         if self.clock is not None:
             return float(self.clock())
-        sec, usec = yield from self._command("TIME", "time")
+        sec, usec = yield from self.command_flow("TIME", "time")
         return float(sec) + float(usec) / 1_000_000
 
-    now = op(_now)
+    now = op(now_flow)
 
     # -- scripts -----------------------------------------------------------------------------
-    def _put(
+    def put_flow(
         self, tenant: str, query: str, response: str, embedding: object, **fields: Unpack[PutFields]
     ) -> Flow[PutOutcome]:
         """Store a new entry atomically (hash, ids, exact-match map, log, counters).
@@ -240,19 +243,21 @@ class Storage(StoragePlans):
         """
         plan = self.plan_put(tenant, query, response, embedding, **fields)
         try:
-            out = yield from self._run(plan)
+            out = yield from self.run_flow(plan)
         except DimensionLost as lost:
             # The cfg hash lost the dimension while entries remain: the entries' majority
             # decides it, never this put alone (nor one corrupt entry).
-            dim = yield from self._restore_dim(tenant)
+            dim = yield from self.restore_dim_flow(tenant)
             again: PutFields = {**fields, "index_dim": lost.dim if dim is None else dim}
-            out = yield from self._run(self.plan_put(tenant, query, response, embedding, **again))
+            out = yield from self.run_flow(
+                self.plan_put(tenant, query, response, embedding, **again)
+            )
         if self.needs_registration(tenant):
-            yield from self._command("register tenant", "sadd", self.tenants_key, tenant)
-            self._registered_tenants.add(tenant)
+            yield from self.command_flow("register tenant", "sadd", self.tenants_key, tenant)
+            self.registered_tenants.add(tenant)
         return out
 
-    def _feedback(
+    def feedback_flow(
         self, signal: FeedbackSignal, *, rl: RLConfig | None = None
     ) -> Flow[FeedbackOutcome]:
         """Apply one signal atomically; return the entry's new learning state. ``rl``:
@@ -262,12 +267,12 @@ class Storage(StoragePlans):
             EntryNotFoundError: no such entry in ``signal.tenant_id``.
             CorruptEntryError: the entry's state does not decode (nothing written).
         """
-        (result,) = yield from self._run(self.plan_feedback([signal], rl=rl))
+        (result,) = yield from self.run_flow(self.plan_feedback([signal], rl=rl))
         if isinstance(result, ZerdaError):
             raise result
         return result
 
-    def _feedback_many(
+    def feedback_many_flow(
         self,
         signals: Sequence[FeedbackSignal],
         *,
@@ -282,16 +287,16 @@ class Storage(StoragePlans):
         the configuration's (the manager's feedback applies each tenant's policy).
         """
         out: list[FeedbackOutcome | ZerdaError | None] = [None] * len(signals)
-        for positions in _group_by_tenant(signals).values():
+        for positions in group_by_tenant(signals).values():
             for i in range(0, len(positions), batch):
                 chunk = positions[i : i + batch]
                 sigs = [signals[j] for j in chunk]
-                results = yield from self._run(self.plan_feedback(sigs))
+                results = yield from self.run_flow(self.plan_feedback(sigs))
                 for j, res in zip(chunk, results, strict=True):
                     out[j] = res
         return [r for r in out if r is not None]
 
-    def _decay(
+    def decay_flow(
         self,
         tenant: str,
         entry_ids: Sequence[str],
@@ -313,9 +318,9 @@ class Storage(StoragePlans):
         if not entry_ids and not complete and not claim:
             return DecayOutcome(0, 0, [])
         plan = self.plan_decay(tenant, entry_ids, fence=fence, rl=rl, complete=complete)
-        return (yield from self._run(plan))
+        return (yield from self.run_flow(plan))
 
-    def _evict(
+    def evict_flow(
         self,
         tenant: str,
         candidates: Sequence[tuple[str, int | None]],
@@ -334,15 +339,15 @@ class Storage(StoragePlans):
         plan = self.plan_evict(tenant, candidates, reason, fence=fence)
         if not candidates:
             return EvictOutcome([], [], [])
-        return (yield from self._run(plan))
+        return (yield from self.run_flow(plan))
 
-    def _invalidate(self, tenant: str, entry_id: str) -> Flow[bool]:
+    def invalidate_flow(self, tenant: str, entry_id: str) -> Flow[bool]:
         """Remove one entry now; False if it did not exist."""
         validate_entry_id(entry_id, InvalidEntryError)
-        out = yield from self._evict(tenant, [(entry_id, None)], "invalidated")
+        out = yield from self.evict_flow(tenant, [(entry_id, None)], "invalidated")
         return bool(out.removed)
 
-    def _invalidate_tag(self, tenant: str, tag: str) -> Flow[int]:
+    def invalidate_tag_flow(self, tenant: str, tag: str) -> Flow[int]:
         """Remove every entry put with ``tag`` now, from its set (the tag's index, never a
         scan of the tenant): ``TAG_BATCH`` entries a call of the evict script, each call
         atomic, and the tag's set emptied as they go. Returns the entries removed. An
@@ -352,93 +357,93 @@ class Storage(StoragePlans):
         key = k.tag(check_tag(tag))
         removed, cursor = 0, None
         while cursor != 0:
-            nxt, members = yield from self._command(
+            nxt, members = yield from self.command_flow(
                 "invalidate tag", "sscan", key, cursor=cursor or 0, count=TAG_BATCH
             )
             cursor = int(nxt)
             ids = list(dict.fromkeys(text(m) for m in members))
             for at in range(0, len(ids), TAG_BATCH):
                 chunk = ids[at : at + TAG_BATCH]
-                out = yield from self._evict(tenant, [(e, None) for e in chunk], "invalidated")
+                out = yield from self.evict_flow(tenant, [(e, None) for e in chunk], "invalidated")
                 removed += len(out.removed)
-                yield from self._command("invalidate tag", "srem", key, *chunk)
-        yield from self._run(self.plan_tag_sweep(tenant, tag, []))
+                yield from self.command_flow("invalidate tag", "srem", key, *chunk)
+        yield from self.run_flow(self.plan_tag_sweep(tenant, tag, []))
         return removed
 
-    def _sweep_tag(self, tenant: str, tag: str) -> Flow[int]:
+    def sweep_tag_flow(self, tenant: str, tag: str) -> Flow[int]:
         """Drop the ids of removed entries from ``tag``'s set (and the tag once none is
         left): the worker's upkeep of the tags index. Returns the ids dropped."""
         key = self.keys(tenant).tag(tag)
         dropped, cursor = 0, None
         while cursor != 0:
-            nxt, members = yield from self._command(
+            nxt, members = yield from self.command_flow(
                 "sweep tag", "sscan", key, cursor=cursor or 0, count=TAG_BATCH
             )
             cursor = int(nxt)
             ids = [text(m) for m in members]
-            dropped += yield from self._run(self.plan_tag_sweep(tenant, tag, ids))
+            dropped += yield from self.run_flow(self.plan_tag_sweep(tenant, tag, ids))
         return dropped
 
-    def _export_batch(self, tenant: str, entry_ids: Sequence[str]) -> Flow[list[StoredEntry]]:
+    def export_batch_flow(self, tenant: str, entry_ids: Sequence[str]) -> Flow[list[StoredEntry]]:
         """The stored fields of ``entry_ids`` (``read_export``)."""
         if not entry_ids:
             return []
-        return (yield from self._read(self.read_export(tenant, entry_ids)))
+        return (yield from self.read_flow(self.read_export(tenant, entry_ids)))
 
     # -- the proxy's shared state (service/coordination.py) ----------------------------------
-    def _remember_completion(
+    def remember_completion_flow(
         self, tenant: str, completion_id: str, value: str, ttl_s: float
     ) -> Flow[None]:
         """Map a completion id the proxy answered with to ``value`` (expires)."""
         key = self.keys(tenant).completion(completion_id)
-        yield from self._command("completion id", "set", key, value, ex=max(1, int(ttl_s)))
+        yield from self.command_flow("completion id", "set", key, value, ex=max(1, int(ttl_s)))
 
-    def _recall_completion(self, tenant: str, completion_id: str) -> Flow[bytes | None]:
+    def recall_completion_flow(self, tenant: str, completion_id: str) -> Flow[bytes | None]:
         """What a completion id maps to (``None``: unknown or expired)."""
         key = self.keys(tenant).completion(completion_id)
-        raw = yield from self._command("completion id", "get", key)
+        raw = yield from self.command_flow("completion id", "get", key)
         return None if raw is None else bytes(raw)
 
-    def _take_flight(self, tenant: str, digest: str, token: str, ms: int) -> Flow[bool]:
+    def take_flight_flow(self, tenant: str, digest: str, token: str, ms: int) -> Flow[bool]:
         """Take the lease on the upstream call of request ``digest`` if it is free."""
         key = self.keys(tenant).in_flight(digest)
-        taken = yield from self._command("lease", "set", key, token, nx=True, px=ms)
+        taken = yield from self.command_flow("lease", "set", key, token, nx=True, px=ms)
         return bool(taken)
 
-    def _read_flight(self, tenant: str, digest: str) -> Flow[bytes | None]:
+    def read_flight_flow(self, tenant: str, digest: str) -> Flow[bytes | None]:
         """The lease's value: a holder's token, a finished holder's marker, or ``None``."""
-        raw = yield from self._command("lease", "get", self.keys(tenant).in_flight(digest))
+        raw = yield from self.command_flow("lease", "get", self.keys(tenant).in_flight(digest))
         return None if raw is None else bytes(raw)
 
-    def _renew_flight(self, tenant: str, digest: str, token: str, ms: int) -> Flow[bool]:
+    def renew_flight_flow(self, tenant: str, digest: str, token: str, ms: int) -> Flow[bool]:
         """Extend the lease if it is still ``token``'s (``lua/lease_renew.lua``)."""
         key = self.keys(tenant).in_flight(digest)
         plan = ScriptCall("lease_renew", [key], [token, ms], lambda res: bool(res))
-        return (yield from self._run(plan))
+        return (yield from self.run_flow(plan))
 
-    def _finish_flight(
+    def finish_flight_flow(
         self, tenant: str, digest: str, token: str, marker: str, ms: int
     ) -> Flow[bool]:
         """Replace the lease by ``marker`` for ``ms`` if it is still ``token``'s
         (``lua/lease_finish.lua``)."""
         key = self.keys(tenant).in_flight(digest)
         plan = ScriptCall("lease_finish", [key], [token, marker, ms], lambda res: bool(res))
-        return (yield from self._run(plan))
+        return (yield from self.run_flow(plan))
 
-    def _scan_tags(
+    def scan_tags_flow(
         self, tenant: str, cursor: int = 0, batch: int | None = None
     ) -> Flow[tuple[int, list[str]]]:
         """One SSCAN step over the tenant's tag names."""
-        nxt, names = yield from self._command(
+        nxt, names = yield from self.command_flow(
             "tags", "sscan", self.keys(tenant).tags, cursor=cursor, count=batch or TAG_BATCH
         )
         return int(nxt), [text(n) for n in names]
 
-    def _tags(self, tenant: str) -> Flow[dict[str, int]]:
+    def tags_flow(self, tenant: str) -> Flow[dict[str, int]]:
         """The tenant's tags and how many ids each one's set holds (removed entries among
         them until the worker's sweep)."""
         k = self.keys(tenant)
-        names = sorted(text(m) for m in (yield from self._command("tags", "smembers", k.tags)))
+        names = sorted(text(m) for m in (yield from self.command_flow("tags", "smembers", k.tags)))
         if not names:
             return {}
 
@@ -446,32 +451,32 @@ class Storage(StoragePlans):
             for name in names:
                 pipe.scard(k.tag(name))
 
-        counts = yield from self._read(ReadPlan("tags", queue, lambda res: res, len(names)))
+        counts = yield from self.read_flow(ReadPlan("tags", queue, lambda res: res, len(names)))
         return {name: int(n) for name, n in zip(names, counts, strict=True)}
 
     #: Serve ``entry_id``: count the use and return the entry (arm at now); see
     #: ``StoragePlans.plan_hit`` for the serving bar and the similarity bar.
     hit = op(scripted(StoragePlans.plan_hit))
-    put = op(_put)
-    feedback = op(_feedback)
-    feedback_many = op(_feedback_many)
-    decay = op(_decay)
-    evict = op(_evict)
-    invalidate = op(_invalidate)
-    invalidate_tag = op(_invalidate_tag)
-    sweep_tag = op(_sweep_tag)
-    tags = op(_tags)
-    export_batch = op(_export_batch)
-    scan_tags = op(_scan_tags)
-    remember_completion = op(_remember_completion)
-    recall_completion = op(_recall_completion)
-    take_flight = op(_take_flight)
-    read_flight = op(_read_flight)
-    renew_flight = op(_renew_flight)
-    finish_flight = op(_finish_flight)
+    put = op(put_flow)
+    feedback = op(feedback_flow)
+    feedback_many = op(feedback_many_flow)
+    decay = op(decay_flow)
+    evict = op(evict_flow)
+    invalidate = op(invalidate_flow)
+    invalidate_tag = op(invalidate_tag_flow)
+    sweep_tag = op(sweep_tag_flow)
+    tags = op(tags_flow)
+    export_batch = op(export_batch_flow)
+    scan_tags = op(scan_tags_flow)
+    remember_completion = op(remember_completion_flow)
+    recall_completion = op(recall_completion_flow)
+    take_flight = op(take_flight_flow)
+    read_flight = op(read_flight_flow)
+    renew_flight = op(renew_flight_flow)
+    finish_flight = op(finish_flight_flow)
 
     # -- reads -------------------------------------------------------------------------------
-    def _get_entry(
+    def get_entry_flow(
         self, tenant: str, entry_id: str, *, with_vector: bool = True
     ) -> Flow[IntelligentCacheEntry]:
         """Load one whole entry.
@@ -480,9 +485,11 @@ class Storage(StoragePlans):
             EntryNotFoundError: no such entry in ``tenant``.
             CorruptEntryError: a stored value does not decode.
         """
-        return (yield from self._read(self.read_entry(tenant, entry_id, with_vector=with_vector)))
+        return (
+            yield from self.read_flow(self.read_entry(tenant, entry_id, with_vector=with_vector))
+        )
 
-    def _read_entries(
+    def read_entries_flow(
         self, tenant: str, entry_ids: Sequence[str], *, with_vector: bool = True
     ) -> Flow[list[IntelligentCacheEntry | EntryNotFoundError | CorruptEntryError]]:
         """Load many whole entries, ``READ_ENTRIES_BATCH`` a round trip: each one's entry,
@@ -494,19 +501,19 @@ class Storage(StoragePlans):
                 _errors_returned(self.read_entry(tenant, eid, with_vector=with_vector))
                 for eid in ids[at : at + READ_ENTRIES_BATCH]
             ]
-            out += yield from self._read(self.batch("read_entries", plans))
+            out += yield from self.read_flow(self.batch("read_entries", plans))
         return out
 
-    def _load_states(self, tenant: str, entry_ids: Sequence[str]) -> Flow[StateBatch]:
+    def load_states_flow(self, tenant: str, entry_ids: Sequence[str]) -> Flow[StateBatch]:
         """Arms, usage and meta of many entries in one round trip.
 
         Missing entries (evicted meanwhile) and corrupt ones are listed, not raised.
         """
         if not entry_ids:
             return StateBatch()
-        return (yield from self._read(self.read_states(tenant, entry_ids)))
+        return (yield from self.read_flow(self.read_states(tenant, entry_ids)))
 
-    def _state_arrays(
+    def state_arrays_flow(
         self,
         tenant: str,
         entry_ids: Sequence[str],
@@ -524,51 +531,51 @@ class Storage(StoragePlans):
         if not ids:
             return state_arrays_of(ids, [])
         if check_hashes:
-            states = yield from self._run(
+            states = yield from self.run_flow(
                 self.plan_raw_states(tenant, ids, rl=rl, check_hashes=check_hashes)
             )
         else:
-            states = yield from self._command("state", "hmget", self.keys(tenant).st, ids)
+            states = yield from self.command_flow("state", "hmget", self.keys(tenant).st, ids)
             missing = [i for i, raw in enumerate(states) if raw is None]
             if missing:
-                found = yield from self._run(
+                found = yield from self.run_flow(
                     self.plan_raw_states(tenant, [ids[i] for i in missing], rl=rl)
                 )
                 for i, raw in zip(missing, found, strict=True):
                     states[i] = raw
         return state_arrays_of(ids, states)
 
-    def _vectors(
+    def vectors_flow(
         self, tenant: str, entry_ids: Sequence[str], dim: int | None = None
     ) -> Flow[dict[str, tuple[codec.Vector, str]]]:
         """``{id: (vector, scope)}`` of the entries that exist and decode (with ``dim``:
         and hold that many dimensions). The others are reported for the worker."""
         if not entry_ids:
             return {}
-        return (yield from self._read(self.read_vectors(tenant, entry_ids, dim)))
+        return (yield from self.read_flow(self.read_vectors(tenant, entry_ids, dim)))
 
-    def _audit(self, tenant: str, entry_ids: Sequence[str]) -> Flow[list[str]]:
+    def audit_flow(self, tenant: str, entry_ids: Sequence[str]) -> Flow[list[str]]:
         """The ids among ``entry_ids`` whose content is corrupt (``read_audit``)."""
         if not entry_ids:
             return []
-        return (yield from self._read(self.read_audit(tenant, entry_ids)))
+        return (yield from self.read_flow(self.read_audit(tenant, entry_ids)))
 
-    def _tenant_dim(self, tenant: str) -> Flow[int | None]:
+    def tenant_dim_flow(self, tenant: str) -> Flow[int | None]:
         """The tenant's embedding dimension, fixed by its first put; when its cfg hash
-        lost it while entries remain, restored from their majority (``_restore_dim``).
+        lost it while entries remain, restored from their majority (``restore_dim_flow``).
         ``None``: the tenant has no entries (or no majority)."""
-        dim = yield from self._read(self.read_dim(tenant))
+        dim = yield from self.read_flow(self.read_dim(tenant))
         if dim is not None:
             return dim
-        return (yield from self._restore_dim(tenant))
+        return (yield from self.restore_dim_flow(tenant))
 
-    def _restore_dim(self, tenant: str) -> Flow[int | None]:
+    def restore_dim_flow(self, tenant: str) -> Flow[int | None]:
         """Restore a lost dimension from a random sample of the tenant's entries."""
-        sample = yield from self._command(
+        sample = yield from self.command_flow(
             "sample ids", "zrandmember", self.keys(tenant).ids, DIM_SAMPLE
         )
         ids = [text(member) for member in sample or ()]
-        dim = yield from self._run(self.plan_restore_dim(tenant, ids))
+        dim = yield from self.run_flow(self.plan_restore_dim(tenant, ids))
         if ids:
             log.warning(
                 "tenant %s: its embedding dimension was missing from its cfg hash; %s",
@@ -579,51 +586,51 @@ class Storage(StoragePlans):
             )
         return dim
 
-    def _stats(self, tenant: str) -> Flow[dict[str, int]]:
+    def stats_flow(self, tenant: str) -> Flow[dict[str, int]]:
         """The tenant's counters plus ``entries`` (live ids)."""
-        return (yield from self._read(self.read_stats(tenant)))
+        return (yield from self.read_flow(self.read_stats(tenant)))
 
-    def _exact_match(self, tenant: str, query: str, scope: str = "") -> Flow[str | None]:
+    def exact_match_flow(self, tenant: str, query: str, scope: str = "") -> Flow[str | None]:
         """The id the (normalised query, scope) digest points to, if any."""
-        return (yield from self._read(self.read_exact(tenant, query, scope)))
+        return (yield from self.read_flow(self.read_exact(tenant, query, scope)))
 
-    def _scan_ids(
+    def scan_ids_flow(
         self, tenant: str, cursor: int = 0, batch: int | None = None
     ) -> Flow[tuple[int, IdBatch]]:
         """One ZSCAN step over the live ids: the next cursor (0: done) and a batch of
         ``(entry_id, expires_at)``. An id present for a whole scan is returned at least
         once (never KEYS)."""
         count = batch or self.config.eviction.scan_batch
-        nxt, items = yield from self._command(
+        nxt, items = yield from self.command_flow(
             "iter_ids", "zscan", self.keys(tenant).ids, cursor=cursor, count=count
         )
         return int(nxt), [(text(member), float(score)) for member, score in items]
 
-    def _scan_evidence(
+    def scan_evidence_flow(
         self, tenant: str, cursor: int = 0, batch: int | None = None
     ) -> Flow[tuple[int, list[str]]]:
         """One SSCAN step over the ids of arms with evidence (the decay job's list)."""
         count = batch or self.config.eviction.scan_batch
-        nxt, items = yield from self._command(
+        nxt, items = yield from self.command_flow(
             "iter_evidence", "sscan", self.keys(tenant).ev, cursor=cursor, count=count
         )
         return int(nxt), [text(member) for member in items]
 
-    def _scan_entry_keys(self, tenant: str, cursor: int = 0) -> Flow[tuple[int, list[str]]]:
+    def scan_entry_keys_flow(self, tenant: str, cursor: int = 0) -> Flow[tuple[int, list[str]]]:
         """One SCAN step over the keyspace for the tenant's entry hashes (their ids):
         the way back to entries whose ids zset was lost. It walks every key of the
         server, so the worker runs it only when that zset is gone (``recover_orphans``)."""
         prefix = self.keys(tenant).entry_prefix
-        nxt, keys = yield from self._command(
+        nxt, keys = yield from self.command_flow(
             "scan entries", "scan", cursor=cursor, match=prefix + "*", count=1_000
         )
         return int(nxt), [text(key)[len(prefix) :] for key in keys]
 
-    def _scan_all_entry_keys(self, cursor: int = 0) -> Flow[tuple[int, list[tuple[str, str]]]]:
+    def scan_all_entry_keys_flow(self, cursor: int = 0) -> Flow[tuple[int, list[tuple[str, str]]]]:
         """One SCAN step over the keyspace for every tenant's entry hashes: ``(tenant,
         entry id)`` pairs (the worker's orphan sweep under an allkeys-* policy)."""
         prefix = self.config.key_prefix + ":{"
-        nxt, keys = yield from self._command(
+        nxt, keys = yield from self.command_flow(
             "scan entries", "scan", cursor=cursor, match=prefix + "*}:e:*", count=1_000
         )
         out = []
@@ -633,28 +640,28 @@ class Storage(StoragePlans):
                 out.append((tenant, rest))
         return int(nxt), out
 
-    def _register_tenants(self, tenants: Sequence[str]) -> Flow[None]:
+    def register_tenants_flow(self, tenants: Sequence[str]) -> Flow[None]:
         """Add tenants to the global registry (idempotent): the worker's sweep re-creates
         a registry an allkeys-* policy evicted."""
         if tenants:
             for tenant in tenants:
                 validate_tenant(tenant)
-            yield from self._command("register tenant", "sadd", self.tenants_key, *tenants)
+            yield from self.command_flow("register tenant", "sadd", self.tenants_key, *tenants)
 
-    def _adopt(self, tenant: str, entry_ids: Sequence[str]) -> Flow[int]:
+    def adopt_flow(self, tenant: str, entry_ids: Sequence[str]) -> Flow[int]:
         """Take back entries whose hash outlived the ids zset (see ``plan_adopt``)."""
         ids = [eid for eid in entry_ids if _is_entry_id(eid)]
         if not ids:
             return 0
-        return int((yield from self._run(self.plan_adopt(tenant, ids))))
+        return int((yield from self.run_flow(self.plan_adopt(tenant, ids))))
 
     # -- index snapshots (zerda_cache/snapshot.py) -------------------------------------------
-    def _snapshot_info(self, tenant: str) -> Flow[SnapshotInfo | None]:
+    def snapshot_info_flow(self, tenant: str) -> Flow[SnapshotInfo | None]:
         """The tenant's published index snapshot, or ``None`` (none, or another format)."""
-        raw = yield from self._command("snapshot", "hgetall", self.keys(tenant).snap)
+        raw = yield from self.command_flow("snapshot", "hgetall", self.keys(tenant).snap)
         return SnapshotInfo.parse(raw)
 
-    def _read_snapshot(self, tenant: str, info: SnapshotInfo) -> Flow[memoryview | None]:
+    def read_snapshot_flow(self, tenant: str, info: SnapshotInfo) -> Flow[memoryview | None]:
         """The snapshot's bytes, or ``None`` if a chunk is gone (a newer snapshot replaced
         it meanwhile) or they do not match the published size and checksum.
 
@@ -675,7 +682,9 @@ class Storage(StoragePlans):
         digest = _digester()
         at = 0
         for i in range(info.chunks):
-            chunk = yield from self._command("snapshot", "get", k.snap_chunk(info.generation, i))
+            chunk = yield from self.command_flow(
+                "snapshot", "get", k.snap_chunk(info.generation, i)
+            )
             if chunk is None:
                 return None
             if at + len(chunk) > info.size:
@@ -692,7 +701,7 @@ class Storage(StoragePlans):
             return None
         return view
 
-    def _write_snapshot(
+    def write_snapshot_flow(
         self,
         tenant: str,
         blob: bytes,
@@ -711,13 +720,15 @@ class Storage(StoragePlans):
         import secrets
 
         k = self.keys(tenant)
-        old = yield from self._snapshot_info(tenant)
+        old = yield from self.snapshot_info_flow(tenant)
         gen = secrets.token_hex(6)
         n = max(1, -(-len(blob) // SNAPSHOT_CHUNK))
         new_keys = [k.snap_chunk(gen, i) for i in range(n)]
         for i, key in enumerate(new_keys):
             part = blob[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK]
-            yield from self._command("snapshot", "set", key, part, px=SNAPSHOT_UNPUBLISHED_TTL_MS)
+            yield from self.command_flow(
+                "snapshot", "set", key, part, px=SNAPSHOT_UNPUBLISHED_TTL_MS
+            )
         old_keys = [] if old is None else _chunk_keys(k, old)
         fields = {
             "fmt": fmt,
@@ -734,26 +745,28 @@ class Storage(StoragePlans):
         for name, value in fields.items():
             args += [name, value]
         plan = ScriptCall("snapshot", [k.snap, *new_keys, *old_keys], args, lambda r: int(r))
-        return bool((yield from self._run(plan)))
+        return bool((yield from self.run_flow(plan)))
 
-    def _drop_snapshot(self, tenant: str) -> Flow[None]:
+    def drop_snapshot_flow(self, tenant: str) -> Flow[None]:
         """Delete the tenant's index snapshot (``clear`` does: its vectors may not fit
         the tenant any more)."""
         k = self.keys(tenant)
-        info = yield from self._snapshot_info(tenant)
+        info = yield from self.snapshot_info_flow(tenant)
         chunks = [] if info is None else _chunk_keys(k, info)
-        yield from self._run(ScriptCall("snapshot", [k.snap, *chunks], ["drop"], lambda r: None))
+        yield from self.run_flow(
+            ScriptCall("snapshot", [k.snap, *chunks], ["drop"], lambda r: None)
+        )
 
-    def _evidence_count(self, tenant: str) -> Flow[int]:
+    def evidence_count_flow(self, tenant: str) -> Flow[int]:
         """How many arms have evidence (the size of the decay job's list)."""
-        return int((yield from self._command("evidence", "scard", self.keys(tenant).ev)))
+        return int((yield from self.command_flow("evidence", "scard", self.keys(tenant).ev)))
 
-    def _feedback_mark(self, tenant: str) -> Flow[LogInfo]:
+    def feedback_mark_flow(self, tenant: str) -> Flow[LogInfo]:
         """Where the tenant's feedback stream stands now (``changed_arms`` reads on
         from it)."""
-        return (yield from self._stream_info(self.keys(tenant).fb))
+        return (yield from self.stream_info_flow(self.keys(tenant).fb))
 
-    def _changed_arms(
+    def changed_arms_flow(
         self, tenant: str, mark: LogInfo | None, limit: int
     ) -> Flow[tuple[list[str] | None, LogInfo]]:
         """The ids of the arms that got a signal since ``mark`` (a ``feedback_mark``),
@@ -763,13 +776,13 @@ class Storage(StoragePlans):
         came since (the caller then reads its whole evidence list). Every signal goes
         through the feedback script, which appends it to the stream, so these are all
         the arms that changed other than by the passing of time."""
-        now = yield from self._stream_info(self.keys(tenant).fb)
+        now = yield from self.stream_info_flow(self.keys(tenant).fb)
         if mark is None or not now.holds_since(mark.added) or now.added - mark.added > limit:
             return None, now
         fresh = now.added - mark.added
         if fresh == 0:
             return [], now
-        items = yield from self._command(
+        items = yield from self.command_flow(
             "feedback stream",
             "xrange",
             self.keys(tenant).fb,
@@ -782,10 +795,10 @@ class Storage(StoragePlans):
         ids = dict.fromkeys(text(fields[b"id"]) for _, fields in items if b"id" in fields)
         return list(ids), now
 
-    def _expired_ids(self, tenant: str, now: float, limit: int = 10_000) -> Flow[list[str]]:
+    def expired_ids_flow(self, tenant: str, now: float, limit: int = 10_000) -> Flow[list[str]]:
         """Up to ``limit`` live ids whose expiry is at or before ``now`` (the ids zset is
         scored by expiry, so this is a range read, not a scan)."""
-        items = yield from self._command(
+        items = yield from self.command_flow(
             "expired ids",
             "zrangebyscore",
             self.keys(tenant).ids,
@@ -796,7 +809,7 @@ class Storage(StoragePlans):
         )
         return [text(i) for i in items]
 
-    def _size(self, tenant: str) -> Flow[tuple[int, int]]:
+    def size_flow(self, tenant: str) -> Flow[tuple[int, int]]:
         """The tenant's live entries and stored bytes, in one round trip."""
         k = self.keys(tenant)
 
@@ -811,29 +824,29 @@ class Storage(StoragePlans):
                 size = 0
             return int(res[0]), size
 
-        return (yield from self._read(ReadPlan("size", queue, parse, 2)))
+        return (yield from self.read_flow(ReadPlan("size", queue, parse, 2)))
 
-    def _evidence_complete(self, tenant: str) -> Flow[bool]:
+    def evidence_complete_flow(self, tenant: str) -> Flow[bool]:
         """True once a full decay scan has filled the tenant's evidence set (the set is
         then kept by the scripts); False for data written without it, or after the
         settings hash was lost."""
-        flag = yield from self._command("evidence", "hget", self.keys(tenant).cfg, "evx")
+        flag = yield from self.command_flow("evidence", "hget", self.keys(tenant).cfg, "evx")
         return flag is not None
 
-    def _count(self, tenant: str) -> Flow[int]:
+    def count_flow(self, tenant: str) -> Flow[int]:
         """Live entries of ``tenant``."""
-        return int((yield from self._command("count", "zcard", self.keys(tenant).ids)))
+        return int((yield from self.command_flow("count", "zcard", self.keys(tenant).ids)))
 
-    def _tenants(self) -> Flow[list[str]]:
+    def tenants_flow(self) -> Flow[list[str]]:
         """Every tenant that was ever put to or configured (sorted)."""
-        members = yield from self._command("tenants", "smembers", self.tenants_key)
+        members = yield from self.command_flow("tenants", "smembers", self.tenants_key)
         return sorted(text(t) for t in members)
 
-    def _tenant_settings(self, tenant: str) -> Flow[dict[str, float]]:
+    def tenant_settings_flow(self, tenant: str) -> Flow[dict[str, float]]:
         """The tenant's numeric settings stored in Redis (``policy.POLICY_FIELDS``, by
         their stored names; booleans as 1.0 / 0.0), and ``dim``, fixed by its first put.
         ``tenant_policy`` gives them applied, with their version."""
-        raw = yield from self._command("tenant_settings", "hgetall", self.keys(tenant).cfg)
+        raw = yield from self.command_flow("tenant_settings", "hgetall", self.keys(tenant).cfg)
         out: dict[str, float] = {}
         for name, value in raw.items():
             key = text(name)
@@ -846,13 +859,13 @@ class Storage(StoragePlans):
                 log.warning("tenant %s: ignoring bad setting %r=%r", tenant, name, value)
         return out
 
-    def _set_tenant_settings(self, /, tenant: str, **settings: float | None) -> Flow[int]:
+    def set_tenant_settings_flow(self, /, tenant: str, **settings: float | None) -> Flow[int]:
         """Set (a number) or clear (``None``) settings by keyword: max_entries,
         max_bytes, ttl, max_error_rate, similarity_threshold, top_k, ... (names without a
         dot; ``set_tenant_policy`` takes every name). Returns the new policy version."""
-        return (yield from self._set_tenant_policy(tenant, settings))
+        return (yield from self.set_tenant_policy_flow(tenant, settings))
 
-    def _set_tenant_policy(self, tenant: str, changes: Mapping[str, object]) -> Flow[int]:
+    def set_tenant_policy_flow(self, tenant: str, changes: Mapping[str, object]) -> Flow[int]:
         """Change a tenant's policy in one step (``settings.lua``): ``changes`` maps
         setting names (``policy.POLICY_FIELDS``: ``similarity_threshold``,
         ``rl.min_reward_to_serve``, ``eviction.reward_weight``, ...) to a value, or to
@@ -867,29 +880,29 @@ class Storage(StoragePlans):
         k = self.keys(tenant)
         if not changes:
             raise InvalidSettingError("no settings to change")
-        raw = yield from self._command("tenant_settings", "hgetall", k.cfg)
+        raw = yield from self.command_flow("tenant_settings", "hgetall", k.cfg)
         stored = {text(n): text(v) for n, v in raw.items()}
         encoded = check_changes(self.config, stored, changes)
-        version = yield from self._run(self.plan_settings(tenant, encoded))
+        version = yield from self.run_flow(self.plan_settings(tenant, encoded))
         # A full server (noeviction) refuses the SADD, but must take the change itself:
         # lowering max_entries is how an operator makes the worker free memory. A tenant
         # with entries is registered already (each replica re-registers it too).
-        registered = yield from self._read(self.register(tenant))
+        registered = yield from self.read_flow(self.register(tenant))
         if isinstance(registered, Exception):
             log.warning("tenant %s: policy changed, not registered: %s", tenant, registered)
         return int(version)
 
-    def _tenant_policy(self, tenant: str) -> Flow[TenantPolicy]:
+    def tenant_policy_flow(self, tenant: str) -> Flow[TenantPolicy]:
         """The tenant's policy as this storage's configuration resolves it."""
-        return (yield from self._read(self.read_policy(tenant)))
+        return (yield from self.read_flow(self.read_policy(tenant)))
 
-    def _reset_tenant(self, tenant: str) -> Flow[None]:
+    def reset_tenant_flow(self, tenant: str) -> Flow[None]:
         """Drop a tenant's counters, feedback log, dimension, labelled outcomes and corrupt
         reports (``clear`` calls this once its entries are gone): a tenant re-created with
         another embedding model must not inherit similarity thresholds learned on the old
         one. The index log stays: replicas still need its events."""
         k = self.keys(tenant)
-        tags = [text(m) for m in (yield from self._command("tags", "smembers", k.tags))]
+        tags = [text(m) for m in (yield from self.command_flow("tags", "smembers", k.tags))]
 
         def queue(pipe: Any) -> None:
             pipe.unlink(k.stats, k.fb, k.cal, k.lab, k.seen, k.bad, k.ev, k.tags)
@@ -898,35 +911,35 @@ class Storage(StoragePlans):
                 pipe.unlink(*(k.tag(t) for t in tags[at : at + 500]))
 
         size = 2 + (len(tags) + 499) // 500
-        yield from self._read(ReadPlan("reset_tenant", queue, _ignore, size))
-        yield from self._drop_snapshot(tenant)
+        yield from self.read_flow(ReadPlan("reset_tenant", queue, _ignore, size))
+        yield from self.drop_snapshot_flow(tenant)
 
-    def _feedback_log(self, tenant: str, count: int = 100) -> Flow[list[dict[str, str]]]:
+    def feedback_log_flow(self, tenant: str, count: int = 100) -> Flow[list[dict[str, str]]]:
         """The most recent feedback signals of ``tenant``, newest first."""
-        rows = yield from self._command(
+        rows = yield from self.command_flow(
             "feedback_log", "xrevrange", self.keys(tenant).fb, count=count
         )
         return [{text(f): text(v) for f, v in fields.items()} for _, fields in rows]
 
-    def _log_info(self, tenant: str) -> Flow[LogInfo]:
+    def log_info_flow(self, tenant: str) -> Flow[LogInfo]:
         """``XINFO STREAM`` of the tenant's index log (zeros before its first event)."""
-        return (yield from self._stream_info(self.keys(tenant).log))
+        return (yield from self.stream_info_flow(self.keys(tenant).log))
 
-    def _stream_info(self, key: str) -> Flow[LogInfo]:
+    def stream_info_flow(self, key: str) -> Flow[LogInfo]:
         """``XINFO STREAM`` of one of the tenant's streams (zeros before it exists)."""
         try:
-            reply = yield from self._command("xinfo", "xinfo_stream", key)
+            reply = yield from self.command_flow("xinfo", "xinfo_stream", key)
         except StorageError as exc:
             if "no such key" in str(exc).lower():
                 return LogInfo()
             raise
         return LogInfo.parse(reply)
 
-    def _read_log(self, tenant: str, after: str) -> Flow[LogDelta]:
+    def read_log_flow(self, tenant: str, after: str) -> Flow[LogDelta]:
         """The tenant's log events after ``after`` (see ``read_log``)."""
-        return (yield from self._read(self.read_log(tenant, after)))
+        return (yield from self.read_flow(self.read_log(tenant, after)))
 
-    def _label(
+    def label_flow(
         self,
         tenant: str,
         similarity: float,
@@ -941,9 +954,9 @@ class Storage(StoragePlans):
         plan = self.plan_label(
             tenant, similarity, right, window=window, exact=exact, level=level or 0
         )
-        return (yield from self._run(plan))
+        return (yield from self.run_flow(plan))
 
-    def _calibrate(
+    def calibrate_flow(
         self,
         tenant: str,
         fitted_against: int,
@@ -953,68 +966,70 @@ class Storage(StoragePlans):
     ) -> Flow[bool]:
         """Publish a fitted match model with its rescored counts (see ``plan_calibrate``)."""
         plan = self.plan_calibrate(tenant, fitted_against, model, label_count, counts)
-        return (yield from self._run(plan))
+        return (yield from self.run_flow(plan))
 
-    def _calibration(self, tenant: str) -> Flow[Calibration]:
+    def calibration_flow(self, tenant: str) -> Flow[Calibration]:
         """The tenant's labelled outcomes and stored error bound."""
-        return (yield from self._tenant_policy(tenant)).calibration
+        return (yield from self.tenant_policy_flow(tenant)).calibration
 
-    def _suspects(self, tenant: str, count: int = 10_000) -> Flow[list[str]]:
+    def suspects_flow(self, tenant: str, count: int = 10_000) -> Flow[list[str]]:
         """Up to ``count`` ids replicas reported undecodable in ``tenant`` (read only)."""
-        ids = yield from self._command("corrupt ids", "srandmember", self.keys(tenant).bad, count)
+        ids = yield from self.command_flow(
+            "corrupt ids", "srandmember", self.keys(tenant).bad, count
+        )
         return sorted(text(i) for i in ids or ())
 
-    def _forget_suspects(self, tenant: str, entry_ids: Sequence[str]) -> Flow[None]:
+    def forget_suspects_flow(self, tenant: str, entry_ids: Sequence[str]) -> Flow[None]:
         """Drop reported ids once they are evicted."""
         if entry_ids:
-            yield from self._command("corrupt ids", "srem", self.keys(tenant).bad, *entry_ids)
+            yield from self.command_flow("corrupt ids", "srem", self.keys(tenant).bad, *entry_ids)
 
-    def _count_misses(self, tenant: str, n: int) -> Flow[None]:
+    def count_misses_flow(self, tenant: str, n: int) -> Flow[None]:
         """Add ``n`` to the tenant's miss counter."""
-        yield from self._read(self.count_misses(tenant, n))
+        yield from self.read_flow(self.count_misses(tenant, n))
 
-    get_entry = op(_get_entry)
-    read_entries = op(_read_entries)
-    load_states = op(_load_states)
-    state_arrays = op(_state_arrays)
-    vectors = op(_vectors)
-    scan_ids = op(_scan_ids)
-    audit = op(_audit)
-    stats = op(_stats)
-    exact_match = op(_exact_match)
-    count = op(_count)
-    evidence_complete = op(_evidence_complete)
-    evidence_count = op(_evidence_count)
-    feedback_mark = op(_feedback_mark)
-    changed_arms = op(_changed_arms)
-    scan_evidence = op(_scan_evidence)
-    expired_ids = op(_expired_ids)
-    snapshot_info = op(_snapshot_info)
-    read_snapshot = op(_read_snapshot)
-    write_snapshot = op(_write_snapshot)
-    drop_snapshot = op(_drop_snapshot)
-    adopt = op(_adopt)
-    register_tenants = op(_register_tenants)
-    size = op(_size)
-    tenant_dim = op(_tenant_dim)
-    tenants = op(_tenants)
-    tenant_settings = op(_tenant_settings)
-    set_tenant_settings = op(_set_tenant_settings)
-    set_tenant_policy = op(_set_tenant_policy)
-    tenant_policy = op(_tenant_policy)
-    reset_tenant = op(_reset_tenant)
-    feedback_log = op(_feedback_log)
-    log_info = op(_log_info)
-    label = op(_label)
-    calibrate = op(_calibrate)
-    calibration = op(_calibration)
-    suspects = op(_suspects)
-    forget_suspects = op(_forget_suspects)
+    get_entry = op(get_entry_flow)
+    read_entries = op(read_entries_flow)
+    load_states = op(load_states_flow)
+    state_arrays = op(state_arrays_flow)
+    vectors = op(vectors_flow)
+    scan_ids = op(scan_ids_flow)
+    audit = op(audit_flow)
+    stats = op(stats_flow)
+    exact_match = op(exact_match_flow)
+    count = op(count_flow)
+    evidence_complete = op(evidence_complete_flow)
+    evidence_count = op(evidence_count_flow)
+    feedback_mark = op(feedback_mark_flow)
+    changed_arms = op(changed_arms_flow)
+    scan_evidence = op(scan_evidence_flow)
+    expired_ids = op(expired_ids_flow)
+    snapshot_info = op(snapshot_info_flow)
+    read_snapshot = op(read_snapshot_flow)
+    write_snapshot = op(write_snapshot_flow)
+    drop_snapshot = op(drop_snapshot_flow)
+    adopt = op(adopt_flow)
+    register_tenants = op(register_tenants_flow)
+    size = op(size_flow)
+    tenant_dim = op(tenant_dim_flow)
+    tenants = op(tenants_flow)
+    tenant_settings = op(tenant_settings_flow)
+    set_tenant_settings = op(set_tenant_settings_flow)
+    set_tenant_policy = op(set_tenant_policy_flow)
+    tenant_policy = op(tenant_policy_flow)
+    reset_tenant = op(reset_tenant_flow)
+    feedback_log = op(feedback_log_flow)
+    log_info = op(log_info_flow)
+    label = op(label_flow)
+    calibrate = op(calibrate_flow)
+    calibration = op(calibration_flow)
+    suspects = op(suspects_flow)
+    forget_suspects = op(forget_suspects_flow)
 
     # -- the worker's keys -------------------------------------------------------------------
-    def _record_cycle(self, fields: dict[str, str]) -> Flow[None]:
+    def record_cycle_flow(self, fields: dict[str, str]) -> Flow[None]:
         """Append a record to the worker's cycle log (capped at ~``CYCLE_LOG_MAXLEN``)."""
-        yield from self._command(
+        yield from self.command_flow(
             "cycle log",
             "xadd",
             cycles_key(self.config.key_prefix),
@@ -1023,55 +1038,55 @@ class Storage(StoragePlans):
             approximate=True,
         )
 
-    def _recent_cycles(self, count: int = 50) -> Flow[list[dict[str, str]]]:
+    def recent_cycles_flow(self, count: int = 50) -> Flow[list[dict[str, str]]]:
         """The newest records of the worker's cycle log, newest first."""
-        rows = yield from self._command(
+        rows = yield from self.command_flow(
             "cycle log", "xrevrange", cycles_key(self.config.key_prefix), count=count
         )
         return [{"id": text(i), **{text(k): text(v) for k, v in f.items()}} for i, f in rows]
 
-    def _leader(self) -> Flow[str | None]:
+    def leader_flow(self) -> Flow[str | None]:
         """Who holds the worker lease now, if anyone."""
-        raw = yield from self._command("leader", "get", leader_key(self.config.key_prefix))
+        raw = yield from self.command_flow("leader", "get", leader_key(self.config.key_prefix))
         return text(raw) if raw is not None else None
 
-    def _eviction_policy(self) -> Flow[str | None]:
+    def eviction_policy_flow(self) -> Flow[str | None]:
         """The server's ``maxmemory-policy`` (``None`` when CONFIG is not allowed)."""
         try:
-            reply = yield from self._command("config", "config_get", "maxmemory-policy")
+            reply = yield from self.command_flow("config", "config_get", "maxmemory-policy")
         except StorageError:
             return None
         value = reply.get("maxmemory-policy") or reply.get(b"maxmemory-policy")
         return text(value) if value is not None else None
 
-    def _close(self) -> Flow[None]:
+    def close_flow(self) -> Flow[None]:
         """Close the client (its connection pool), and a Sentinel group's own clients."""
         pool = getattr(self.client, "connection_pool", None)
         sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
         for client in (self.client, *sentinels):
             yield client.aclose if self.is_async else client.close
 
-    eviction_policy = op(_eviction_policy)
-    record_cycle = op(_record_cycle)
-    recent_cycles = op(_recent_cycles)
-    leader = op(_leader)
+    eviction_policy = op(eviction_policy_flow)
+    record_cycle = op(record_cycle_flow)
+    recent_cycles = op(recent_cycles_flow)
+    leader = op(leader_flow)
 
     # -- the HTTP service: API keys and probes -----------------------------------------------
-    def _add_api_key(self, digest: str, record: ApiKey) -> Flow[bool]:
+    def add_api_key_flow(self, digest: str, record: ApiKey) -> Flow[bool]:
         """Store a new key's record under its token's digest; False if that digest exists."""
         key = api_keys_key(self.config.key_prefix)
         with wrap_errors("apikey_add"):
             res = yield call(self.scripts.apikey_add, keys=[key], args=[digest, record.encode()])
         return bool(int(res))
 
-    def _api_key(self, digest: str) -> Flow[ApiKey | None]:
+    def api_key_flow(self, digest: str) -> Flow[ApiKey | None]:
         """The record of the key whose token has this digest (revoked ones included).
 
         Raises:
             CorruptEntryError: the stored record does not decode.
         """
         key = api_keys_key(self.config.key_prefix)
-        raw = yield from self._command("api key", "hget", key, digest)
+        raw = yield from self.command_flow("api key", "hget", key, digest)
         if raw is None:
             return None
         try:
@@ -1079,10 +1094,10 @@ class Storage(StoragePlans):
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(key, f"record of {digest[:12]}: {exc}") from exc
 
-    def _api_keys(self) -> Flow[list[ApiKey]]:
+    def api_keys_flow(self) -> Flow[list[ApiKey]]:
         """Every key's record (undecodable ones are logged and skipped), by tenant."""
         key = api_keys_key(self.config.key_prefix)
-        raw = yield from self._command("api keys", "hgetall", key)
+        raw = yield from self.command_flow("api keys", "hgetall", key)
         out = []
         for digest, value in raw.items():
             try:
@@ -1091,28 +1106,28 @@ class Storage(StoragePlans):
                 log.warning("%s: skipping an undecodable record %s", key, text(digest)[:12])
         return sorted(out, key=lambda k: (k.tenant, k.created, k.id))
 
-    def _revoke_api_keys(
+    def revoke_api_keys_flow(
         self, *, key_id: str | None = None, tenant: str | None = None
     ) -> Flow[list[str]]:
         """Revoke one key (by id) or every key of a tenant; returns the ids revoked now."""
         if (key_id is None) == (tenant is None):
             raise ValueError("revoke by key_id or by tenant (exactly one)")
         field, value = ("id", key_id) if key_id is not None else ("tenant", tenant)
-        now = yield from self._now()
+        now = yield from self.now_flow()
         key = api_keys_key(self.config.key_prefix)
         with wrap_errors("apikey_revoke"):
             res = yield call(self.scripts.apikey_revoke, keys=[key], args=[field, value, repr(now)])
         return [text(i) for i in res or ()]
 
-    def _ping(self) -> Flow[bool]:
+    def ping_flow(self) -> Flow[bool]:
         """True when the server answers PING (raises ``StorageError`` when it does not)."""
-        return bool((yield from self._command("ping", "ping")))
+        return bool((yield from self.command_flow("ping", "ping")))
 
-    add_api_key = op(_add_api_key)
-    api_key = op(_api_key)
-    api_keys = op(_api_keys)
-    revoke_api_keys = op(_revoke_api_keys)
-    ping = op(_ping)
+    add_api_key = op(add_api_key_flow)
+    api_key = op(api_key_flow)
+    api_keys = op(api_keys_flow)
+    revoke_api_keys = op(revoke_api_keys_flow)
+    ping = op(ping_flow)
 
 
 class RedisStorage(SyncDriven, Storage):
@@ -1122,7 +1137,7 @@ class RedisStorage(SyncDriven, Storage):
         """Batches of ``(entry_id, expires_at)`` of every live id, by ZSCAN."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = self._drive(self._scan_ids(tenant, cursor or 0, batch))
+            cursor, items = self.drive(self.scan_ids_flow(tenant, cursor or 0, batch))
             if items:
                 yield items
 
@@ -1130,7 +1145,7 @@ class RedisStorage(SyncDriven, Storage):
         """Batches of the ids of the tenant's entry hashes, by a SCAN of the keyspace."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = self._drive(self._scan_entry_keys(tenant, cursor or 0))
+            cursor, items = self.drive(self.scan_entry_keys_flow(tenant, cursor or 0))
             if items:
                 yield items
 
@@ -1138,7 +1153,7 @@ class RedisStorage(SyncDriven, Storage):
         """Batches of ``(tenant, entry id)`` of every entry hash, by a SCAN of the keyspace."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = self._drive(self._scan_all_entry_keys(cursor or 0))
+            cursor, items = self.drive(self.scan_all_entry_keys_flow(cursor or 0))
             if items:
                 yield items
 
@@ -1146,12 +1161,12 @@ class RedisStorage(SyncDriven, Storage):
         """Batches of the ids of arms with evidence, by SSCAN (each at least once)."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = self._drive(self._scan_evidence(tenant, cursor or 0, batch))
+            cursor, items = self.drive(self.scan_evidence_flow(tenant, cursor or 0, batch))
             if items:
                 yield items
 
     def close(self) -> None:
-        self._drive(self._close())
+        self.drive(self.close_flow())
 
 
 class AsyncRedisStorage(AsyncDriven, Storage):
@@ -1162,7 +1177,7 @@ class AsyncRedisStorage(AsyncDriven, Storage):
         """``RedisStorage.iter_ids``, as an async iterator."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = await self._drive(self._scan_ids(tenant, cursor or 0, batch))
+            cursor, items = await self.drive(self.scan_ids_flow(tenant, cursor or 0, batch))
             if items:
                 yield items
 
@@ -1170,7 +1185,7 @@ class AsyncRedisStorage(AsyncDriven, Storage):
         """``RedisStorage.iter_entry_keys``, as an async iterator."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = await self._drive(self._scan_entry_keys(tenant, cursor or 0))
+            cursor, items = await self.drive(self.scan_entry_keys_flow(tenant, cursor or 0))
             if items:
                 yield items
 
@@ -1178,7 +1193,7 @@ class AsyncRedisStorage(AsyncDriven, Storage):
         """``RedisStorage.iter_all_entry_keys``, as an async iterator."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = await self._drive(self._scan_all_entry_keys(cursor or 0))
+            cursor, items = await self.drive(self.scan_all_entry_keys_flow(cursor or 0))
             if items:
                 yield items
 
@@ -1188,12 +1203,12 @@ class AsyncRedisStorage(AsyncDriven, Storage):
         """``RedisStorage.iter_evidence``, as an async iterator."""
         cursor: int | None = None
         while cursor != 0:
-            cursor, items = await self._drive(self._scan_evidence(tenant, cursor or 0, batch))
+            cursor, items = await self.drive(self.scan_evidence_flow(tenant, cursor or 0, batch))
             if items:
                 yield items
 
     async def aclose(self) -> None:
-        await self._drive(self._close())
+        await self.drive(self.close_flow())
 
 
 def is_cluster(client: Any) -> bool:
