@@ -13,6 +13,7 @@ import redis
 
 from zerda_cache.storage.codec import STATE_FIELDS
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.tenant_state import AsyncTenantState, TenantState
 
 _STATE = struct.Struct("<" + "d" * len(STATE_FIELDS))
 _ARM = ("a", "b", "n", "r", "t")
@@ -56,3 +57,12 @@ def stored(client: redis.Redis, tenant: str, entry_id: str) -> tuple[Any, Any]:
     """Everything stored of one entry: its hash and its state, as they are."""
     k = tenant_keys(tenant)
     return client.hgetall(k.entry(entry_id)), client.hget(k.st, entry_id)
+
+
+def tenant_state(storage: Any) -> Any:
+    """``TenantState`` over ``storage``; over conftest's ``Blocking`` view of an
+    ``AsyncRedisStorage``, an ``AsyncTenantState`` seen through the same blocking calls."""
+    target = getattr(storage, "target", None)
+    if target is not None:
+        return type(storage)(AsyncTenantState(target), storage.loop)
+    return TenantState(storage)

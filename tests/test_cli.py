@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import redis
 from click.testing import CliRunner
+from state_support import tenant_state
 
 from zerda_cache import FeedbackSignal
 from zerda_cache.cli import cli
@@ -60,7 +61,7 @@ def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: st
     assert code == 0 and "2.00%" in out and "near matches are verified" in out, out
     # a new tenant: exact repeats of entries a positive signal confirmed
     assert "expected reward >= 0.55 (level 1)" in out, out
-    assert st.calibration("acme").max_error_rate == 0.02
+    assert tenant_state(st).calibration("acme").max_error_rate == 0.02
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "1.5")
     assert code == 2 and "max_error_rate" in out
     code, out = run(redis_url, "tenant", "set", "acme", "--clear", "max_error_rate")

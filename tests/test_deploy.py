@@ -22,6 +22,7 @@ import httpx
 import pytest
 import redis
 import yaml
+from state_support import tenant_state
 
 from zerda_cache.cli import cli
 from zerda_cache.service.testing import ServerThread, canned_upstream
@@ -220,7 +221,7 @@ def test_every_dashboard_and_alert_expression_against_real_prometheus(
     storage = RedisStorage(redis_client)
     storage.set_tenant_settings("acme", max_error_rate=0.05, verify_rate=0.0)
     for i in range(400):  # labels enough for a threshold: the bound's gauges have series
-        storage.label("acme", 0.97, i % 100 != 0)
+        tenant_state(storage).label("acme", 0.97, i % 100 != 0)
     created = subprocess.run(
         [sys.executable, "-m", "zerda_cache.cli", "--redis-url", redis_url, "keys", "create",
          "--tenant", "acme"],

@@ -14,6 +14,7 @@ import redis
 from conftest import near
 from conftest import unit as _unit
 from prometheus_client import CollectorRegistry
+from state_support import tenant_state
 
 from zerda_cache import CacheConfig, EntryNotFoundError, FeedbackSignal
 from zerda_cache.calibration import (
@@ -32,6 +33,7 @@ from zerda_cache.calibration import (
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.tenant_state import plan_label
 from zerda_cache.verification import Ticket, same_meaning, same_text, ticket_key
 
 DIM = 384
@@ -138,14 +140,14 @@ def test_same_text_ignores_case_space_and_punctuation() -> None:
 def test_labels_are_counted_and_halved_past_the_window(redis_client: redis.Redis) -> None:
     st = RedisStorage(redis_client, CacheConfig(label_window=10))
     for i in range(10):
-        assert st.label("t", 0.95, i % 5 != 0) == i + 1
-    cal = st.calibration("t")
+        assert tenant_state(st).label("t", 0.95, i % 5 != 0) == i + 1
+    cal = tenant_state(st).calibration("t")
     assert (cal.right[bin_of(0.95)], cal.wrong[bin_of(0.95)]) == (8.0, 2.0)
-    assert st.label("t", 0.95, True) == pytest.approx(5.5)  # 11 labels: all halved
-    cal = st.calibration("t")
+    assert tenant_state(st).label("t", 0.95, True) == pytest.approx(5.5)  # 11 labels: all halved
+    cal = tenant_state(st).calibration("t")
     assert (cal.right[bin_of(0.95)], cal.wrong[bin_of(0.95)]) == (4.5, 1.0)
     st.set_tenant_settings("t", max_error_rate=0.02)
-    assert st.calibration("t").max_error_rate == 0.02
+    assert tenant_state(st).calibration("t").max_error_rate == 0.02
     with pytest.raises(ValueError, match="max_error_rate"):
         st.set_tenant_settings("t", max_error_rate=2)
 
@@ -161,20 +163,20 @@ def test_lookups_are_counted_per_bin_and_halved_apart_from_labels(
     m.lookup("q", tenant="t", embedding=v)  # the question itself: counted apart
     m.lookup("far", tenant="t", embedding=unit(41))  # nothing above the search threshold
     m.stats("t")  # writes the pending counts
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert (cal.traffic[bin_of(0.95)], cal.traffic_exact, cal.traffic_other) == (5.0, 1.0, 1.0)
     assert cal.lookups == 7.0
     st = RedisStorage(redis_client, CacheConfig(label_window=10))
-    st.label("t", 0.95, True)
+    tenant_state(st).label("t", 0.95, True)
     # Past ten label windows of lookups the counts are halved, the labels left alone.
     for i in range(100):
         m.lookup(f"close {i}", tenant="t", embedding=near(v, 0.952, 400 + i))
     m.stats("t")
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert 50 <= cal.lookups <= 100 and cal.right[bin_of(0.95)] == 1.0
     for _ in range(10):  # and past the label window, the labels are, not the lookups
-        st.label("t", 0.95, True)
-    after = m.storage.calibration("t")
+        tenant_state(st).label("t", 0.95, True)
+    after = tenant_state(m.storage).calibration("t")
     assert after.lookups == cal.lookups and after.right[bin_of(0.95)] == pytest.approx(5.5)
 
 
@@ -190,7 +192,7 @@ def test_exact_repeats_in_the_traffic_let_a_near_match_be_served(
     for _ in range(400):  # most requests are the question itself
         assert m.lookup("q", tenant="t", embedding=v) is not None
     m.stats("t")
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert cal.threshold(0.02) == pytest.approx(0.95)
     time.sleep(0.1)  # the replica's policy (and its counts) is read again
     m.lookup("q", tenant="t", embedding=v)
@@ -204,9 +206,9 @@ def teach(redis_client: redis.Redis, tenant: str, sims: dict[float, tuple[int, i
     st = RedisStorage(redis_client)
     for sim, (right, wrong) in sims.items():
         for _ in range(right):
-            st.label(tenant, sim, True)
+            tenant_state(st).label(tenant, sim, True)
         for _ in range(wrong):
-            st.label(tenant, sim, False)
+            tenant_state(st).label(tenant, sim, False)
 
 
 def test_cold_start_verifies_and_the_put_teaches(
@@ -229,7 +231,8 @@ def test_cold_start_verifies_and_the_put_teaches(
     assert again.replaced_id is None
     assert metric(registry, "zerda_cache_puts_total", tenant="t", result="kept") == 1
     assert m.storage.get_entry("t", first.entry_id).response == "Paris."
-    assert m.storage.calibration("t").exact_right == 1  # an exact label, counted apart
+    # an exact label, counted apart
+    assert tenant_state(m.storage).calibration("t").exact_right == 1
     # Its exact repeats are served from then on.
     exact = m.lookup(question, tenant="t", embedding=v)
     assert exact is not None and exact.exact and exact.entry_id == again.entry_id
@@ -243,7 +246,7 @@ def test_cold_start_verifies_and_the_put_teaches(
     res = m.put("capital of france?", "paris", tenant="t", embedding=near(v, 0.95, 2))
     assert res.stored and res.verified is True
     assert not m.awaiting_verification("capital of france?", tenant="t")  # the put took it
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert sum(cal.right) == 1 and cal.labels == 1
     # a put with no verification pending says so
     assert m.put("unrelated", "x", tenant="t", embedding=unit(3)).verified is None
@@ -258,7 +261,7 @@ def test_a_wrong_verification_is_a_negative_at_that_similarity(make_manager: Any
     assert res.verified is False
     entry = m.storage.get_entry("t", cached.entry_id, with_vector=False)
     assert entry.bandit_arm.beta > 1.0  # the entry learnt it was wrong for that question
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert sum(cal.wrong) == 1 and sum(cal.right) == 0
 
 
@@ -273,7 +276,7 @@ def test_serves_where_the_labels_say_matches_are_right(
         hit = m.lookup(f"close {i}", tenant="t", embedding=near(v, 0.97, 100 + i))
         assert hit is not None and hit.entry_id == cached.entry_id
         assert m.lookup(f"far {i}", tenant="t", embedding=near(v, 0.915, 200 + i)) is None
-    assert m.storage.calibration("t").threshold(0.02) == pytest.approx(0.96)
+    assert tenant_state(m.storage).calibration("t").threshold(0.02) == pytest.approx(0.96)
 
 
 def test_the_bound_per_call_and_per_tenant(make_manager: Any, redis_client: redis.Redis) -> None:
@@ -309,7 +312,7 @@ def test_exploration_verifies_some_servable_matches(
     assert always.lookup("q", tenant="t", embedding=v) is None
     assert always.awaiting_verification("q", tenant="t")
     assert always.put("q", "a", tenant="t", embedding=v).verified is True
-    cal = always.storage.calibration("t")
+    cal = tenant_state(always.storage).calibration("t")
     assert exact_level(2 / 3) == 2 and cal.level_right[2 - 1] == 1.0
     never = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
     assert never.lookup("q", tenant="t", embedding=v) is not None  # confirmed: served
@@ -324,10 +327,10 @@ def test_feedback_under_a_bound_labels_the_match(
     m.feedback(FeedbackSignal(put.entry_id, "t", True))  # confirmed (no similarity: no label)
     hit = m.lookup("q", tenant="t", embedding=v)
     m.feedback(hit.feedback(False))  # similarity 1: the question itself, not a near match
-    assert m.storage.calibration("t").labels == 0
+    assert tenant_state(m.storage).calibration("t").labels == 0
     m.feedback(FeedbackSignal(hit.entry_id, "t", False, similarity=0.9))
     m.feedback(FeedbackSignal(hit.entry_id, "t", True, similarity=0.9))
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert (cal.right[bin_of(0.9)], cal.wrong[bin_of(0.9)]) == (1.0, 1.0)
     assert m.stats("t")["negative"] == 2 and m.stats("t")["positive"] == 2
     assert redis_client.hget(tenant_keys("t").cal, "n") == b"2"  # the tenant's cal hash
@@ -342,7 +345,7 @@ def test_an_exact_repeat_is_never_a_near_match_label(make_manager: Any) -> None:
         hit = m.lookup("What is 2 + 2?", tenant="t", embedding=v)
         assert hit is not None and hit.exact and hit.similarity == 1.0
         m.feedback(hit.feedback(True))
-    assert m.storage.calibration("t").labels == 0
+    assert tenant_state(m.storage).calibration("t").labels == 0
 
 
 def test_a_per_call_bound_learns_and_failed_feedback_labels_nothing(make_manager: Any) -> None:
@@ -351,12 +354,14 @@ def test_a_per_call_bound_learns_and_failed_feedback_labels_nothing(make_manager
     cached = m.put("q", "a", tenant="t", embedding=v)
     assert m.lookup("q2", tenant="t", embedding=near(v, 0.95, 14), max_error_rate=0.05) is None
     assert m.put("q2", "a", tenant="t", embedding=near(v, 0.95, 14)).verified is True
-    assert m.storage.calibration("t").labels == 1
+    assert tenant_state(m.storage).calibration("t").labels == 1
     bounded = make_manager(CacheConfig(max_error_rate=0.05))
     assert bounded.invalidate(cached.entry_id, tenant="t")
     with pytest.raises(EntryNotFoundError):
         bounded.feedback(FeedbackSignal(cached.entry_id, "t", False, similarity=0.9))
-    assert m.storage.calibration("t").labels == 1  # not counted: the signal was not applied
+    assert (
+        tenant_state(m.storage).calibration("t").labels == 1
+    )  # not counted: the signal was not applied
 
 
 def test_verification_survives_the_candidate_being_replaced(make_manager: Any) -> None:
@@ -366,9 +371,9 @@ def test_verification_survives_the_candidate_being_replaced(make_manager: Any) -
     assert m.lookup("q again", tenant="t", embedding=near(v, 0.97, 16)) is None
     res = m.put("q again", "a", tenant="t", embedding=near(v, 0.97, 16))
     assert res.replaced_id == cached.entry_id and res.verified is True
-    assert m.storage.calibration("t").labels == 1
+    assert tenant_state(m.storage).calibration("t").labels == 1
     m.clear("t")  # a cleared tenant starts its calibration again
-    assert m.storage.calibration("t").labels == 0
+    assert tenant_state(m.storage).calibration("t").labels == 0
 
 
 def test_a_verification_at_a_similarity_a_hair_over_one_is_labelled(make_manager: Any) -> None:
@@ -527,10 +532,10 @@ def teach_levels(redis_client: redis.Redis, tenant: str) -> None:
     (level 2) half of them were wrong; so a bound of 2% serves level 3 only."""
     st = RedisStorage(redis_client)
     for _ in range(400):
-        st.label(tenant, 1.0, True, level=3)
+        tenant_state(st).label(tenant, 1.0, True, level=3)
     for _ in range(100):
-        st.label(tenant, 1.0, True, level=2)
-        st.label(tenant, 1.0, False, level=2)
+        tenant_state(st).label(tenant, 1.0, True, level=2)
+        tenant_state(st).label(tenant, 1.0, False, level=2)
 
 
 def test_an_exact_repeat_is_served_at_the_level_its_labels_prove(
@@ -545,12 +550,14 @@ def test_an_exact_repeat_is_served_at_the_level_its_labels_prove(
     assert m.lookup("q", tenant="t", embedding=v) is None  # not proven: verified
     fresh = m.put("q", "a", tenant="t", embedding=v)
     assert fresh.verified is True  # agreed: the fresh entry has one positive signal
-    assert m.storage.calibration("t").level_right[2 - 1] == 101.0  # labelled at level 2
+    assert (
+        tenant_state(m.storage).calibration("t").level_right[2 - 1] == 101.0
+    )  # labelled at level 2
     m.feedback(FeedbackSignal(fresh.entry_id, "t", True))  # two: level 3
     hit = m.lookup("q", tenant="t", embedding=v)
     assert hit is not None and hit.exact and hit.entry_id == fresh.entry_id
     m.stats("t")  # writes the pending lookup counts: each at its entry's level
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert cal.traffic_exact == 2.0
     assert (cal.level_traffic[2 - 1], cal.level_traffic[3 - 1]) == (1.0, 1.0)
     assert redis_client.hget(tenant_keys("t").cal, "tn") == b"2"  # a level's: not twice
@@ -583,7 +590,7 @@ def test_a_third_answer_settles_which_of_two_disagreeing_answers_was_wrong(
     slip = m.put("q", "a slip of the LLM", tenant="t", embedding=v)
     assert slip.verified is False
     assert redis_client.hexists(tenant_keys("t").entry(slip.entry_id), "dsp")
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert (cal.exact_right, cal.exact_wrong) == (0.0, 1.0)  # counted wrong for now
     # The next answer agrees with the replaced one: that one was right after all, and
     # the slip is the wrong one (its own label).
@@ -591,7 +598,7 @@ def test_a_third_answer_settles_which_of_two_disagreeing_answers_was_wrong(
     again = m.put("q", "right", tenant="t", embedding=v)
     assert again.verified is False
     assert not redis_client.exists(tenant_keys("t").entry(slip.entry_id))  # replaced
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert (cal.exact_right, cal.exact_wrong) == (1.0, 1.0)
     # The answer after that agrees with the cached one: its dispute (with the slip) is
     # settled, the slip stays wrong.
@@ -599,7 +606,7 @@ def test_a_third_answer_settles_which_of_two_disagreeing_answers_was_wrong(
     kept = m.put("q", "right", tenant="t", embedding=v)
     assert kept.verified is True and kept.entry_id == again.entry_id
     assert not redis_client.hexists(tenant_keys("t").entry(again.entry_id), "dsp")
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert (cal.exact_right, cal.exact_wrong) == (2.0, 1.0)
     assert cal.labels == 0  # none of them a near-match label
 
@@ -611,7 +618,7 @@ def test_a_wrong_exact_verification_keeps_verifying_the_fresh_answer(make_manage
     assert m.lookup("q", tenant="t", embedding=v) is None
     fresh = m.put("q", "right answer", tenant="t", embedding=v)
     assert fresh.verified is False
-    cal = m.storage.calibration("t")
+    cal = tenant_state(m.storage).calibration("t")
     assert (cal.exact_right, cal.exact_wrong, cal.labels) == (0.0, 1.0, 0.0)
     # Two answers that disagree confirm neither: the fresh one is verified in its turn.
     assert m.lookup("q", tenant="t", embedding=v) is None
@@ -625,7 +632,7 @@ def test_proven_exact_labels_serve_unconfirmed_entries(
 ) -> None:
     st = RedisStorage(redis_client)
     for _ in range(400):
-        st.run(st.plan_label("t", 1.0, True, exact=True))
+        st.run(plan_label(st, "t", 1.0, True, exact=True))
     m = make_manager(CacheConfig(max_error_rate=0.05, verify_rate=0.0))
     v = unit(61)
     put = m.put("q", "a", tenant="t", embedding=v)

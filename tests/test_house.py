@@ -135,3 +135,54 @@ def test_the_private_name_check_sees_a_foreign_private() -> None:
     assert private_uses("from zerda_cache.x import _helper\n") == ["1: import _helper"]
     own = "class A:\n    def _x(self):\n        return 1\n\ndef f(a):\n    return a._x()\n"
     assert private_uses(own) == []
+
+
+#: What storage may build on: the configuration, the data model, errors and input checks.
+#: Policy, calibration, match models and the engine sit above it and read storage's raw
+#: replies (``tenant_state.py``); storage never imports them, directly or through these.
+STORAGE_MAY_IMPORT = {
+    "zerda_cache.apikeys",
+    "zerda_cache.config",
+    "zerda_cache.entry",
+    "zerda_cache.errors",
+    "zerda_cache.settings",
+    "zerda_cache.validation",
+}
+
+
+def _module_file(module: str) -> Path:
+    path = ROOT.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def package_imports(module: str) -> set[str]:
+    """The package's modules that ``module`` imports (the package itself left out)."""
+    tree = ast.parse(_module_file(module).read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("zerda_cache"):
+            assert node.module is not None
+            found.add(node.module)
+            for alias in node.names:  # ``from zerda_cache.storage import codec``
+                if _module_file(f"{node.module}.{alias.name}").exists():
+                    found.add(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("zerda_cache.")}
+    return found - {"zerda_cache"}
+
+
+def test_storage_is_the_bottom_layer() -> None:
+    storage = {
+        f"zerda_cache.storage.{p.stem}" if p.stem != "__init__" else "zerda_cache.storage"
+        for p in (PACKAGE / "storage").glob("*.py")
+    }
+    seen: set[str] = set()
+    todo = sorted(storage)
+    while todo:  # everything storage imports, directly or through what it imports
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += sorted(package_imports(module))
+    outside = seen - storage - STORAGE_MAY_IMPORT
+    assert not outside, f"storage depends on modules above it: {sorted(outside)}"
+    assert "zerda_cache.storage.store" in seen and "zerda_cache.config" in seen

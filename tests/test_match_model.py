@@ -15,6 +15,7 @@ import redis
 from click.testing import CliRunner
 from conftest import near
 from conftest import unit as _unit
+from state_support import tenant_state
 
 from zerda_cache import CacheConfig
 from zerda_cache.calibration import Calibration, bin_of
@@ -30,6 +31,7 @@ from zerda_cache.match_model import (
 )
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.tenant_state import plan_label
 
 DIM = 64
 
@@ -91,7 +93,7 @@ def test_a_model_round_trips_and_damage_reads_as_none() -> None:
 def teach(st: RedisStorage, tenant: str, x: np.ndarray, y: np.ndarray, model: Any = None) -> None:
     pipe = st.client.pipeline(transaction=False)
     for row, ok in zip(x, y, strict=True):
-        plan = st.plan_label(tenant, row[0], bool(ok), features=tuple(row), model=model)
+        plan = plan_label(st, tenant, row[0], bool(ok), features=tuple(row), model=model)
         st.scripts.label(keys=plan.keys, args=plan.args, client=pipe)
     pipe.execute()
 
@@ -100,12 +102,12 @@ def test_labels_are_logged_with_their_features_and_capped(redis_client: redis.Re
     st = RedisStorage(redis_client, CacheConfig(label_window=50))
     x, y = synthetic(80)
     teach(st, "t", x, y)
-    st.label("t", 0.93, True)  # feedback: the similarity only
-    logs = st.read(st.read_label_logs("t"))
+    tenant_state(st).label("t", 0.93, True)  # feedback: the similarity only
+    logs = tenant_state(st).label_logs("t")
     assert len(logs.y) == 50 and logs.logged == 81 and logs.fitted == 0
     assert logs.x[-1, 0] == 0.93 and np.isnan(logs.x[-1, 1:]).all()
     assert np.allclose(logs.x[-2], x[-1]) and logs.y[-2] == y[-1]
-    assert st.calibration("t").labels <= 50  # the counts halve past the window too
+    assert tenant_state(st).calibration("t").labels <= 50  # the counts halve past the window too
 
 
 def test_the_worker_publishes_a_better_model_with_rescored_counts(
@@ -114,14 +116,14 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     st = RedisStorage(redis_client)
     x, y = synthetic(MIN_FIT_LABELS * 2)
     teach(st, "t", x, y)
-    st.run(st.plan_label("t", 1.0, False, exact=True))  # an exact repeat's: no score
-    st.run(st.plan_label("t", 1.0, True, exact=True, level=3))  # at a confirmed level
+    st.run(plan_label(st, "t", 1.0, False, exact=True))  # an exact repeat's: no score
+    st.run(plan_label(st, "t", 1.0, True, exact=True, level=3))  # at a confirmed level
     maint = Maintenance(st)
     report = maint.calibrate_tenant("t")
     assert report is not None and report.published and report.version == 1
     assert report.auc_model > report.auc_similarity
     assert maint.calibrate_tenant("t") is None  # not due: no new labels
-    cal = st.calibration("t")
+    cal = tenant_state(st).calibration("t")
     assert cal.model is not None and cal.model.version == 1
     assert cal.labels == pytest.approx(len(y))  # rescored: every logged label, in score bins
     assert cal.exact_wrong == 1.0 and cal.level_right[3 - 1] == 1.0  # kept as they were
@@ -132,12 +134,12 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     # A label scored under the old version (a replica that has not read the model yet)
     # is logged, not counted; one under the new version is counted.
     teach(st, "t", x[:1], y[:1])
-    assert st.calibration("t").labels == pytest.approx(len(y))
+    assert tenant_state(st).calibration("t").labels == pytest.approx(len(y))
     teach(st, "t", x[:1], y[:1], model=cal.model)
-    assert st.calibration("t").labels == pytest.approx(len(y) + 1)
-    assert st.read(st.read_label_logs("t")).logged == len(y) + 2
+    assert tenant_state(st).calibration("t").labels == pytest.approx(len(y) + 1)
+    assert tenant_state(st).label_logs("t").logged == len(y) + 2
     # Publication is refused if another fit was published since the logs were read.
-    assert not st.calibrate("t", 0, cal.model, 0, {})
+    assert not tenant_state(st).calibrate("t", 0, cal.model, 0, {})
 
 
 def test_tenant_show_names_the_model(redis_client: redis.Redis, redis_url: str) -> None:
@@ -163,7 +165,7 @@ def test_a_model_no_better_than_similarity_is_not_published(redis_client: redis.
     teach(st, "t", x, rng.random(700) < (s - 0.8) * 5)  # the similarity says it all
     report = Maintenance(st).calibrate_tenant("t")
     assert report is not None and not report.published and report.version == 0
-    assert st.calibration("t").model is None
+    assert tenant_state(st).calibration("t").model is None
     assert Maintenance(st).calibrate_tenant("t") is None  # the fit is recorded: not due
 
 
@@ -202,15 +204,15 @@ def test_replicas_serve_a_lone_match_and_verify_a_crowded_one_once_a_model_is_in
     assert m.awaiting_verification("crowded question", tenant="t")
     # The verification's label carries the crowded match's features, under the model.
     m.put("crowded question", "c0", tenant="t", embedding=q_crowd)
-    logs = st.read(st.read_label_logs("t"))
+    logs = tenant_state(st).label_logs("t")
     assert logs.x[-1, 2] == 1.0 and logs.x[-1, 1] < 0.02  # crowd 1, small gap
     # Lookups are counted in the model's bins, and sampled under the bound.
     m.stats("t")
-    cal = st.calibration("t")
+    cal = tenant_state(st).calibration("t")
     assert cal.model is not None
     lone = cal.model.score(candidate_features([(alone.entry_id, hit.similarity)], 0.85)[0])
     assert cal.traffic[bin_of(lone)] >= 1 and cal.traffic_other >= 1  # "warm": no candidate
-    assert len(st.read(st.read_label_logs("t")).seen) == 4  # every lookup under the bound
+    assert len(tenant_state(st).label_logs("t").seen) == 4  # every lookup under the bound
 
 
 def test_a_damaged_model_means_similarity_bins_again() -> None:
@@ -222,8 +224,8 @@ def test_a_damaged_model_means_similarity_bins_again() -> None:
 def test_the_lookup_sample_keeps_the_exact_repeats_share() -> None:
     import msgpack
 
+    from zerda_cache.calibration import LabelLogs
     from zerda_cache.maintenance import _rescored
-    from zerda_cache.storage.plans import LabelLogs
 
     blob = msgpack.packb([[0.9, 0.05, 0.0], None, "e", "e", [0.95, 0.0, 1.0], "e2", "e9"])
     logs = LabelLogs.parse([], [blob], [b"1", b"0", b"0"])

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner
+from state_support import tenant_state
 
 from tests.conftest import Clock, near, unit
 from zerda_cache import CacheConfig, FeedbackSignal, RLConfig
@@ -131,7 +132,7 @@ def test_the_cli_refuses_an_overflowing_arm_parameter(
         ],
     )
     assert result.exit_code == 2 and "positive_feedback_reward" in result.output, result.output
-    assert RedisStorage(redis_client).tenant_policy("t").version == 0
+    assert tenant_state(RedisStorage(redis_client)).policy("t").version == 0
     assert "seed" not in {f.attr for f in POLICY_FIELDS.values() if f.section == "rl"}
 
 
@@ -226,12 +227,12 @@ def test_nothing_is_written_for_a_refused_change_and_bookkeeping_is_not_a_settin
             st.set_tenant_policy("t", bad)
     with pytest.raises(redis.ResponseError, match="not a setting"):  # the script refuses too
         st.scripts.settings(keys=[tenant_keys("t").cfg], args=["fence", "9"])
-    policy = st.tenant_policy("t")
+    policy = tenant_state(st).policy("t")
     assert policy.version == 1 and policy.stored == {"top_k": 3}
     assert st.tenant_settings("t") == {"dim": 16.0, "top_k": 3.0}
     # A value written around the script is left out, and said so; the rest applies.
     redis_client.hset(tenant_keys("t").cfg, "similarity_threshold", "high")
-    policy = st.tenant_policy("t")
+    policy = tenant_state(st).policy("t")
     assert policy.config.top_k == 3 and "similarity_threshold" in policy.rejected
 
 
@@ -268,7 +269,7 @@ def test_the_cli_sets_shows_and_clears_any_setting(
     ):
         code, out = run("tenant", "set", "acme", *args)
         assert code == 2 and word in out, out
-    assert RedisStorage(redis_client).tenant_policy("acme").version == 3
+    assert tenant_state(RedisStorage(redis_client)).policy("acme").version == 3
     code, out = run("tenant", "settings", "--json")
     names = {row["name"] for row in json.loads(out)}
     assert code == 0 and {"top_k", "rl.usage_decay", "eviction.reward_weight"} <= names

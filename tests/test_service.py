@@ -18,6 +18,7 @@ from service_support import Service, add_key, running_service, snapshot
 
 from zerda_cache.apikeys import key_id, token_digest
 from zerda_cache.service import ServiceSettings
+from zerda_cache.tenant_state import TenantState
 
 DIM = 16
 
@@ -169,8 +170,10 @@ def test_lookup_tells_a_verification_from_a_miss(
     assert put.status_code == 200 and put.json()["verified"] is True
     # the put consumed the verification: the question is now cached, an exact hit
     assert lookup("acme", "capital of france?", close)["decision"] == "hit"
-    assert service.storage.calibration("acme").labels == 1  # the label the verification taught
-    assert service.storage.calibration("globex").labels == 0
+    assert (
+        TenantState(service.storage).calibration("acme").labels == 1
+    )  # the label the verification taught
+    assert TenantState(service.storage).calibration("globex").labels == 0
 
 
 def test_a_key_never_reaches_another_tenant(

@@ -20,7 +20,7 @@ import redis
 from conftest import Clock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from state_support import read_state, set_raw_state, set_state_value
+from state_support import read_state, set_raw_state, set_state_value, tenant_state
 
 from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
 from zerda_cache.errors import StorageError
@@ -682,7 +682,7 @@ def test_worker_and_replica_expose_every_contract_metric(
     st.feedback_many([FeedbackSignal(e, "acme", i % 2 == 0) for i, e in enumerate(ids)])
     st.set_tenant_policy("acme", {"max_error_rate": 0.05})  # the error bound's gauges
     for i in range(400):
-        st.label("acme", 0.97, i % 100 != 0)
+        tenant_state(st).label("acme", 0.97, i % 100 != 0)
     worker = Worker(
         redis.Redis.from_url(redis_url),
         CacheConfig(),

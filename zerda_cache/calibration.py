@@ -54,10 +54,15 @@ bins.
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
 
 from zerda_cache.errors import InvalidSettingError
 from zerda_cache.match_model import MatchModel
@@ -440,6 +445,79 @@ def check_error_rate(value: object, name: str = "max_error_rate") -> float | Non
     return float(value)
 
 
+@dataclass(slots=True)
+class LabelLogs:
+    """What the worker fits a match model from: the labels' features and outcomes, the
+    sampled lookups' best near candidates' features (NaN rows: none), the model version
+    the counts are in, and the labels ever logged (``ln``) and at the last fit."""
+
+    x: npt.NDArray[np.float64]
+    y: npt.NDArray[np.bool_]
+    seen: npt.NDArray[np.float64]
+    version: int
+    logged: int
+    fitted: int
+    #: Sampled lookups that asked a cached question itself, and of those, the ones at
+    #: each confirmed level (``seen_levels[k]``: level k; index 0 unused).
+    seen_exact: int = 0
+    seen_levels: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, labels: list[Any], seen: list[Any], counters: list[Any]) -> LabelLogs:
+        """From the label log, the lookup sample and the counters as Redis holds them
+        (``RedisStorage.read_label_logs``); rows that do not decode are skipped."""
+        rows: list[list[float]] = []
+        outcomes: list[bool] = []
+        for raw in reversed(labels):  # oldest first
+            try:
+                row = json.loads(raw)
+                feats = [math.nan if v is None else float(v) for v in row[:-1]]
+                ok = bool(row[-1])
+            except (ValueError, TypeError, IndexError):
+                continue
+            if len(feats) == 3:
+                rows.append(feats)
+                outcomes.append(ok)
+        looked: list[list[float]] = []
+        exact = 0
+        levels = [0] * N_LEVELS
+        for raw in reversed(seen):
+            try:
+                batch = msgpack.unpackb(raw)
+            except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+                continue
+            for r in batch if isinstance(batch, list) else []:
+                if isinstance(r, str) and r[:1] == "e":
+                    exact += 1
+                    if r[1:].isdigit() and 0 < int(r[1:]) < N_LEVELS:
+                        levels[int(r[1:])] += 1
+                elif r is None:
+                    looked.append([math.nan] * 3)
+                elif isinstance(r, list) and len(r) == 3:
+                    try:
+                        looked.append([float(v) for v in r])
+                    except (TypeError, ValueError):
+                        continue
+        mv, ln, fit_ln = (_count(v) for v in counters)
+        return cls(
+            np.array(rows, dtype=np.float64).reshape(-1, 3),
+            np.array(outcomes, dtype=bool),
+            np.array(looked, dtype=np.float64).reshape(-1, 3),
+            mv,
+            ln,
+            fit_ln,
+            exact,
+            tuple(levels),
+        )
+
+
+def _count(raw: Any) -> int:
+    try:
+        return int(float(raw))
+    except (TypeError, ValueError):
+        return 0
+
+
 __all__ = [
     "BIN_WIDTH",
     "CONFIRMED_REWARD",
@@ -447,6 +525,7 @@ __all__ = [
     "MIN_LABELS",
     "NEVER",
     "Calibration",
+    "LabelLogs",
     "bin_of",
     "check_error_rate",
     "exact_level",

@@ -49,6 +49,7 @@ from zerda_cache.maintenance import Maintenance
 from zerda_cache.policy import POLICY_FIELDS, flatten
 from zerda_cache.savings import from_stats, price_table
 from zerda_cache.storage import RedisStorage, connect
+from zerda_cache.tenant_state import TenantState
 
 # Piped output (a file, grep, a CI log) is not cut to 80 columns as rich does by default.
 console = Console(width=None if sys.stdout.isatty() else 240)
@@ -529,7 +530,7 @@ def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
         st = state.storage()
         e = st.get_entry(tenant, entry_id, with_vector=False)
         now = st.now()
-        rl = st.tenant_policy(tenant).rl  # the tenant's decay and serving bar
+        rl = TenantState(st).policy(tenant).rl  # the tenant's decay and serving bar
         arm = e.bandit_arm.at(now, rl)
         if as_json:
             _print_json(_entry_json(e, entry_id, tenant, arm, rl.serve_bar))
@@ -597,7 +598,7 @@ def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> Non
     with errors():
         st = state.storage()
         now = st.now()
-        rl = st.tenant_policy(tenant).rl
+        rl = TenantState(st).policy(tenant).rl
         rows: list[dict[str, Any]] = []
         for batch in st.iter_ids(tenant):
             for eid, expires in batch:
@@ -1005,7 +1006,7 @@ def _exact_bar_text(bar: float | None) -> str:
 
 def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     st = state.storage()
-    policy = st.tenant_policy(name)
+    policy = TenantState(st).policy(name)
     settings = st.tenant_settings(name)
     cfg, ev = policy.config, policy.eviction
     bound = cfg.max_error_rate

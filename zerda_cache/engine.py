@@ -74,6 +74,7 @@ from zerda_cache.storage.plans import (
     StateBatch,
 )
 from zerda_cache.storage.store import Storage
+from zerda_cache.tenant_state import plan_label, read_policy
 from zerda_cache.validation import (
     check_query,
     check_response,
@@ -399,7 +400,7 @@ class CacheEngine:
                 parts.append(savings)
         if refresh:  # read the policy again for the next lookups, in this round trip
             policy_at = len(parts)
-            parts.append(st.read_policy(tenant))
+            parts.append(read_policy(st, tenant))
             parts.append(st.register(tenant))
         digest_at = len(parts)
         if spec is None:
@@ -567,7 +568,7 @@ class CacheEngine:
         if not fresh and cached is not None and mono - cached[0] <= self.config.policy_refresh_s:
             return cached[1]
         st = self.storage
-        parts: list[ReadPlan[Any]] = [st.read_policy(tenant)]
+        parts: list[ReadPlan[Any]] = [read_policy(st, tenant)]
         if register:
             parts.append(st.register(tenant))
         replies = yield from st.read_flow(st.batch("policy", parts))
@@ -1015,7 +1016,8 @@ class CacheEngine:
         # exact repeat is one, counted apart at its entry's level.
         exact = sim is not None and sim >= 1.0
         if label and sim is not None and (not exact or signal.source == "verify"):
-            plan = self.storage.plan_label(
+            plan = plan_label(
+                self.storage,
                 tenant,
                 sim,
                 signal.positive,

@@ -14,6 +14,7 @@ missed or doubled decay cycle leaves the same arm.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from zerda_cache.config import DEFAULT_DECAY_INTERVAL_S, DEFAULT_USAGE_DECAY, RLConfig
-from zerda_cache.errors import InvalidEntryError
+from zerda_cache.errors import InvalidEntryError, InvalidFeedbackError
+from zerda_cache.validation import check_text, finite_number, validate_tenant
 
 #: Usage credibility saturates at this many uses (seed: log1p(n) / log1p(50)).
 USAGE_SATURATION = 50
@@ -29,6 +31,13 @@ USAGE_SATURATION = 50
 DEFAULT_QUALITY = 0.5
 #: Insertion-time similarity of an answer put for exactly its own question.
 DEFAULT_SIMILARITY = 1.0
+#: Weight of an entry's confidence in the composite ranking score (seed constant).
+CONFIDENCE_WEIGHT = 0.1
+#: The weight one signal may carry. Far above any sensible judgement, far below what
+#: would overflow an arm (1e308 twice made alpha infinite and the entry corrupt for good).
+MAX_FEEDBACK_MAGNITUDE = 1_000.0
+#: An entry id longer than this is refused before it reaches Redis (ours have 32 chars).
+MAX_ENTRY_ID_CHARS = 128
 
 
 def usage_credibility(usage_count: int) -> float:
@@ -257,3 +266,99 @@ class IntelligentCacheEntry:
             + usage_w * usage_credibility(self.usage_count)
             + recency_w * recency
         )
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class FeedbackSignal:
+    """One external judgement of a cached answer: right (``positive``) or wrong.
+
+    ``FeedbackSignal(entry_id, tenant, positive)``: the tenant is the second argument,
+    or ``tenant=`` as in every other call (``tenant_id=``, the seed's name, works too).
+    ``source`` is free-form ("user", "llm_eval", "auto" by convention). ``timestamp`` is
+    the caller's clock and is only recorded; arm arithmetic uses the Redis server's clock.
+    Construction validates: a NaN, infinite, negative or over ``MAX_FEEDBACK_MAGNITUDE``
+    ``magnitude``, a bad tenant id, an empty entry id or a ``source`` that is not text
+    raises ``InvalidFeedbackError`` at once.
+    """
+
+    entry_id: str
+    tenant_id: str
+    positive: bool
+    magnitude: float
+    source: str
+    timestamp: float
+    #: The cosine similarity at which the entry was served (``CacheHit.feedback`` fills
+    #: it): lets a negative signal on a near miss teach the entry its own similarity bar.
+    similarity: float | None
+    #: The signal is about an answer the cache served (``CacheHit.feedback`` sets it): a
+    #: negative one counts that hit as wrong in the savings (``zerda_cache.savings``).
+    served: bool
+
+    def __init__(
+        self,
+        entry_id: str,
+        tenant_id: str | None = None,
+        positive: bool | None = None,
+        magnitude: float = 1.0,
+        source: str = "user",
+        timestamp: float | None = None,
+        similarity: float | None = None,
+        *,
+        tenant: str | None = None,
+        served: bool = False,
+    ) -> None:
+        if tenant is not None and tenant_id is not None and tenant != tenant_id:
+            raise InvalidFeedbackError(f"tenant {tenant!r} and tenant_id {tenant_id!r} differ")
+        tid = tenant_id if tenant_id is not None else tenant
+        put = object.__setattr__  # frozen; a missing tenant or polarity fails validation
+        put(self, "entry_id", entry_id)
+        put(self, "tenant_id", tid)
+        put(self, "positive", positive)
+        put(self, "magnitude", magnitude)
+        put(self, "source", source)
+        put(self, "timestamp", time.time() if timestamp is None else timestamp)
+        put(self, "similarity", similarity)
+        put(self, "served", served)
+        self.__post_init__()
+
+    @property
+    def tenant(self) -> str:
+        """The tenant (the same as ``tenant_id``)."""
+        return self.tenant_id
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.entry_id, str) or not 0 < len(self.entry_id) <= MAX_ENTRY_ID_CHARS:
+            raise InvalidFeedbackError(
+                f"entry_id must be a str of 1-{MAX_ENTRY_ID_CHARS} chars, got {self.entry_id!r}"
+            )
+        check_text(self.entry_id, "entry_id", InvalidFeedbackError)
+        validate_tenant(self.tenant_id)
+        if not isinstance(self.positive, bool | np.bool_):
+            raise InvalidFeedbackError(f"positive must be a bool, got {self.positive!r}")
+        m = finite_number(self.magnitude)
+        if m is None or not 0 <= m <= MAX_FEEDBACK_MAGNITUDE:
+            raise InvalidFeedbackError(
+                f"magnitude must be a number in [0, {MAX_FEEDBACK_MAGNITUDE:g}], "
+                f"got {_shown(self.magnitude)}"
+            )
+        if not isinstance(self.source, str) or not 0 < len(self.source) <= 64:
+            raise InvalidFeedbackError(f"source must be a str of 1-64 chars, got {self.source!r}")
+        check_text(self.source, "source", InvalidFeedbackError)
+        if self.similarity is not None:
+            sim = finite_number(self.similarity)
+            if sim is None or not -1.0 <= sim <= 1.0 + 1e-6:
+                raise InvalidFeedbackError(
+                    f"similarity must be in [-1, 1] or None, got {_shown(self.similarity)}"
+                )
+        if not isinstance(self.served, bool):
+            raise InvalidFeedbackError(f"served must be a bool, got {self.served!r}")
+        if finite_number(self.timestamp) is None:
+            raise InvalidFeedbackError(
+                f"timestamp must be a finite number, got {_shown(self.timestamp)}"
+            )
+
+
+def _shown(value: object) -> str:
+    """A bad value for an error message, cut short (``10**400`` has 401 digits)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else "an int too large"
+    return text if len(text) <= 80 else text[:77] + "..."

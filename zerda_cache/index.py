@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zerda_cache.config import ANN_DTYPES as POLICY_DTYPES
+from zerda_cache.config import USEARCH_DTYPES
+
 Vector = npt.NDArray[np.float32]
 log = logging.getLogger(__name__)
 
@@ -74,12 +77,6 @@ PARALLEL_INSERT_FROM = 20_000
 #: The first bytes of an index dump with its graphs beside the header (formats 2 and 3,
 #: ``ScopedIndex.dump``; the header's ``v`` tells them apart).
 SNAPSHOT_MAGIC = b"ZCIX\x02\0\0\0"
-#: How a usearch graph holds its vectors: ``i8`` (int8, searched ~2x as fast as float16
-#: at 100k 384-d vectors on AVX2, and built ~2x as fast: bench_hnsw; the candidates are
-#: re-scored from float16 rows kept beside the graph) or ``f16`` (float16 in the graph only: less
-#: memory, slower searches) or ``b1`` (one bit a dimension, searched by Hamming distance,
-#: the candidates re-scored from float16 rows as for ``i8``). See ``UsearchIndex``.
-USEARCH_DTYPES = ("i8", "f16", "b1")
 #: The dtypes whose graph holds coarse codes, with float16 rows beside it to re-score from.
 ROW_DTYPES = ("i8", "b1")
 #: ``auto`` (the default ``CacheConfig.ann_dtype``): ``b1`` for vectors of at least this
@@ -89,8 +86,6 @@ ROW_DTYPES = ("i8", "b1")
 #: an int8 one at the same width and recall; one bit a dimension of a short vector is a
 #: coarse code that no benchmark here covers, so short vectors keep int8.
 AUTO_B1_FROM_DIM = 256
-#: What ``IndexPolicy.dtype`` accepts: a dtype, or ``auto`` (``resolve_dtype``).
-POLICY_DTYPES = (*USEARCH_DTYPES, "auto")
 
 
 def resolve_dtype(dtype: str, dim: int) -> str:

@@ -37,7 +37,7 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
-from zerda_cache.calibration import bin_of
+from zerda_cache.calibration import LabelLogs, bin_of
 from zerda_cache.config import EvictionConfig, RLConfig
 from zerda_cache.errors import (
     CorruptEntryError,
@@ -59,8 +59,9 @@ from zerda_cache.metrics import Distribution
 from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.storage import EvictReason, RedisStorage, StateArrays
-from zerda_cache.storage.plans import EvictOutcome, LabelLogs, LogInfo
+from zerda_cache.storage.plans import EvictOutcome, LogInfo
 from zerda_cache.storage.store import READ_ENTRIES_BATCH, IdBatch
+from zerda_cache.tenant_state import TenantState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -280,7 +281,7 @@ class Maintenance:
         """The tenant's policy: this worker's configuration with the tenant's stored
         settings on top (``zerda_cache.policy``), read at the start of each pass, so a
         change made with ``zerda-cache tenant set`` applies from the next cycle."""
-        return self.storage.tenant_policy(tenant)
+        return TenantState(self.storage).policy(tenant)
 
     def limits(self, tenant: str, policy: TenantPolicy | None = None) -> TenantLimits:
         ev = (policy if policy is not None else self.policy(tenant)).eviction
@@ -731,7 +732,7 @@ class Maintenance:
         st = self.storage
         if not force and st.read(st.read_fit_due(tenant)) < REFIT_EVERY:
             return None
-        logs = st.read(st.read_label_logs(tenant))
+        logs = TenantState(st).label_logs(tenant)
         n = len(logs.y)
         right = int(logs.y.sum())
         if n < MIN_FIT_LABELS or min(right, n - right) < MIN_EACH_KIND:
@@ -753,11 +754,13 @@ class Maintenance:
                 auc_sim,
                 n,
             )
-            st.calibrate(tenant, logs.version, None, logs.logged, {})
+            TenantState(st).calibrate(tenant, logs.version, None, logs.logged, {})
             return report
         model = fit(logs.x, logs.y, logs.version + 1)  # on every label, as it ranks them better
         counts = _rescored(model, logs)
-        report.published = st.calibrate(tenant, logs.version, model, logs.logged, counts)
+        report.published = TenantState(st).calibrate(
+            tenant, logs.version, model, logs.logged, counts
+        )
         report.version = model.version if report.published else logs.version
         log.info(
             "tenant %s: match model v%d %s (AUC %.3f vs similarity %.3f on the newest %d of "

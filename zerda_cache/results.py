@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerda_cache.entry import LLMUsage
-from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.entry import FeedbackSignal, LLMUsage
 
 
 @dataclass(frozen=True, slots=True)

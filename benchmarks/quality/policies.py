@@ -23,6 +23,7 @@ from workload import Answer, Workload, is_right
 from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.tenant_state import TenantState
 from zerda_cache.testing import RedisServer
 
 TENANT = "qqp"
@@ -163,7 +164,7 @@ class Zerda(Policy):
 
     def model_version(self) -> int:
         """The tenant's match model version (0: none published)."""
-        return self.m.storage.calibration(TENANT).model_version
+        return TenantState(self.m.storage).calibration(TENANT).model_version
 
     def close(self) -> None:
         self.m.close()

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack, get_args
+from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, Unpack, get_args
 
 import msgpack
 import numpy as np
-import numpy.typing as npt
 
-from zerda_cache.calibration import N_LEVELS, bin_of
 from zerda_cache.config import CacheConfig, RLConfig
 from zerda_cache.entry import (
+    CONFIDENCE_WEIGHT,
     DEFAULT_QUALITY,
     DEFAULT_SIMILARITY,
     BanditArm,
+    FeedbackSignal,
     IntelligentCacheEntry,
     LLMUsage,
 )
@@ -40,9 +39,6 @@ from zerda_cache.errors import (
     StorageError,
     ZerdaError,
 )
-from zerda_cache.match_model import MatchModel, score_of
-from zerda_cache.policy import TenantPolicy, warn_rejected
-from zerda_cache.policy_learner import CONFIDENCE_WEIGHT, FeedbackSignal
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.keys import TenantKeys, tenant_keys, tenants_key
@@ -412,68 +408,21 @@ SEEN_BATCHES = 500
 MAX_LABEL_LOG = 50_000
 
 
-@dataclass(slots=True)
-class LabelLogs:
-    """What the worker fits a match model from: the labels' features and outcomes, the
-    sampled lookups' best near candidates' features (NaN rows: none), the model version
-    the counts are in, and the labels ever logged (``ln``) and at the last fit."""
+class LabelLogRows(NamedTuple):
+    """A tenant's label log, its sample of lookups and its fit counters, as Redis holds
+    them (``calibration.LabelLogs.parse`` reads them)."""
 
-    x: npt.NDArray[np.float64]
-    y: npt.NDArray[np.bool_]
-    seen: npt.NDArray[np.float64]
-    version: int
-    logged: int
-    fitted: int
-    #: Sampled lookups that asked a cached question itself, and of those, the ones at
-    #: each confirmed level (``seen_levels[k]``: level k; index 0 unused).
-    seen_exact: int = 0
-    seen_levels: tuple[int, ...] = ()
+    labels: list[Any]
+    seen: list[Any]
+    counters: list[Any]
 
-    @classmethod
-    def parse(cls, labels: list[Any], seen: list[Any], counters: list[Any]) -> LabelLogs:
-        rows: list[list[float]] = []
-        outcomes: list[bool] = []
-        for raw in reversed(labels):  # oldest first
-            try:
-                row = json.loads(raw)
-                feats = [math.nan if v is None else float(v) for v in row[:-1]]
-                ok = bool(row[-1])
-            except (ValueError, TypeError, IndexError):
-                continue
-            if len(feats) == 3:
-                rows.append(feats)
-                outcomes.append(ok)
-        looked: list[list[float]] = []
-        exact = 0
-        levels = [0] * N_LEVELS
-        for raw in reversed(seen):
-            try:
-                batch = msgpack.unpackb(raw)
-            except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-                continue
-            for r in batch if isinstance(batch, list) else []:
-                if isinstance(r, str) and r[:1] == "e":
-                    exact += 1
-                    if r[1:].isdigit() and 0 < int(r[1:]) < N_LEVELS:
-                        levels[int(r[1:])] += 1
-                elif r is None:
-                    looked.append([math.nan] * 3)
-                elif isinstance(r, list) and len(r) == 3:
-                    try:
-                        looked.append([float(v) for v in r])
-                    except (TypeError, ValueError):
-                        continue
-        mv, ln, fit_ln = (_int(v) for v in counters)
-        return cls(
-            np.array(rows, dtype=np.float64).reshape(-1, 3),
-            np.array(outcomes, dtype=bool),
-            np.array(looked, dtype=np.float64).reshape(-1, 3),
-            mv,
-            ln,
-            fit_ln,
-            exact,
-            tuple(levels),
-        )
+
+class TenantHashes(NamedTuple):
+    """A tenant's settings hash and its calibration hash, as ``HGETALL`` returns them
+    (``policy.TenantPolicy.parse`` applies them)."""
+
+    settings: dict[Any, Any]
+    labels: dict[Any, Any]
 
 
 def _level_bin(bin_: int | str) -> bool:
@@ -1276,32 +1225,24 @@ class StoragePlans:
     def plan_label(
         self,
         tenant: str,
-        similarity: float,
+        row: Sequence[float],
         right: bool,
+        bin_: int | str,
         *,
+        model_version: int = 0,
         window: int | None = None,
-        features: Sequence[float] | None = None,
-        model: MatchModel | None = None,
-        exact: bool = False,
-        level: int = 0,
+        logged: bool = True,
     ) -> ScriptCall[float]:
-        """Plan counting one labelled outcome of a near match (``calibration.py``) and
-        logging it for the worker's fit (``match_model.py``): ``features`` of the match
-        (default: its similarity only), ``model``: the tenant's model the replica knows
-        (its score bins the label; the script counts it only if that is still the
-        tenant's); ``window``: the tenant's ``label_window`` (default: the
-        configuration's), which is also the log's length (at most ``MAX_LABEL_LOG``).
-        ``exact``: a verification of an exact repeat whose entry was at ``level``
-        (``Calibration.exact_plan``): counted apart (``r:e``, ``r:e<level>``), not
-        logged."""
+        """Plan counting one labelled outcome in the calibration bin ``bin_`` (a score bin,
+        or ``e`` / ``e<level>`` for an exact repeat; ``tenant_state.plan_label`` bins it)
+        and, if ``logged``, logging the match's features ``row`` for the worker's fit.
+        The script counts it only if ``model_version`` is still the tenant's model.
+        ``window``: the tenant's ``label_window`` (default: the configuration's), which
+        is also the log's length (at most ``MAX_LABEL_LOG``). Returns the label count."""
         window = self.config.label_window if window is None else window
-        log_size = min(window, MAX_LABEL_LOG)
-        row = list(features) if features is not None else [similarity, math.nan, math.nan]
-        score = score_of(model, row)
-        logged = ",".join("null" if not math.isfinite(x) else repr(float(x)) for x in row)
-        version = 0 if model is None else model.version
-        bin_: int | str = (f"e{level}" if level else "e") if exact else bin_of(score)
-        args = [bin_, "1" if right else "0", window, version, logged, 0 if exact else log_size]
+        log_size = min(window, MAX_LABEL_LOG) if logged else 0
+        shown = ",".join("null" if not math.isfinite(x) else repr(float(x)) for x in row)
+        args = [bin_, "1" if right else "0", window, model_version, shown, log_size]
         keys = [self.keys(tenant).cal, self.keys(tenant).lab]
         return ScriptCall("label", keys, args, lambda res: float(res))
 
@@ -1350,17 +1291,18 @@ class StoragePlans:
         self,
         tenant: str,
         fitted_against: int,
-        model: MatchModel | None,
+        model: tuple[int, str] | None,
         label_count: int,
         counts: Mapping[str, float],
     ) -> ScriptCall[bool]:
-        """Plan publishing a fitted model with its rescored counts (``calibrate.lua``):
-        refused (False) if another model was published since ``fitted_against``.
-        ``model`` None: record the fit (``label_count``) without publishing anything."""
+        """Plan publishing a fitted model, ``(version, encoded)``, with its rescored counts
+        (``calibrate.lua``): refused (False) if another model was published since
+        ``fitted_against``. ``model`` None: record the fit (``label_count``) without
+        publishing anything."""
         if model is None:
             args: list[Any] = [fitted_against, "", "", label_count]
         else:
-            args = [fitted_against, model.version, model.encode(), label_count]
+            args = [fitted_against, model[0], model[1], label_count]
         for name, value in counts.items():
             args += [name, repr(float(value))]
         keys = [self.keys(tenant).cal]
@@ -1379,7 +1321,7 @@ class StoragePlans:
 
         return ReadPlan("fit due", queue, parse, 1)
 
-    def read_label_logs(self, tenant: str) -> ReadPlan[LabelLogs]:
+    def read_label_logs(self, tenant: str) -> ReadPlan[LabelLogRows]:
         """The tenant's label log, its sample of lookups and the fit counters."""
         k = self.keys(tenant)
 
@@ -1388,8 +1330,8 @@ class StoragePlans:
             pipe.lrange(k.seen, 0, -1)
             pipe.hmget(k.cal, "mv", "ln", "fit_ln")
 
-        def parse(res: list[Any]) -> LabelLogs:
-            return LabelLogs.parse(res[0], res[1], res[2])
+        def parse(res: list[Any]) -> LabelLogRows:
+            return LabelLogRows(res[0], res[1], res[2])
 
         return ReadPlan("label logs", queue, parse, 3)
 
@@ -1435,17 +1377,17 @@ class StoragePlans:
         """Plan halving the tenant's lookup counts if they passed ``window``."""
         return ScriptCall("traffic", [self.keys(tenant).cal], [window], lambda res: float(res))
 
-    def read_policy(self, tenant: str) -> ReadPlan[TenantPolicy]:
-        """The tenant's policy: this configuration with the tenant's stored settings on
-        top, and its labelled outcomes (``zerda_cache.policy``)."""
+    def read_tenant(self, tenant: str) -> ReadPlan[TenantHashes]:
+        """The tenant's settings and labelled outcomes, raw (``tenant_state.read_policy``
+        resolves them into the policy a process applies)."""
         k = self.keys(tenant)
 
         def queue(pipe: Any) -> None:
             pipe.hgetall(k.cfg)
             pipe.hgetall(k.cal)
 
-        def parse(res: list[Any]) -> TenantPolicy:
-            return TenantPolicy.parse(tenant, self.config, res[0], res[1], warn_rejected)
+        def parse(res: list[Any]) -> TenantHashes:
+            return TenantHashes(res[0], res[1])
 
         return ReadPlan("policy", queue, parse, 2)
 

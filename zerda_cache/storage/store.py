@@ -23,9 +23,8 @@ import redis
 import redis.exceptions
 
 from zerda_cache.apikeys import ApiKey
-from zerda_cache.calibration import Calibration
 from zerda_cache.config import CacheConfig, RLConfig
-from zerda_cache.entry import IntelligentCacheEntry
+from zerda_cache.entry import FeedbackSignal, IntelligentCacheEntry
 from zerda_cache.errors import (
     CorruptEntryError,
     EntryNotFoundError,
@@ -34,9 +33,7 @@ from zerda_cache.errors import (
     StorageError,
     ZerdaError,
 )
-from zerda_cache.match_model import MatchModel
-from zerda_cache.policy import POLICY_FIELDS, RESERVED, TenantPolicy, check_changes
-from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.settings import POLICY_FIELDS, RESERVED, check_changes
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.driver import AsyncDriven, Flow, SyncDriven, call, op, wrap_errors
@@ -892,10 +889,6 @@ class Storage(StoragePlans):
             log.warning("tenant %s: policy changed, not registered: %s", tenant, registered)
         return int(version)
 
-    def tenant_policy_flow(self, tenant: str) -> Flow[TenantPolicy]:
-        """The tenant's policy as this storage's configuration resolves it."""
-        return (yield from self.read_flow(self.read_policy(tenant)))
-
     def reset_tenant_flow(self, tenant: str) -> Flow[None]:
         """Drop a tenant's counters, feedback log, dimension, labelled outcomes and corrupt
         reports (``clear`` calls this once its entries are gone): a tenant re-created with
@@ -938,39 +931,6 @@ class Storage(StoragePlans):
     def read_log_flow(self, tenant: str, after: str) -> Flow[LogDelta]:
         """The tenant's log events after ``after`` (see ``read_log``)."""
         return (yield from self.read_flow(self.read_log(tenant, after)))
-
-    def label_flow(
-        self,
-        tenant: str,
-        similarity: float,
-        right: bool,
-        *,
-        window: int | None = None,
-        level: int | None = None,
-    ) -> Flow[float]:
-        """Count one labelled outcome of a near match, or with ``level``, of an exact
-        repeat whose entry was at that level; returns the tenant's label count."""
-        exact = level is not None
-        plan = self.plan_label(
-            tenant, similarity, right, window=window, exact=exact, level=level or 0
-        )
-        return (yield from self.run_flow(plan))
-
-    def calibrate_flow(
-        self,
-        tenant: str,
-        fitted_against: int,
-        model: MatchModel | None,
-        label_count: int,
-        counts: Mapping[str, float],
-    ) -> Flow[bool]:
-        """Publish a fitted match model with its rescored counts (see ``plan_calibrate``)."""
-        plan = self.plan_calibrate(tenant, fitted_against, model, label_count, counts)
-        return (yield from self.run_flow(plan))
-
-    def calibration_flow(self, tenant: str) -> Flow[Calibration]:
-        """The tenant's labelled outcomes and stored error bound."""
-        return (yield from self.tenant_policy_flow(tenant)).calibration
 
     def suspects_flow(self, tenant: str, count: int = 10_000) -> Flow[list[str]]:
         """Up to ``count`` ids replicas reported undecodable in ``tenant`` (read only)."""
@@ -1016,13 +976,9 @@ class Storage(StoragePlans):
     tenant_settings = op(tenant_settings_flow)
     set_tenant_settings = op(set_tenant_settings_flow)
     set_tenant_policy = op(set_tenant_policy_flow)
-    tenant_policy = op(tenant_policy_flow)
     reset_tenant = op(reset_tenant_flow)
     feedback_log = op(feedback_log_flow)
     log_info = op(log_info_flow)
-    label = op(label_flow)
-    calibrate = op(calibrate_flow)
-    calibration = op(calibration_flow)
     suspects = op(suspects_flow)
     forget_suspects = op(forget_suspects_flow)
 
