@@ -25,8 +25,8 @@ from service_support import (
 from zerda_cache import AsyncCacheManager, CacheConfig
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.service import Upstream, create_app
+from zerda_cache.service.chat import StreamCollector, chat_key, chat_scope
 from zerda_cache.service.embedding import OpenAIEmbedder, make_embedder
-from zerda_cache.service.proxy import StreamCollector, chat_key, chat_scope
 from zerda_cache.storage import RedisStorage
 
 QUESTION = "How do I reset my password?"

@@ -29,8 +29,8 @@ from service_support import (
 )
 
 from zerda_cache.service import ServiceSettings
+from zerda_cache.service.chat import chat_scope
 from zerda_cache.service.coordination import CoalesceSettings
-from zerda_cache.service.proxy import chat_scope
 from zerda_cache.storage.codec import query_digest
 from zerda_cache.storage.keys import tenant_keys
 

@@ -54,14 +54,12 @@ key only.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at
-# runtime, and the API-key dependency is a local of the app factory.
-import hashlib
-import json
+# runtime.
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import httpx
 from fastapi import Body, FastAPI, Request, Response
@@ -70,277 +68,51 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from zerda_cache.entry import LLMUsage
 from zerda_cache.errors import StorageError, ZerdaError
 from zerda_cache.results import CacheHit
+from zerda_cache.service.auth import Tenant
+from zerda_cache.service.chat import (
+    ChatKey,
+    RelayedStream,
+    cacheable_answer,
+    chat_key,
+    check_chat_request,
+    completion_from_hit,
+    stream_from_hit,
+    usage_of,
+)
+from zerda_cache.service.context import ServiceContext
 from zerda_cache.service.control import RequestControl, request_control
 from zerda_cache.service.coordination import Lease, new_completion_id
 from zerda_cache.service.embedding import EmbedderError
 from zerda_cache.service.errors import ApiError
 from zerda_cache.storage.codec import query_digest
 
-if TYPE_CHECKING:
-    from zerda_cache.service.app import ServiceContext
-
 log = logging.getLogger(__name__)
 
-#: Scopes the proxy makes start with this (version 1 of the rule above).
-SCOPE_PREFIX = "oa1:"
-#: Request fields that do not change the answer, so they stay out of the scope.
-NOT_IN_SCOPE = frozenset(
-    {"messages", "stream", "stream_options", "user", "metadata", "store", "service_tier", "n"}
-)
 #: Upstream response headers relayed to the client (request ids, rate limits).
 RELAYED = ("x-request-id", "openai-processing-ms", "openai-version", "retry-after")
-
-
-@dataclass(frozen=True, slots=True)
-class ChatKey:
-    """Where a chat completion request is cached: its question and scope."""
-
-    query: str
-    scope: str
-
-
-def chat_scope(body: Mapping[str, Any]) -> str:
-    """The scope of a chat completion request (see the module docstring)."""
-    messages = list(body["messages"])
-    last = {k: v for k, v in messages[-1].items() if k != "content"}
-    payload = {
-        "params": {k: v for k, v in body.items() if k not in NOT_IN_SCOPE},
-        "history": messages[:-1],
-        "last": last,
-    }
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return SCOPE_PREFIX + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
-
-
-def check_chat_request(body: Mapping[str, Any]) -> None:
-    """What the proxy needs of a request before it can key it: a 422 otherwise."""
-    model = body.get("model")
-    messages = body.get("messages")
-    if not isinstance(model, str) or not model:
-        raise ApiError(422, '"model" must be a non-empty string', "invalid_request_error")
-    if (
-        not isinstance(messages, list)
-        or not messages
-        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
-    ):
-        raise ApiError(
-            422,
-            '"messages" must be a non-empty list of objects with a "role"',
-            "invalid_request_error",
-        )
-
-
-def chat_key(body: Mapping[str, Any], max_query_chars: int) -> ChatKey | str:
-    """The request's question and scope, or why it is passed through uncached."""
-    n = body.get("n")
-    if n is not None and n != 1:
-        return "n>1"
-    if body.get("logprobs"):
-        return "logprobs"
-    last = body["messages"][-1]
-    if last.get("role") != "user":
-        return "last message is not a user turn"
-    content = last.get("content")
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            return "non-text content"
-        content = "\n".join(str(p.get("text", "")) for p in content)
-    if not isinstance(content, str) or not content.strip():
-        return "no text in the user turn"
-    if len(content) > max_query_chars:
-        return "question over max_query_chars"
-    return ChatKey(content, chat_scope(body))
-
-
-def cacheable_answer(data: Any) -> str | None:
-    """The text of a single-choice, finished, tool-free completion; else ``None``."""
-    if not isinstance(data, dict):
-        return None
-    choices = data.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    message = choice.get("message")
-    if choice.get("finish_reason") != "stop" or not isinstance(message, dict):
-        return None
-    if message.get("tool_calls") or message.get("function_call"):
-        return None
-    content = message.get("content")
-    return content if isinstance(content, str) and content.strip() else None
-
-
-def hit_usage(hit: CacheHit) -> dict[str, Any]:
-    """A served answer's ``usage``: the tokens of the call that made it (what this hit
-    saved; zeros when its put did not say), marked ``zerda_cache.served_from_cache``:
-    none of them were spent on this request."""
-    u = hit.usage
-    prompt, completion = (u.prompt_tokens, u.completion_tokens) if u is not None else (0, 0)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "zerda_cache": {"served_from_cache": True, "saved_tokens": prompt + completion},
-    }
-
-
-def usage_of(model: object, usage: object) -> LLMUsage | None:
-    """An upstream response's usage (and model) as the entry stores it, if it reads."""
-    if not isinstance(model, str) or not isinstance(usage, dict):
-        return None
-    try:
-        return LLMUsage.of(
-            {
-                "model": model,
-                "prompt_tokens": usage.get("prompt_tokens"),
-                "completion_tokens": usage.get("completion_tokens"),
-            }
-        )
-    except ZerdaError:
-        return None
-
-
-def completion_from_hit(
-    hit: CacheHit, model: str, completion_id: str | None = None
-) -> dict[str, Any]:
-    """A ``chat.completion`` object serving a cached answer (``hit_usage``: no tokens
-    were spent on it)."""
-    return {
-        "id": completion_id or new_completion_id(),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": str(hit.metadata.get("model") or model),
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": hit.response, "refusal": None},
-                "logprobs": None,
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": hit_usage(hit),
-        "system_fingerprint": None,
-    }
-
-
-def stream_from_hit(
-    hit: CacheHit, model: str, include_usage: bool, completion_id: str | None = None
-) -> list[bytes]:
-    """The server-sent events serving a cached answer to a streaming request."""
-    whole = completion_from_hit(hit, model, completion_id)
-    base = {k: whole[k] for k in ("id", "created", "model", "system_fingerprint")}
-    base["object"] = "chat.completion.chunk"
-    chunks: list[dict[str, Any]] = [
-        {
-            **base,
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": hit.response},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ],
-        },
-        {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]},
-    ]
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": whole["usage"]})
-    events = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
-    return [*events, b"data: [DONE]\n\n"]
-
-
-@dataclass
-class StreamCollector:
-    """Reassembles a streamed completion from its server-sent events, to cache it once
-    the stream ended: the content of choice 0, unless another choice or a tool call
-    shows up."""
-
-    buffer: bytes = b""
-    parts: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    done: bool = False
-    usable: bool = True
-    model: str | None = None
-    usage: dict[str, Any] | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        self.buffer += chunk
-        while b"\n\n" in self.buffer:
-            event, self.buffer = self.buffer.split(b"\n\n", 1)
-            for line in event.splitlines():
-                if line.startswith(b"data:"):
-                    self._data(line[5:].strip())
-
-    def _data(self, payload: bytes) -> None:
-        if payload == b"[DONE]":
-            self.done = True
-            return
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            self.usable = False
-            return
-        if isinstance(data, dict):
-            if isinstance(data.get("model"), str):
-                self.model = data["model"]
-            if isinstance(data.get("usage"), dict):  # stream_options.include_usage
-                self.usage = data["usage"]
-        for choice in data.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                self.usable = False
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("tool_calls") or delta.get("function_call"):
-                self.usable = False
-            if isinstance(delta.get("content"), str):
-                self.parts.append(delta["content"])
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-
-    @property
-    def answer(self) -> str | None:
-        text = "".join(self.parts)
-        complete = self.done and self.usable and self.finish_reason == "stop"
-        return text if complete and text.strip() else None
-
-
-@dataclass
-class EventSplitter:
-    """Cuts a byte stream into whole server-sent events (each ending in a blank line)."""
-
-    buffer: bytes = b""
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        self.buffer += chunk
-        events = []
-        while b"\n\n" in self.buffer:
-            event, self.buffer = self.buffer.split(b"\n\n", 1)
-            events.append(event + b"\n\n")
-        return events
-
-
-def with_completion_id(event: bytes, completion_id: str) -> bytes:
-    """A server-sent event whose JSON ``data`` object carries ``completion_id`` as its
-    ``id`` (other events, and data that is not a JSON object, as they are)."""
-    lines = event.split(b"\n")
-    for i, line in enumerate(lines):
-        payload = line[5:].strip() if line.startswith(b"data:") else b""
-        if not payload.startswith(b"{"):
-            continue
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and "id" in data:
-            data["id"] = completion_id
-            lines[i] = b"data: " + json.dumps(data, ensure_ascii=False).encode("utf-8")
-    return b"\n".join(lines)
+#: The upstream endpoints the proxy calls, as its metrics name them.
+CHAT, EMBEDDINGS = "/chat/completions", "/embeddings"
 
 
 def feedback_headers(completion_id: str) -> dict[str, str]:
     """Where a response says how to send feedback on it."""
     how = f'POST /v1/feedback {{"completion_id": "{completion_id}", "positive": true|false}}'
     return {"x-zerda-completion-id": completion_id, "x-zerda-feedback": how}
+
+
+def stored_headers(
+    entry_id: str | None, verified: bool | None, completion_id: str
+) -> dict[str, str]:
+    """What a response says of the upstream answer it cached: its entry, the verdict on a
+    held-back near match (a ``verify``), and how to send feedback."""
+    headers = {}
+    if entry_id is not None:
+        headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
+    if verified is not None:
+        headers.update({"x-zerda-cache": "verify", "x-zerda-verified": str(verified).lower()})
+    if entry_id is not None:
+        headers.update(feedback_headers(completion_id))
+    return headers
 
 
 def _hit_headers(hit: CacheHit) -> dict[str, str]:
@@ -357,197 +129,332 @@ def _relayed(resp: httpx.Response) -> dict[str, str]:
     return out
 
 
-def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> None:
-    """Register the proxy's routes on ``app`` (``tenant_dep``: the API-key dependency)."""
-    manager, metrics = ctx.manager, ctx.metrics
+def relay(resp: httpx.Response, headers: dict[str, str]) -> Response:
+    """The upstream's response as it came, with ``headers`` added."""
+    return Response(
+        content=resp.content,
+        status_code=resp.status_code,
+        media_type=resp.headers.get("content-type", "application/json"),
+        headers={**_relayed(resp), **headers},
+    )
 
-    def upstream_headers() -> dict[str, str]:
-        headers = {"content-type": "application/json", "accept": "application/json"}
-        if ctx.upstream is not None and ctx.upstream.api_key:
-            headers["authorization"] = f"Bearer {ctx.upstream.api_key}"
-        return headers
 
-    def upstream_url(path: str) -> str:
-        if ctx.upstream is None:
+def event_stream(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    """Server-sent events, which no cache on the way may keep."""
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"}
+    )
+
+
+def json_of(resp: httpx.Response) -> Any:
+    """The body of a 200 that reads as JSON, else ``None``."""
+    if resp.status_code != 200:
+        return None
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+class UpstreamCalls:
+    """Calls to the upstream API with the configured key (never the client's), counted
+    in the proxy's metrics when it cannot be reached."""
+
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+
+    def url(self, endpoint: str) -> str:
+        if self.ctx.upstream is None:
             raise ApiError(
                 503,
                 "this service has no upstream (zerda-cache serve --upstream-url ...)",
                 "upstream_unavailable",
             )
-        return ctx.upstream.url(path)
+        return self.ctx.upstream.url(endpoint)
 
-    async def call(endpoint: str, body: Mapping[str, Any]) -> httpx.Response:
-        url = upstream_url(endpoint)
-        started = time.perf_counter()
-        try:
-            return await ctx.http().post(url, json=body, headers=upstream_headers())
-        except httpx.HTTPError as exc:
-            metrics.proxy.labels(endpoint, "error").inc()
-            log.warning("upstream %s failed: %r", url, exc)
-            raise ApiError(
-                502, f"the upstream API is unreachable ({type(exc).__name__})", "upstream_error"
-            ) from exc
-        finally:
-            metrics.upstream_latency.labels(endpoint).observe(time.perf_counter() - started)
+    def headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if self.ctx.upstream is not None and self.ctx.upstream.api_key:
+            headers["authorization"] = f"Bearer {self.ctx.upstream.api_key}"
+        return headers
 
-    def relay(resp: httpx.Response, headers: dict[str, str]) -> Response:
-        return Response(
-            content=resp.content,
-            status_code=resp.status_code,
-            media_type=resp.headers.get("content-type", "application/json"),
-            headers={**_relayed(resp), **headers},
+    def unreachable(self, endpoint: str, exc: httpx.HTTPError) -> ApiError:
+        """The 502 for a call to ``endpoint`` that failed with ``exc``, counted."""
+        self.ctx.metrics.proxy.labels(endpoint, "error").inc()
+        return ApiError(
+            502, f"the upstream API is unreachable ({type(exc).__name__})", "upstream_error"
         )
 
-    async def store(
-        tenant: str,
-        key: ChatKey,
-        answer: str,
-        model: Any,
-        control: RequestControl,
-        usage: LLMUsage | None = None,
-    ) -> tuple[str | None, bool | None]:
-        """Cache an upstream answer (with the request's TTL and tags, and the upstream's
-        usage: what each later hit saves): ``(entry id, verified)``; a failure only logs
-        (the client still gets its answer)."""
-        meta = {"model": model} if isinstance(model, str) else {}
+    async def post(self, endpoint: str, body: Mapping[str, Any]) -> httpx.Response:
+        """The upstream's whole response to ``body`` (timed in the proxy's metrics)."""
+        url = self.url(endpoint)
+        started = time.perf_counter()
         try:
-            result = await manager.put(
-                key.query,
-                answer,
-                tenant=tenant,
-                scope=key.scope,
-                metadata=meta,
-                ttl_s=control.ttl_s,
-                tags=control.tags or None,
-                usage=usage,
-            )
-        except (ZerdaError, EmbedderError) as exc:
-            log.warning("tenant %s: proxy answer not cached: %s", tenant, exc)
-            return None, None
-        if not result.stored:
-            log.info("tenant %s: proxy answer not cached: %s", tenant, result.reason)
-        return result.entry_id, result.verified
+            return await self.ctx.http().post(url, json=body, headers=self.headers())
+        except httpx.HTTPError as exc:
+            log.warning("upstream %s failed: %r", url, exc)
+            raise self.unreachable(endpoint, exc) from exc
+        finally:
+            elapsed = time.perf_counter() - started
+            self.ctx.metrics.upstream_latency.labels(endpoint).observe(elapsed)
 
-    async def finish(lease: Lease | None, stored: bool) -> None:
-        if lease is not None:
-            await lease.finish(stored)
+    async def open_stream(self, endpoint: str, body: Mapping[str, Any]) -> httpx.Response:
+        """The upstream's response to ``body`` once its headers arrived: the caller
+        reads its body and closes it."""
+        url = self.url(endpoint)
+        client = self.ctx.http()
+        try:
+            request = client.build_request("POST", url, json=body, headers=self.headers())
+            return await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise self.unreachable(endpoint, exc) from exc
 
-    async def passthrough_stream(
-        tenant: str,
-        body: Mapping[str, Any],
-        key: ChatKey | None,
-        headers: dict[str, str],
-        *,
-        lease: Lease | None = None,
-        control: RequestControl | None = None,
+
+@dataclass
+class ProxiedChat:
+    """One chat completion request on its way through the proxy: whose, what, how the
+    client controls the cache, and the lease on the upstream call when this request
+    holds it (finishing it tells the requests that wait whether the answer was
+    cached)."""
+
+    tenant: str
+    body: Mapping[str, Any]
+    control: RequestControl
+    lease: Lease | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return self.body.get("stream") is True
+
+    async def finish(self, stored: bool) -> None:
+        if self.lease is not None:
+            await self.lease.finish(stored)
+
+
+class ProxyRoutes:
+    """The proxy's endpoints over one ``ServiceContext``. The bound methods are the
+    endpoints: FastAPI reads their signatures (without ``self``) for the body and the
+    API-key dependency."""
+
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        self.upstream = UpstreamCalls(ctx)
+
+    def register(self, app: FastAPI) -> None:
+        app.add_api_route(
+            "/v1/chat/completions", self.chat_completions, methods=["POST"], tags=["proxy"]
+        )
+        app.add_api_route("/v1/embeddings", self.embeddings, methods=["POST"], tags=["proxy"])
+
+    def count(self, endpoint: str, result: str) -> None:
+        self.ctx.metrics.proxy.labels(endpoint, result).inc()
+
+    async def chat_completions(
+        self, body: Annotated[dict[str, Any], Body()], tenant: Tenant, request: Request
+    ) -> Response:
+        """OpenAI chat completions, answered from the cache when it can (see
+        ``x-zerda-cache``), else by the upstream API (then cached). ``Cache-Control``
+        (``no-cache``, ``no-store``, ``max-age``) and ``X-Zerda-Scope`` control it per
+        request."""
+        check_chat_request(body)
+        chat = ProxiedChat(tenant, body, request_control(request.headers))
+        key = self.cache_key(chat)
+        hit: CacheHit | None = None
+        if isinstance(key, ChatKey) and chat.control.read:
+            try:
+                hit = await self.ctx.manager.lookup(key.query, tenant=tenant, scope=key.scope)
+            except EmbedderError as exc:
+                log.warning("tenant %s: embedder failed, passing through: %s", tenant, exc)
+                key = "embedder failed"
+        if isinstance(key, str):
+            return await self.bypass(chat, key)
+        if hit is not None:
+            return await self.serve_hit(chat, hit, {})
+        return await self.miss(chat, key)
+
+    async def embeddings(self, body: Annotated[dict[str, Any], Body()], tenant: Tenant) -> Response:
+        """OpenAI embeddings, passed through to the upstream API (never cached)."""
+        self.count(EMBEDDINGS, "bypass")
+        return relay(await self.upstream.post(EMBEDDINGS, body), {"x-zerda-cache": "bypass"})
+
+    def cache_key(self, chat: ProxiedChat) -> ChatKey | str:
+        """Where the request is cached (its scope with the client's partition on top), or
+        why it is passed through uncached (``x-zerda-bypass``)."""
+        key = chat_key(chat.body, self.ctx.manager.config.max_query_chars)
+        if isinstance(key, str):
+            return key
+        if chat.control.directive is not None:
+            return chat.control.directive
+        if not self.ctx.can_embed:
+            return "no embedder configured"
+        return ChatKey(key.query, chat.control.scoped(key.scope) or "")
+
+    async def bypass(self, chat: ProxiedChat, reason: str) -> Response:
+        """The upstream's answer, passed through uncached."""
+        self.count(CHAT, "bypass")
+        headers = {"x-zerda-cache": "bypass", "x-zerda-bypass": reason}
+        if chat.streaming:
+            return await self.stream_upstream(chat, None, headers)
+        return relay(await self.upstream.post(CHAT, chat.body), headers)
+
+    async def serve_hit(self, chat: ProxiedChat, hit: CacheHit, extra: dict[str, str]) -> Response:
+        """A cached answer, under a fresh completion id mapped to its entry."""
+        self.count(CHAT, "hit")
+        completion_id = new_completion_id()
+        await self.ctx.coordination.remember(
+            chat.tenant, completion_id, hit.entry_id, hit.similarity, hit=True
+        )
+        headers = {**_hit_headers(hit), **feedback_headers(completion_id), **extra}
+        model = str(chat.body["model"])
+        if chat.streaming:
+            options = chat.body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = stream_from_hit(hit, model, usage, completion_id)
+            return event_stream(_iterate(events), headers)
+        return JSONResponse(completion_from_hit(hit, model, completion_id), headers=headers)
+
+    async def miss(self, chat: ProxiedChat, key: ChatKey) -> Response:
+        """A question the cache did not answer (or was not asked: ``no-cache``): served
+        the answer of a concurrent identical request's upstream call, else answered
+        upstream and cached."""
+        headers = {"x-zerda-cache": "miss"}
+        if chat.control.read:
+            hit, chat.lease, how = await self.coalesce(chat.tenant, key)
+            if how is not None:
+                headers["x-zerda-coalesced"] = how
+            if hit is not None:
+                return await self.serve_hit(chat, hit, {"x-zerda-coalesced": how or ""})
+        if chat.streaming:
+            self.count(CHAT, "miss")
+            return await self.stream_upstream(chat, key, headers)
+        return await self.answer_upstream(chat, key, headers)
+
+    async def answer_upstream(
+        self, chat: ProxiedChat, key: ChatKey, headers: dict[str, str]
+    ) -> Response:
+        """The upstream's answer to a miss; a cacheable one is cached and sent under a
+        completion id of the proxy's making. The request's lease is finished then."""
+        stored = False
+        try:
+            resp = await self.upstream.post(CHAT, chat.body)
+            data = json_of(resp)
+            answer = cacheable_answer(data)
+            if answer is not None:
+                usage = usage_of(data.get("model"), data.get("usage"))
+                data["id"] = completion_id = new_completion_id()
+                entry_id, verified = await self.cache_answer(
+                    chat, key, answer, data.get("model"), usage, completion_id
+                )
+                stored = entry_id is not None
+                headers.update(stored_headers(entry_id, verified, completion_id))
+        finally:
+            await chat.finish(stored)
+        self.count(CHAT, headers["x-zerda-cache"])
+        if answer is None:
+            return relay(resp, headers)
+        return JSONResponse(
+            data, status_code=resp.status_code, headers={**_relayed(resp), **headers}
+        )
+
+    async def stream_upstream(
+        self, chat: ProxiedChat, key: ChatKey | None, headers: dict[str, str]
     ) -> Response:
         """Stream the upstream's answer through; under a ``key``, with an id of the
         proxy's making, cached (and the id mapped) before the final ``[DONE]`` is sent,
-        so feedback sent once the stream ended finds it. ``lease`` is finished then."""
+        so feedback sent once the stream ended finds it. The request's lease is finished
+        then."""
         try:
-            url = upstream_url("/chat/completions")
-            client = ctx.http()
-            request = client.build_request("POST", url, json=body, headers=upstream_headers())
-            resp = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            await finish(lease, False)
-            metrics.proxy.labels("/chat/completions", "error").inc()
-            raise ApiError(
-                502, f"the upstream API is unreachable ({type(exc).__name__})", "upstream_error"
-            ) from exc
+            resp = await self.upstream.open_stream(CHAT, chat.body)
         except BaseException:
-            await finish(lease, False)
+            await chat.finish(False)
             raise
         if resp.status_code != 200:
             await resp.aread()
             await resp.aclose()
-            await finish(lease, False)
+            await chat.finish(False)
             return relay(resp, headers)
-        completion_id = new_completion_id() if key is not None else None
-        if completion_id is not None:
-            headers = {**headers, **feedback_headers(completion_id)}
+        stream = RelayedStream(new_completion_id() if key is not None else None)
+        if stream.completion_id is not None:
+            headers = {**headers, **feedback_headers(stream.completion_id)}
+        events = self.relay_events(chat, key, resp, stream)
+        return event_stream(events, {**_relayed(resp), **headers})
 
-        async def events() -> AsyncIterator[bytes]:
-            collector = StreamCollector()
-            splitter = EventSplitter()
-            held: list[bytes] = []  # [DONE] and after: sent once the answer is cached
-            stored = False
-            try:
-                try:
-                    async for chunk in resp.aiter_bytes():
-                        if completion_id is None:
-                            collector.feed(chunk)
-                            yield chunk
-                            continue
-                        for event in splitter.feed(chunk):
-                            collector.feed(event)
-                            if collector.done:
-                                held.append(event)
-                            else:
-                                yield with_completion_id(event, completion_id)
-                    if splitter.buffer:
-                        held.append(splitter.buffer)
-                finally:
-                    await resp.aclose()
-                answer = collector.answer
-                if key is not None and answer is not None:
-                    entry_id, _ = await store(
-                        tenant,
-                        key,
-                        answer,
-                        body.get("model"),
-                        control or RequestControl(),
-                        usage_of(collector.model, collector.usage),
-                    )
-                    if entry_id is not None and completion_id is not None:
-                        stored = True
-                        await ctx.coordination.remember(tenant, completion_id, entry_id, 1.0)
-            finally:
-                await finish(lease, stored)
-            for event in held:
-                yield event
-
-        return StreamingResponse(
-            events(),
-            media_type="text/event-stream",
-            headers={**_relayed(resp), **headers, "cache-control": "no-cache"},
-        )
-
-    async def serve_hit(
-        tenant: str, hit: CacheHit, body: Mapping[str, Any], extra: dict[str, str]
-    ) -> Response:
-        """A cached answer, under a fresh completion id mapped to its entry."""
-        metrics.proxy.labels("/chat/completions", "hit").inc()
-        completion_id = new_completion_id()
-        await ctx.coordination.remember(
-            tenant, completion_id, hit.entry_id, hit.similarity, hit=True
-        )
-        headers = {**_hit_headers(hit), **feedback_headers(completion_id), **extra}
-        model = str(body["model"])
-        if body.get("stream") is True:
-            options = body.get("stream_options")
-            usage = isinstance(options, dict) and options.get("include_usage") is True
-            return StreamingResponse(
-                _iterate(stream_from_hit(hit, model, usage, completion_id)),
-                media_type="text/event-stream",
-                headers={**headers, "cache-control": "no-cache"},
-            )
-        return JSONResponse(completion_from_hit(hit, model, completion_id), headers=headers)
-
-    async def look_up(tenant: str, key: ChatKey) -> CacheHit | None:
+    async def relay_events(
+        self, chat: ProxiedChat, key: ChatKey | None, resp: httpx.Response, stream: RelayedStream
+    ) -> AsyncIterator[bytes]:
+        """The upstream's events as the client gets them; a complete answer is cached,
+        and the lease finished, before the held ``[DONE]`` is sent."""
+        stored = False
         try:
-            return await manager.lookup(key.query, tenant=tenant, scope=key.scope)
+            try:
+                async for chunk in resp.aiter_bytes():
+                    for event in stream.feed(chunk):
+                        yield event
+                stream.end()
+            finally:
+                await resp.aclose()
+            collector = stream.collector
+            answer = collector.answer
+            if key is not None and stream.completion_id is not None and answer is not None:
+                usage = usage_of(collector.model, collector.usage)
+                entry_id, _ = await self.cache_answer(
+                    chat, key, answer, chat.body.get("model"), usage, stream.completion_id
+                )
+                stored = entry_id is not None
+        finally:
+            await chat.finish(stored)
+        for event in stream.held:
+            yield event
+
+    async def cache_answer(
+        self,
+        chat: ProxiedChat,
+        key: ChatKey,
+        answer: str,
+        model: object,
+        usage: LLMUsage | None,
+        completion_id: str,
+    ) -> tuple[str | None, bool | None]:
+        """Cache an upstream answer (with the request's TTL and tags, and the upstream's
+        usage: what each later hit saves) and map ``completion_id`` to its entry:
+        ``(entry id, verified)``; a failure only logs (the client still gets its
+        answer)."""
+        meta = {"model": model} if isinstance(model, str) else {}
+        try:
+            result = await self.ctx.manager.put(
+                key.query,
+                answer,
+                tenant=chat.tenant,
+                scope=key.scope,
+                metadata=meta,
+                ttl_s=chat.control.ttl_s,
+                tags=chat.control.tags or None,
+                usage=usage,
+            )
+        except (ZerdaError, EmbedderError) as exc:
+            log.warning("tenant %s: proxy answer not cached: %s", chat.tenant, exc)
+            return None, None
+        if not result.stored:
+            log.info("tenant %s: proxy answer not cached: %s", chat.tenant, result.reason)
+        if result.entry_id is not None:
+            await self.ctx.coordination.remember(chat.tenant, completion_id, result.entry_id, 1.0)
+        return result.entry_id, result.verified
+
+    async def look_up(self, tenant: str, key: ChatKey) -> CacheHit | None:
+        """The lookup of a request that waits for another's upstream call."""
+        try:
+            return await self.ctx.manager.lookup(key.query, tenant=tenant, scope=key.scope)
         except EmbedderError as exc:
             log.warning("tenant %s: embedder failed while waiting: %s", tenant, exc)
             return None
 
     async def coalesce(
-        tenant: str, key: ChatKey
+        self, tenant: str, key: ChatKey
     ) -> tuple[CacheHit | None, Lease | None, str | None]:
         """After a miss: lead the upstream call (a lease), or wait for the request that
         leads it. ``(hit, lease, how)``: a hit the wait found, the lease this request
         holds, and how the wait went (``x-zerda-coalesced``; ``None``: no wait)."""
-        co = ctx.coordination
+        co = self.ctx.coordination
         if not co.settings.enabled:
             return None, None, None
         digest = query_digest(key.query, key.scope)
@@ -558,13 +465,13 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
             return None, None, None
         if lease is not None:
             return None, lease, None
-        waited = await co.wait(tenant, digest, lambda: look_up(tenant, key))
+        waited = await co.wait(tenant, digest, lambda: self.look_up(tenant, key))
         if waited.outcome == "found":
             return waited.found, None, "waited"
         if waited.outcome == "lead":
             return None, waited.lease, "took-over"
         if waited.outcome == "finished":
-            hit = await look_up(tenant, key)
+            hit = await self.look_up(tenant, key)
             return hit, None, "waited" if hit is not None else "passed"
         if waited.outcome == "timeout":
             log.warning(
@@ -574,97 +481,6 @@ def add_proxy_routes(app: FastAPI, ctx: "ServiceContext", tenant_dep: Any) -> No
             )
         return None, None, waited.outcome
 
-    @app.post("/v1/chat/completions", tags=["proxy"])
-    async def chat_completions(
-        body: Annotated[dict[str, Any], Body()], tenant: tenant_dep, request: Request
-    ) -> Response:
-        """OpenAI chat completions, answered from the cache when it can (see
-        ``x-zerda-cache``), else by the upstream API (then cached). ``Cache-Control``
-        (``no-cache``, ``no-store``, ``max-age``) and ``X-Zerda-Scope`` control it per
-        request."""
-        check_chat_request(body)
-        control: RequestControl = request_control(request.headers)
-        streaming = body.get("stream") is True
-        key = chat_key(body, manager.config.max_query_chars)
-        if isinstance(key, ChatKey):
-            if control.directive is not None:
-                key = control.directive
-            elif not ctx.can_embed:
-                key = "no embedder configured"
-            else:
-                key = ChatKey(key.query, control.scoped(key.scope) or "")
-        hit: CacheHit | None = None
-        if isinstance(key, ChatKey) and control.read:
-            try:
-                hit = await manager.lookup(key.query, tenant=tenant, scope=key.scope)
-            except EmbedderError as exc:
-                log.warning("tenant %s: embedder failed, passing through: %s", tenant, exc)
-                key = "embedder failed"
-        if isinstance(key, str):
-            metrics.proxy.labels("/chat/completions", "bypass").inc()
-            headers = {"x-zerda-cache": "bypass", "x-zerda-bypass": key}
-            if streaming:
-                return await passthrough_stream(tenant, body, None, headers)
-            return relay(await call("/chat/completions", body), headers)
-        if hit is not None:
-            return await serve_hit(tenant, hit, body, {})
-        lease: Lease | None = None
-        headers = {"x-zerda-cache": "miss"}
-        if control.read:
-            hit, lease, how = await coalesce(tenant, key)
-            if how is not None:
-                headers["x-zerda-coalesced"] = how
-            if hit is not None:
-                return await serve_hit(tenant, hit, body, {"x-zerda-coalesced": how or ""})
-        if streaming:
-            metrics.proxy.labels("/chat/completions", "miss").inc()
-            return await passthrough_stream(
-                tenant, body, key, headers, lease=lease, control=control
-            )
-        stored = False
-        try:
-            resp = await call("/chat/completions", body)
-            data: Any = None
-            if resp.status_code == 200:
-                try:
-                    data = resp.json()
-                except ValueError:
-                    data = None
-            answer = cacheable_answer(data)
-            if answer is not None:
-                usage = usage_of(data.get("model"), data.get("usage"))
-                entry_id, verified = await store(
-                    tenant, key, answer, data.get("model"), control, usage
-                )
-                if entry_id is not None:
-                    stored = True
-                    headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
-                if verified is not None:
-                    headers.update(
-                        {"x-zerda-cache": "verify", "x-zerda-verified": str(verified).lower()}
-                    )
-                completion_id = new_completion_id()
-                data["id"] = completion_id
-                if entry_id is not None:
-                    await ctx.coordination.remember(tenant, completion_id, entry_id, 1.0)
-                    headers.update(feedback_headers(completion_id))
-        finally:
-            await finish(lease, stored)
-        metrics.proxy.labels("/chat/completions", headers["x-zerda-cache"]).inc()
-        if answer is None:
-            return relay(resp, headers)
-        return JSONResponse(
-            data,
-            status_code=resp.status_code,
-            headers={**_relayed(resp), **headers},
-        )
-
-    @app.post("/v1/embeddings", tags=["proxy"])
-    async def embeddings(body: Annotated[dict[str, Any], Body()], tenant: tenant_dep) -> Response:
-        """OpenAI embeddings, passed through to the upstream API (never cached)."""
-        metrics.proxy.labels("/embeddings", "bypass").inc()
-        return relay(await call("/embeddings", body), {"x-zerda-cache": "bypass"})
-
 
 async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
     for event in events:
@@ -672,14 +488,15 @@ async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
 
 
 __all__ = [
-    "NOT_IN_SCOPE",
-    "SCOPE_PREFIX",
-    "ChatKey",
-    "StreamCollector",
-    "add_proxy_routes",
-    "cacheable_answer",
-    "chat_key",
-    "chat_scope",
-    "completion_from_hit",
-    "stream_from_hit",
+    "CHAT",
+    "EMBEDDINGS",
+    "RELAYED",
+    "ProxiedChat",
+    "ProxyRoutes",
+    "UpstreamCalls",
+    "event_stream",
+    "feedback_headers",
+    "json_of",
+    "relay",
+    "stored_headers",
 ]
