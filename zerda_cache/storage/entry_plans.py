@@ -262,11 +262,12 @@ class EntryPlans(PlanBase):
         ``log`` is that delta: the lookup's one command."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
+        ids = list(candidates)
         tied = bool(rivals)
-        if tied:
-            ids = list(candidates)
-            if asked is None or ids[: len(rivals) + 1] != [entry_id, *(r for r, _ in rivals)]:
-                raise ValueError("a tie needs the question's digest and its candidates in order")
+        if tied and (
+            asked is None or ids[: len(rivals) + 1] != [entry_id, *(r for r, _ in rivals)]
+        ):
+            raise ValueError("a tie needs the question's digest and its candidates in order")
         if peek is not None and not asked:
             raise ValueError("a peek at the log needs the question's digest")
         args = [
@@ -280,24 +281,10 @@ class EntryPlans(PlanBase):
         keys = [key, k.ids, k.stats, k.st, k.bad]
         if asked is not None:
             keys += [k.q, k.log]
-            args += [
-                asked,
-                "" if own_bar is None else repr(float(own_bar)),
-                "" if peek is None else peek,
-                PEEK_COUNT,
-            ]
+            args += [asked, "" if own_bar is None else repr(float(own_bar)), peek or "", PEEK_COUNT]
         if tied:
-            cfg = self.config.rl if rl is None else rl
             keys += [k.entry(eid) for eid in ids]
-            args += [
-                repr(cfg.similarity_bonus_scale),
-                repr(CONFIDENCE_WEIGHT),
-                "1" if cfg.similarity_tie_margin >= 2 else "",  # the seed's order draws all
-                str(len(rivals)),
-                str(len(ids)),
-                *ids,
-                *(repr(float(sim)) for _, sim in rivals),
-            ]
+            args += self.tie_args(rl, rivals, ids)
 
         def parse(res: Any) -> HitOutcome:
             own, news = None, None
@@ -307,7 +294,7 @@ class EntryPlans(PlanBase):
                 if peek is not None:
                     events = [] if peeked == 1 else [(eid, pairs(raw)) for eid, raw in peeked]
                     news = peek_delta(events, peek)
-            outcome = parse_code(res, own, news)
+            outcome = self.hit_outcome(tenant, entry_id, key, res, own, news)
             # (served by the script but corrupt here: no states in the reply)
             if tied and int(res[0]) != 1:
                 rows, states, scores = res[2]
@@ -315,58 +302,44 @@ class EntryPlans(PlanBase):
                 return dataclasses.replace(outcome, states=batch)
             return outcome
 
-        def parse_code(res: Any, own: str | None, news: LogDelta | None) -> HitOutcome:
-            code = int(res[0])
-            if code == 0:
-                return HitOutcome(HitStatus.GONE, own=own, log=news)
-            if code == -1:
-                return HitOutcome(HitStatus.EXPIRED, own=own, log=news)
-            if code == -3:
-                log.warning("corrupt entry %s not served", key)
-                return HitOutcome(HitStatus.CORRUPT, own=own, log=news)
-            if code == -4:
-                reward = float(res[1]) if len(res) > 1 else None
-                return HitOutcome(HitStatus.UNSERVABLE, reward=reward, own=own, log=news)
-            if code == -5:
-                return HitOutcome(HitStatus.BELOW_BAR, own=own, log=news)
-            if code == -6:
-                return HitOutcome(HitStatus.NOT_OWN, own=own, log=news)
-            if code == -7:
-                return HitOutcome(HitStatus.TIED, own=own, log=news)
-            try:
-                query, response, metadata = codec.unpack_doc(res[2], key=key)
-                meta = codec.unpack_meta(res[3], key=key)
-            except CorruptEntryError as exc:
-                log.warning("corrupt entry not served: %s", exc)
-                self.suspect(tenant, entry_id, exc)
-                return HitOutcome(HitStatus.CORRUPT, own=own, log=news)
-            arm, use = codec.trusted_state(res[1])
-            entry = IntelligentCacheEntry(
-                entry_id=entry_id,
-                tenant=tenant,
-                query=query,
-                response=response,
-                metadata=metadata,
-                scope=meta["sc"],
-                tags=meta["tg"],
-                usage=meta["us"],
-                created_at=meta["ct"],
-                ttl_s=meta["ttl"] or None,
-                quality_score=use.quality,
-                similarity_score=use.similarity,
-                usage_count=use.count,
-                last_access=use.last_access,
-                confidence_score=use.confidence,
-                bandit_arm=arm,
-                version=use.version,
-                similarity_bar=use.similarity_bar,
-                min_positive_similarity=use.min_positive_similarity,
-                negative_streak=use.negative_streak,
-            )
-            before = float(res[4])  # the confidence a ranking would have used
-            return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own, log=news)
-
         return ScriptCall("hit", keys, args, parse)
+
+    def tie_args(
+        self, rl: RLConfig | None, rivals: Sequence[tuple[str, float]], ids: Sequence[str]
+    ) -> list[str]:
+        """The hit script's arguments for a tie: the ranking's weights (the same rule as
+        ``policy_learner.score_candidates``; tests/test_tie.py holds the two equal), the
+        candidates' ids and the rivals' similarities."""
+        cfg = self.config.rl if rl is None else rl
+        return [
+            repr(cfg.similarity_bonus_scale),
+            repr(CONFIDENCE_WEIGHT),
+            "1" if cfg.similarity_tie_margin >= 2 else "",  # the seed's order draws all
+            str(len(rivals)),
+            str(len(ids)),
+            *ids,
+            *(repr(float(sim)) for _, sim in rivals),
+        ]
+
+    def hit_outcome(
+        self, tenant: str, entry_id: str, key: str, res: Any, own: str | None, news: LogDelta | None
+    ) -> HitOutcome:
+        """The hit script's reply (its status code first) as a ``HitOutcome``."""
+        code = int(res[0])
+        if code != 1:
+            status = _HIT_STATUS[code]
+            if status is HitStatus.CORRUPT:
+                log.warning("corrupt entry %s not served", key)
+            reward = float(res[1]) if code == -4 and len(res) > 1 else None
+            return HitOutcome(status, reward=reward, own=own, log=news)
+        try:
+            entry = served_entry(tenant, entry_id, key, res)
+        except CorruptEntryError as exc:
+            log.warning("corrupt entry not served: %s", exc)
+            self.suspect(tenant, entry_id, exc)
+            return HitOutcome(HitStatus.CORRUPT, own=own, log=news)
+        before = float(res[4])  # the confidence a ranking would have used
+        return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own, log=news)
 
     def plan_feedback(
         self, signals: Sequence[FeedbackSignal], *, rl: RLConfig | None = None
@@ -477,3 +450,48 @@ class EntryPlans(PlanBase):
         return ScriptCall("evict", keys, args, parse)
 
     # -- read plans ----------------------------------------------------------------------------
+
+
+#: The hit script's status codes other than 1 (served).
+_HIT_STATUS = {
+    0: HitStatus.GONE,
+    -1: HitStatus.EXPIRED,
+    -3: HitStatus.CORRUPT,
+    -4: HitStatus.UNSERVABLE,
+    -5: HitStatus.BELOW_BAR,
+    -6: HitStatus.NOT_OWN,
+    -7: HitStatus.TIED,
+}
+
+
+def served_entry(tenant: str, entry_id: str, key: str, res: Any) -> IntelligentCacheEntry:
+    """The entry a hit script served: its doc, state and meta as the reply carries them.
+
+    Raises:
+        CorruptEntryError: the doc or meta does not decode.
+    """
+    query, response, metadata = codec.unpack_doc(res[2], key=key)
+    meta = codec.unpack_meta(res[3], key=key)
+    arm, use = codec.trusted_state(res[1])
+    return IntelligentCacheEntry(
+        entry_id=entry_id,
+        tenant=tenant,
+        query=query,
+        response=response,
+        metadata=metadata,
+        scope=meta["sc"],
+        tags=meta["tg"],
+        usage=meta["us"],
+        created_at=meta["ct"],
+        ttl_s=meta["ttl"] or None,
+        quality_score=use.quality,
+        similarity_score=use.similarity,
+        usage_count=use.count,
+        last_access=use.last_access,
+        confidence_score=use.confidence,
+        bandit_arm=arm,
+        version=use.version,
+        similarity_bar=use.similarity_bar,
+        min_positive_similarity=use.min_positive_similarity,
+        negative_streak=use.negative_streak,
+    )
