@@ -26,9 +26,9 @@ from collections.abc import Collection
 from email.message import Message as MimeMessage
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from zerda_cache.service.limits import send_error
+from zerda_cache.service.limits import read_body, replaying, send_error
 
 #: Deepest nesting of arrays and objects accepted in a request body. A chat completion's
 #: tool schemas nest a few levels, metadata a few more; the JSON parser itself gives up
@@ -143,15 +143,9 @@ class JsonBody:
         if scope["type"] != "http" or scope.get("path") not in self.paths:
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:
+            return
         if body:
             headers = list(scope.get("headers") or ())
             declared = [v.decode("latin-1") for k, v in headers if k == b"content-type"]
@@ -165,16 +159,7 @@ class JsonBody:
                 return
             headers = [(k, v) for k, v in headers if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 __all__ = [

@@ -45,30 +45,13 @@ class BodyLimit:
             if declared > self.max_bytes:
                 await self._too_large(send)
                 return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > self.max_bytes:
-                await self._too_large(send)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        try:
+            body = await read_body(receive, self.max_bytes)
+        except BodyTooLarge:
+            await self._too_large(send)
+            return
+        if body is not None:
+            await self.app(scope, replaying(body, receive), send)
 
     async def _too_large(self, send: Send) -> None:
         await send_error(
@@ -77,6 +60,47 @@ class BodyLimit:
             f"request body over the limit of {self.max_bytes} bytes",
             "request_too_large",
         )
+
+
+class BodyTooLarge(Exception):
+    """A request body past the limit ``read_body`` was given."""
+
+
+async def read_body(receive: Receive, max_bytes: int | None = None) -> bytes | None:
+    """The request's whole body, read from ``receive``; ``None`` when the client went
+    away first.
+
+    Raises:
+        BodyTooLarge: the body is over ``max_bytes`` (nothing past that is read).
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            return None
+        body = message.get("body", b"")
+        size += len(body)
+        if max_bytes is not None and size > max_bytes:
+            raise BodyTooLarge(f"request body over {max_bytes} bytes")
+        chunks.append(body)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` for the app once a middleware read the whole ``body``: it hands the
+    body over as one message, then passes on what the client sends next."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 async def send_error(
@@ -103,4 +127,11 @@ async def send_error(
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit", "send_error"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "BodyLimit",
+    "BodyTooLarge",
+    "read_body",
+    "replaying",
+    "send_error",
+]
