@@ -140,11 +140,11 @@ def in_memory(index: UsearchIndex, huge: bool) -> UsearchIndex:
     import mmap
 
     from zerda_cache.index import IndexPolicy
-    from zerda_cache.storage.store import _advise_huge_pages
+    from zerda_cache.storage.snapshots import advise_huge_pages
 
     graph, rows = bytes(index.graph_bytes()), memoryview(index.rows_bytes()).cast("B")
     buf = mmap.mmap(-1, len(graph) + len(rows), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if huge and not _advise_huge_pages(buf):
+    if huge and not advise_huge_pages(buf):
         raise SystemExit("this kernel offers no transparent huge pages")
     view = memoryview(buf)
     view[: len(graph)] = graph

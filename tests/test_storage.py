@@ -30,7 +30,7 @@ from zerda_cache import (
 from zerda_cache.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY, IntelligentCacheEntry
 from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
-from zerda_cache.storage import store as store_module
+from zerda_cache.storage import entry_store as entry_store_module
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.plans import HitStatus
@@ -633,7 +633,7 @@ def test_corrupt_value_is_reported_and_tenant_keeps_working(
 def test_read_entries_returns_each_entry_or_its_error_in_order(
     storage: RedisStorage, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "READ_ENTRIES_BATCH", 2)  # several round trips
+    monkeypatch.setattr(entry_store_module, "READ_ENTRIES_BATCH", 2)  # several round trips
     ids = [put(storage, i) for i in range(1, 6)]
     redis_client.hset(tenant_keys("acme").entry(ids[1]), "doc", b"\xc1garbage")
     assert storage.invalidate("acme", ids[3]) is True
