@@ -45,6 +45,7 @@ from zerda_cache.storage.replies import (
     ReadPlan,
     ScriptCall,
     StoredEntry,
+    entry_of,
     hash_row,
     pairs,
     peek_delta,
@@ -473,25 +474,6 @@ def served_entry(tenant: str, entry_id: str, key: str, res: Any) -> IntelligentC
     query, response, metadata = codec.unpack_doc(res[2], key=key)
     meta = codec.unpack_meta(res[3], key=key)
     arm, use = codec.trusted_state(res[1])
-    return IntelligentCacheEntry(
-        entry_id=entry_id,
-        tenant=tenant,
-        query=query,
-        response=response,
-        metadata=metadata,
-        scope=meta["sc"],
-        tags=meta["tg"],
-        usage=meta["us"],
-        created_at=meta["ct"],
-        ttl_s=meta["ttl"] or None,
-        quality_score=use.quality,
-        similarity_score=use.similarity,
-        usage_count=use.count,
-        last_access=use.last_access,
-        confidence_score=use.confidence,
-        bandit_arm=arm,
-        version=use.version,
-        similarity_bar=use.similarity_bar,
-        min_positive_similarity=use.min_positive_similarity,
-        negative_streak=use.negative_streak,
+    return entry_of(
+        tenant, entry_id, meta, arm, use, query=query, response=response, metadata=metadata
     )

@@ -543,17 +543,38 @@ def state_entry(
             size = int(values["sz"])
         except (TypeError, ValueError) as exc:
             raise CorruptEntryError(key, "sz is not an integer") from exc
+    expires_at = float(score) if score is not None else -math.inf
+    return entry_of(
+        tenant,
+        entry_id,
+        meta,
+        arm,
+        use,
+        query="",
+        response="",
+        expires_at=expires_at,
+        size_bytes=size,
+    )
+
+
+def entry_of(
+    tenant: str,
+    entry_id: str,
+    meta: Mapping[str, Any],
+    arm: BanditArm,
+    use: codec.Use,
+    **fields: Any,
+) -> IntelligentCacheEntry:
+    """An entry from its decoded meta and learning state (``codec.unpack_meta``,
+    ``codec.unpack_state``), with ``fields`` it has beside them (query, response, ...)."""
     return IntelligentCacheEntry(
         entry_id=entry_id,
         tenant=tenant,
-        query="",
-        response="",
         scope=meta["sc"],
         tags=meta["tg"],
         usage=meta["us"],
         created_at=meta["ct"],
         ttl_s=meta["ttl"] or None,
-        expires_at=float(score) if score is not None else -math.inf,
         quality_score=use.quality,
         similarity_score=use.similarity,
         usage_count=use.count,
@@ -561,8 +582,8 @@ def state_entry(
         confidence_score=use.confidence,
         bandit_arm=arm,
         version=use.version,
-        size_bytes=size,
         similarity_bar=use.similarity_bar,
         min_positive_similarity=use.min_positive_similarity,
         negative_streak=use.negative_streak,
+        **fields,
     )

@@ -24,15 +24,8 @@ from zerda_cache.storage.tenant_store import TenantStore
 
 
 class Storage(EntryStore, TenantStore, SnapshotStore, ServiceStore):
-    """Access to one zerda-cache keyspace; use ``RedisStorage`` or ``AsyncRedisStorage``.
-
-    Args:
-        client: a redis-py client with ``decode_responses=False``: ``redis.Redis`` or
-            ``RedisCluster`` for ``RedisStorage``, their ``redis.asyncio`` counterparts
-            for ``AsyncRedisStorage``.
-        config: key prefix, size limits and the bandit parameters the scripts apply.
-        clock: returns "now" in unix seconds; default: the Redis server's clock.
-    """
+    """Every operation on one zerda-cache keyspace (arguments: ``StorageCore``); use
+    ``RedisStorage`` or ``AsyncRedisStorage``."""
 
     def close_flow(self) -> Flow[None]:
         """Close the client (its connection pool), and a Sentinel group's own clients."""
