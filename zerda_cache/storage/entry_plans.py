@@ -109,14 +109,13 @@ class EntryPlans(PlanBase):
             cfg.index_log_maxlen,
             repr(float(cfg.default_ttl_s or 0)),
             "" if fields.get("index_dim") is None else str(int(fields["index_dim"] or 0)),
-            len(tags),
-            *tags,
-            *(
-                ("",)
-                if usage is None
-                else (usage.model, usage.prompt_tokens, usage.completion_tokens)
-            ),
         ]
+        keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg, k.st]
+        if tags or usage is not None:  # a put with neither sends neither (put.lua)
+            args += [len(tags), *tags]
+            keys += [k.tags, *(k.tag(tag) for tag in tags)]
+        if usage is not None:
+            args += [usage.model, usage.prompt_tokens, usage.completion_tokens]
 
         def parse(res: Any) -> PutOutcome:
             code = int(res[0])
@@ -129,8 +128,6 @@ class EntryPlans(PlanBase):
             displaced = text(res[1]) or None
             return PutOutcome(entry_id=eid, created_at=float(res[2]), displaced_id=displaced)
 
-        keys = [k.entry(eid), k.ids, k.q, k.log, k.stats, k.cfg, k.st, k.tags]
-        keys += [k.tag(tag) for tag in tags]
         return ScriptCall("put", keys, args, parse)
 
     def plan_restore_dim(self, tenant: str, sample: Sequence[str]) -> ScriptCall[int | None]:

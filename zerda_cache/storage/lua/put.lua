@@ -1,6 +1,8 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] q hash  KEYS[4] log stream  KEYS[5] stats hash
 -- KEYS[6] cfg hash  KEYS[7] state hash  KEYS[8] the tenant's tag names
--- KEYS[9 .. 8+N] the sets of the entry's N tags (ARGV[16]).  ARGV: see below.  returns {1, displaced_id or '', created_at (string)}
+-- KEYS[9 .. 8+N] the sets of the entry's N tags (ARGV[16]); KEYS[8..] and ARGV[16..] are
+-- left out by a put with neither tags nor usage.  ARGV: see below.
+-- returns {1, displaced_id or '', created_at (string)}
 -- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists;
 -- {-3} the tenant's dimension is lost and unknown to the caller (see ARGV[15]).
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
