@@ -1,7 +1,10 @@
 """Shared helpers of the benchmark scripts: machine description and docs/BENCHMARKS.md.
 
 Each benchmark owns one section of docs/BENCHMARKS.md, delimited by HTML comments, and
-rewrites only that section, so the scripts can run in any order.
+rewrites only that section, so the scripts can run in any order. A section ends with the
+figures its script measured against the project's targets (a JSON object in an HTML
+comment); the opening table of the file is made from them (``summary.py``), and
+``write_section`` rewrites it with the section.
 """
 
 from __future__ import annotations
@@ -12,19 +15,15 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from summary import HEADER, figures_comment, with_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "docs" / "BENCHMARKS.md"
-
-_HEADER = """# Benchmarks
-
-Every table below is written by a script in `benchmarks/`; none is typed by hand. Each
-section names the machine and the exact command. The machines here are shared and noisy,
-so every comparison is made side by side in one run and reported as a ratio.
-"""
 
 
 def cpu_model() -> str:
@@ -84,20 +83,31 @@ def provenance() -> dict[str, str]:
     }
 
 
-def write_section(name: str, title: str, body: str, origin: dict[str, str] | None = None) -> None:
-    """Replace (or append) section ``name`` of docs/BENCHMARKS.md.
+def write_section(
+    name: str,
+    title: str,
+    body: str,
+    origin: dict[str, str] | None = None,
+    figures: Mapping[str, Any] | None = None,
+) -> None:
+    """Replace (or append) section ``name`` of docs/BENCHMARKS.md, then the opening table.
 
     ``origin`` (see ``provenance``) names the run that measured the numbers when the
-    section is rendered later from saved results; by default, this run.
+    section is rendered later from saved results; by default, this run. ``figures``: the
+    run's headline figures, by the names ``_targets.py`` reads them (for example
+    ``lookup.minilm.100000.p50_ping``); the opening table shows, for each target, the
+    latest section that has its figures.
     """
     o = origin or provenance()
     block = (
-        f"<!-- section:{name} -->\n## {title}\n\n"
+        f'<!-- section:{name} -->\n<a id="{name}"></a>\n\n## {title}\n\n'
         f"Machine: {o['machine']}  \nCommand: `{o['command']}`  \n"
-        f"Commit: {o['commit']}, run {o['run_at']}\n\n{body.strip()}\n<!-- /section:{name} -->"
+        f"Commit: {o['commit']}, run {o['run_at']}\n\n{body.strip()}\n"
+        + (f"\n{figures_comment(figures)}\n" if figures else "")
+        + f"<!-- /section:{name} -->"
     )
     BENCHMARKS_MD.parent.mkdir(parents=True, exist_ok=True)
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else _HEADER
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else HEADER
     pattern = re.compile(
         rf"<!-- section:{re.escape(name)} -->.*?<!-- /section:{re.escape(name)} -->", re.S
     )
@@ -105,7 +115,7 @@ def write_section(name: str, title: str, body: str, origin: dict[str, str] | Non
         text = pattern.sub(lambda _: block, text)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    BENCHMARKS_MD.write_text(text)
+    BENCHMARKS_MD.write_text(with_summary(text))
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -255,10 +255,12 @@ def main() -> None:
         counted(args, runs, base_rev)
         return
     rows = []
+    walls: dict[str, float] = {}
     for op in OPS:
         pairs = list(zip(runs["baseline"], runs["current"], strict=True))
         wall = statistics.median(c[op] / b[op] for b, c in pairs)
         cpu = statistics.median(c["cpu " + op] / b["cpu " + op] for b, c in pairs)
+        walls[op] = wall
         rows.append(
             [
                 op,
@@ -293,7 +295,19 @@ def main() -> None:
     )
     print(body)
     if not args.quick:
-        write_section("ab", "Current against a baseline, side by side (bench_ab.py)", body)
+        write_section(
+            "ab",
+            "Current against a baseline, side by side (bench_ab.py)",
+            body,
+            figures=worst("ab", walls, base_rev),
+        )
+
+
+def worst(prefix: str, ratios: dict[str, float], base: str) -> dict[str, float | str]:
+    """The headline figures (``_targets.py`` reads them): the operation with the highest
+    current / baseline ratio, the ratio, and the baseline's commit."""
+    op = max(ratios, key=lambda k: ratios[k])
+    return {f"{prefix}.worst": ratios[op], f"{prefix}.worst_op": op, f"{prefix}.baseline": base}
 
 
 def counted(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]], base: str) -> None:
@@ -301,10 +315,13 @@ def counted(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]], b
     side's count in PINGs of the same client (sync operations against the sync PING,
     async ones against the async PING)."""
     rows = []
+    ratios: dict[str, float] = {}
     first = runs["baseline"][0]
     for op in [op for op in first if op not in OPS] + list(OPS):
         b = statistics.median(r[op] for r in runs["baseline"])
         c = statistics.median(r[op] for r in runs["current"])
+        if op in OPS:
+            ratios[op] = c / b
         ping = "async ping" if op.startswith("async") else "ping"
         b_ping = statistics.median(r[ping] for r in runs["baseline"])
         c_ping = statistics.median(r[ping] for r in runs["current"])
@@ -346,6 +363,7 @@ def counted(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]], b
             "ab-callgrind",
             "Current against a baseline: client instructions per call (bench_ab.py --callgrind)",
             body,
+            figures=worst("ab-callgrind", ratios, base),
         )
 
 

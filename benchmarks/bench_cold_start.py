@@ -321,6 +321,32 @@ def targets(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def figures(results: list[tuple[str, str, dict[str, Any]]], n: int) -> dict[str, Any]:
+    """This checkout's headline figures (``_targets.py`` reads them), per data set and way
+    of getting the index (``scratch``: built by the replica; ``snapshot``: loaded): over
+    its rounds, the medians, and the longest wait of a lookup during a build."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for kind, name, r in results:
+        if name.startswith("current"):
+            mode = "snapshot" if "snapshot" in name else "scratch"
+            runs.setdefault(f"cold-start.{kind}.{n}.{mode}.", []).append(r)
+    out: dict[str, Any] = {}
+    for k, rs in runs.items():
+        firsts = [r["first_exact_s"] for r in rs if r["first_exact_s"] is not None]
+        waits = [r["during_max_ms"] for r in rs if r["during_max_ms"] is not None]
+        out |= {
+            k + "rounds": len(rs),
+            k + "first_hit_s": float(np.median(firsts)) if firsts else None,
+            k + "ready_s": float(np.median([r["ready_s"] for r in rs])),
+            k + "worst_wait_ms": max(waits, default=None),
+            k + "recall": float(np.median([r["near_recall"] for r in rs])),
+            k + "p50_ping": float(np.median([r["p50_ms"] / r["ping_ms"] for r in rs])),
+            k + "p99_ping": float(np.median([r["p99_ms"] / r["ping_ms"] for r in rs])),
+            k + "index_memory": float(np.median([r["index_ratio"] for r in rs])),
+        }
+    return out
+
+
 def side_and_round(label: str) -> tuple[str, str]:
     """A run's side (its name less ``, round k``) and its round (``""`` without one)."""
     side, _, rnd = label.partition(", round ")
@@ -785,7 +811,7 @@ def main() -> None:
         title = "A new replica against a large tenant (bench_cold_start.py)"
         if args.section != "cold-start":
             title += f", {args.n:,} entries"
-        write_section(args.section, title, body)
+        write_section(args.section, title, body, figures=figures(results, args.n))
 
 
 if __name__ == "__main__":

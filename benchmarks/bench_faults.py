@@ -123,7 +123,22 @@ def main() -> None:
     body = render(results, kinds, args.replicas)
     print(body)
     if not args.no_write:
-        write_section("faults", "Fault campaign (bench_faults.py)", body)
+        write_section("faults", "Fault campaign (bench_faults.py)", body, figures=figures(results))
+
+
+def figures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The campaign's headline figures over every run (``_targets.py`` reads them)."""
+    lost = [_lost(r) for r in results]
+    waits = [r["outage_worst_s"] for r in results if r.get("outage") and "outage_worst_s" in r]
+    return {
+        "faults.runs": len(results),
+        "faults.survived": sum(1 for r in results if r.get("survived")),
+        "faults.lost": sum(n for n, _ in lost),
+        "faults.acknowledged": sum(m for _, m in lost),
+        "faults.wrong": sum(r.get("wrong_answers", 0) for r in results),
+        "faults.worst_lookup_ms": max(waits, default=0.0) * 1000,
+        "faults.timeout_ms": TIMEOUT_S * 1000,
+    }
 
 
 def _lost(r: dict[str, Any]) -> tuple[int, int]:

@@ -482,7 +482,26 @@ def main() -> None:
     )
     print(body)
     if not args.quick:
-        write_section("lookup", "Lookup, put and index memory (bench_lookup.py)", body)
+        write_section(
+            "lookup",
+            "Lookup, put and index memory (bench_lookup.py)",
+            body,
+            figures=figures(extras),
+        )
+
+
+def figures(extras: list[dict[str, Any]]) -> dict[str, float]:
+    """The headline figures of each data set and size (``_targets.py`` reads them)."""
+    out = {}
+    for e in extras:
+        k = f"lookup.{e['data']}.{e['n']}."
+        out |= {
+            k + "p50_ping": e["p50_ratio"],
+            k + "p99_ping": e["p99_ratio"],
+            k + "recall": e["recall"],
+            k + "index_memory": e["est_ratio"],
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -142,7 +142,15 @@ def main() -> None:
     )
     print(body)
     if not args.quick:
-        write_section("memory", "Redis memory per entry (bench_memory.py)", body)
+        default = CacheConfig().vector_storage
+        r = results[default]
+        figures = {
+            "memory.entries": n,
+            "memory.default_storage": default,
+            "memory.default_ratio": r["per_entry"] / r["payload"],
+            **{f"memory.{k}.ratio": v["per_entry"] / v["payload"] for k, v in results.items()},
+        }
+        write_section("memory", "Redis memory per entry (bench_memory.py)", body, figures=figures)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ def main() -> None:
     from zerda_cache.testing import RedisServer
 
     rows = []
+    figures: dict[str, int] = {}
     with RedisServer(kind="redis") as server:
         sides: list[tuple[str, Path | None]] = [("current " + git_rev(), None)]
         if args.baseline is not None:
@@ -113,6 +114,13 @@ def main() -> None:
             )  # fmt: skip
             r = json.loads(out.stdout.strip().splitlines()[-1])
             k = r["lookups"]
+            if src is None:  # this checkout's
+                figures = {
+                    "recall.entries": r["n"],
+                    "recall.lookups": k,
+                    "recall.exact_right": r["exact"],
+                    "recall.near_right": r["near"],
+                }
             rows.append([name, f"{r['n']:,}", f"{r['exact']}/{k}", f"{r['near']}/{k}",
                          f"{r['index']}/{k}", f"{r['build_s']:.1f}"])  # fmt: skip
             print(rows[-1], flush=True)
@@ -132,7 +140,10 @@ def main() -> None:
     print(body)
     if not args.quick:
         write_section(
-            "recall", "Own answers back: exact repeats and near-copies (bench_recall.py)", body
+            "recall",
+            "Own answers back: exact repeats and near-copies (bench_recall.py)",
+            body,
+            figures=figures,
         )
 
 

@@ -109,6 +109,18 @@ def targets(rows: list[list[str]]) -> str:
     )
 
 
+def figures(rows: list[list[str]], n: int) -> dict[str, Any]:
+    """The headline figures (``_targets.py`` reads them): the current format's longest
+    stall of another thread while a replica loads a snapshot of ``n`` entries."""
+    current = next(r[0] for r in rows if r[0] != "1")
+    stall = max(float(r[-1].strip("*")) for r in rows if r[0] == current)
+    return {
+        "snapshot-load.stall_ms": stall,
+        "snapshot-load.format": int(current),
+        "snapshot-load.entries": n,
+    }
+
+
 def churn(loaded: ScopedIndex, viewed: ScopedIndex, x: np.ndarray, n: int) -> list[list[str]]:
     """Search time of both indexes as the same changes pile up (see the table's text)."""
     from bench_cold_start import near_copy
@@ -258,6 +270,7 @@ def main() -> None:
             args.section,
             f"Loading an index snapshot: GIL stalls at {args.n:,} entries (bench_snapshot_load.py)",
             text,
+            figures=figures(rows, args.n),
         )
 
 

@@ -36,9 +36,11 @@ ENTRIES = 1_000
 TENANT = "bench"
 
 
-def run_kind(kind: str, rounds: int, ops: int) -> list[list[str]]:
+def run_kind(kind: str, rounds: int, ops: int) -> tuple[list[list[str]], dict[int, float]]:
+    """The table's rows for server ``kind``, and its ratio (median) at each depth."""
     server = RedisServer(kind=kind).start()
     rows: list[list[str]] = []
+    medians: dict[int, float] = {}
     try:
         client = server.client()
         storage = RedisStorage(client, CacheConfig())
@@ -93,6 +95,7 @@ def run_kind(kind: str, rounds: int, ops: int) -> list[list[str]]:
             server_us = script["usec"] / (script["calls"] * (1 if depth == 1 else depth))
             hset_us = cmdstats["cmdstat_hset"]["usec_per_call"]
             ratio = statistics.median(ratios)
+            medians[depth] = ratio
             print(f"{kind} depth {depth}: ratio {ratio:.2f}", file=sys.stderr)
             rows.append(
                 [
@@ -109,7 +112,7 @@ def run_kind(kind: str, rounds: int, ops: int) -> list[list[str]]:
         client.close()
     finally:
         server.stop()
-    return rows
+    return rows, medians
 
 
 def main() -> None:
@@ -122,8 +125,17 @@ def main() -> None:
     if args.quick:
         args.rounds, args.ops = 2, 200
     rows: list[list[str]] = []
+    figures: dict[str, float | str] = {}
+    worst: dict[int, tuple[float, str]] = {}
     for kind in args.kinds.split(","):
-        rows += run_kind(kind, args.rounds, args.ops)
+        kind_rows, medians = run_kind(kind, args.rounds, args.ops)
+        rows += kind_rows
+        for depth, ratio in medians.items():
+            figures[f"storage.{kind}.depth{depth}.ratio"] = ratio
+            worst[depth] = min(worst.get(depth, (ratio, kind)), (ratio, kind))
+    for depth, (ratio, kind) in worst.items():
+        figures[f"storage.depth{depth}.worst"] = ratio
+        figures[f"storage.depth{depth}.worst_server"] = kind
     body = table(
         [
             "server",
@@ -151,7 +163,9 @@ def main() -> None:
     )
     print(body)
     if not args.quick:
-        write_section("storage", "Storage: feedback script vs HSET (bench_storage.py)", body)
+        write_section(
+            "storage", "Storage: feedback script vs HSET (bench_storage.py)", body, figures=figures
+        )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,8 @@ def commandstats(client: object) -> dict[str, tuple[int, int]]:
     return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for k, v in stats.items()}
 
 
-def bench_tags(n: int, tagged: int) -> str:
+def bench_tags(n: int, tagged: int) -> tuple[str, dict[str, Any]]:
+    """The section's text, and its headline figures (``_targets.py`` reads them)."""
     with RedisServer() as server:
         client = server.client()
         st = RedisStorage(client, CacheConfig())
@@ -89,7 +91,14 @@ def bench_tags(n: int, tagged: int) -> str:
                 rows.append([name.upper(), f"{calls:,}", f"{usec / 1000:,.1f}"])
         client.close()
     untouched = after == before and count == n - tagged
-    return (
+    figures = {
+        "tags.entries": n,
+        "tags.tagged": tagged,
+        "tags.removed": removed,
+        "tags.wall_ms": wall * 1000,
+        "tags.untouched": untouched,
+    }
+    text = (
         f"A tenant of {n:,} entries (64-d, loaded in {load_s:.0f} s, {used / 2**20:,.0f} MiB "
         f"in Redis), each tagged with one of {n // 10:,} documents, plus {tagged:,} tagged "
         f"`doc:target`. One `invalidate_tag('doc:target')`:\n\n"
@@ -111,9 +120,11 @@ def bench_tags(n: int, tagged: int) -> str:
         "state versions of 2,000 other entries sampled at random did not move (a hit or "
         "a write would have bumped them)."
     )
+    return text, figures
 
 
-def bench_transfer(n: int, checks: int) -> str:
+def bench_transfer(n: int, checks: int) -> tuple[str, dict[str, Any]]:
+    """The section's text, and its headline figures (``_targets.py`` reads them)."""
     cfg = CacheConfig(similarity_threshold=0.9)
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         client = server.client()
@@ -146,7 +157,17 @@ def bench_transfer(n: int, checks: int) -> str:
             same_near += (a is None) == (b is None) and (a is None or a.entry_id == b.entry_id)
         m.close()
         client.close()
-    return (
+    figures = {
+        "transfer.entries": n,
+        "transfer.exported": exported,
+        "transfer.imported": report.stored,
+        "transfer.export_rate": exported / export_s,
+        "transfer.import_rate": report.stored / import_s,
+        "transfer.checks": checks,
+        "transfer.same_exact": same_exact,
+        "transfer.same_near": same_near,
+    }
+    text = (
         f"{n:,} entries (384-d, stored as float16, the default), exported to a file and "
         "imported into another "
         f"tenant; a fresh replica then asks {checks:,} exact questions and {checks:,} near "
@@ -176,6 +197,7 @@ def bench_transfer(n: int, checks: int) -> str:
         + "\n\nThe import writes one entry a script call, `transfer.IMPORT_BATCH` (200) "
         "calls a round trip, after checking each line in Python."
     )
+    return text, figures
 
 
 def main() -> None:
@@ -183,14 +205,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny run; does not write docs")
     args = parser.parse_args()
     if args.quick:
-        print(bench_tags(20_000, 1_000))
-        print(bench_transfer(2_000, 200))
+        print(bench_tags(20_000, 1_000)[0])
+        print(bench_transfer(2_000, 200)[0])
         return
-    body = bench_tags(1_000_000, 1_000)
-    write_section("tags-1m", "Invalidating a tag at 1M entries", body)
+    body, figures = bench_tags(1_000_000, 1_000)
+    write_section("tags-1m", "Invalidating a tag at 1M entries", body, figures=figures)
     print(body)
-    body = bench_transfer(100_000, 2_000)
-    write_section("export-import-100k", "Export and import of 100k entries", body)
+    body, figures = bench_transfer(100_000, 2_000)
+    write_section("export-import-100k", "Export and import of 100k entries", body, figures=figures)
     print(body)
 
 

@@ -564,7 +564,52 @@ def render(summary: dict[str, Any], label: str, *, replot: bool = False) -> None
     if label != default_label(dataset, full):
         title += f" ({label})"
     write_section(label, f"Learning quality on {name}, {title} (benchmarks/quality/run.py)", body,
-                  summary.get("origin"))  # fmt: skip
+                  summary.get("origin"), figures(summary))  # fmt: skip
+
+
+def figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's headline figures (``benchmarks/_targets.py`` reads them), named by its data
+    set and whether it ran every pair (``quality.qqp-full.``): the ratios ``targets``
+    judges (error and hits against the static caches, stale serves, correct hits against
+    the oracle's), and for each error bound its realised error with
+    the tolerance (whole run and each half), LLM calls per request, correct hits against
+    the oracle's, and the unbounded zerda-cache's fewest LLM calls at no more error."""
+    rows = summary["rows"]
+    every = summary.get("every_pair", bool(summary["args"].get("full")))
+    q = f"quality.{summary.get('dataset', 'qqp')}-{'full' if every else 'sampled'}."
+    t = summary.get("targets") or targets(rows, _full_qqp(summary))[1]
+    out: dict[str, Any] = {}
+    for name in ("error_ratio_best", "stale_ratio", "correct_vs_oracle"):
+        if name in t:
+            out[q + name] = t[name]
+    if "hit_at_error_0.02" in t:
+        out[q + "hit_at_2pct"] = t["hit_at_error_0.02"]["zerda"]
+        out[q + "hit_at_2pct_static"] = t["hit_at_error_0.02"]["static"]
+    oracle = next((r for r in rows if family(r) == "oracle"), None)
+
+    def calls(r: dict[str, Any]) -> float:
+        return float(r.get("llm_calls_per_request", 1 - r["hit_rate"]))
+
+    for delta in BOUNDS.values():
+        r = next((x for x in rows if x["policy"] == bound_name(delta)), None)
+        if r is None:
+            continue
+        d = f"{q}d{round(delta * 100)}."
+        n = max(1, int(r.get("requests", 0)))
+        out[d + "error"] = r["error_rate"]
+        out[d + "tolerance"] = 1.645 * (delta * (1 - delta) / n) ** 0.5
+        halves = _halves(r)
+        if halves is not None:
+            for half, (n_half, error) in zip(("before", "after"), halves, strict=True):
+                out[d + f"error_{half}"] = error
+                out[d + f"tolerance_{half}"] = 1.645 * (delta * (1 - delta) / n_half) ** 0.5
+        out[d + "llm_calls"] = calls(r)
+        out[d + "hits"] = r["hit_rate"]
+        if oracle is not None:
+            out[d + "correct_vs_oracle"] = r["correct_hit_rate"] / oracle["correct_hit_rate"]
+        unbounded = [x for x in rows if x["policy"] == ZERDA and x["error_rate"] <= delta]
+        out[d + "unbounded_llm_calls"] = min(map(calls, unbounded), default=None)
+    return out
 
 
 def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, label: str) -> str:
