@@ -198,7 +198,7 @@ def test_a_stop_during_the_removals_sends_no_further_call(
     report = m.execute(plan)
     assert 1 <= calls <= EVICT_IN_FLIGHT
     assert report.removed == {"capacity": 3 * calls} and st.count("t") == 60 - 3 * calls
-    assert "t" not in m._feedback_marks
+    assert "t" not in m.planner.feedback_marks
 
 
 def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
