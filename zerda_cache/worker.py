@@ -39,6 +39,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -136,32 +137,19 @@ class Worker:
             },
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
         )
-        scheduler.add_job(
-            self.lease_tick,
-            "interval",
-            seconds=self.lease_interval_s,
-            id="lease",
-            executor="aux",
-            next_run_time=_now_dt(),
-        )
-        scheduler.add_job(self.decay_job, "interval", seconds=ev.decay_job_interval_s, id="decay")
-        scheduler.add_job(self.evict_job, "interval", seconds=ev.eviction_interval_s, id="evict")
+
+        def every(
+            job: Callable[[], None], seconds: float, name: str, executor: str, now: bool = False
+        ) -> None:
+            first = {"next_run_time": _now_dt()} if now else {}  # else after one interval
+            scheduler.add_job(job, "interval", seconds=seconds, id=name, executor=executor, **first)
+
+        every(self.lease_tick, self.lease_interval_s, "lease", "aux", now=True)
+        every(self.decay_job, ev.decay_job_interval_s, "decay", "default")
+        every(self.evict_job, ev.eviction_interval_s, "evict", "default")
         if ev.snapshot_min_entries > 0:
-            scheduler.add_job(
-                self.snapshot_job,
-                "interval",
-                seconds=ev.snapshot_interval_s,
-                id="snapshot",
-                executor="snap",
-            )
-        scheduler.add_job(
-            self.metrics_job,
-            "interval",
-            seconds=ev.metrics_interval_s,
-            id="metrics",
-            executor="aux",
-            next_run_time=_now_dt(),
-        )
+            every(self.snapshot_job, ev.snapshot_interval_s, "snapshot", "snap")
+        every(self.metrics_job, ev.metrics_interval_s, "metrics", "aux", now=True)
         return scheduler
 
     # -- jobs ----------------------------------------------------------------------------------
