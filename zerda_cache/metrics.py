@@ -5,13 +5,16 @@ serves on ``/metrics``. Every name starts with ``zerda_cache_``. The tenant labe
 bounded: a replica names the first ``max_tenant_labels`` tenants it sees and reports the
 rest as ``other``, so a runaway number of tenants cannot explode the series count.
 ``docs/metrics.md`` lists every metric with its type and labels.
+
+Each class declares its metrics in a table (attribute -> ``MetricSpec``) that one loop
+registers, so a metric is one row: its kind, name, help text, labels and buckets.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +58,139 @@ _LOOKUP_CHILDREN = 4096
 MAX_MODEL_LABELS = 32
 
 
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric to register: a ``Counter``, ``Gauge`` or ``Histogram`` (``buckets``
+    only for a histogram), its name, help text and label names."""
+
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    doc: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    def make(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.kind is Histogram:
+            return Histogram(
+                self.name, self.doc, self.labels, buckets=self.buckets, registry=registry
+            )
+        return self.kind(self.name, self.doc, self.labels, registry=registry)
+
+
+def register(owner: object, specs: Mapping[str, MetricSpec], registry: CollectorRegistry) -> None:
+    """Register every metric of ``specs`` on ``registry`` as the attribute of ``owner``
+    its key names (in the table's order, which is the order ``/metrics`` lists them)."""
+    for attr, spec in specs.items():
+        setattr(owner, attr, spec.make(registry))
+
+
+#: What a replica exports (besides the rolling windows of ``_AdaptiveCollector``).
+REPLICA_METRICS: dict[str, MetricSpec] = {
+    # lookups, puts and feedback
+    "lookups": MetricSpec(
+        Counter,
+        "zerda_cache_lookups",
+        "Lookups by result: hit, miss or fail_open (Redis unreachable or too slow).",
+        ("tenant", "result"),
+    ),
+    "lookup_latency": MetricSpec(
+        Histogram,
+        "zerda_cache_lookup_latency_seconds",
+        "Lookup latency, embedding excluded, by result.",
+        ("result",),
+        LATENCY_BUCKETS,
+    ),
+    "fail_open": MetricSpec(
+        Counter,
+        "zerda_cache_fail_open",
+        "Lookups answered as a miss because Redis failed.",
+        ("tenant",),
+    ),
+    "puts": MetricSpec(
+        Counter,
+        "zerda_cache_puts",
+        "Puts by result: stored, kept (the same answer as a held-back cached one) or rejected.",
+        ("tenant", "result"),
+    ),
+    "puts_rejected": MetricSpec(
+        Counter,
+        "zerda_cache_puts_rejected",
+        "Puts refused by the admission check, by reason.",
+        ("reason",),
+    ),
+    "feedback": MetricSpec(
+        Counter,
+        "zerda_cache_replica_feedback",
+        "Feedback signals sent by this replica, by polarity.",
+        ("tenant", "polarity"),
+    ),
+    # the local vector index
+    "index_rebuilds": MetricSpec(
+        Counter,
+        "zerda_cache_index_rebuilds",
+        "Full rebuilds of a tenant's local vector index (first use or log trimmed).",
+        ("tenant",),
+    ),
+    "index_ready": MetricSpec(
+        Gauge,
+        "zerda_cache_index_ready",
+        "1 when this replica's index of the tenant is built, 0 while it is being built "
+        "(lookups then serve exact-question matches).",
+        ("tenant",),
+    ),
+    "index_build_seconds": MetricSpec(
+        Histogram,
+        "zerda_cache_index_build_seconds",
+        "Duration of this replica's index builds (in the background).",
+        buckets=BUILD_BUCKETS,
+    ),
+    "storage_errors": MetricSpec(
+        Counter,
+        "zerda_cache_storage_errors",
+        "Redis errors seen by this replica, by operation.",
+        ("operation",),
+    ),
+    # Savings (zerda_cache.savings): hits of answers put with their usage, and hits
+    # judged wrong (their call was bought after all).
+    "saved_calls": MetricSpec(
+        Counter,
+        "zerda_cache_saved_calls",
+        "LLM calls a hit avoided, by the model that made the cached answer.",
+        ("tenant", "model"),
+    ),
+    "saved_tokens": MetricSpec(
+        Counter,
+        "zerda_cache_saved_tokens",
+        "Tokens of the LLM calls hits avoided, by kind (prompt, completion).",
+        ("tenant", "model", "kind"),
+    ),
+    "saved_usd": MetricSpec(
+        Counter,
+        "zerda_cache_saved_usd",
+        "US dollars of the LLM calls hits avoided (CacheConfig.token_prices).",
+        ("tenant", "model"),
+    ),
+    "wrong_calls": MetricSpec(
+        Counter,
+        "zerda_cache_wrong_hit_calls",
+        "Hits judged wrong by negative feedback: calls bought after all.",
+        ("tenant", "model"),
+    ),
+    "wrong_tokens": MetricSpec(
+        Counter,
+        "zerda_cache_wrong_hit_tokens",
+        "Tokens of the hits judged wrong, by kind (prompt, completion).",
+        ("tenant", "model", "kind"),
+    ),
+    "wrong_usd": MetricSpec(
+        Counter,
+        "zerda_cache_wrong_hit_usd",
+        "US dollars of the hits judged wrong.",
+        ("tenant", "model"),
+    ),
+}
+
+
 class TenantLabels:
     """Maps tenant ids to a bounded set of label values (first come, first named)."""
 
@@ -76,10 +212,29 @@ class TenantLabels:
 class ReplicaMetrics:
     """What each app replica exports (serve them with ``prometheus_client`` as usual).
 
+    The metrics are the attributes ``REPLICA_METRICS`` names.
+
     Args:
         registry: where to register; one ``ReplicaMetrics`` per registry.
         max_tenant_labels: tenants named before the rest become ``other``.
     """
+
+    lookups: Counter
+    lookup_latency: Histogram
+    fail_open: Counter
+    puts: Counter
+    puts_rejected: Counter
+    feedback: Counter
+    index_rebuilds: Counter
+    index_ready: Gauge
+    index_build_seconds: Histogram
+    storage_errors: Counter
+    saved_calls: Counter
+    saved_tokens: Counter
+    saved_usd: Counter
+    wrong_calls: Counter
+    wrong_tokens: Counter
+    wrong_usd: Counter
 
     def __init__(
         self,
@@ -89,108 +244,9 @@ class ReplicaMetrics:
         reg = registry if registry is not None else REGISTRY
         self.registry = reg
         self.tenant = TenantLabels(max_tenant_labels)
-        self.lookups = Counter(
-            "zerda_cache_lookups",
-            "Lookups by result: hit, miss or fail_open (Redis unreachable or too slow).",
-            ["tenant", "result"],
-            registry=reg,
-        )
-        self.lookup_latency = Histogram(
-            "zerda_cache_lookup_latency_seconds",
-            "Lookup latency, embedding excluded, by result.",
-            ["result"],
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        )
-        self.fail_open = Counter(
-            "zerda_cache_fail_open",
-            "Lookups answered as a miss because Redis failed.",
-            ["tenant"],
-            registry=reg,
-        )
-        self.puts = Counter(
-            "zerda_cache_puts",
-            "Puts by result: stored, kept (the same answer as a held-back cached one) or rejected.",
-            ["tenant", "result"],
-            registry=reg,
-        )
-        self.puts_rejected = Counter(
-            "zerda_cache_puts_rejected",
-            "Puts refused by the admission check, by reason.",
-            ["reason"],
-            registry=reg,
-        )
-        self.feedback = Counter(
-            "zerda_cache_replica_feedback",
-            "Feedback signals sent by this replica, by polarity.",
-            ["tenant", "polarity"],
-            registry=reg,
-        )
-        self.index_rebuilds = Counter(
-            "zerda_cache_index_rebuilds",
-            "Full rebuilds of a tenant's local vector index (first use or log trimmed).",
-            ["tenant"],
-            registry=reg,
-        )
-        self.index_ready = Gauge(
-            "zerda_cache_index_ready",
-            "1 when this replica's index of the tenant is built, 0 while it is being built "
-            "(lookups then serve exact-question matches).",
-            ["tenant"],
-            registry=reg,
-        )
-        self.index_build_seconds = Histogram(
-            "zerda_cache_index_build_seconds",
-            "Duration of this replica's index builds (in the background).",
-            buckets=BUILD_BUCKETS,
-            registry=reg,
-        )
+        register(self, REPLICA_METRICS, reg)
         self._adaptive = _AdaptiveCollector()
         reg.register(self._adaptive)
-        self.storage_errors = Counter(
-            "zerda_cache_storage_errors",
-            "Redis errors seen by this replica, by operation.",
-            ["operation"],
-            registry=reg,
-        )
-        # Savings (zerda_cache.savings): hits of answers put with their usage, and hits
-        # judged wrong (their call was bought after all).
-        self.saved_calls = Counter(
-            "zerda_cache_saved_calls",
-            "LLM calls a hit avoided, by the model that made the cached answer.",
-            ["tenant", "model"],
-            registry=reg,
-        )
-        self.saved_tokens = Counter(
-            "zerda_cache_saved_tokens",
-            "Tokens of the LLM calls hits avoided, by kind (prompt, completion).",
-            ["tenant", "model", "kind"],
-            registry=reg,
-        )
-        self.saved_usd = Counter(
-            "zerda_cache_saved_usd",
-            "US dollars of the LLM calls hits avoided (CacheConfig.token_prices).",
-            ["tenant", "model"],
-            registry=reg,
-        )
-        self.wrong_calls = Counter(
-            "zerda_cache_wrong_hit_calls",
-            "Hits judged wrong by negative feedback: calls bought after all.",
-            ["tenant", "model"],
-            registry=reg,
-        )
-        self.wrong_tokens = Counter(
-            "zerda_cache_wrong_hit_tokens",
-            "Tokens of the hits judged wrong, by kind (prompt, completion).",
-            ["tenant", "model", "kind"],
-            registry=reg,
-        )
-        self.wrong_usd = Counter(
-            "zerda_cache_wrong_hit_usd",
-            "US dollars of the hits judged wrong.",
-            ["tenant", "model"],
-            registry=reg,
-        )
         self._models: set[str] = set()
         self._savings_children: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
 
@@ -255,6 +311,28 @@ class ReplicaMetrics:
         self._adaptive.add(adaptive)
 
 
+#: The rolling windows of an ``AdaptiveLearningSystem`` report a replica exports:
+#: report key -> (gauge name, help).
+ADAPTIVE_WINDOWS = {
+    "avg_response_ms": (
+        "zerda_cache_replica_window_latency_ms",
+        "Mean lookup (and admission) time over the last 100 operations.",
+    ),
+    "avg_context_length": (
+        "zerda_cache_replica_window_answer_chars",
+        "Mean answer length over the last 100 lookups and puts (a miss counts 0).",
+    ),
+    "avg_chunk_count": (
+        "zerda_cache_replica_window_candidates",
+        "Mean candidates over the last 100 lookups and puts (a put counts 0).",
+    ),
+    "guard_failure_rate": (
+        "zerda_cache_replica_window_admission_failure_ratio",
+        "Share of the last 100 operations that were puts refused by the admission check.",
+    ),
+}
+
+
 class _AdaptiveCollector(Collector):
     """Exports the rolling windows of the managers watched by a ``ReplicaMetrics``."""
 
@@ -268,36 +346,20 @@ class _AdaptiveCollector(Collector):
             self.systems.add(system)
 
     def collect(self) -> Iterator[Metric]:
+        """Each window averaged over the watched managers, weighted by their samples."""
         with self._lock:
             reports = [s.get_performance_report() for s in list(self.systems)]
-        fams = {
-            "avg_response_ms": GaugeMetricFamily(
-                "zerda_cache_replica_window_latency_ms",
-                "Mean lookup (and admission) time over the last 100 operations.",
-            ),
-            "avg_context_length": GaugeMetricFamily(
-                "zerda_cache_replica_window_answer_chars",
-                "Mean answer length over the last 100 lookups and puts (a miss counts 0).",
-            ),
-            "avg_chunk_count": GaugeMetricFamily(
-                "zerda_cache_replica_window_candidates",
-                "Mean candidates over the last 100 lookups and puts (a put counts 0).",
-            ),
-            "guard_failure_rate": GaugeMetricFamily(
-                "zerda_cache_replica_window_admission_failure_ratio",
-                "Share of the last 100 operations that were puts refused by the admission check.",
-            ),
-        }
         weights = [r["samples"] for r in reports]
         total = sum(weights)
-        for key, fam in fams.items():
+        for key, (name, doc) in ADAPTIVE_WINDOWS.items():
             value = (
                 sum(r[key] * w for r, w in zip(reports, weights, strict=True)) / total
                 if total
                 else 0.0
             )
+            fam = GaugeMetricFamily(name, doc)
             fam.add_metric([], value)
-        yield from fams.values()
+            yield fam
 
 
 _default: ReplicaMetrics | None = None
@@ -334,6 +396,20 @@ class Distribution:
         self.total += int(values.size)
         self.sum += float(values.sum())
 
+    def merge(self, other: Distribution) -> None:
+        """Add ``other``'s counts (the same buckets) to these."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+        self.sum += other.sum
+
+    def histogram_buckets(self) -> list[tuple[str, float]]:
+        """The buckets as a ``HistogramMetricFamily`` takes them, ``+Inf`` last."""
+        buckets: list[tuple[str, float]] = [
+            (repr(b), c) for b, c in zip(self.buckets, self.counts, strict=True)
+        ]
+        buckets.append(("+Inf", self.total))
+        return buckets
+
 
 # -- the worker's metrics ------------------------------------------------------------------
 CYCLE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -352,6 +428,126 @@ class TenantSnapshot:
     bound: float | None = None
     threshold: float | None = None
     wrong_per_request: float | None = None
+
+
+#: The per-tenant gauges: what they read -> (name, help).
+TENANT_GAUGES = {
+    "entries": ("zerda_cache_tenant_entries", "Live entries per tenant."),
+    "bytes": (
+        "zerda_cache_tenant_bytes",
+        "Bytes of stored content (query, answer, metadata, vector) per tenant.",
+    ),
+    "max_entries": (
+        "zerda_cache_tenant_max_entries",
+        "Entry capacity per tenant (the worker evicts above it).",
+    ),
+    "max_bytes": ("zerda_cache_tenant_max_bytes", "Byte capacity per tenant (0: none)."),
+}
+#: The per-tenant counters: the shared stats field they read -> (name, help).
+TENANT_COUNTERS = {
+    "hits": ("zerda_cache_tenant_hits", "Cached answers served, all replicas."),
+    "misses": ("zerda_cache_tenant_misses", "Lookups that found no answer."),
+    "puts": ("zerda_cache_tenant_puts", "Answers stored."),
+}
+#: The distributions of the last eviction scan: ``TenantSnapshot`` field -> (name, help).
+TENANT_DISTRIBUTIONS = {
+    "rewards": (
+        "zerda_cache_tenant_expected_reward",
+        "Distribution of the arms' expected reward (at the last eviction scan).",
+    ),
+    "confidences": (
+        "zerda_cache_tenant_confidence",
+        "Distribution of the entries' confidence (at the last eviction scan).",
+    ),
+}
+#: A tenant's error bound and what it proves: ``TenantSnapshot`` field -> (name, help).
+TENANT_BOUND = {
+    "bound": (
+        "zerda_cache_tenant_error_bound",
+        "The error bound (max_error_rate) a tenant serves under; absent: none.",
+    ),
+    "threshold": (
+        "zerda_cache_tenant_bound_threshold",
+        "The similarity a near match needs under the bound; absent: none proven.",
+    ),
+    "wrong_per_request": (
+        "zerda_cache_tenant_wrong_per_request",
+        "The labels' estimate of wrong serves per request at that similarity.",
+    ),
+}
+
+
+class TenantFamilies:
+    """The metric families of one ``TenantCollector.collect``, filled a label at a time."""
+
+    def __init__(self) -> None:
+        tenant = ["tenant"]
+        self.gauges = {k: GaugeMetricFamily(*v, labels=tenant) for k, v in TENANT_GAUGES.items()}
+        self.counters = {
+            k: CounterMetricFamily(*v, labels=tenant) for k, v in TENANT_COUNTERS.items()
+        }
+        self.feedback = CounterMetricFamily(
+            "zerda_cache_tenant_feedback",
+            "Feedback signals applied, by polarity.",
+            labels=["tenant", "polarity"],
+        )
+        self.evictions = CounterMetricFamily(
+            "zerda_cache_tenant_evictions",
+            "Entries removed, by reason.",
+            labels=["tenant", "reason"],
+        )
+        self.distributions = {
+            k: HistogramMetricFamily(*v, labels=tenant) for k, v in TENANT_DISTRIBUTIONS.items()
+        }
+        self.bound = {k: GaugeMetricFamily(*v, labels=tenant) for k, v in TENANT_BOUND.items()}
+
+    def add(self, label: str, snaps: list[TenantSnapshot]) -> None:
+        """The series of ``label``: one tenant's snapshot, or the sum of those in
+        ``other``."""
+        if label != OTHER:  # a tenant's own values: never summed over tenants
+            self._add_bound(label, snaps[0])
+        self._add_totals(label, snaps)
+        self._add_distributions(label, snaps)
+
+    def _add_bound(self, label: str, snap: TenantSnapshot) -> None:
+        for attr, gauge in self.bound.items():
+            value = getattr(snap, attr)
+            if value is not None:
+                gauge.add_metric([label], value)
+
+    def _add_totals(self, label: str, snaps: list[TenantSnapshot]) -> None:
+        total: dict[str, int] = {}
+        for snap in snaps:
+            for k, v in snap.stats.items():
+                total[k] = total.get(k, 0) + v
+        self.gauges["entries"].add_metric([label], total.get("entries", 0))
+        self.gauges["bytes"].add_metric([label], max(0, total.get("bytes", 0)))
+        self.gauges["max_entries"].add_metric([label], sum(s.max_entries for s in snaps))
+        self.gauges["max_bytes"].add_metric([label], sum(s.max_bytes or 0 for s in snaps))
+        for name, fam in self.counters.items():
+            fam.add_metric([label], total.get(name, 0))
+        self.feedback.add_metric([label, "positive"], total.get("positive", 0))
+        self.feedback.add_metric([label, "negative"], total.get("negative", 0))
+        for reason in REASONS:
+            self.evictions.add_metric([label, reason], total.get(f"evicted:{reason}", 0))
+
+    def _add_distributions(self, label: str, snaps: list[TenantSnapshot]) -> None:
+        for attr, hist in self.distributions.items():
+            dists = [getattr(s, attr) for s in snaps if getattr(s, attr) is not None]
+            if not dists:
+                continue
+            merged = Distribution()
+            for d in dists:
+                merged.merge(d)
+            hist.add_metric([label], merged.histogram_buckets(), merged.sum)
+
+    def __iter__(self) -> Iterator[Metric]:
+        yield from self.gauges.values()
+        yield from self.counters.values()
+        yield self.feedback
+        yield self.evictions
+        yield from self.distributions.values()
+        yield from self.bound.values()
 
 
 class TenantCollector(Collector):
@@ -378,164 +574,70 @@ class TenantCollector(Collector):
         return groups
 
     def collect(self) -> Iterator[Metric]:
-        groups = self._grouped()
-        gauges = {
-            "entries": GaugeMetricFamily(
-                "zerda_cache_tenant_entries", "Live entries per tenant.", labels=["tenant"]
-            ),
-            "bytes": GaugeMetricFamily(
-                "zerda_cache_tenant_bytes",
-                "Bytes of stored content (query, answer, metadata, vector) per tenant.",
-                labels=["tenant"],
-            ),
-            "max_entries": GaugeMetricFamily(
-                "zerda_cache_tenant_max_entries",
-                "Entry capacity per tenant (the worker evicts above it).",
-                labels=["tenant"],
-            ),
-            "max_bytes": GaugeMetricFamily(
-                "zerda_cache_tenant_max_bytes",
-                "Byte capacity per tenant (0: none).",
-                labels=["tenant"],
-            ),
-        }
-        counters = {
-            "hits": CounterMetricFamily(
-                "zerda_cache_tenant_hits", "Cached answers served, all replicas.", labels=["tenant"]
-            ),
-            "misses": CounterMetricFamily(
-                "zerda_cache_tenant_misses", "Lookups that found no answer.", labels=["tenant"]
-            ),
-            "puts": CounterMetricFamily(
-                "zerda_cache_tenant_puts", "Answers stored.", labels=["tenant"]
-            ),
-        }
-        feedback = CounterMetricFamily(
-            "zerda_cache_tenant_feedback",
-            "Feedback signals applied, by polarity.",
-            labels=["tenant", "polarity"],
-        )
-        evictions = CounterMetricFamily(
-            "zerda_cache_tenant_evictions",
-            "Entries removed, by reason.",
-            labels=["tenant", "reason"],
-        )
-        rewards = HistogramMetricFamily(
-            "zerda_cache_tenant_expected_reward",
-            "Distribution of the arms' expected reward (at the last eviction scan).",
-            labels=["tenant"],
-        )
-        confidences = HistogramMetricFamily(
-            "zerda_cache_tenant_confidence",
-            "Distribution of the entries' confidence (at the last eviction scan).",
-            labels=["tenant"],
-        )
-        bound_metrics = {
-            "bound": GaugeMetricFamily(
-                "zerda_cache_tenant_error_bound",
-                "The error bound (max_error_rate) a tenant serves under; absent: none.",
-                labels=["tenant"],
-            ),
-            "threshold": GaugeMetricFamily(
-                "zerda_cache_tenant_bound_threshold",
-                "The similarity a near match needs under the bound; absent: none proven.",
-                labels=["tenant"],
-            ),
-            "wrong_per_request": GaugeMetricFamily(
-                "zerda_cache_tenant_wrong_per_request",
-                "The labels' estimate of wrong serves per request at that similarity.",
-                labels=["tenant"],
-            ),
-        }
-        for label, snaps in groups.items():
-            if label != OTHER:  # a tenant's own values: never summed over tenants
-                for attr, gauge in bound_metrics.items():
-                    value = getattr(snaps[0], attr)
-                    if value is not None:
-                        gauge.add_metric([label], value)
-            total: dict[str, int] = {}
-            for snap in snaps:
-                for k, v in snap.stats.items():
-                    total[k] = total.get(k, 0) + v
-            gauges["entries"].add_metric([label], total.get("entries", 0))
-            gauges["bytes"].add_metric([label], max(0, total.get("bytes", 0)))
-            gauges["max_entries"].add_metric([label], sum(s.max_entries for s in snaps))
-            gauges["max_bytes"].add_metric([label], sum(s.max_bytes or 0 for s in snaps))
-            for name, fam in counters.items():
-                fam.add_metric([label], total.get(name, 0))
-            feedback.add_metric([label, "positive"], total.get("positive", 0))
-            feedback.add_metric([label, "negative"], total.get("negative", 0))
-            for reason in REASONS:
-                evictions.add_metric([label, reason], total.get(f"evicted:{reason}", 0))
-            for hist, attr in ((rewards, "rewards"), (confidences, "confidences")):
-                dists = [getattr(s, attr) for s in snaps if getattr(s, attr) is not None]
-                if not dists:
-                    continue
-                merged = Distribution()
-                for d in dists:
-                    merged.counts = [a + b for a, b in zip(merged.counts, d.counts, strict=True)]
-                    merged.total += d.total
-                    merged.sum += d.sum
-                buckets = [(repr(b), c) for b, c in zip(merged.buckets, merged.counts, strict=True)]
-                buckets.append(("+Inf", merged.total))
-                hist.add_metric([label], buckets, merged.sum)
-        yield from gauges.values()
-        yield from counters.values()
-        yield feedback
-        yield evictions
-        yield rewards
-        yield confidences
-        yield from bound_metrics.values()
+        families = TenantFamilies()
+        for label, snaps in self._grouped().items():
+            families.add(label, snaps)
+        yield from families
+
+
+#: The worker's own metrics (besides the per-tenant ones of ``TenantCollector``).
+WORKER_METRICS: dict[str, MetricSpec] = {
+    "cycle_seconds": MetricSpec(
+        Histogram,
+        "zerda_cache_worker_cycle_duration_seconds",
+        "Duration of decay and eviction cycles.",
+        ("job",),
+        CYCLE_BUCKETS,
+    ),
+    "cycles": MetricSpec(
+        Counter,
+        "zerda_cache_worker_cycles",
+        "Cycles run, by job and outcome (ok, stopped, error).",
+        ("job", "outcome"),
+    ),
+    "last_success": MetricSpec(
+        Gauge,
+        "zerda_cache_worker_last_success_timestamp_seconds",
+        "Unix time of the last cycle that completed, by job.",
+        ("job",),
+    ),
+    "leader": MetricSpec(
+        Gauge,
+        "zerda_cache_worker_leader",
+        "1 while this worker holds the lease and runs the cycles, else 0.",
+    ),
+    "errors": MetricSpec(
+        Counter, "zerda_cache_worker_errors", "Jobs that failed, by job.", ("job",)
+    ),
+    "evicted": MetricSpec(
+        Counter,
+        "zerda_cache_worker_evicted",
+        "Entries this worker evicted, by reason.",
+        ("reason",),
+    ),
+    "decayed": MetricSpec(
+        Counter, "zerda_cache_worker_decayed", "Arms this worker decayed and persisted."
+    ),
+}
 
 
 class WorkerMetrics:
-    """The worker's own metrics, on its own registry (served on ``/metrics``)."""
+    """The worker's own metrics, on its own registry (served on ``/metrics``): the
+    attributes ``WORKER_METRICS`` names, and ``tenants``."""
+
+    cycle_seconds: Histogram
+    cycles: Counter
+    last_success: Gauge
+    leader: Gauge
+    errors: Counter
+    evicted: Counter
+    decayed: Counter
 
     def __init__(self, registry: CollectorRegistry, max_tenant_labels: int) -> None:
         self.registry = registry
         self.tenants = TenantCollector(max_tenant_labels)
         registry.register(self.tenants)
-        self.cycle_seconds = Histogram(
-            "zerda_cache_worker_cycle_duration_seconds",
-            "Duration of decay and eviction cycles.",
-            ["job"],
-            buckets=CYCLE_BUCKETS,
-            registry=registry,
-        )
-        self.cycles = Counter(
-            "zerda_cache_worker_cycles",
-            "Cycles run, by job and outcome (ok, stopped, error).",
-            ["job", "outcome"],
-            registry=registry,
-        )
-        self.last_success = Gauge(
-            "zerda_cache_worker_last_success_timestamp_seconds",
-            "Unix time of the last cycle that completed, by job.",
-            ["job"],
-            registry=registry,
-        )
-        self.leader = Gauge(
-            "zerda_cache_worker_leader",
-            "1 while this worker holds the lease and runs the cycles, else 0.",
-            registry=registry,
-        )
-        self.errors = Counter(
-            "zerda_cache_worker_errors",
-            "Jobs that failed, by job.",
-            ["job"],
-            registry=registry,
-        )
-        self.evicted = Counter(
-            "zerda_cache_worker_evicted",
-            "Entries this worker evicted, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.decayed = Counter(
-            "zerda_cache_worker_decayed",
-            "Arms this worker decayed and persisted.",
-            registry=registry,
-        )
+        register(self, WORKER_METRICS, registry)
         for job in ("decay", "evict"):  # every series exists from the start
             self.cycle_seconds.labels(job)
             self.last_success.labels(job)
