@@ -41,7 +41,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -50,6 +50,11 @@ from rich.table import Table
 
 from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
 from zerda_cache.entry import LLMUsage
+
+if TYPE_CHECKING:
+    from zerda_cache.demo_faq import Topic
+    from zerda_cache.manager import CacheManager
+    from zerda_cache.results import CacheHit
 
 TENANT = "faq-demo"
 #: The plain threshold cache the demo compares against (see the module's docstring).
@@ -139,63 +144,110 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: Any) -> None:
-    """One app replica: ask, serve or call the "LLM", put, and pass on user feedback."""
+def _manager(url: str, opts: DemoOptions) -> CacheManager:
+    """A demo process's ``CacheManager``: the shared configuration, the run's embedder
+    and metrics of its own (a replica exports none)."""
     from prometheus_client import CollectorRegistry
 
-    from zerda_cache.demo_faq import OFF_TOPIC, TOPICS
     from zerda_cache.manager import CacheManager
     from zerda_cache.metrics import ReplicaMetrics
 
-    rng = random.Random(opts.seed * 1000 + index)
-    base_rng = random.Random(opts.seed * 1000 + index + 500)  # the baseline's LLM
-    manager = CacheManager.from_url(
+    return CacheManager.from_url(
         url,
         demo_config(opts.embedder),
         embed_fn=make_embedder(opts.embedder),
         metrics=ReplicaMetrics(CollectorRegistry()),
     )
+
+
+def _ask(rng: random.Random) -> tuple[str, Topic | None]:
+    """A user's question: off-topic one time in twelve or so, else an FAQ topic in one of
+    its wordings."""
+    from zerda_cache.demo_faq import OFF_TOPIC, TOPICS
+
+    if rng.random() < 0.08:
+        return rng.choice(OFF_TOPIC), None
+    topic = rng.choice(TOPICS)
+    return rng.choice((topic.question, *topic.paraphrases)), topic
+
+
+def _right_answer(query: str, topic: Topic | None) -> str:
+    return topic.right if topic is not None else f"(a general answer to: {query})"
+
+
+def _llm_answer(rng: random.Random, opts: DemoOptions, topic: Topic | None, right: str) -> str:
+    """The simulated LLM's answer: the topic's wrong one ``llm_error_rate`` of the time
+    (an off-topic question draws nothing: its answer is always right)."""
+    if topic is not None and rng.random() < opts.llm_error_rate:
+        return topic.wrong
+    return right
+
+
+def _serve(
+    manager: CacheManager,
+    rng: random.Random,
+    opts: DemoOptions,
+    query: str,
+    topic: Topic | None,
+    *,
+    ttl_s: float,
+) -> CacheHit | None:
+    """One request of the demo's app to zerda-cache: a served answer gets its user's
+    reaction (``feedback_rate`` of the time, wrong ``feedback_noise`` of those), a miss
+    the LLM's answer, put with its usage."""
+    right = _right_answer(query, topic)
+    hit = manager.lookup(query, tenant=TENANT)
+    if hit is not None:
+        if rng.random() < opts.feedback_rate:
+            is_right = hit.response == right
+            verdict = is_right if rng.random() >= opts.feedback_noise else not is_right
+            manager.feedback(hit.feedback(verdict))
+    else:
+        answer = _llm_answer(rng, opts, topic, right)
+        manager.put(query, answer, tenant=TENANT, ttl_s=ttl_s, usage=demo_usage(query, answer))
+    return hit
+
+
+def _serve_baseline(
+    manager: CacheManager,
+    rng: random.Random,
+    opts: DemoOptions,
+    query: str,
+    topic: Topic | None,
+) -> tuple[int, int]:
+    """The same question asked of the baseline, which never gets feedback; its misses get
+    answers from an LLM just as wrong, drawn from ``rng`` of its own so that
+    zerda-cache's stream is unchanged. ``(hit, wrong)`` as 0/1."""
+    right = _right_answer(query, topic)
+    base = manager.lookup(query, tenant=BASELINE)
+    if base is None:
+        manager.put(query, _llm_answer(rng, opts, topic, right), tenant=BASELINE, ttl_s=opts.ttl_s)
+        return 0, 0
+    return 1, 0 if base.response == right else 1
+
+
+def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: Any) -> None:
+    """One app replica: ask, serve or call the "LLM", put, and pass on user feedback;
+    every request is asked of the baseline too, and recorded as a ``Row``."""
+    rng = random.Random(opts.seed * 1000 + index)
+    base_rng = random.Random(opts.seed * 1000 + index + 500)  # the baseline's LLM
+    manager = _manager(url, opts)
     interval = 1.0 / opts.rate_per_replica
     deadline = started_at + opts.duration_s
     next_at = time.monotonic()
     batch: list[Row] = []
     while time.time() < deadline:
-        if rng.random() < 0.08:
-            query, topic = rng.choice(OFF_TOPIC), None
-        else:
-            topic = rng.choice(TOPICS)
-            query = rng.choice((topic.question, *topic.paraphrases))
-        hit = manager.lookup(query, tenant=TENANT)
-        right = topic.right if topic is not None else f"(a general answer to: {query})"
-        wrong = 0
-        if hit is not None:
-            is_right = hit.response == right
-            wrong = 0 if is_right else 1
-            if rng.random() < opts.feedback_rate:
-                verdict = is_right if rng.random() >= opts.feedback_noise else not is_right
-                manager.feedback(hit.feedback(verdict))
-        else:
-            if topic is None:
-                answer = right
-            else:
-                answer = right if rng.random() >= opts.llm_error_rate else topic.wrong
-            usage = demo_usage(query, answer)
-            manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s, usage=usage)
-        # The baseline: the same question, no feedback ever; its misses get answers from
-        # an LLM just as wrong, drawn on its own so that zerda-cache's stream is unchanged.
-        base = manager.lookup(query, tenant=BASELINE)
-        base_wrong = 0 if base is None or base.response == right else 1
-        if base is None:
-            wrong_llm = topic is not None and base_rng.random() < opts.llm_error_rate
-            answer = topic.wrong if topic is not None and wrong_llm else right
-            manager.put(query, answer, tenant=BASELINE, ttl_s=opts.ttl_s)
+        query, topic = _ask(rng)
+        hit = _serve(manager, rng, opts, query, topic, ttl_s=opts.ttl_s)
+        wrong = 0 if hit is None or hit.response == _right_answer(query, topic) else 1
+        base_hit, base_wrong = _serve_baseline(manager, base_rng, opts, query, topic)
         batch.append(
             (
                 time.time() - started_at,
                 1 if hit else 0,
                 wrong,
                 1 if topic else 0,
-                0 if base is None else 1,
+                base_hit,
                 base_wrong,
             )
         )
@@ -217,7 +269,6 @@ def serve_app(url: str, *, metrics_port: int, rate: float, seed: int = 7) -> int
 
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from zerda_cache.demo_faq import OFF_TOPIC, TOPICS
     from zerda_cache.embedders import HashingEmbedder
     from zerda_cache.errors import ZerdaError
     from zerda_cache.manager import CacheManager
@@ -235,26 +286,9 @@ def serve_app(url: str, *, metrics_port: int, rate: float, seed: int = 7) -> int
     )
     manager.storage.set_tenant_settings(TENANT, max_entries=opts.max_entries)
     while not stop.wait(1.0 / rate):
-        topic = None if rng.random() < 0.08 else rng.choice(TOPICS)
-        query = (
-            rng.choice(OFF_TOPIC)
-            if topic is None
-            else rng.choice((topic.question, *topic.paraphrases))
-        )
-        right = topic.right if topic is not None else f"(a general answer to: {query})"
+        query, topic = _ask(rng)
         try:
-            hit = manager.lookup(query, tenant=TENANT)
-            if hit is not None:
-                if rng.random() < opts.feedback_rate:
-                    verdict = hit.response == right
-                    if rng.random() < opts.feedback_noise:
-                        verdict = not verdict
-                    manager.feedback(hit.feedback(verdict))
-            else:
-                wrong = topic is not None and rng.random() < opts.llm_error_rate
-                answer = topic.wrong if topic is not None and wrong else right
-                usage = demo_usage(query, answer)
-                manager.put(query, answer, tenant=TENANT, ttl_s=opts.ttl_s * 30, usage=usage)
+            _serve(manager, rng, opts, query, topic, ttl_s=opts.ttl_s * 30)
         except ZerdaError as exc:  # Redis away: the app goes on; lookups already fail open
             print(f"zerda-cache demo app: {exc}", file=sys.stderr)
     manager.close()
@@ -264,19 +298,10 @@ def serve_app(url: str, *, metrics_port: int, rate: float, seed: int = 7) -> int
 
 def _seed(url: str, opts: DemoOptions) -> int:
     """The cache before any user: right answers, and planted wrong twins."""
-    from prometheus_client import CollectorRegistry
-
     from zerda_cache.demo_faq import TOPICS
-    from zerda_cache.manager import CacheManager
-    from zerda_cache.metrics import ReplicaMetrics
 
     rng = random.Random(opts.seed)
-    m = CacheManager.from_url(
-        url,
-        demo_config(opts.embedder),
-        embed_fn=make_embedder(opts.embedder),
-        metrics=ReplicaMetrics(CollectorRegistry()),
-    )
+    m = _manager(url, opts)
     for tenant in (TENANT, BASELINE):
         m.clear(tenant)
         m.storage.set_tenant_settings(tenant, max_entries=opts.max_entries)
@@ -292,26 +317,49 @@ def _seed(url: str, opts: DemoOptions) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class _Tally:
+    """The requests of some rows and what came of them, zerda-cache's and the
+    baseline's."""
+
+    requests: int
+    hits: int
+    wrong: int
+    base_hits: int
+    base_wrong: int
+
+    @classmethod
+    def of(cls, rows: list[Row]) -> _Tally:
+        return cls(
+            len(rows),
+            sum(r[1] for r in rows),
+            sum(r[2] for r in rows),
+            sum(r[4] for r in rows),
+            sum(r[5] for r in rows),
+        )
+
+    def rate(self, count: int) -> float | None:
+        """``count`` per request; ``None`` without requests."""
+        return count / self.requests if self.requests else None
+
+
 def _windows(rows: list[Row], duration: float, k: int) -> list[dict[str, Any]]:
     """The learning curve: ``k`` windows of the run. A window without requests has rates
     of ``None`` (a gap in the chart, "-" in the tables), not 0."""
     out: list[dict[str, Any]] = []
     for w in range(k):
         lo, hi = duration * w / k, duration * (w + 1) / k
-        sel = [r for r in rows if lo <= r[0] < hi or (w == k - 1 and r[0] >= hi)]
-        n = len(sel)
-        hits, wrong = sum(r[1] for r in sel), sum(r[2] for r in sel)
-        base_hits, base_wrong = sum(r[4] for r in sel), sum(r[5] for r in sel)
+        t = _Tally.of([r for r in rows if lo <= r[0] < hi or (w == k - 1 and r[0] >= hi)])
         out.append(
             {
                 "from_s": round(lo, 1),
                 "to_s": round(hi, 1),
-                "requests": n,
-                "hit_rate": hits / n if n else None,
-                "wrong_rate": wrong / n if n else None,
-                "hit_precision": (hits - wrong) / hits if hits else None,
-                "baseline_hit_rate": base_hits / n if n else None,
-                "baseline_wrong_rate": base_wrong / n if n else None,
+                "requests": t.requests,
+                "hit_rate": t.rate(t.hits),
+                "wrong_rate": t.rate(t.wrong),
+                "hit_precision": (t.hits - t.wrong) / t.hits if t.hits else None,
+                "baseline_hit_rate": t.rate(t.base_hits),
+                "baseline_wrong_rate": t.rate(t.base_wrong),
             }
         )
     return out
@@ -319,17 +367,15 @@ def _windows(rows: list[Row], duration: float, k: int) -> list[dict[str, Any]]:
 
 def _totals(rows: list[Row]) -> dict[str, Any]:
     """Rates over the whole run, zerda-cache's and the baseline's."""
-    n = len(rows)
-    hits, wrong = sum(r[1] for r in rows), sum(r[2] for r in rows)
-    base_hits, base_wrong = sum(r[4] for r in rows), sum(r[5] for r in rows)
+    t = _Tally.of(rows)
     return {
-        "requests": n,
-        "hit_rate": hits / n if n else None,
-        "wrong_rate": wrong / n if n else None,
-        "wrong_answers": wrong,
-        "baseline_hit_rate": base_hits / n if n else None,
-        "baseline_wrong_rate": base_wrong / n if n else None,
-        "baseline_wrong_answers": base_wrong,
+        "requests": t.requests,
+        "hit_rate": t.rate(t.hits),
+        "wrong_rate": t.rate(t.wrong),
+        "wrong_answers": t.wrong,
+        "baseline_hit_rate": t.rate(t.base_hits),
+        "baseline_wrong_rate": t.rate(t.base_wrong),
+        "baseline_wrong_answers": t.base_wrong,
     }
 
 
@@ -356,6 +402,21 @@ def chart_available() -> bool:
     return True
 
 
+def _plot_rates(ax: Any, windows: list[dict[str, Any]], key: str, **style: Any) -> None:
+    """One panel of the chart: zerda-cache's ``key`` per window (drawn with ``style``)
+    beside the threshold cache's, dashed grey."""
+    xs = [(w["from_s"] + w["to_s"]) / 2 for w in windows]
+    ax.plot(xs, [_nan(w[key]) for w in windows], label="zerda-cache", **style)
+    ax.plot(
+        xs,
+        [_nan(w[f"baseline_{key}"]) for w in windows],
+        marker=style["marker"],
+        linestyle="--",
+        color="tab:gray",
+        label="threshold cache (no learning)",
+    )
+
+
 def _chart(windows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -363,35 +424,12 @@ def _chart(windows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import PercentFormatter
 
-    xs = [(w["from_s"] + w["to_s"]) / 2 for w in windows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), dpi=110, sharex=True)
-    top.plot(xs, [_nan(w["hit_rate"]) for w in windows], marker="o", label="zerda-cache")
-    top.plot(
-        xs,
-        [_nan(w["baseline_hit_rate"]) for w in windows],
-        marker="o",
-        linestyle="--",
-        color="tab:gray",
-        label="threshold cache (no learning)",
-    )
+    _plot_rates(top, windows, "hit_rate", marker="o")
     top.set_ylabel("hit rate")
     top.set_ylim(0, 1)
     top.legend(loc="lower right", fontsize=8)
-    bottom.plot(
-        xs,
-        [_nan(w["wrong_rate"]) for w in windows],
-        marker="s",
-        color="tab:red",
-        label="zerda-cache",
-    )
-    bottom.plot(
-        xs,
-        [_nan(w["baseline_wrong_rate"]) for w in windows],
-        marker="s",
-        linestyle="--",
-        color="tab:gray",
-        label="threshold cache (no learning)",
-    )
+    _plot_rates(bottom, windows, "wrong_rate", marker="s", color="tab:red")
     bottom.set_ylabel("wrong answers / requests")
     bottom.set_ylim(bottom=0)
     bottom.set_xlabel("seconds since the start")
@@ -427,6 +465,92 @@ def preflight(opts: DemoOptions) -> tuple[str | None, int]:
     return None, 0
 
 
+def _start_worker(
+    url: str, metrics_port: int, out: Path, log: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """The eviction worker, as its own process, serving ``/metrics`` on ``metrics_port``
+    with cycles short enough for the demo to see them."""
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "zerda_cache.cli", "worker",
+            "--redis-url", url,
+            "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
+            "--decay-job-interval", "2", "--eviction-interval", "2", "--metrics-interval", "1",
+            "--lease-ttl", "3", "--health-file", str(out / "worker.health"),
+            "--worker-id", "demo-worker", "--log-level", "INFO",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def _stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL if it has not stopped within 15 s."""
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def _progress(console: Console) -> Progress:
+    """The bar the run shows: requests made, and the recent rates."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "hit rate {task.fields[hit]:.0%}  wrong {task.fields[wrong]:.1%} "
+            "(threshold cache: {task.fields[base_wrong]:.1%})"
+        ),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def _run_replicas(console: Console, opts: DemoOptions, url: str) -> list[Row] | None:
+    """Start the replicas, each its own process, and gather their rows until every one
+    is done, showing the progress; ``None`` when one stops answering."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    started_at = time.time()
+    procs = [
+        ctx.Process(target=_replica, args=(url, i, opts, started_at, queue), daemon=True)
+        for i in range(opts.replicas)
+    ]
+    for p in procs:
+        p.start()
+    rows: list[Row] = []
+    expected = int(opts.duration_s * opts.rate_per_replica * opts.replicas)
+    done = 0
+    with _progress(console) as progress:
+        task = progress.add_task(
+            f"{opts.replicas} replicas asking", total=expected, hit=0.0, wrong=0.0, base_wrong=0.0
+        )
+        while done < len(procs):
+            try:
+                batch = queue.get(timeout=opts.duration_s + 60)
+            except Exception:
+                console.print("[red]a replica stopped answering[/red]")
+                return None
+            if batch is None:
+                done += 1
+                continue
+            rows += batch
+            recent = rows[-300:]
+            progress.update(
+                task,
+                completed=min(len(rows), expected),
+                hit=sum(r[1] for r in recent) / len(recent),
+                wrong=sum(r[2] for r in recent) / len(recent),
+                base_wrong=sum(r[5] for r in recent) / len(recent),
+            )
+    for p in procs:
+        p.join(10)
+    return rows
+
+
 def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     """Run the demo; returns a process exit code."""
     console = console or Console()
@@ -454,83 +578,20 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
         console.print(f"[bold]server[/bold]: embedded {server.kind} {server.version} at {url}")
     metrics_port = _free_port()
     worker_log = open(out / "worker.log", "wb")  # noqa: SIM115 - closed in finally
-    worker = subprocess.Popen(
-        [
-            sys.executable, "-m", "zerda_cache.cli", "worker",
-            "--redis-url", url,
-            "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
-            "--decay-job-interval", "2", "--eviction-interval", "2", "--metrics-interval", "1",
-            "--lease-ttl", "3", "--health-file", str(out / "worker.health"),
-            "--worker-id", "demo-worker", "--log-level", "INFO",
-        ],
-        stdout=worker_log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    worker = _start_worker(url, metrics_port, out, worker_log)
     try:
         seeded = _seed(url, opts)
         console.print(
             f"[bold]worker[/bold]: pid {worker.pid}, /metrics on 127.0.0.1:{metrics_port}; "
             f"[bold]cache[/bold]: {seeded} seeded entries, capacity {opts.max_entries}"
         )
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        started_at = time.time()
-        procs = [
-            ctx.Process(target=_replica, args=(url, i, opts, started_at, queue), daemon=True)
-            for i in range(opts.replicas)
-        ]
-        for p in procs:
-            p.start()
-        rows: list[Row] = []
-        expected = int(opts.duration_s * opts.rate_per_replica * opts.replicas)
-        done = 0
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn(
-                "hit rate {task.fields[hit]:.0%}  wrong {task.fields[wrong]:.1%} "
-                "(threshold cache: {task.fields[base_wrong]:.1%})"
-            ),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            task = progress.add_task(
-                f"{opts.replicas} replicas asking",
-                total=expected,
-                hit=0.0,
-                wrong=0.0,
-                base_wrong=0.0,
-            )
-            while done < len(procs):
-                try:
-                    batch = queue.get(timeout=opts.duration_s + 60)
-                except Exception:
-                    console.print("[red]a replica stopped answering[/red]")
-                    return 1
-                if batch is None:
-                    done += 1
-                    continue
-                rows += batch
-                recent = rows[-300:]
-                progress.update(
-                    task,
-                    completed=min(len(rows), expected),
-                    hit=sum(r[1] for r in recent) / len(recent),
-                    wrong=sum(r[2] for r in recent) / len(recent),
-                    base_wrong=sum(r[5] for r in recent) / len(recent),
-                )
-        for p in procs:
-            p.join(10)
+        rows = _run_replicas(console, opts, url)
+        if rows is None:
+            return 1
         time.sleep(2.5)  # one more worker cycle: metrics and evictions settle
         return _report(console, opts, url, rows, metrics_port, out, chart=chart)
     finally:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(15)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        _stop_worker(worker)
         worker_log.close()
         if server is not None:
             server.stop()
@@ -542,21 +603,26 @@ def _by_reason(counts: dict[str, int]) -> str:
     return ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in items) or "none"
 
 
-def _report(
-    console: Console,
-    opts: DemoOptions,
-    url: str,
-    rows: list[Row],
-    metrics_port: int,
-    out: Path,
-    *,
-    chart: bool = True,
-) -> int:
+@dataclass(frozen=True)
+class _Observed:
+    """What the run left behind: the two tenants' stats, the worker's finished cycles
+    and the ``zerda_cache_`` samples its ``/metrics`` served."""
+
+    stats: dict[str, int]
+    baseline_stats: dict[str, int]
+    cycles: int
+    metric_lines: int
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        """zerda-cache's evictions by reason."""
+        return {k.split(":", 1)[1]: v for k, v in self.stats.items() if k.startswith("evicted:")}
+
+
+def _observe(opts: DemoOptions, url: str, metrics_port: int) -> _Observed:
     from zerda_cache.maintenance import Maintenance
     from zerda_cache.storage import RedisStorage, connect
 
-    windows = _windows(rows, opts.duration_s, opts.windows)
-    totals = _totals(rows)
     cfg = demo_config(opts.embedder)
     st = RedisStorage(connect(url, cfg), cfg)
     stats = st.stats(TENANT)
@@ -569,63 +635,80 @@ def _report(
     except OSError as exc:
         metrics_text = f"(could not read /metrics: {exc})"
     metric_lines = [x for x in metrics_text.splitlines() if x.startswith("zerda_cache_")]
+    return _Observed(stats, baseline_stats, len(cycles), len(metric_lines))
 
+
+#: The learning curve's columns, in the console and in report.md alike.
+CURVE_COLUMNS = (
+    "seconds",
+    "requests",
+    "hit rate",
+    "wrong / requests",
+    "hit precision",
+    "threshold cache: hit rate",
+    "threshold cache: wrong / requests",
+)
+
+
+def _curve_cells(w: dict[str, Any]) -> list[str]:
+    """A window's row of the learning curve, under ``CURVE_COLUMNS``."""
+    return [
+        _span(w),
+        f"{w['requests']}",
+        _pct(w["hit_rate"]),
+        _pct(w["wrong_rate"]),
+        _pct(w["hit_precision"]),
+        _pct(w["baseline_hit_rate"]),
+        _pct(w["baseline_wrong_rate"]),
+    ]
+
+
+def _curve_table(windows: list[dict[str, Any]]) -> Table:
     table = Table(title="learning curve (threshold cache: the same questions, no learning)")
-    for col in (
-        "seconds",
-        "requests",
-        "hit rate",
-        "wrong / requests",
-        "hit precision",
-        "threshold cache: hit rate",
-        "threshold cache: wrong / requests",
-    ):
+    for col in CURVE_COLUMNS:
         table.add_column(col, justify="right")
     for w in windows:
-        table.add_row(
-            _span(w),
-            f"{w['requests']}",
-            _pct(w["hit_rate"]),
-            _pct(w["wrong_rate"]),
-            _pct(w["hit_precision"]),
-            _pct(w["baseline_hit_rate"]),
-            _pct(w["baseline_wrong_rate"]),
-        )
-    console.print(table)
-    evictions = {k.split(":", 1)[1]: v for k, v in stats.items() if k.startswith("evicted:")}
-    whole_run = (
+        table.add_row(*_curve_cells(w))
+    return table
+
+
+def _outcome_lines(opts: DemoOptions, totals: dict[str, Any], seen: _Observed) -> list[str]:
+    """The run's outcome in three lines: the whole run beside the baseline, the feedback
+    and the entries, the worker's evictions and cycles."""
+    stats = seen.stats
+    return [
         f"whole run: zerda-cache served {totals['wrong_answers']:,} wrong answers "
         f"({_pct(totals['wrong_rate'])} of requests, hit rate {_pct(totals['hit_rate'])}); "
         f"the threshold cache {totals['baseline_wrong_answers']:,} "
-        f"({_pct(totals['baseline_wrong_rate'])}, hit rate {_pct(totals['baseline_hit_rate'])})"
-    )
-    feedback = (
+        f"({_pct(totals['baseline_wrong_rate'])}, hit rate {_pct(totals['baseline_hit_rate'])})",
         f"feedback: {stats.get('positive', 0):,} positive, {stats.get('negative', 0):,} "
-        f"negative; entries now {stats.get('entries', 0):,} (capacity {opts.max_entries})"
-    )
-    workers = (
-        f"evictions by reason: {_by_reason(evictions)}; worker cycles: {len(cycles):,}; "
-        f"/metrics served {len(metric_lines):,} zerda_cache samples"
-    )
-    for line in (whole_run, feedback, workers):
-        console.print(escape(line), soft_wrap=True)
-    chart_path = out / "learning_curve.png"
-    if chart:
-        _chart(windows, chart_path)
-    else:
-        chart_path.unlink(missing_ok=True)  # not a chart of an earlier run beside this report
+        f"negative; entries now {stats.get('entries', 0):,} (capacity {opts.max_entries})",
+        f"evictions by reason: {_by_reason(seen.evictions)}; worker cycles: {seen.cycles:,}; "
+        f"/metrics served {seen.metric_lines:,} zerda_cache samples",
+    ]
+
+
+def _summary(
+    opts: DemoOptions,
+    windows: list[dict[str, Any]],
+    totals: dict[str, Any],
+    seen: _Observed,
+    chart: str | None,
+) -> dict[str, Any]:
+    """report.json: the options, the curve, the totals, what the run left behind, and the
+    rates of the first and the last window with requests."""
     filled = [w for w in windows if w["requests"]]
     first, last = (filled[0], filled[-1]) if filled else ({}, {})
-    summary = {
+    return {
         "options": asdict(opts),
         "windows": windows,
         "totals": totals,
-        "evictions": evictions,
-        "stats": stats,
-        "baseline_stats": baseline_stats,
-        "worker_cycles": len(cycles),
-        "metrics_samples": len(metric_lines),
-        "chart": chart_path.name if chart else None,
+        "evictions": seen.evictions,
+        "stats": seen.stats,
+        "baseline_stats": seen.baseline_stats,
+        "worker_cycles": seen.cycles,
+        "metrics_samples": seen.metric_lines,
+        "chart": chart,
         "wrong_rate_first_window": first.get("wrong_rate"),
         "wrong_rate_last_window": last.get("wrong_rate"),
         "baseline_wrong_rate_first_window": first.get("baseline_wrong_rate"),
@@ -633,39 +716,75 @@ def _report(
         "hit_precision_first_window": first.get("hit_precision"),
         "hit_precision_last_window": last.get("hit_precision"),
     }
-    (out / "report.json").write_text(json.dumps(summary, indent=2))
+
+
+def _markdown(
+    opts: DemoOptions,
+    requests: int,
+    windows: list[dict[str, Any]],
+    whole_run: str,
+    seen: _Observed,
+    *,
+    chart: bool,
+) -> str:
+    """report.md: the setting, the learning curve, the whole run, the evictions, the
+    chart (or why there is none)."""
     lines = [
         "# zerda-cache demo report",
         "",
-        f"{opts.replicas} replicas, {len(rows):,} requests over {opts.duration_s:.0f} s; "
+        f"{opts.replicas} replicas, {requests:,} requests over {opts.duration_s:.0f} s; "
         f"users react to {opts.feedback_rate:.0%} of answers and {opts.feedback_noise:.0%} "
         f"of reactions are wrong; the LLM is wrong {opts.llm_error_rate:.0%} of the time. "
         "The threshold cache is asked the same questions, seeded the same way, and serves "
         "the closest cached question above the same threshold; it gets no feedback.",
         "",
-        "| seconds | requests | hit rate | wrong / requests | hit precision "
-        "| threshold cache: hit rate | threshold cache: wrong / requests |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            f"| {_span(w)} | {w['requests']} | {_pct(w['hit_rate'])} "
-            f"| {_pct(w['wrong_rate'])} | {_pct(w['hit_precision'])} "
-            f"| {_pct(w['baseline_hit_rate'])} | {_pct(w['baseline_wrong_rate'])} |"
-            for w in windows
-        ),
+        "| " + " | ".join(CURVE_COLUMNS) + " |",
+        "|" + "---|" * len(CURVE_COLUMNS),
+        *("| " + " | ".join(_curve_cells(w)) + " |" for w in windows),
         "",
         whole_run[0].upper() + whole_run[1:] + ".",
         "",
-        f"Evictions by reason: {_by_reason(evictions)}. Worker cycles: {len(cycles):,}.",
+        f"Evictions by reason: {_by_reason(seen.evictions)}. Worker cycles: {seen.cycles:,}.",
         "",
         "![learning curve](learning_curve.png)"
         if chart
         else f"No chart: matplotlib is not installed ({CHART_HINT}).",
         "",
     ]
-    (out / "report.md").write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def _report(
+    console: Console,
+    opts: DemoOptions,
+    url: str,
+    rows: list[Row],
+    metrics_port: int,
+    out: Path,
+    *,
+    chart: bool = True,
+) -> int:
+    """Show the learning curve and the outcome, write report.json, report.md and the
+    chart; 1 when the run made no requests, the worker no cycle or /metrics no sample."""
+    windows = _windows(rows, opts.duration_s, opts.windows)
+    totals = _totals(rows)
+    seen = _observe(opts, url, metrics_port)
+    console.print(_curve_table(windows))
+    outcome = _outcome_lines(opts, totals, seen)
+    for line in outcome:
+        console.print(escape(line), soft_wrap=True)
+    chart_path = out / "learning_curve.png"
+    if chart:
+        _chart(windows, chart_path)
+    else:
+        chart_path.unlink(missing_ok=True)  # not a chart of an earlier run beside this report
+    summary = _summary(opts, windows, totals, seen, chart_path.name if chart else None)
+    (out / "report.json").write_text(json.dumps(summary, indent=2))
+    markdown = _markdown(opts, len(rows), windows, outcome[0], seen, chart=chart)
+    (out / "report.md").write_text(markdown)
     shown = f", chart: {chart_path}" if chart else f" (no chart: {escape(CHART_HINT)})"
     console.print(f"report: {out / 'report.md'}{shown}", soft_wrap=True)
-    return 0 if rows and cycles and metric_lines else 1
+    return 0 if rows and seen.cycles and seen.metric_lines else 1
 
 
 def main() -> None:  # python -m zerda_cache.demo
