@@ -43,13 +43,17 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import redis
+from prometheus_client import CollectorRegistry
 
 import zerda_cache
-from zerda_cache.storage import codec
+from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, ZerdaError
+from zerda_cache.errors import StorageError
+from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import leader_key, tenant_keys, tenants_key
 
 #: The package's source root: child processes import this very zerda_cache.
@@ -104,91 +108,129 @@ def run_replica(
     pace_s: float = 0.004,
 ) -> None:
     """The body of one replica process (see the module docstring)."""
-    from prometheus_client import CollectorRegistry
-
-    from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, ZerdaError
-    from zerda_cache.errors import StorageError
-    from zerda_cache.metrics import ReplicaMetrics
-
     cfg = CacheConfig(
         similarity_threshold=THRESHOLD, redis_timeout_s=redis_timeout_s, rl=RLConfig(seed=seed)
     )
     m = CacheManager.from_url(url, cfg, metrics=ReplicaMetrics(CollectorRegistry()))
-    rng = random.Random(seed)
-    served: list[str] = []  # entry ids served, for feedback
-    n = 0
     with open(records, "a", encoding="utf-8") as out:
-
-        def record(**fields: Any) -> None:
-            out.write(json.dumps(fields) + "\n")
-            out.flush()
-
-        record(op="start", replica=replica, t=time.time())
+        traffic = ReplicaTraffic(
+            m, out, tenant=tenant, replica=replica, replicas=replicas, seed=seed
+        )
+        traffic.record(op="start", replica=replica, t=time.time())
         while not stop_file.exists():
-            r = rng.random()
-            t0, p0 = time.time(), time.perf_counter()
-            if r < 0.35:
-                q = f"q {replica} {n}"
-                n += 1
-                try:
-                    res = m.put(q, answer_to(q), tenant=tenant, embedding=vector_of(q))
-                except StorageError as exc:
-                    record(op="put", q=q, ok=False, err=str(exc)[:120], t=t0)
-                else:
-                    dt = time.perf_counter() - p0
-                    record(op="put", q=q, ok=res.stored, id=res.entry_id, t=t0, dt=dt)
-            elif r < 0.88 or not served:
-                owner = replica if rng.random() < 0.5 else rng.randrange(replicas)
-                q = f"q {owner} {rng.randrange(max(1, n))}"
-                near = rng.random() < 0.5
-                vec = vector_of(q)
-                if near:
-                    vec = near_copy(vec, rng.randrange(1 << 30))
-                try:
-                    hit = m.lookup(q if not near else f"near {q}", tenant=tenant, embedding=vec)
-                except Exception as exc:  # a lookup must never raise: counted as a failure
-                    record(op="lookup", q=q, near=near, error=repr(exc)[:200], t=t0)
-                    continue
-                dt = time.perf_counter() - p0
-                if hit is None:
-                    record(op="lookup", q=q, near=near, hit=None, t=t0, dt=dt)
-                else:
-                    served.append(hit.entry_id)
-                    del served[:-50]
-                    record(
-                        op="lookup",
-                        q=q,
-                        near=near,
-                        hit=hit.entry_id,
-                        hq=hit.query,
-                        ha=hit.response,
-                        t=t0,
-                        dt=dt,
-                    )
-            else:
-                eid = rng.choice(served)
-                try:
-                    m.feedback(FeedbackSignal(eid, tenant, True))
-                except StorageError as exc:
-                    record(op="fb", id=eid, ok=False, err=str(exc)[:120], t=t0)
-                except ZerdaError as exc:  # gone (an empty restart): not acknowledged
-                    record(op="fb", id=eid, ok=False, gone=True, err=type(exc).__name__, t=t0)
-                else:
-                    record(op="fb", id=eid, ok=True, t=t0, dt=time.perf_counter() - p0)
-            time.sleep(pace_s)
+            if traffic.step():
+                time.sleep(pace_s)
         # Every replica stops its traffic first; then each syncs its index, so that the
         # ids it reports are all of those Redis holds at the end.
-        record(op="stopped", t=time.time())
+        traffic.record(op="stopped", t=time.time())
         sync_file = stop_file.with_name(stop_file.name + ".sync")
         deadline = time.monotonic() + 60
         while not sync_file.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        try:
-            m.sync_index(tenant)
-            record(op="end", index=sorted(m.index_ids(tenant)), t=time.time())
-        except Exception as exc:
-            record(op="end", index=None, error=repr(exc)[:200], t=time.time())
+        traffic.report_index()
         m.close()
+
+
+class ReplicaTraffic:
+    """What one replica process asks of its ``CacheManager``, a call at a time, and the
+    record file it writes each call's outcome to (a JSON line, flushed at once)."""
+
+    def __init__(
+        self, manager: Any, out: IO[str], *, tenant: str, replica: int, replicas: int, seed: int
+    ) -> None:
+        self.manager = manager
+        self.out = out
+        self.tenant = tenant
+        self.replica = replica
+        self.replicas = replicas
+        self.rng = random.Random(seed)
+        self.served: list[str] = []  # entry ids served, for feedback
+        self.puts = 0  # questions put: q <replica> 0 .. q <replica> puts-1
+
+    def record(self, **fields: Any) -> None:
+        self.out.write(json.dumps(fields) + "\n")
+        self.out.flush()
+
+    def step(self) -> bool:
+        """One call: a put a third of the time, else mostly lookups, some feedback about
+        an entry served. False after a lookup that raised: the next call follows at
+        once, without the pace."""
+        r = self.rng.random()
+        t0, p0 = time.time(), time.perf_counter()
+        if r < 0.35:
+            self.put(t0, p0)
+        elif r < 0.88 or not self.served:
+            return self.lookup(t0, p0)
+        else:
+            self.feedback(t0, p0)
+        return True
+
+    def put(self, t0: float, p0: float) -> None:
+        """Put the next question of this replica, with its derived answer and vector."""
+        q = f"q {self.replica} {self.puts}"
+        self.puts += 1
+        try:
+            res = self.manager.put(q, answer_to(q), tenant=self.tenant, embedding=vector_of(q))
+        except StorageError as exc:
+            self.record(op="put", q=q, ok=False, err=str(exc)[:120], t=t0)
+        else:
+            dt = time.perf_counter() - p0
+            self.record(op="put", q=q, ok=res.stored, id=res.entry_id, t=t0, dt=dt)
+
+    def lookup(self, t0: float, p0: float) -> bool:
+        """Ask a question put by this replica (half the time) or any, exactly or with a
+        near copy of its embedding; False when the lookup raised (it never should)."""
+        rng = self.rng
+        owner = self.replica if rng.random() < 0.5 else rng.randrange(self.replicas)
+        q = f"q {owner} {rng.randrange(max(1, self.puts))}"
+        near = rng.random() < 0.5
+        vec = vector_of(q)
+        if near:
+            vec = near_copy(vec, rng.randrange(1 << 30))
+        try:
+            hit = self.manager.lookup(
+                q if not near else f"near {q}", tenant=self.tenant, embedding=vec
+            )
+        except Exception as exc:  # a lookup must never raise: counted as a failure
+            self.record(op="lookup", q=q, near=near, error=repr(exc)[:200], t=t0)
+            return False
+        dt = time.perf_counter() - p0
+        if hit is None:
+            self.record(op="lookup", q=q, near=near, hit=None, t=t0, dt=dt)
+            return True
+        self.served.append(hit.entry_id)
+        del self.served[:-50]
+        self.record(
+            op="lookup",
+            q=q,
+            near=near,
+            hit=hit.entry_id,
+            hq=hit.query,
+            ha=hit.response,
+            t=t0,
+            dt=dt,
+        )
+        return True
+
+    def feedback(self, t0: float, p0: float) -> None:
+        """Positive feedback about one of the last entries served."""
+        eid = self.rng.choice(self.served)
+        try:
+            self.manager.feedback(FeedbackSignal(eid, self.tenant, True))
+        except StorageError as exc:
+            self.record(op="fb", id=eid, ok=False, err=str(exc)[:120], t=t0)
+        except ZerdaError as exc:  # gone (an empty restart): not acknowledged
+            self.record(op="fb", id=eid, ok=False, gone=True, err=type(exc).__name__, t=t0)
+        else:
+            self.record(op="fb", id=eid, ok=True, t=t0, dt=time.perf_counter() - p0)
+
+    def report_index(self) -> None:
+        """Sync the index and record the ids in it (``None`` if that failed)."""
+        try:
+            self.manager.sync_index(self.tenant)
+            self.record(op="end", index=sorted(self.manager.index_ids(self.tenant)), t=time.time())
+        except Exception as exc:
+            self.record(op="end", index=None, error=repr(exc)[:200], t=time.time())
 
 
 @dataclass
@@ -370,56 +412,107 @@ def analyze(
     expected to keep what it acknowledged before the fault (AOF, a pause), else only
     what came after.
     """
-    from zerda_cache.storage import RedisStorage
-
-    res = FaultResult(fault, redis_timeout_s, replicas=len(records))
-    began, back, ended = outage
     st = RedisStorage(client)
-    keys = tenant_keys(tenant)
-    live = {m.decode() for m in client.zrange(keys.ids, 0, -1)}
-
-    def expected(t: float) -> bool:  # an acknowledgement Redis should still hold
-        return kept_before or t >= ended
-
-    acked: dict[str, str] = {}  # entry id -> question
-    acked_at: dict[str, float] = {}
-    for recs in records:
-        for r in _ops(recs, "put"):
-            if r.get("ok") and r.get("id"):
-                acked[r["id"]] = r["q"]
-                acked_at[r["id"]] = r["t"]
-                if r["t"] >= ended:
-                    res.new_puts_after += 1
-    before = {eid for eid, t in acked_at.items() if t < ended}
-    for eid, q in acked.items():
-        if not expected(acked_at[eid]):
-            res.expected_lost += 1
-            continue
-        res.acked_puts += 1
-        if eid not in live:
-            res.lost_puts += 1
-            res.notes.append(f"acknowledged put lost: {q} ({eid})")
-    # Feedback Redis should hold: every acknowledged signal about an entry it should
-    # hold. An entry's pulls count the signals applied to it and never decay.
-    fb_acked: dict[str, int] = {}
-    for recs in records:
-        for r in _ops(recs, "fb"):
-            if r.get("ok") and r["id"] in acked and expected(acked_at[r["id"]]):
-                fb_acked[r["id"]] = fb_acked.get(r["id"], 0) + 1
-    for eid, n in fb_acked.items():
-        res.acked_feedback += n
-        if eid not in live:
-            res.lost_feedback += n
-            continue
-        pulls = st.get_entry(tenant, eid, with_vector=False).bandit_arm.pulls
-        if pulls < n:
-            res.lost_feedback += n - pulls
-            res.notes.append(f"{eid}: {n} feedback acknowledged, {pulls} applied")
-    for recs in records:
-        for r in recs:
-            if r.get("op") in ("put", "fb") and not r.get("ok") and began <= r["t"] <= back:
-                res.outage_refused += not r.get("gone")
+    live = {m.decode() for m in client.zrange(tenant_keys(tenant).ids, 0, -1)}
+    analysis = FaultAnalysis(
+        FaultResult(fault, redis_timeout_s, replicas=len(records)),
+        records,
+        live,
+        outage,
+        kept_before,
+    )
+    analysis.count_puts()
+    analysis.count_feedback(lambda eid: st.get_entry(tenant, eid, with_vector=False))
+    analysis.count_refused()
     for i, recs in enumerate(records):
+        analysis.count_lookups(i, recs)
+        analysis.count_final_index(i, recs)
+    st.close()
+    return analysis.res
+
+
+class FaultAnalysis:
+    """The counts of ``analyze``, taken a kind of record at a time into ``res``.
+
+    ``live``: the ids Redis holds at the end; ``outage``: as ``analyze`` takes it."""
+
+    def __init__(
+        self,
+        res: FaultResult,
+        records: Sequence[Sequence[dict[str, Any]]],
+        live: set[str],
+        outage: tuple[float, float, float],
+        kept_before: bool,
+    ) -> None:
+        self.res = res
+        self.records = records
+        self.live = live
+        self.began, self.back, self.ended = outage
+        self.kept_before = kept_before
+        self.acked: dict[str, str] = {}  # entry id -> question
+        self.acked_at: dict[str, float] = {}
+        self.before: set[str] = set()  # acknowledged before Redis answered again
+
+    def expected(self, t: float) -> bool:
+        """Whether Redis should still hold what it acknowledged at ``t``."""
+        return self.kept_before or t >= self.ended
+
+    def count_puts(self) -> None:
+        """Acknowledged puts, those Redis should hold, and those it lost. First: the
+        other counts read what it finds."""
+        res = self.res
+        for recs in self.records:
+            for r in _ops(recs, "put"):
+                if r.get("ok") and r.get("id"):
+                    self.acked[r["id"]] = r["q"]
+                    self.acked_at[r["id"]] = r["t"]
+                    if r["t"] >= self.ended:
+                        res.new_puts_after += 1
+        self.before = {eid for eid, t in self.acked_at.items() if t < self.ended}
+        for eid, q in self.acked.items():
+            if not self.expected(self.acked_at[eid]):
+                res.expected_lost += 1
+                continue
+            res.acked_puts += 1
+            if eid not in self.live:
+                res.lost_puts += 1
+                res.notes.append(f"acknowledged put lost: {q} ({eid})")
+
+    def count_feedback(self, entry: Callable[[str], Any]) -> None:
+        """Feedback Redis should hold: every acknowledged signal about an entry it should
+        hold. An entry's pulls (``entry(id).bandit_arm``) count the signals applied to
+        it and never decay."""
+        res = self.res
+        fb_acked: dict[str, int] = {}
+        for recs in self.records:
+            for r in _ops(recs, "fb"):
+                if r.get("ok") and r["id"] in self.acked and self.expected(self.acked_at[r["id"]]):
+                    fb_acked[r["id"]] = fb_acked.get(r["id"], 0) + 1
+        for eid, n in fb_acked.items():
+            res.acked_feedback += n
+            if eid not in self.live:
+                res.lost_feedback += n
+                continue
+            pulls = entry(eid).bandit_arm.pulls
+            if pulls < n:
+                res.lost_feedback += n - pulls
+                res.notes.append(f"{eid}: {n} feedback acknowledged, {pulls} applied")
+
+    def count_refused(self) -> None:
+        """Puts and feedback refused while Redis was down (not those about gone entries)."""
+        for recs in self.records:
+            for r in recs:
+                if (
+                    r.get("op") in ("put", "fb")
+                    and not r.get("ok")
+                    and self.began <= r["t"] <= self.back
+                ):
+                    self.res.outage_refused += not r.get("gone")
+
+    def count_lookups(self, i: int, recs: Sequence[dict[str, Any]]) -> None:
+        """Replica ``i``'s lookups: errors, those during and around the outage, hits,
+        wrong answers, and whether it served a new entry after the fault."""
+        res = self.res
         recovered = False
         for r in _ops(recs, "lookup"):
             res.lookups += 1
@@ -428,10 +521,10 @@ def analyze(
                 res.notes.append(f"replica {i}: lookup raised {r['error']}")
                 continue
             start, stop = r["t"], r["t"] + r["dt"]
-            in_outage = start >= began and stop <= back  # Redis certainly down
+            in_outage = start >= self.began and stop <= self.back  # Redis certainly down
             if in_outage:
                 res.outage_lookups += 1
-            if start < ended and stop > began:
+            if start < self.ended and stop > self.began:
                 res.fault_lookups += 1
                 res.outage_worst_s = max(res.outage_worst_s, r["dt"])
             if r["hit"] is None:
@@ -439,24 +532,29 @@ def analyze(
             res.hits += 1
             if in_outage:
                 res.outage_hits += 1
-            wrong = r["hq"] != r["q"] or r["ha"] != answer_to(r["hq"])
-            wrong = wrong or (r["hit"] in acked and acked[r["hit"]] != r["q"])
-            if wrong:
+            if self.wrong(r):
                 res.wrong_answers += 1
                 res.notes.append(f"replica {i}: asked {r['q']!r}, served {r['hq']!r}")
-            if start >= ended and (kept_before or r["hit"] not in before):
+            if start >= self.ended and (self.kept_before or r["hit"] not in self.before):
                 recovered = True
         res.recovered_replicas += recovered
+
+    def wrong(self, r: dict[str, Any]) -> bool:
+        """Whether a hit served another question's entry or answer."""
+        wrong = r["hq"] != r["q"] or r["ha"] != answer_to(r["hq"])
+        return wrong or (r["hit"] in self.acked and self.acked[r["hit"]] != r["q"])
+
+    def count_final_index(self, i: int, recs: Sequence[dict[str, Any]]) -> None:
+        """Ghost and missing ids in replica ``i``'s final index (no index: one ghost)."""
+        res = self.res
         ends = list(_ops(recs, "end"))
         if not ends or ends[-1].get("index") is None:
             res.notes.append(f"replica {i}: no final index ({ends[-1] if ends else 'no end'})")
             res.ghost_ids += 1
-            continue
+            return
         index = set(ends[-1]["index"])
-        res.ghost_ids += len(index - live)
-        res.missing_ids += len(live - index)
-    st.close()
-    return res
+        res.ghost_ids += len(index - self.live)
+        res.missing_ids += len(self.live - index)
 
 
 def _before(records: Sequence[Sequence[dict[str, Any]]], t: float) -> set[str]:
@@ -729,9 +827,6 @@ def seed_tenants(
     """Load ``entries`` entries into each tenant (the put script, pipelined) and give
     ``with_feedback`` of them positive evidence; returns their arms ``(alpha, t)``. The
     tenants are not registered (``zc:tenants``): workers do not see them yet."""
-    from zerda_cache import CacheConfig, FeedbackSignal, RLConfig
-    from zerda_cache.storage import RedisStorage
-
     st = RedisStorage(
         client,
         CacheConfig(
@@ -790,131 +885,218 @@ def leader_fault(
     rl.write_text(json.dumps(FAULT_RL))
     client: Any = redis.Redis.from_url(url)
     extra = ("--max-entries", str(max_entries), "--rl-config", str(rl))
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    pair = WorkerPair(url, workdir, client, extra, lease_ttl_s=lease_ttl_s, timeout=timeout)
     try:
-        procs["w1"] = start_worker(url, "w1", workdir, *extra, lease_ttl_s=lease_ttl_s)
-        deadline = time.monotonic() + timeout
-        while leader(client) != "w1":
-            if time.monotonic() > deadline or procs["w1"].poll() is not None:
-                raise RuntimeError("the first worker never led:\n" + _log(workdir, "w1"))
-            time.sleep(0.01)
-        procs["w2"] = start_worker(url, "w2", workdir, *extra, lease_ttl_s=lease_ttl_s)
-        while not (workdir / "w2.health").exists():  # the standby is up and ticking
-            if time.monotonic() > deadline or procs["w2"].poll() is not None:
-                raise RuntimeError("the standby never started:\n" + _log(workdir, "w2"))
-            time.sleep(0.01)
+        pair.start()
         # The tenants, unregistered, then registered all at once: the leader's next
         # eviction cycle finds 30 tenants over capacity.
         arms = seed_tenants(client, names, entries, with_feedback)
         client.sadd(tenants_key(), *names)
-
-        def done() -> int:
-            pipe = client.pipeline(transaction=False)
-            for t in names:
-                pipe.zcard(tenant_keys(t).ids)
-            return sum(1 for n in pipe.execute() if n <= target)
-
-        while True:  # a third of the tenants are evicted, the last ones not yet
-            n = done()
-            if tenants // 3 <= n < tenants:
-                procs["w1"].send_signal(sig)
-                break
-            if n == tenants or time.monotonic() > deadline:
-                raise RuntimeError(f"no eviction cycle caught mid-way ({n} of {tenants} done)")
+        res.tenants_done_at_fault = pair.signal_mid_cycle(sig, names, target)
         fault_at = _server_time(client)
-        res.tenants_done_at_fault = n
         if sig != signal.SIGSTOP:
-            res.exit_code = procs["w1"].wait(timeout)
-
-        def standby_cycles() -> list[dict[str, str]]:
-            return [c for c in cycle_log(client) if c.get("worker") == "w2"]
-
-        while True:
-            ended = [
-                c for c in standby_cycles() if c.get("phase") == "end" and c.get("outcome") == "ok"
-            ]
-            if {c["job"] for c in ended} >= {"decay", "evict"} and len(ended) >= 4:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the standby never took over:\n" + _log(workdir, "w2"))
-            time.sleep(0.05)
+            res.exit_code = pair.procs["w1"].wait(timeout)
+        pair.wait(pair.standby_took_over, "the standby never took over", worker="w2")
         res.took_over = True
         resumed = len(cycle_log(client))
         if sig == signal.SIGSTOP:  # it wakes up mid-cycle, no longer the leader
-            procs["w1"].send_signal(signal.SIGCONT)
-            while not any(
-                c.get("worker") == "w1" and c.get("phase") == "end"
-                for c in cycle_log(client)[resumed:]
-            ):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the woken leader never ended its cycle")
-                time.sleep(0.05)
-            time.sleep(2 * lease_ttl_s)  # a while as a standby: it must not lead again
-            procs["w1"].send_signal(signal.SIGTERM)
-            res.exit_code = procs["w1"].wait(timeout)
-        procs["w2"].send_signal(signal.SIGTERM)  # the state checked below is final
-        procs["w2"].wait(timeout)
-        log_ = cycle_log(client)
-        own = [c for c in log_[:resumed] if c.get("worker") == "w1"]
-        woken = [c for c in log_[resumed:] if c.get("worker") == "w1"]
-        res.last_outcome = next(
-            (c.get("outcome", "") for c in reversed(own) if c.get("phase") == "end"), ""
-        )
-        # Mid-cycle: the killed leader's last record is the start of an eviction cycle;
-        # the terminated one ended it as "stopped" (after the batch it was running).
-        if own:
-            last = own[-1]
-            res.mid_cycle = last.get("job") == "evict" and (
-                last.get("phase") == "start"
-                if sig in (signal.SIGKILL, signal.SIGSTOP)
-                else last.get("outcome") == "stopped"
-            )
-        first_standby = next(i for i, c in enumerate(log_) if c.get("worker") == "w2")
-        last_leader = max(i for i, c in enumerate(log_) if c.get("worker") == "w1")
-        if sig == signal.SIGTERM and own and own[-1].get("phase") != "end":
-            res.notes.append("the terminated leader did not record the end of its cycle")
-            res.overlap = True
-        if sig == signal.SIGSTOP:
-            # Woken: it may record the end of the cycle it was in ("stopped": fenced
-            # off, or no longer holding the lease), and must start no other.
-            res.last_outcome = next(
-                (c.get("outcome", "") for c in reversed(woken) if c.get("phase") == "end"), ""
-            )
-            res.overlap = any(c.get("phase") == "start" for c in woken)
-            last_leader = max(i for i, c in enumerate(log_[:resumed]) if c.get("worker") == "w1")
-        res.overlap = res.overlap or first_standby < last_leader
-        for t in names:
-            stats = {k.decode(): int(v) for k, v in client.hgetall(tenant_keys(t).stats).items()}
-            count = int(client.zcard(tenant_keys(t).ids))
-            removed = entries - count
-            counted = sum(v for k, v in stats.items() if k.startswith("evicted:"))
-            res.evicted += removed
-            res.over_evicted += max(0, target - count)
-            if counted != removed or count > target:
-                res.miscounted += abs(counted - removed) + max(0, count - target)
-                res.notes.append(f"{t}: {count} left, {removed} removed, {counted} counted")
-        for (t, eid), (alpha0, t0) in arms.items():
-            raw = client.hget(tenant_keys(t).st, eid)
-            if raw is None:
-                continue  # evicted (to capacity): nothing left to decay
-            state = codec.unpack_state(raw)[0]
-            arm = {"a": state.alpha, "t": state.decayed_at}
-            res.arms += 1
-            prior = 1.0
-            want = prior + (alpha0 - prior) * FAULT_RL["usage_decay"] ** (
-                (arm["t"] - t0) / FAULT_RL["decay_interval_s"]
-            )
-            if arm["t"] <= fault_at or abs(arm["a"] - want) > 1e-9 * want:
-                res.lost_decay += 1
-                if len(res.notes) < 20:
-                    res.notes.append(f"{t}/{eid}: arm {arm}, want alpha {want} after {fault_at}")
+            res.exit_code = pair.wake_stopped_leader(resumed)
+        pair.terminate("w2")  # the state checked below is final
+        _judge_cycles(res, cycle_log(client), resumed, sig)
+        _judge_evictions(res, client, names, entries, target)
+        _judge_decay(res, client, arms, fault_at)
     finally:
-        for p in procs.values():
+        pair.kill()
+        client.close()
+    return res
+
+
+@dataclass
+class WorkerPair:
+    """The two workers of ``leader_fault``: ``w1`` leads first, ``w2`` stands by. Every
+    wait shares one deadline, ``timeout`` seconds after ``w1`` started."""
+
+    url: str
+    workdir: Path
+    client: Any
+    extra: tuple[str, ...]
+    lease_ttl_s: float
+    timeout: float
+    deadline: float = 0.0
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def launch(self, worker_id: str) -> None:
+        self.procs[worker_id] = start_worker(
+            self.url, worker_id, self.workdir, *self.extra, lease_ttl_s=self.lease_ttl_s
+        )
+
+    def start(self) -> None:
+        """``w1`` until it leads, then ``w2`` until it is up and ticking."""
+        self.launch("w1")
+        self.deadline = time.monotonic() + self.timeout
+        self.wait(
+            lambda: leader(self.client) == "w1",
+            "the first worker never led",
+            worker="w1",
+            exits=True,
+            pause=0.01,
+        )
+        self.launch("w2")
+        self.wait(
+            lambda: (self.workdir / "w2.health").exists(),
+            "the standby never started",
+            worker="w2",
+            exits=True,
+            pause=0.01,
+        )
+
+    def wait(
+        self,
+        ready: Callable[[], bool],
+        failure: str,
+        *,
+        worker: str | None = None,
+        exits: bool = False,
+        pause: float = 0.05,
+    ) -> None:
+        """Until ``ready()``; past the deadline (or, with ``exits``, once ``worker`` has
+        exited) a ``RuntimeError`` that says ``failure``, with the end of ``worker``'s
+        log."""
+        proc = self.procs[worker] if exits and worker is not None else None
+        while not ready():
+            if time.monotonic() > self.deadline or (proc is not None and proc.poll() is not None):
+                log = ":\n" + _log(self.workdir, worker) if worker is not None else ""
+                raise RuntimeError(failure + log)
+            time.sleep(pause)
+
+    def signal_mid_cycle(self, sig: signal.Signals, names: Sequence[str], target: int) -> int:
+        """Send ``sig`` to the leader once a third of the tenants, and not all, are
+        evicted to ``target`` entries; how many were."""
+        tenants = len(names)
+        while True:  # a third of the tenants are evicted, the last ones not yet
+            pipe = self.client.pipeline(transaction=False)
+            for t in names:
+                pipe.zcard(tenant_keys(t).ids)
+            n = sum(1 for count in pipe.execute() if count <= target)
+            if tenants // 3 <= n < tenants:
+                self.procs["w1"].send_signal(sig)
+                return n
+            if n == tenants or time.monotonic() > self.deadline:
+                raise RuntimeError(f"no eviction cycle caught mid-way ({n} of {tenants} done)")
+
+    def standby_took_over(self) -> bool:
+        """Whether ``w2`` has ended four cycles well, decay and eviction among them."""
+        ended = [
+            c
+            for c in cycle_log(self.client)
+            if c.get("worker") == "w2" and c.get("phase") == "end" and c.get("outcome") == "ok"
+        ]
+        return {c["job"] for c in ended} >= {"decay", "evict"} and len(ended) >= 4
+
+    def wake_stopped_leader(self, resumed: int) -> int:
+        """SIGCONT to the stopped ``w1``, which ends the cycle it was in (records past
+        ``resumed`` in the cycle log); a while as a standby, then SIGTERM; its exit code."""
+        w1 = self.procs["w1"]
+        w1.send_signal(signal.SIGCONT)
+        self.wait(
+            lambda: any(
+                c.get("worker") == "w1" and c.get("phase") == "end"
+                for c in cycle_log(self.client)[resumed:]
+            ),
+            "the woken leader never ended its cycle",
+        )
+        time.sleep(2 * self.lease_ttl_s)  # a while as a standby: it must not lead again
+        return self.terminate("w1")
+
+    def terminate(self, worker_id: str) -> int:
+        """SIGTERM, and its exit code."""
+        self.procs[worker_id].send_signal(signal.SIGTERM)
+        return self.procs[worker_id].wait(self.timeout)
+
+    def kill(self) -> None:
+        """SIGKILL to every worker still running, and reap them."""
+        for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
             p.wait(10)
-        client.close()
-    return res
+
+
+def _judge_cycles(
+    res: LeaderResult, log_: list[dict[str, str]], resumed: int, sig: signal.Signals
+) -> None:
+    """From the cycle log: how the signalled leader's cycles ended, whether it was
+    caught mid-cycle, and whether a cycle of the standby overlapped one of the leader
+    (``resumed``: the log's length when the standby had taken over)."""
+    own = [c for c in log_[:resumed] if c.get("worker") == "w1"]
+    woken = [c for c in log_[resumed:] if c.get("worker") == "w1"]
+    res.last_outcome = next(
+        (c.get("outcome", "") for c in reversed(own) if c.get("phase") == "end"), ""
+    )
+    # Mid-cycle: the killed leader's last record is the start of an eviction cycle;
+    # the terminated one ended it as "stopped" (after the batch it was running).
+    if own:
+        last = own[-1]
+        res.mid_cycle = last.get("job") == "evict" and (
+            last.get("phase") == "start"
+            if sig in (signal.SIGKILL, signal.SIGSTOP)
+            else last.get("outcome") == "stopped"
+        )
+    first_standby = next(i for i, c in enumerate(log_) if c.get("worker") == "w2")
+    last_leader = max(i for i, c in enumerate(log_) if c.get("worker") == "w1")
+    if sig == signal.SIGTERM and own and own[-1].get("phase") != "end":
+        res.notes.append("the terminated leader did not record the end of its cycle")
+        res.overlap = True
+    if sig == signal.SIGSTOP:
+        # Woken: it may record the end of the cycle it was in ("stopped": fenced
+        # off, or no longer holding the lease), and must start no other.
+        res.last_outcome = next(
+            (c.get("outcome", "") for c in reversed(woken) if c.get("phase") == "end"), ""
+        )
+        res.overlap = any(c.get("phase") == "start" for c in woken)
+        last_leader = max(i for i, c in enumerate(log_[:resumed]) if c.get("worker") == "w1")
+    res.overlap = res.overlap or first_standby < last_leader
+
+
+def _judge_evictions(
+    res: LeaderResult, client: Any, names: Sequence[str], entries: int, target: int
+) -> None:
+    """Every tenant at ``target`` entries exactly, with as many removals as its eviction
+    counters count."""
+    for t in names:
+        stats = {k.decode(): int(v) for k, v in client.hgetall(tenant_keys(t).stats).items()}
+        count = int(client.zcard(tenant_keys(t).ids))
+        removed = entries - count
+        counted = sum(v for k, v in stats.items() if k.startswith("evicted:"))
+        res.evicted += removed
+        res.over_evicted += max(0, target - count)
+        if counted != removed or count > target:
+            res.miscounted += abs(counted - removed) + max(0, count - target)
+            res.notes.append(f"{t}: {count} left, {removed} removed, {counted} counted")
+
+
+def _judge_decay(
+    res: LeaderResult,
+    client: Any,
+    arms: dict[tuple[str, str], tuple[float, float]],
+    fault_at: float,
+) -> None:
+    """Every arm with evidence still held decayed after ``fault_at``, to exactly its
+    time-based value from ``arms`` (``(alpha, t)`` as seeded)."""
+    for (t, eid), (alpha0, t0) in arms.items():
+        raw = client.hget(tenant_keys(t).st, eid)
+        if raw is None:
+            continue  # evicted (to capacity): nothing left to decay
+        state = codec.unpack_state(raw)[0]
+        arm = {"a": state.alpha, "t": state.decayed_at}
+        res.arms += 1
+        prior = 1.0
+        want = prior + (alpha0 - prior) * FAULT_RL["usage_decay"] ** (
+            (arm["t"] - t0) / FAULT_RL["decay_interval_s"]
+        )
+        if arm["t"] <= fault_at or abs(arm["a"] - want) > 1e-9 * want:
+            res.lost_decay += 1
+            if len(res.notes) < 20:
+                res.notes.append(f"{t}/{eid}: arm {arm}, want alpha {want} after {fault_at}")
 
 
 def _log(workdir: Path, worker_id: str) -> str:
