@@ -22,7 +22,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zerda_cache import __version__
-from zerda_cache.calibration import exact_level
+from zerda_cache.calibration import Calibration, exact_level
 from zerda_cache.config import (
     DEFAULT_HEALTH_FILE,
     DEFAULT_KEY_PREFIX,
@@ -46,7 +46,7 @@ from zerda_cache.config import (
 from zerda_cache.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.errors import EntryNotFoundError, StorageError, ZerdaError
 from zerda_cache.maintenance import Maintenance
-from zerda_cache.policy import POLICY_FIELDS, flatten
+from zerda_cache.policy import POLICY_FIELDS, TenantPolicy, flatten
 from zerda_cache.savings import from_stats, price_table
 from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.tenant_state import TenantState
@@ -237,13 +237,7 @@ def cli(
     Every command takes the options below before or after its name. Read commands take
     --json.
     """
-    state = CliState(
-        url=url,
-        cluster=cluster,
-        key_prefix=key_prefix,
-        log_level=log_level,
-        rl_config=rl_config,
-    )
+    state = CliState(url, cluster, key_prefix, log_level, rl_config)
     state.configure_logging("INFO" if ctx.invoked_subcommand in ("worker", "serve") else "WARNING")
     ctx.obj = state
     ctx.call_on_close(state.close)
@@ -380,6 +374,12 @@ def json_option(command: F) -> F:
     )
 
 
+#: ``--tenant`` of the commands about one tenant.
+tenant_option = click.option("--tenant", required=True)
+#: ``--tenant`` of the commands about every tenant, or the one it names.
+any_tenant_option = click.option("--tenant", default=None, help="One tenant (default: all).")
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=_jsonable))
 
@@ -392,6 +392,15 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _table(title: str, *columns: Sequence[str], left: Collection[str] = ("tenant",)) -> Table:
+    """A table of ``columns`` (given in groups, as they read), the figures right-aligned
+    and the columns named in ``left`` left-aligned."""
+    table = Table(title=title)
+    for col in (c for group in columns for c in group):
+        table.add_column(col, justify="left" if col in left else "right")
+    return table
+
+
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
@@ -402,7 +411,7 @@ def _fmt_bytes(n: float) -> str:
 
 @cli.command()
 @shared_options
-@click.option("--tenant", default=None, help="One tenant (default: all).")
+@any_tenant_option
 @json_option
 @pass_state
 def stats(state: CliState, tenant: str | None, as_json: bool) -> None:
@@ -430,21 +439,11 @@ def stats(state: CliState, tenant: str | None, as_json: bool) -> None:
             cycles = [c for c in m.recent_cycles(6) if c.get("phase") == "end"]
             _print_json({"tenants": rows, "leader": st.leader(), "cycles": cycles})
             return
-        table = Table(title="zerda-cache tenants")
-        for col in (
-            "tenant",
-            "entries",
-            "capacity",
-            "bytes",
-            "hit rate",
-            "hits",
-            "misses",
-            "puts",
-            "+fb",
-            "-fb",
-            "evicted",
-        ):
-            table.add_column(col, justify="left" if col == "tenant" else "right")
+        table = _table(
+            "zerda-cache tenants",
+            ("tenant", "entries", "capacity", "bytes", "hit rate", "hits", "misses", "puts"),
+            ("+fb", "-fb", "evicted"),
+        )
         for t in tenants:
             s = st.stats(t)
             limits = m.limits(t)
@@ -521,7 +520,7 @@ def _entry_json(
 @cli.command()
 @shared_options
 @click.argument("entry_id")
-@click.option("--tenant", required=True)
+@tenant_option
 @json_option
 @pass_state
 def inspect(state: CliState, entry_id: str, tenant: str, as_json: bool) -> None:
@@ -584,7 +583,7 @@ def entries() -> None:
 
 @entries.command("list")
 @shared_options
-@click.option("--tenant", required=True)
+@tenant_option
 @click.option(
     "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many."
 )
@@ -629,9 +628,11 @@ def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> Non
         if as_json:
             _print_json({"tenant": tenant, "entries": rows, "total": total})
             return
-        table = Table(title=f"tenant {tenant}: {len(rows):,} of {total:,} entries")
-        for col in ("entry id", "question", "reward", "signals", "uses", "expires"):
-            table.add_column(col, justify="left" if col in ("entry id", "question") else "right")
+        table = _table(
+            f"tenant {tenant}: {len(rows):,} of {total:,} entries",
+            ("entry id", "question", "reward", "signals", "uses", "expires"),
+            left=("entry id", "question"),
+        )
         for r in rows:
             if "error" in r:
                 table.add_row(r["entry_id"], f"[red]{r['error']}[/red]", "", "", "", "")
@@ -657,7 +658,7 @@ def tags() -> None:
 
 @tags.command("list")
 @shared_options
-@click.option("--tenant", required=True)
+@tenant_option
 @json_option
 @pass_state
 def tags_list(state: CliState, tenant: str, as_json: bool) -> None:
@@ -678,7 +679,7 @@ def tags_list(state: CliState, tenant: str, as_json: bool) -> None:
 
 @tags.command("invalidate")
 @shared_options
-@click.option("--tenant", required=True)
+@tenant_option
 @click.argument("tag")
 @json_option
 @pass_state
@@ -708,7 +709,7 @@ def _progress(disable: bool) -> Progress:
 
 @cli.command("export")
 @shared_options
-@click.option("--tenant", required=True)
+@tenant_option
 @click.option(
     "-o",
     "--output",
@@ -780,7 +781,7 @@ def import_cmd(state: CliState, tenant: str, source: str, as_json: bool) -> None
 # -- evict ----------------------------------------------------------------------------------------
 @cli.command()
 @shared_options
-@click.option("--tenant", default=None, help="One tenant (default: all).")
+@any_tenant_option
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @json_option
 @pass_state
@@ -813,18 +814,11 @@ def evict(state: CliState, tenant: str | None, dry_run: bool, as_json: bool) -> 
         if as_json:
             _print_json({"dry_run": dry_run, "tenants": rows})
             return
-        table = Table(title="eviction" + (" (dry run)" if dry_run else ""))
-        for col in (
-            "tenant",
-            "entries",
-            "capacity",
-            "expired",
-            "corrupt",
-            "low reward",
-            "capacity evictions",
-            "removed",
-        ):
-            table.add_column(col, justify="left" if col == "tenant" else "right")
+        table = _table(
+            "eviction" + (" (dry run)" if dry_run else ""),
+            ("tenant", "entries", "capacity", "expired", "corrupt", "low reward"),
+            ("capacity evictions", "removed"),
+        )
         for r in rows:
             table.add_row(
                 r["tenant"],
@@ -1007,41 +1001,52 @@ def _exact_bar_text(bar: float | None) -> str:
 def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     st = state.storage()
     policy = TenantState(st).policy(name)
-    settings = st.tenant_settings(name)
-    cfg, ev = policy.config, policy.eviction
-    bound = cfg.max_error_rate
-    threshold = policy.threshold()
-    exact_bar = policy.exact_bar()
-    cal = policy.calibration
-    exact_labels = cal.exact_right + cal.exact_wrong + sum(cal.level_right) + sum(cal.level_wrong)
     if as_json:
-        _print_json(
-            {
-                "tenant": name,
-                "version": policy.version,
-                "stored": dict(policy.stored),
-                "rejected": dict(policy.rejected),
-                "max_entries": ev.max_entries,
-                "max_bytes": ev.max_bytes,
-                "ttl": cfg.default_ttl_s,
-                "max_error_rate": bound,
-                "near_match_threshold": threshold,
-                "exact_repeat_bar": exact_bar,
-                "labels": cal.labels,
-                "exact_repeat_labels": exact_labels,
-                "lookups_counted": cal.lookups,
-                "match_model_version": cal.model_version,
-                "wrong_per_request": (
-                    cal.wrong_per_request(threshold) if threshold is not None else None
-                ),
-                "dim": int(settings["dim"]) if "dim" in settings else None,
-                "entries": st.count(name),
-                "effective": {
-                    n: _effective(cfg, f.section, f.attr) for n, f in sorted(POLICY_FIELDS.items())
-                },
-            }
-        )
-        return
+        _print_json(_tenant_json(st, name, policy))
+    else:
+        console.print(_tenant_table(st, name, policy))
+
+
+def _exact_labels(cal: Calibration) -> float:
+    """Outcomes labelled for exact repeats, at every level."""
+    return cal.exact_right + cal.exact_wrong + sum(cal.level_right) + sum(cal.level_wrong)
+
+
+def _tenant_json(st: RedisStorage, name: str, policy: TenantPolicy) -> dict[str, Any]:
+    """``tenant show --json``: the effective policy and what the tenant learnt."""
+    settings = st.tenant_settings(name)
+    cfg, ev, cal = policy.config, policy.eviction, policy.calibration
+    threshold = policy.threshold()
+    return {
+        "tenant": name,
+        "version": policy.version,
+        "stored": dict(policy.stored),
+        "rejected": dict(policy.rejected),
+        "max_entries": ev.max_entries,
+        "max_bytes": ev.max_bytes,
+        "ttl": cfg.default_ttl_s,
+        "max_error_rate": cfg.max_error_rate,
+        "near_match_threshold": threshold,
+        "exact_repeat_bar": policy.exact_bar(),
+        "labels": cal.labels,
+        "exact_repeat_labels": _exact_labels(cal),
+        "lookups_counted": cal.lookups,
+        "match_model_version": cal.model_version,
+        "wrong_per_request": (cal.wrong_per_request(threshold) if threshold is not None else None),
+        "dim": int(settings["dim"]) if "dim" in settings else None,
+        "entries": st.count(name),
+        "effective": {
+            n: _effective(cfg, f.section, f.attr) for n, f in sorted(POLICY_FIELDS.items())
+        },
+    }
+
+
+def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
+    """``tenant show``: the limits (each marked when a default), what the error bound
+    serves, what the tenant learnt, the other stored settings and those left out."""
+    settings = st.tenant_settings(name)
+    cfg, ev, cal = policy.config, policy.eviction, policy.calibration
+    bound = cfg.max_error_rate
 
     def mark(setting: str) -> str:
         return "" if setting in policy.stored else " (default)"
@@ -1059,18 +1064,10 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
         "none (no bound)" if bound is None else f"{bound:.2%}" + mark("max_error_rate"),
     )
     if bound is not None:
-        table.add_row(
-            "serves near matches from",
-            f"similarity {threshold:.3f}"
-            if threshold is not None
-            else "nothing yet (near matches are verified)",
-        )
-        table.add_row("serves exact repeats of", _exact_bar_text(exact_bar))
-        if threshold is not None:
-            wrong = cal.wrong_per_request(threshold)
-            if wrong is not None:
-                table.add_row("wrong serves per request (estimate)", f"{wrong:.2%}")
-    table.add_row("labelled outcomes", f"{cal.labels:,.0f} near matches, {exact_labels:,.0f} exact")
+        _add_bound_rows(table, policy)
+    table.add_row(
+        "labelled outcomes", f"{cal.labels:,.0f} near matches, {_exact_labels(cal):,.0f} exact"
+    )
     table.add_row("lookups counted", f"{cal.lookups:,.0f}")
     table.add_row(
         "match model",
@@ -1087,7 +1084,24 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
         table.add_row(setting, f"[red]left out: {why}[/red]")
     table.add_row("dimension", str(int(settings["dim"])) if "dim" in settings else "not set yet")
     table.add_row("entries", f"{st.count(name):,}")
-    console.print(table)
+    return table
+
+
+def _add_bound_rows(table: Table, policy: TenantPolicy) -> None:
+    """Under an error bound: what near matches and exact repeats are served, and the
+    estimate of wrong serves per request."""
+    threshold = policy.threshold()
+    table.add_row(
+        "serves near matches from",
+        f"similarity {threshold:.3f}"
+        if threshold is not None
+        else "nothing yet (near matches are verified)",
+    )
+    table.add_row("serves exact repeats of", _exact_bar_text(policy.exact_bar()))
+    if threshold is not None:
+        wrong = policy.calibration.wrong_per_request(threshold)
+        if wrong is not None:
+            table.add_row("wrong serves per request (estimate)", f"{wrong:.2%}")
 
 
 def _effective(cfg: CacheConfig, section: str, attr: str) -> Any:
@@ -1377,7 +1391,7 @@ def keys_create(state: CliState, tenant: str, name: str) -> None:
 
 @keys.command("list")
 @shared_options
-@click.option("--tenant", default=None, help="One tenant (default: all).")
+@any_tenant_option
 @json_option
 @pass_state
 def keys_list(state: CliState, tenant: str | None, as_json: bool) -> None:
