@@ -12,9 +12,10 @@ of an adapter differ only in the one call they make here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,23 +132,17 @@ class CacheBinding:
     # -- the calls, fail-open -------------------------------------------------------------
     def lookup(self, key: CacheKey) -> CacheHit | None:
         manager = self._sync_manager()
-        try:
+        hit = None
+        with self._fail_open("lookup"):  # the LLM call goes on as a miss
             hit = manager.lookup(key.query, tenant=self.tenant, scope=key.scope)
-        except Exception as exc:  # the LLM call goes on as a miss
-            self._failed("lookup", exc)
-            return None
-        self._ok("lookup")
         return hit
 
     async def alookup(self, key: CacheKey) -> CacheHit | None:
         if self.aio is None:
             return await asyncio.to_thread(self.lookup, key)
-        try:
+        hit = None
+        with self._fail_open("lookup"):
             hit = await self.aio.lookup(key.query, tenant=self.tenant, scope=key.scope)
-        except Exception as exc:
-            self._failed("lookup", exc)
-            return None
-        self._ok("lookup")
         return hit
 
     def put(self, key: CacheKey, response: str, metadata: Mapping[str, Any]) -> PutResult | None:
@@ -156,14 +151,11 @@ class CacheBinding:
         manager = self._sync_manager()
         if not self._admissible(response):
             return None
-        try:
+        result = None
+        with self._fail_open("put"):
             result = manager.put(
                 key.query, response, tenant=self.tenant, scope=key.scope, metadata=metadata
             )
-        except Exception as exc:
-            self._failed("put", exc)
-            return None
-        self._ok("put")
         return result
 
     async def aput(
@@ -173,14 +165,11 @@ class CacheBinding:
             return None
         if self.aio is None:  # the sync manager in a worker thread (it fails open itself)
             return await asyncio.to_thread(self.put, key, response, metadata)
-        try:
+        result = None
+        with self._fail_open("put"):
             result = await self.aio.put(
                 key.query, response, tenant=self.tenant, scope=key.scope, metadata=metadata
             )
-        except Exception as exc:
-            self._failed("put", exc)
-            return None
-        self._ok("put")
         return result
 
     def feedback(self, signal: FeedbackSignal) -> None:
@@ -191,6 +180,27 @@ class CacheBinding:
             await self.aio.feedback(signal)
         else:
             await asyncio.to_thread(self.feedback, signal)
+
+    def feedback_about(
+        self, info: object, positive: bool, *, magnitude: float, source: str
+    ) -> bool:
+        """Send feedback about the entry ``info`` (an answer's ``INFO_KEY`` value)
+        names; ``False`` when it names none (the answer did not come through the cache).
+        Unlike lookups and puts, feedback raises: the app asked for it."""
+        signal = signal_from_info(info, positive, magnitude=magnitude, source=source)
+        if signal is None:
+            return False
+        self.feedback(signal)
+        return True
+
+    async def afeedback_about(
+        self, info: object, positive: bool, *, magnitude: float, source: str
+    ) -> bool:
+        signal = signal_from_info(info, positive, magnitude=magnitude, source=source)
+        if signal is None:
+            return False
+        await self.afeedback(signal)
+        return True
 
     def clear(self) -> int:
         return self._sync_manager().clear(self.tenant)
@@ -214,6 +224,17 @@ class CacheBinding:
         that is not a failure of the cache."""
         size = len(response.encode("utf-8", "surrogatepass"))
         return bool(response.strip()) and size <= self.config.max_response_bytes
+
+    @contextlib.contextmanager
+    def _fail_open(self, what: str) -> Iterator[None]:
+        """The call in the block fails open: an exception is logged (``_failed``) and
+        swallowed, so the caller's result stays ``None``; a success is noted (``_ok``)."""
+        try:
+            yield
+        except Exception as exc:
+            self._failed(what, exc)
+        else:
+            self._ok(what)
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """Log the first failure of a run of them as a warning, the rest at debug (a Redis

@@ -43,10 +43,8 @@ from zerda_cache.integrations._binding import (
     digest_scope,
     hit_info,
     put_info,
-    signal_from_info,
 )
 from zerda_cache.manager import CacheManager
-from zerda_cache.policy_learner import FeedbackSignal
 from zerda_cache.results import CacheHit, PutResult
 
 log = logging.getLogger(__name__)
@@ -142,20 +140,16 @@ class ZerdaLLMCache(BaseCache):
             EntryNotFoundError: the entry was evicted or cleared since.
             StorageError: Redis failed.
         """
-        signal = self._signal(answer, positive, magnitude, source)
-        if signal is None:
-            return False
-        self.binding.feedback(signal)
-        return True
+        return self.binding.feedback_about(
+            find_info(answer), positive, magnitude=magnitude, source=source
+        )
 
     async def afeedback(
         self, answer: object, positive: bool, *, magnitude: float = 1.0, source: str = "user"
     ) -> bool:
-        signal = self._signal(answer, positive, magnitude, source)
-        if signal is None:
-            return False
-        await self.binding.afeedback(signal)
-        return True
+        return await self.binding.afeedback_about(
+            find_info(answer), positive, magnitude=magnitude, source=source
+        )
 
     # -- the mapping, no I/O ----------------------------------------------------------------
     def key(self, prompt: str, llm_string: str) -> CacheKey:
@@ -170,12 +164,6 @@ class ZerdaLLMCache(BaseCache):
             return key, None
         extra = {GENERATIONS_KEY: dump_generations(return_val)}
         return key, (return_val[0].text, self.binding.metadata(_ADAPTER, extra))
-
-    @staticmethod
-    def _signal(
-        answer: object, positive: bool, magnitude: float, source: str
-    ) -> FeedbackSignal | None:
-        return signal_from_info(find_info(answer), positive, magnitude=magnitude, source=source)
 
 
 def prompt_text(prompt: str) -> str:

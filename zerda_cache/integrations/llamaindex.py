@@ -60,7 +60,6 @@ from zerda_cache.integrations._binding import (
     digest_scope,
     hit_info,
     put_info,
-    signal_from_info,
 )
 from zerda_cache.manager import CacheManager
 from zerda_cache.results import CacheHit, PutResult
@@ -263,20 +262,16 @@ class ZerdaCachedLLM(LLM):
             EntryNotFoundError: the entry was evicted or cleared since.
             StorageError: Redis failed.
         """
-        signal = signal_from_info(find_info(response), positive, magnitude=magnitude, source=source)
-        if signal is None:
-            return False
-        self._binding.feedback(signal)
-        return True
+        return self._binding.feedback_about(
+            find_info(response), positive, magnitude=magnitude, source=source
+        )
 
     async def afeedback(
         self, response: object, positive: bool, *, magnitude: float = 1.0, source: str = "user"
     ) -> bool:
-        signal = signal_from_info(find_info(response), positive, magnitude=magnitude, source=source)
-        if signal is None:
-            return False
-        await self._binding.afeedback(signal)
-        return True
+        return await self._binding.afeedback_about(
+            find_info(response), positive, magnitude=magnitude, source=source
+        )
 
     # -- the mapping, no I/O ----------------------------------------------------------------
     def identity(self) -> str:
