@@ -146,14 +146,8 @@ def resolve_lang(language: str | None) -> str:
 
 
 def guardrail_header(lang: str) -> str:
-    """The line that introduces the numbered guardrail list.
-
-    Args:
-        lang: a language (resolved with :func:`resolve_lang`).
-
-    Returns:
-        The header in that language.
-    """
+    """The line that introduces the numbered guardrail list, in ``lang`` (resolved with
+    :func:`resolve_lang`, as every ``lang`` below)."""
     return _HEADERS[resolve_lang(lang)]
 
 
@@ -162,7 +156,7 @@ def guardrail_text(name: str, lang: str, fallback: str) -> str:
 
     Args:
         name: the guardrail's name (e.g. ``"grounding"``).
-        lang: a language (resolved with :func:`resolve_lang`).
+        lang: a language.
         fallback: returned when there is no native text for this name and language
             (e.g. a custom guardrail's own ``instruction``).
 
@@ -173,39 +167,18 @@ def guardrail_text(name: str, lang: str, fallback: str) -> str:
 
 
 def format_instruction_text(fmt: OutputFormat, lang: str) -> str | None:
-    """The output-format instruction in ``lang``.
-
-    Args:
-        fmt: the output format.
-        lang: a language (resolved with :func:`resolve_lang`).
-
-    Returns:
-        The instruction, or ``None`` (always for ``OutputFormat.TEXT``).
-    """
+    """The instruction for the output format ``fmt`` in ``lang``; ``None`` for a format
+    without one (always ``OutputFormat.TEXT``)."""
     return _FORMAT_TEXTS[resolve_lang(lang)].get(fmt)
 
 
 def schema_label(lang: str) -> str:
-    """The label before a rendered output schema (``"Schema:"`` in English).
-
-    Args:
-        lang: a language (resolved with :func:`resolve_lang`).
-
-    Returns:
-        The label in that language.
-    """
+    """The label before a rendered output schema in ``lang`` (``"Schema:"`` in English)."""
     return _SCHEMA_LABELS[resolve_lang(lang)]
 
 
 def localized_guardrail_names(lang: str) -> frozenset[str]:
-    """Names with a native text in ``lang`` (for tests and documentation).
-
-    Args:
-        lang: a language (resolved with :func:`resolve_lang`).
-
-    Returns:
-        The guardrail names.
-    """
+    """The guardrail names with a native text in ``lang`` (for tests and documentation)."""
     return frozenset(_GUARDRAIL_TEXTS[resolve_lang(lang)])
 
 
