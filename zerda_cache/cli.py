@@ -1308,14 +1308,9 @@ def serve(
         ) from exc
     url = state.server_url()  # refuses without one: the keys live in Redis
     with errors():
-        cfg = state.config
-        if similarity_threshold is not None:
-            cfg = replace(cfg, similarity_threshold=similarity_threshold)
-        if redis_timeout is not None:
-            cfg = replace(cfg, redis_timeout_s=redis_timeout)
-        cfg = replace(cfg, vector_storage=vector_storage)
-        if token_prices is not None:
-            cfg = replace(cfg, token_prices=_read_prices(token_prices))
+        cfg = _serve_config(
+            state.config, similarity_threshold, redis_timeout, vector_storage, token_prices
+        )
         try:
             embed_fn = make_embedder(
                 embedder,
@@ -1352,6 +1347,24 @@ def serve(
         )
     level = (state.log_level or "INFO").lower()
     uvicorn.run(app, host=host, port=port, log_level=level, server_header=False)
+
+
+def _serve_config(
+    cfg: CacheConfig,
+    similarity_threshold: float | None,
+    redis_timeout: float | None,
+    vector_storage: str,
+    token_prices: str | None,
+) -> CacheConfig:
+    """``serve``'s configuration: the shared one with the options given on top."""
+    if similarity_threshold is not None:
+        cfg = replace(cfg, similarity_threshold=similarity_threshold)
+    if redis_timeout is not None:
+        cfg = replace(cfg, redis_timeout_s=redis_timeout)
+    cfg = replace(cfg, vector_storage=vector_storage)
+    if token_prices is not None:
+        cfg = replace(cfg, token_prices=_read_prices(token_prices))
+    return cfg
 
 
 def _read_prices(path: str) -> dict[str, tuple[float, float]]:
