@@ -225,14 +225,14 @@ def test_the_lookup_sample_keeps_the_exact_repeats_share() -> None:
     import msgpack
 
     from zerda_cache.calibration import LabelLogs
-    from zerda_cache.maintenance import _rescored
+    from zerda_cache.fitting import rescored
 
     blob = msgpack.packb([[0.9, 0.05, 0.0], None, "e", "e", [0.95, 0.0, 1.0], "e2", "e9"])
     logs = LabelLogs.parse([], [blob], [b"1", b"0", b"0"])
     assert (len(logs.seen), logs.seen_exact) == (3, 4)  # "e9": no such level, level 0
     assert logs.seen_levels[2] == 1 and sum(logs.seen_levels) == 1
     model = fit(*synthetic(500), version=2)
-    counts = _rescored(model, logs)
+    counts = rescored(model, logs)
     assert counts["t:e"] == 4 and counts["t:e2"] == 1  # the exact repeats' levels too
     assert counts["t2:x"] == 1  # one window for every share
     assert sum(v for k, v in counts.items() if k.startswith("t2:")) == 3

@@ -40,7 +40,6 @@ from zerda_cache.eviction import (
     TenantLimits,
 )
 from zerda_cache.fitting import FitReport, ModelFits
-from zerda_cache.fitting import rescored as _rescored  # noqa: F401 (test_match_model imports it)
 from zerda_cache.policy import TenantPolicy
 from zerda_cache.policy_learner import CachePolicyLearner
 from zerda_cache.state_scan import StateScan
