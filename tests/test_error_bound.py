@@ -34,7 +34,7 @@ from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.tenant_state import plan_label
-from zerda_cache.verification import Ticket, same_meaning, same_text, ticket_key
+from zerda_cache.verification import Ticket, same_meaning, same_text
 
 DIM = 384
 
@@ -384,7 +384,7 @@ def test_a_verification_at_a_similarity_a_hair_over_one_is_labelled(make_manager
     held = m.put("held question", "the cached answer", tenant="t", embedding=unit(1)).entry_id
     engine = m.target if hasattr(m, "target") else m
     ticket = Ticket(held, 1.0000551490042169)
-    engine._tickets.put(ticket_key("t", "asked", ""), ticket)
+    engine.verifier.hold("t", "asked", "", ticket)
     result = m.put("asked", "the cached answer", tenant="t", embedding=unit(2))
     assert result and result.verified is True
     assert m.storage.get_entry("t", held).bandit_arm.alpha == pytest.approx(2.0)

@@ -17,7 +17,7 @@ from state_support import read_state, set_raw_state, write_state
 from test_cold_start import counting_manager
 
 from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
-from zerda_cache import engine as engine_module
+from zerda_cache import lookup as lookup_module
 from zerda_cache.entry import IntelligentCacheEntry
 from zerda_cache.policy_learner import CONFIDENCE_WEIGHT, CachePolicyLearner
 from zerda_cache.storage import RedisStorage
@@ -230,9 +230,9 @@ def test_a_tied_leader_with_a_corrupt_answer_is_skipped(
 def test_a_tie_of_more_candidates_than_the_script_takes_is_ranked(
     redis_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past ``_TIE_MAX`` candidates a tie is not passed to the script: its states are
+    """Past ``TIE_MAX`` candidates a tie is not passed to the script: its states are
     read first, then the ranked best served (two round trips)."""
-    monkeypatch.setattr(engine_module, "_TIE_MAX", 1)
+    monkeypatch.setattr(lookup_module, "TIE_MAX", 1)
     client, m = counting_manager(redis_server.url, CacheConfig(similarity_threshold=0.8))
     best, _, query = tie(m)
     client.trips = 0

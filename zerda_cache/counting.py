@@ -11,6 +11,9 @@ lookup's round trip rather than one of their own.
   of that candidate are sampled for the worker's next fit of the match model. The counts
   are written once ``TRAFFIC_BATCH`` are pending or the oldest is ``TRAFFIC_FLUSH_S``
   old, and the tenant's counts are halved past ``TRAFFIC_WINDOWS`` label windows.
+
+Besides, every lookup and put is counted in the replica's rolling windows
+(``record_window``), which stay in the process and are exported as replica metrics.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from zerda_cache.calibration import bin_of
+from zerda_cache.context import AdaptiveLearningSystem, QueryAnalysis, QueryComplexity
 from zerda_cache.entry import LLMUsage
 from zerda_cache.errors import StorageError
 from zerda_cache.match_model import Features, score_of
@@ -132,7 +136,7 @@ class LookupCounts:
         return counts, samples
 
     @staticmethod
-    def over_window(counted: int, policy: TenantPolicy) -> bool:
+    def over_window(counted: float, policy: TenantPolicy) -> bool:
         """Has the tenant counted so many lookups that its counts are to be halved?"""
         return counted > policy.config.label_window * TRAFFIC_WINDOWS
 
@@ -166,4 +170,24 @@ class LookupCounts:
             log.debug("tenant %s: lookup counts not halved: %s", tenant, exc)
 
 
-__all__ = ["EXACT", "LookupCounts", "Traffic"]
+#: What the replica tells its rolling windows of a query it does not analyse (``record``
+#: keeps the numbers, not the analysis): one frozen value, not a checked dataclass made
+#: per lookup.
+UNANALYSED = QueryAnalysis(query="", complexity=QueryComplexity.LOW, context_budget=0)
+
+
+def record_window(
+    adaptive: AdaptiveLearningSystem,
+    query: str,
+    length: int,
+    candidates: int,
+    seconds: float,
+    passed: bool,
+) -> None:
+    """Count one lookup or put in the replica's rolling windows (``AdaptiveLearningSystem``,
+    the seed's): its answer's length, its candidates, how long it took, and whether the
+    admission check passed (a lookup passes)."""
+    adaptive.record(query, UNANALYSED, length, candidates, seconds * 1000.0, passed)
+
+
+__all__ = ["EXACT", "UNANALYSED", "LookupCounts", "Traffic", "record_window"]

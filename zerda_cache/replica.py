@@ -116,18 +116,19 @@ class TenantIndex:
         self.retry_at = 0.0  # after a failed build: not before this monotonic time
         self.progress = (0, 0)  # the current build: (entries scanned, entries counted)
         #: The current build has had a reply from Redis (a lookup that waited for a build
-        #: that has not fails open at once: ``CacheEngine._find``).
+        #: that has not fails open at once: ``LookupSteps.await_build_flow``).
         self.answered = False
         self.finished_at = 0.0  # monotonic time the last build ended
         self.failures = 0  # builds failed in a row (the retry delay doubles)
         #: A new index is in use and the log since its scan is being replayed into it.
         self.replaying = False
         #: The generation of the index snapshot the index was loaded from (``None``:
-        #: scanned), and when the engine last looked for a newer one (``rebase_due``).
+        #: scanned), and when this replica last looked for a newer one
+        #: (``ReplicaIndexes._rebase``).
         self.snapshot: str | None = None
         self.rebase_checked = 0.0
         #: A rebuild that lookups need not wait for (a move to a newer snapshot,
-        #: ``CacheEngine._rebase``): the index in use is whole and still caught up.
+        #: ``ReplicaIndexes._rebase``): the index in use is whole and still caught up.
         self.rebasing = False
         self.snapshot_seen: str | None = None  # the generation a build last tried
         self.rebase_failed: str | None = None  # a generation that did not load: skipped
@@ -252,7 +253,6 @@ class ReplicaIndexes:
         config: the manager's configuration.
         metrics: the replica's metrics (index readiness, builds, rebuilds).
         driver: the manager, for its background jobs, offloading and locks.
-        policy: when a scope's index becomes HNSW, and its parameters.
         outage: whether Redis is failing as the manager sees it (lookups then do not
             wait for builds: they have their own timeout to spend).
     """
@@ -263,14 +263,21 @@ class ReplicaIndexes:
         config: CacheConfig,
         metrics: ReplicaMetrics,
         driver: Driver,
-        policy: IndexPolicy,
         outage: Callable[[], bool],
     ) -> None:
         self.storage = storage
         self.config = config
         self.metrics = metrics
         self.driver = driver
-        self.policy = policy
+        #: When a scope's index becomes HNSW, and its parameters (``config``'s ``ann_*``).
+        self.policy = IndexPolicy(
+            ann_threshold=config.ann_threshold,
+            backend=config.ann_backend,
+            dtype=config.ann_dtype,
+            m=config.ann_m,
+            ef_construction=config.ann_ef_construction,
+            ef_search=config.ann_ef_search,
+        )
         self.outage = outage
         self._by_tenant: dict[str, TenantIndex] = {}
         self._jobs_lock = threading.Lock()
@@ -673,14 +680,8 @@ class ReplicaIndexes:
             )
 
     def sync(self, tenant: str) -> Flow[int]:
-        """Bring ``tenant``'s local index up to date now, waiting for its build (however
-        long that takes); returns its size. Lookups never wait this long: use it where a
-        replica should be ready before it takes traffic (a readiness probe, a warm-up).
-
-        Raises:
-            StorageError: Redis failed, or the manager is closed. A build that failed
-                otherwise (a bug) raises its own error.
-        """
+        """``CacheEngine.sync_index``: build ``tenant``'s index if need be, wait for the
+        build however long it takes, then apply the log's news; returns its size."""
         ti = self.of(self.storage.keys(tenant))
         for _ in range(MAX_REBUILDS):
             if self.closed:

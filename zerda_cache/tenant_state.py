@@ -5,12 +5,14 @@ label log as Redis holds them and knows nothing of what they mean. This module i
 layer above it that does: it resolves the hashes into the ``TenantPolicy`` a process
 applies (``policy.py``), bins a label as the calibration counts it (``calibration.py``,
 scored by the tenant's match model, ``match_model.py``), and reads the label log the
-worker fits that model from. The engine puts these plans into its own round trips; the
-CLI, the worker and tests use ``TenantState``, their driven forms.
+worker fits that model from. The engine puts these plans into its own round trips and
+keeps each tenant's policy a while (``PolicyCache``); the CLI, the worker and tests use
+``TenantState``, their driven forms.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +22,7 @@ from zerda_cache.policy import TenantPolicy, warn_rejected
 from zerda_cache.storage.driver import AsyncDriven, Flow, SyncDriven, op
 from zerda_cache.storage.plans import ReadPlan, ScriptCall, TenantHashes
 from zerda_cache.storage.store import Storage
+from zerda_cache.validation import validate_tenant
 
 
 def read_policy(storage: Storage, tenant: str) -> ReadPlan[TenantPolicy]:
@@ -130,6 +133,59 @@ class TenantFlows:
     calibrate = op(calibrate_flow)
 
 
+class PolicyCache:
+    """Each tenant's policy as one process applies it, with the monotonic time it was
+    read: a policy is used at most ``policy_refresh_s`` after it was read, so that a
+    change made anywhere reaches this process within that time."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.config = storage.config
+        #: tenant -> (monotonic time it was read, the policy)
+        self.cached: dict[str, tuple[float, TenantPolicy]] = {}
+
+    def keep(self, tenant: str, mono: float, policy: TenantPolicy) -> None:
+        """Keep ``policy``, read at ``mono`` (a lookup's round trip read it)."""
+        self.cached[tenant] = (mono, policy)
+
+    def policy_flow(
+        self, tenant: str, *, fresh: bool = False, register: bool = False
+    ) -> Flow[TenantPolicy]:
+        """The tenant's policy: the configuration with the tenant's stored settings on
+        top (``zerda_cache.policy``), read from Redis when the cached one is older than
+        ``policy_refresh_s`` (or ``fresh``). ``register``: add the tenant to the registry
+        in the same round trip (lookups do; a refused put must not)."""
+        validate_tenant(tenant)
+        cached = self.cached.get(tenant)
+        mono = time.monotonic()
+        if not fresh and cached is not None and mono - cached[0] <= self.config.policy_refresh_s:
+            return cached[1]
+        st = self.storage
+        parts: list[ReadPlan[Any]] = [read_policy(st, tenant)]
+        if register:
+            parts.append(st.register(tenant))
+        replies = yield from st.read_flow(st.batch("policy", parts))
+        policy: TenantPolicy = replies[0]
+        self.cached[tenant] = (mono, policy)
+        return policy
+
+    def for_lookup(self, tenant: str) -> tuple[TenantPolicy, bool] | None:
+        """The tenant's policy for a lookup, and whether the lookup should read it again
+        in its own round trip; ``None`` when it is older than ``policy_refresh_s`` (or
+        there is none yet): then the lookup reads it first, a round trip of its own
+        (``policy_flow(tenant, fresh=True, register=True)``). Past half that age, the
+        lookup's round trip reads it for the next lookups, so that a replica with steady
+        traffic never pays that round trip."""
+        cached = self.cached.get(tenant)
+        if cached is None:
+            return None
+        refresh_s = self.config.policy_refresh_s
+        age = time.monotonic() - cached[0]
+        if age > refresh_s:
+            return None
+        return cached[1], age > refresh_s / 2
+
+
 class TenantState(SyncDriven, TenantFlows):
     """``TenantFlows`` over a ``RedisStorage``, run in the calling thread."""
 
@@ -140,6 +196,7 @@ class AsyncTenantState(AsyncDriven, TenantFlows):
 
 __all__ = [
     "AsyncTenantState",
+    "PolicyCache",
     "TenantFlows",
     "TenantState",
     "plan_label",

@@ -1,21 +1,34 @@
 """Verification under an error bound: how a cached answer is compared with the fresh one
 the app's LLM gave (``same_text``, ``same_meaning``, or the app's own ``same_answer``),
-and the ticket a lookup leaves for the put that verifies it.
+the ticket a lookup leaves for the put that verifies it, and what the cache learns from
+the comparison (``Verifier``).
 
 A lookup that holds back a candidate (not proven safe enough to serve) returns a miss
-and leaves a ``Ticket`` under the question's ``ticket_key``; the app's next put of that
-question compares the two answers, and the comparison labels the candidate
-(``CacheEngine._verify``).
+and leaves a ``Ticket`` under the question's ``ticket_key`` (``Verifier.hold``); the
+app's next put of that question compares the two answers, and the comparison labels the
+candidate (``Verifier.verify_flow``).
 """
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from zerda_cache.context import ContextCache
+from zerda_cache.entry import IntelligentCacheEntry
+from zerda_cache.errors import CorruptEntryError, EntryNotFoundError, StorageError
 from zerda_cache.match_model import Features
+from zerda_cache.policy import TenantPolicy
+from zerda_cache.policy_learner import CachePolicyLearner, FeedbackSignal
 from zerda_cache.storage import codec
+from zerda_cache.storage.driver import Flow, call
+from zerda_cache.storage.plans import ReadPlan
+from zerda_cache.storage.store import Storage
+from zerda_cache.tenant_state import PolicyCache, plan_label
+
+log = logging.getLogger(__name__)
 
 #: ``same_answer(cached, fresh)``: is the cached answer as right as the fresh one? It
 #: labels a verification (see ``same_text``).
@@ -72,4 +85,129 @@ def ticket_key(tenant: str, query: str, scope: str) -> str:
     return tenant + "\n" + codec.query_digest(query, scope)
 
 
-__all__ = ["SameAnswer", "Ticket", "same_meaning", "same_text", "ticket_key"]
+class Verifier:
+    """The verifications of one replica: the tickets its lookups leave, and the flows
+    that settle them when the app's put brings the fresh answer. Every signal the cache
+    learns from, a verification's or the app's feedback, goes through ``learn_flow``.
+
+    Args:
+        storage: the manager's storage.
+        learner: the replica's bandit learner (it notes every signal).
+        policies: the replica's cache of tenant policies.
+        same_answer: labels a verification: is the cached answer the same as the fresh
+            one?
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        learner: CachePolicyLearner,
+        policies: PolicyCache,
+        same_answer: SameAnswer,
+    ) -> None:
+        self.storage = storage
+        self.learner = learner
+        self.policies = policies
+        self.same_answer = same_answer
+        #: Verifications asked for, by ``ticket_key``: what the lookup held back.
+        self.tickets = ContextCache(max_size=10_000, ttl_seconds=900.0)
+
+    def hold(self, tenant: str, query: str, scope: str, ticket: Ticket) -> None:
+        """Ask the app's next put of ``query`` (in ``scope``) to verify ``ticket``."""
+        self.tickets.put(ticket_key(tenant, query, scope), ticket)
+
+    def verify_flow(
+        self, tenant: str, ticket: Ticket, fresh: str
+    ) -> Flow[tuple[bool | None, IntelligentCacheEntry | None]]:
+        """Compare the fresh answer with the candidate a lookup held back, and learn from
+        it: one label of the tenant's calibration (with the match's features), one signal
+        on the entry's arm (at the similarity it was matched at). Returns whether they
+        were the same (``None`` when the candidate is gone meanwhile or the judge
+        failed) and the candidate as read.
+
+        The question's own entry may carry a dispute (``dispute_flow``): its answer
+        replaced one it disagreed with, counted wrong. This verification's answer breaks
+        the tie: the same as the entry's, the replaced answer stays wrong; the same as
+        the replaced one, its label turns right."""
+        entry_id, similarity, features, level, exact = ticket
+        st = self.storage
+        try:
+            parts: list[ReadPlan[Any]] = [st.read_entry(tenant, entry_id, with_vector=False)]
+            if exact:  # in the same round trip
+                parts.append(st.read_dispute(tenant, entry_id))
+            replies = yield from st.read_flow(st.batch("verify", parts))
+            cached: IntelligentCacheEntry = replies[0]
+            dispute: tuple[int, str] | None = replies[1] if exact else None
+        except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
+            log.debug("tenant %s: verification of %s dropped: %s", tenant, entry_id, exc)
+            return None, None
+        try:  # a step: an async judge (an LLM call) is awaited by the async driver
+            right = bool((yield call(self.same_answer, cached.response, fresh)))
+            replaced_right = False
+            if dispute is not None and not right:
+                replaced_right = bool((yield call(self.same_answer, dispute[1], fresh)))
+        except Exception as exc:  # the answer is stored: a failing judge labels nothing
+            log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
+            return None, cached
+        # An HNSW index re-scores from float16 vectors: a match can come out a hair over 1.
+        sim = min(1.0, max(-1.0, similarity))
+        signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
+        if features is not None:
+            features = (sim, *features[1:])
+        yield from self.learn_flow(signal, label=True, features=features, level=level)
+        if dispute is not None:
+            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute[0], replaced_right))
+        return right, cached
+
+    def dispute_flow(self, tenant: str, entry_id: str, level: int, replaced: str) -> Flow[None]:
+        """Record on the fresh entry ``entry_id`` the answer it disagreed with (counted
+        wrong at ``level``), for its next verification to settle (``verify_flow``). A
+        refusal (a full server) leaves the label as it is: wrong, the safe side."""
+        plan = self.storage.plan_dispute(tenant, entry_id, level, replaced)
+        try:
+            yield from self.storage.run_flow(plan)
+        except StorageError as exc:
+            log.debug("tenant %s: dispute not recorded: %s", tenant, exc)
+
+    def confirm_flow(self, tenant: str, entry_id: str, policy: TenantPolicy) -> Flow[None]:
+        """A fresh answer two verifications agree on: a positive signal on its entry."""
+        agree = FeedbackSignal(entry_id, tenant, True, source="verify")
+        yield from self.storage.feedback_flow(agree, rl=policy.rl)
+
+    def learn_flow(
+        self,
+        signal: FeedbackSignal,
+        *,
+        label: bool = False,
+        features: Features | None = None,
+        level: int = 0,
+    ) -> Flow[None]:
+        """Apply a signal to the entry's arm and count it as a labelled outcome of a near
+        match (at the similarity it carries, below 1) when ``label`` (a verification) or
+        when an error bound is known for the tenant (this replica's cached policy or the
+        config). The label is counted only once the signal was applied. ``level``: a
+        verified exact repeat's entry's level at its lookup."""
+        tenant, sim = signal.tenant_id, signal.similarity
+        policy = yield from self.policies.policy_flow(tenant)
+        label = label or policy.bound() is not None
+        yield from self.storage.feedback_flow(signal, rl=policy.rl)
+        # A label of a near match (below similarity 1); at 1, only a verification of an
+        # exact repeat is one, counted apart at its entry's level.
+        exact = sim is not None and sim >= 1.0
+        if label and sim is not None and (not exact or signal.source == "verify"):
+            plan = plan_label(
+                self.storage,
+                tenant,
+                sim,
+                signal.positive,
+                window=policy.config.label_window,
+                features=features,
+                model=policy.calibration.model,
+                exact=exact,
+                level=level,
+            )
+            yield from self.storage.run_flow(plan)
+        self.learner.note_feedback(signal)
+
+
+__all__ = ["SameAnswer", "Ticket", "Verifier", "same_meaning", "same_text", "ticket_key"]
