@@ -3,10 +3,10 @@
 A lookup whose best candidate leads the rest (or ties with rivals that no Thompson draw
 could rank first) costs one round trip, usually one command: the hit script on that
 candidate, which also reads the question's exact-match digest and peeks at the log's new
-events (``LookupSteps.start`` plans it, ``LookupTrip`` sends it). Otherwise it ranks the
-candidates on the states that script returned and runs the hit script of the best (two
-round trips; on Redis Cluster, whose pipelines cannot carry scripts, it reads the states
-first: ``LookupSteps.rank_flow``). Only when the log had news (a put or a removal by
+events (``LookupSteps.plan_first`` plans it, ``LookupTrip`` sends it). Otherwise it
+ranks the candidates on the states that script returned and runs the hit script of the
+best (two round trips; on Redis Cluster, whose pipelines cannot carry scripts, it reads
+the states first: ``LookupSteps.rank_flow``). Only when the log had news (a put or a removal by
 another replica) does it read the new vectors.
 
 Under an error bound, a candidate that is not proven safe enough to serve is held back
@@ -233,11 +233,12 @@ class LookupSteps:
         override: float | None,
     ) -> Flow[Found]:
         """Decide one lookup: the answer to serve, or a miss, or a verification. The
-        tenant's index is made ready (``await_build_flow``), its policy known
-        (``PolicyCache.for_lookup``); the lookup searches and plans what its first round
-        trip tries (``start``), plans that round trip (``trip``), sends it and takes the
-        log's news (``round_trip_flow``). Then the hit that round trip served is the answer
-        (``served_first``), or the candidates are ranked and served (``rank_flow``)."""
+        tenant's index is made ready (``await_build_flow``) and its policy known
+        (``PolicyCache.for_lookup``); the lookup searches (``Lookup``) and plans what its
+        first round trip tries (``plan_first``), plans that round trip (``trip``), sends
+        it and takes the log's news (``round_trip_flow``). Then the hit that round trip
+        served is the answer (``served_first``), or the candidates are ranked and served
+        (``rank_flow``)."""
         ti = self.indexes.of(keys)
         if not ti.built:  # built in the background: wait a bounded time for it
             yield from self.await_build_flow(ti, vec)
@@ -247,7 +248,8 @@ class LookupSteps:
             refresh = False
         else:
             policy, refresh = known
-        lookup = self.start(ti, query, vec, scope, policy, override)
+        lookup = Lookup(ti, query, vec, scope, policy, override, self.explore.random())
+        self.plan_first(lookup)
         trip = self.trip(lookup, refresh)
         changed = yield from self.round_trip_flow(lookup, trip)
         hit = trip.hit
@@ -270,16 +272,9 @@ class LookupSteps:
             tenant = ti.keys.tenant
             raise StorageError(f"tenant {tenant}: Redis did not answer within {wait:g} s")
 
-    def start(
-        self,
-        ti: TenantIndex,
-        query: str,
-        vec: Vector | None,
-        scope: str,
-        policy: TenantPolicy,
-        override: float | None,
-    ) -> Lookup:
-        """The lookup's candidates, and the hit script its first round trip runs, if any.
+    def plan_first(self, lookup: Lookup) -> None:
+        """What the lookup's first round trip tries: the hit script of its leading
+        candidate (``lookup.spec``, ``lookup.plan``), or nothing.
 
         The common lookup serves the most similar candidate in that round trip. When it
         is the only one, or the only one within ``similarity_tie_margin`` of the top, the
@@ -292,14 +287,13 @@ class LookupSteps:
         first whatever it drew (arms without evidence score their mean, so entries
         without feedback rank by similarity and confidence); if not, or refused, it
         returns every candidate's state and they are ranked, one round trip later."""
-        lookup = Lookup(ti, query, vec, scope, policy, override, self.explore.random())
-        found = lookup.found
+        found, policy = lookup.found, lookup.policy
         if not (self.speculate and found and lookup.leader_servable()):
-            return lookup
+            return
         margin = policy.rl.similarity_tie_margin
         tie = not clear_leader(found, margin)
         if tie and len(found) > TIE_MAX:
-            return lookup
+            return
         spec = lookup.spec = found[0]
         rivals: list[Near] = []
         if tie:
@@ -319,7 +313,6 @@ class LookupSteps:
             candidates=ids,
             peek=lookup.position if lookup.live else None,
         )
-        return lookup
 
     def trip(self, lookup: Lookup, refresh: bool) -> LookupTrip:
         """The lookup's first round trip: its hit script (which peeks at the log), or a

@@ -42,14 +42,9 @@ class CacheHit:
         self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
     ) -> FeedbackSignal:
         """A ``FeedbackSignal`` about this hit, ready for ``CacheManager.feedback``."""
-        return FeedbackSignal(
-            entry_id=self.entry_id,
-            tenant_id=self.tenant,
-            positive=positive,
-            magnitude=magnitude,
-            source=source,
-            similarity=min(1.0, max(-1.0, self.similarity)),
-            served=True,
+        similarity = min(1.0, max(-1.0, self.similarity))
+        return feedback_signal(
+            self.entry_id, self.tenant, positive, magnitude, source, similarity, True
         )
 
 
@@ -97,14 +92,30 @@ class PutResult:
         """
         if not self.stored or self.entry_id is None:
             raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
-        return FeedbackSignal(
-            entry_id=self.entry_id,
-            tenant_id=self.tenant,
-            positive=positive,
-            magnitude=magnitude,
-            source=source,
-            similarity=1.0,
-        )
+        return feedback_signal(self.entry_id, self.tenant, positive, magnitude, source, 1.0, False)
+
+
+def feedback_signal(
+    entry_id: str,
+    tenant: str,
+    positive: bool,
+    magnitude: float,
+    source: str,
+    similarity: float,
+    served: bool,
+) -> FeedbackSignal:
+    """The ``FeedbackSignal`` a result's ``feedback`` makes: about ``entry_id`` of
+    ``tenant``, matched at ``similarity``; ``served``: the answer was served from the
+    cache (a hit), not just put."""
+    return FeedbackSignal(
+        entry_id=entry_id,
+        tenant_id=tenant,
+        positive=positive,
+        magnitude=magnitude,
+        source=source,
+        similarity=similarity,
+        served=served,
+    )
 
 
 __all__ = ["CacheHit", "PutResult"]
