@@ -101,11 +101,11 @@ def feedback_signal(
     positive: bool,
     magnitude: float,
     source: str,
-    similarity: float,
+    similarity: float | None,
     served: bool,
 ) -> FeedbackSignal:
-    """The ``FeedbackSignal`` a result's ``feedback`` makes: about ``entry_id`` of
-    ``tenant``, matched at ``similarity``; ``served``: the answer was served from the
+    """The ``FeedbackSignal`` about a result: ``entry_id`` of ``tenant``, matched at
+    ``similarity`` (``None``: not known); ``served``: the answer was served from the
     cache (a hit), not just put."""
     return FeedbackSignal(
         entry_id=entry_id,
@@ -118,4 +118,4 @@ def feedback_signal(
     )
 
 
-__all__ = ["CacheHit", "PutResult"]
+__all__ = ["CacheHit", "PutResult", "feedback_signal"]
