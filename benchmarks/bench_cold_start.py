@@ -149,7 +149,7 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     # Where the lookup's time goes: the index search alone (no Redis) on the same
     # near-copies, and how many of them find several candidates within the tie margin
     # (their lookup reads the candidates' states first: two round trips, not one).
-    from zerda_cache import engine
+    from zerda_cache.flows import engine
 
     cfg = m.config
     leads = getattr(engine, "clear_leader", None)  # the lookup's own rule (a baseline: none)
@@ -426,8 +426,8 @@ def publish_snapshot(url: str) -> list[str]:
     import redis
 
     from zerda_cache import EvictionConfig
-    from zerda_cache.snapshot import Snapshotter
     from zerda_cache.storage import RedisStorage
+    from zerda_cache.worker.snapshot import Snapshotter
 
     client = redis.Redis.from_url(url)
     every = worker_config(eviction=EvictionConfig(snapshot_min_entries=1))  # --quick's 30k too
@@ -446,7 +446,7 @@ def settings() -> dict[str, Any]:
     stored vectors' encoding, the index's parameters and the snapshot's calibration."""
     from dataclasses import asdict
 
-    from zerda_cache.index import CALIBRATION_METHOD
+    from zerda_cache.replica.index import CALIBRATION_METHOD
 
     cfg = asdict(worker_config())
     made = {
@@ -801,7 +801,7 @@ def main() -> None:
         )  # fmt: skip
         body += (
             '\n\n"current, from the snapshot": the same fresh replica once the worker has '
-            "published the tenant's index snapshot (`zerda_cache/snapshot.py`): its build "
+            "published the tenant's index snapshot (`zerda_cache/worker/snapshot.py`): its build "
             "reads the snapshot and replays the log instead of scanning every vector. The "
             "worker's time includes its own first build of the index (later snapshots "
             "catch its index up through the log)."

@@ -2,7 +2,7 @@
 
 Issue 13 wants near-copy recall@1 >= 0.995 at 100k and 1M entries. A lookup's recall is
 bounded by its index's, so this measures the index the replica builds
-(``zerda_cache.index.UsearchIndex``) outside any cache: for each (M, ef_construction,
+(``zerda_cache.replica.index.UsearchIndex``) outside any cache: for each (M, ef_construction,
 graph dtype) it builds the index from ``--n`` vectors in bulk (as a replica's build
 does), then searches ``--queries`` near-copies (cosine ``--cos`` of a random entry) at
 every ``ef_search`` of ``--efs`` (the width searched doubles with the size past
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lookup import dataset, exact_first, minilm, perturb
 
 from zerda_cache import CacheConfig
-from zerda_cache.index import CALIBRATION_COSINE, UsearchIndex
+from zerda_cache.replica.index import CALIBRATION_COSINE, UsearchIndex
 
 
 def measure(
@@ -139,7 +139,7 @@ def in_memory(index: UsearchIndex, huge: bool) -> UsearchIndex:
     transparent huge pages or not, and served in place from there."""
     import mmap
 
-    from zerda_cache.index import IndexPolicy
+    from zerda_cache.replica.index import IndexPolicy
     from zerda_cache.storage.snapshots import advise_huge_pages
 
     graph, rows = bytes(index.graph_bytes()), memoryview(index.rows_bytes()).cast("B")
@@ -236,7 +236,7 @@ def main() -> None:
     )  # fmt: skip
     body += (
         f"\n\n{args.data} vectors, {len(x):,} entries, 384-d; {args.queries:,} near-copies of "
-        "random entries. The index is `zerda_cache.index.UsearchIndex` (usearch, inner "
+        "random entries. The index is `zerda_cache.replica.index.UsearchIndex` (usearch, inner "
         "product; i8: int8 vectors in the graph, scaled to the int8 range "
         "(`UsearchIndex.quant`), candidates re-scored from float16 rows beside it; i8u: "
         "the same with usearch's own int8 conversion, 127 x truncated, as before `quant`; "

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lookup import dataset
 
 from zerda_cache import CacheConfig
-from zerda_cache.config import DEFAULT_TOP_K
-from zerda_cache.index import IndexPolicy, ScopedIndex, UsearchIndex, dump_format
-from zerda_cache.replica import REBASE_DRIFT
+from zerda_cache.core.config import DEFAULT_TOP_K
+from zerda_cache.replica.index import IndexPolicy, ScopedIndex, UsearchIndex, dump_format
+from zerda_cache.replica.indexes import REBASE_DRIFT
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.store import SnapshotInfo
 from zerda_cache.testing import RedisServer

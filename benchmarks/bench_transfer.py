@@ -34,9 +34,9 @@ from _load import put_all
 from _report import table, write_section
 
 from zerda_cache import CacheConfig, CacheManager
+from zerda_cache.flows.transfer import export_tenant, import_tenant
 from zerda_cache.storage import RedisStorage
 from zerda_cache.testing import RedisServer
-from zerda_cache.transfer import export_tenant, import_tenant
 
 
 def clustered(n: int, dim: int, seed: int = 0) -> np.ndarray:

@@ -37,10 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import busiest_commands, table, write_section
 
-from zerda_cache import CacheConfig, FeedbackSignal, maintenance
-from zerda_cache.maintenance import Maintenance
+from zerda_cache import CacheConfig, FeedbackSignal
 from zerda_cache.storage import RedisStorage
 from zerda_cache.testing import RedisServer
+from zerda_cache.worker import maintenance
+from zerda_cache.worker.maintenance import Maintenance
 
 DIM = 384
 TENANT = "bench"

@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
 
 from workload import CACHE_DIR, corpus, read_pairs  # noqa: E402
 
-from zerda_cache import calibration as cal  # noqa: E402
-from zerda_cache import match_model as mm  # noqa: E402
+from zerda_cache.learning import calibration as cal  # noqa: E402
+from zerda_cache.learning import match_model as mm  # noqa: E402
 
 DELTAS = (0.01, 0.02, 0.05)
 TOP_K = 8  # zerda-cache's DEFAULT_TOP_K: crowding can only be seen within these

@@ -11,9 +11,9 @@ from typing import Any
 
 import redis
 
+from zerda_cache.learning.tenant_state import AsyncTenantState, TenantState
 from zerda_cache.storage.codec import STATE_FIELDS
 from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.tenant_state import AsyncTenantState, TenantState
 
 _STATE = struct.Struct("<" + "d" * len(STATE_FIELDS))
 _ARM = ("a", "b", "n", "r", "t")

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from zerda_cache import CacheConfig, CacheManager
 from zerda_cache.metrics import ReplicaMetrics
-from zerda_cache.worker import Worker
+from zerda_cache.worker.scheduler import Worker
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 

@@ -11,7 +11,7 @@ from redis.cluster import RedisCluster
 
 from zerda_cache.apikeys import ApiKey, key_id, looks_like_token, new_record, token_digest
 from zerda_cache.cli import cli
-from zerda_cache.errors import InvalidTenantError
+from zerda_cache.core.errors import InvalidTenantError
 from zerda_cache.storage import RedisStorage
 
 TOKEN = re.compile(r"^zk_[A-Za-z0-9_-]{43}$", re.M)

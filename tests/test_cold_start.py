@@ -21,9 +21,10 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import near, unit
-from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, replica
-from zerda_cache.errors import DimensionMismatchError, StorageError
+from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
+from zerda_cache.core.errors import DimensionMismatchError, StorageError
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.replica import indexes as replica
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.scripts import script_source
 
@@ -179,7 +180,7 @@ def check():
 
 atexit.register(check)
 from zerda_cache import CacheConfig, CacheManager
-from zerda_cache.index import UsearchIndex
+from zerda_cache.replica.index import UsearchIndex
 
 inserting, add = threading.Event(), UsearchIndex._graph_add
 
@@ -244,7 +245,7 @@ def test_a_failed_build_is_retried_by_lookups(
     """Not only ``sync_index``: the first lookup after the retry delay starts a new build."""
     import logging
 
-    import zerda_cache.replica as replica_module
+    import zerda_cache.replica.indexes as replica_module
 
     monkeypatch.setattr(replica_module, "BUILD_RETRY_S", 0.01)
     server = redis_server_factory()
@@ -294,7 +295,7 @@ def test_the_build_inserts_off_the_event_loop(
 ) -> None:
     """While one tenant's insertion is stuck, lookups of another tenant go on (for the
     asyncio flavour: the insertion runs in a worker thread, not on the loop)."""
-    from zerda_cache.replica import TenantIndex
+    from zerda_cache.replica.indexes import TenantIndex
 
     fill(make_manager, 10)  # tenant t
     other = make_manager().put("o", "b", tenant="o", embedding=unit(5)).entry_id

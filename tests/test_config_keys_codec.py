@@ -18,9 +18,9 @@ from zerda_cache import (
     InvalidTenantError,
     RLConfig,
 )
+from zerda_cache.core.validation import new_entry_id, validate_tenant
 from zerda_cache.storage import codec
 from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.validation import new_entry_id, validate_tenant
 
 
 # --- config ----------------------------------------------------------------------------------

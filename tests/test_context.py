@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from zerda_cache.context import (
+from zerda_cache.companions.context import (
     AdaptiveLearningSystem,
     BudgetAllocationStrategy,
     ComplexityBasedAllocation,
@@ -37,10 +37,10 @@ from zerda_cache.context import (
     WeightedBudgetAllocation,
     guard_admission,
 )
-from zerda_cache.context.guard import EMPTY_WARNING, RELEVANCE_PREFIX_CHARS
+from zerda_cache.companions.context.guard import EMPTY_WARNING, RELEVANCE_PREFIX_CHARS
 from zerda_cache.manager import AdmissionCheck
 
-GUARD_LOGGER = "zerda_cache.context.guard"
+GUARD_LOGGER = "zerda_cache.companions.context.guard"
 ANALYSIS = QueryAnalysis(query="q", complexity=QueryComplexity.LOW, context_budget=1000)
 LONG_TEXT = "Redis keeps the cache in memory. [Source: 1] " * 3
 
@@ -377,7 +377,7 @@ def test_adaptive_auto_tune_only_logs(caplog: pytest.LogCaptureFixture) -> None:
     system = AdaptiveLearningSystem(cfg)
     record_n(system, 19, ok=False)
     before = (system.get_performance_report(), repr(cfg))
-    with caplog.at_level(logging.INFO, logger="zerda_cache.context.adaptive"):
+    with caplog.at_level(logging.INFO, logger="zerda_cache.companions.context.adaptive"):
         record_n(system, 1, ok=False)  # the 20th
     assert caplog.records and all(r.levelno == logging.INFO for r in caplog.records)
     assert "guard failures are high" in caplog.text
@@ -470,7 +470,7 @@ def test_complexity_allocation_weights() -> None:
 
 def test_complexity_allocation_fallback_warns(caplog: pytest.LogCaptureFixture) -> None:
     alloc = ComplexityBasedAllocation()
-    with caplog.at_level(logging.WARNING, logger="zerda_cache.context.budget"):
+    with caplog.at_level(logging.WARNING, logger="zerda_cache.companions.context.budget"):
         assert alloc.allocate(1000, 3) == [334, 333, 333]
         assert alloc.allocate(1000, 3, [ANALYSIS]) == [334, 333, 333]
     assert len(caplog.records) == 2

@@ -95,10 +95,10 @@ def test_the_user_guide_builds_strict(tmp_path: Path) -> None:
         assert f'id="zerda_cache.CacheManager.{method}"' in api, method
     for name in ("AsyncCacheManager", "CacheHit", "PutResult", "FeedbackSignal"):
         assert f'id="zerda_cache.{name}"' in api, name
-    assert 'id="zerda_cache.errors.ZerdaError"' in api
+    assert 'id="zerda_cache.core.errors.ZerdaError"' in api
     config = (site / "reference" / "config" / "index.html").read_text()
     for name in ("CacheConfig", "RLConfig", "EvictionConfig"):
-        assert f'id="zerda_cache.config.{name}"' in config, name
+        assert f'id="zerda_cache.core.config.{name}"' in config, name
     assert "min_reward_to_serve" in config
     cli = (site / "reference" / "cli" / "index.html").read_text()
     for command in ("worker", "serve", "stats", "tenant", "keys", "demo"):

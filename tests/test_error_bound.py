@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 from state_support import tenant_state
 
 from zerda_cache import CacheConfig, EntryNotFoundError, FeedbackSignal
-from zerda_cache.calibration import (
+from zerda_cache.flows.verification import Ticket, same_meaning, same_text
+from zerda_cache.learning.calibration import (
     BIN_WIDTH,
     CONFIRMED_REWARD,
     EXACT_LEVELS,
@@ -30,11 +31,10 @@ from zerda_cache.calibration import (
     exact_level,
     wilson_upper,
 )
+from zerda_cache.learning.tenant_state import plan_label
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.tenant_state import plan_label
-from zerda_cache.verification import Ticket, same_meaning, same_text
 
 DIM = 384
 

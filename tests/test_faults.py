@@ -26,15 +26,15 @@ from zerda_cache import (
     FeedbackSignal,
     FencedError,
     StorageError,
-    maintenance,
 )
-from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.lease import Lease
 from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
 from zerda_cache.testing import RedisSentinelGroup
-from zerda_cache.worker import Worker
+from zerda_cache.worker import maintenance
+from zerda_cache.worker.maintenance import Maintenance
+from zerda_cache.worker.scheduler import Worker
 
 DIM = 64
 
@@ -288,7 +288,7 @@ def test_lost_registry_and_settings_keys_are_survived(
     assert m.put("q8", "a", tenant="t", embedding=unit(2)[:8])  # a cleared tenant may change
     server = redis_server_factory(["--maxmemory-policy", "allkeys-lru"])
     worker = Worker(connect(server.url, CacheConfig()), health_file=None)
-    with caplog.at_level(logging.WARNING, logger="zerda_cache.worker"):
+    with caplog.at_level(logging.WARNING, logger="zerda_cache.worker.scheduler"):
         worker.check_server()
     assert "allkeys-lru" in caplog.text
     worker.close()
@@ -313,7 +313,7 @@ def test_entries_outliving_a_lost_ids_zset_are_taken_back(
     st = RedisStorage(redis_client, clock=clock)
     clock.t += 10  # the short-lived entry has expired meanwhile
     m = Maintenance(st)
-    with caplog.at_level(logging.WARNING, logger="zerda_cache.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="zerda_cache.worker.maintenance"):
         report = m.evict_tenant("t")
     assert "took back 13 entries" in caplog.text
     assert report.removed == {"expired": 1}  # taken back with its expiry, then evicted

@@ -142,11 +142,11 @@ def test_the_private_name_check_sees_a_foreign_private() -> None:
 #: replies (``tenant_state.py``); storage never imports them, directly or through these.
 STORAGE_MAY_IMPORT = {
     "zerda_cache.apikeys",
-    "zerda_cache.config",
-    "zerda_cache.entry",
-    "zerda_cache.errors",
-    "zerda_cache.settings",
-    "zerda_cache.validation",
+    "zerda_cache.core.config",
+    "zerda_cache.core.entry",
+    "zerda_cache.core.errors",
+    "zerda_cache.core.settings",
+    "zerda_cache.core.validation",
 }
 
 
@@ -185,4 +185,4 @@ def test_storage_is_the_bottom_layer() -> None:
             todo += sorted(package_imports(module))
     outside = seen - storage - STORAGE_MAY_IMPORT
     assert not outside, f"storage depends on modules above it: {sorted(outside)}"
-    assert "zerda_cache.storage.store" in seen and "zerda_cache.config" in seen
+    assert "zerda_cache.storage.store" in seen and "zerda_cache.core.config" in seen

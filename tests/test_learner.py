@@ -19,7 +19,7 @@ from zerda_cache import (
     InvalidTenantError,
     RLConfig,
 )
-from zerda_cache.entry import compute_confidence, usage_credibility
+from zerda_cache.core.entry import compute_confidence, usage_credibility
 
 
 def make_entry(eid: str = "e1", **kw: object) -> IntelligentCacheEntry:

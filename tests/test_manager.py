@@ -29,7 +29,7 @@ from zerda_cache import (
     RLConfig,
     ZerdaError,
 )
-from zerda_cache.errors import StorageError
+from zerda_cache.core.errors import StorageError
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage.connect import HEALTH_CHECK_INTERVAL_S, connect
 from zerda_cache.storage.keys import tenant_keys
@@ -768,7 +768,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
 ) -> None:
     """A built HNSW index measures the width it needs before lookups use it, and a
     lookup then finds near copies at that width (``index.CALIBRATE_FROM``)."""
-    import zerda_cache.index as index_module
+    import zerda_cache.replica.index as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
@@ -789,7 +789,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
 def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
     make_manager: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import zerda_cache.index as index_module
+    import zerda_cache.replica.index as index_module
 
     def broken(self: Any, k: int) -> Any:
         raise RuntimeError("calibration broke")
@@ -809,7 +809,7 @@ def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
 
 
 def test_prompt_scope_keeps_guardrail_sets_apart(make_manager: Any) -> None:
-    from zerda_cache.prompt import OutputFormat, PromptRequest, prompt_scope
+    from zerda_cache.companions.prompt import OutputFormat, PromptRequest, prompt_scope
 
     m = make_manager()
     plain = PromptRequest(query="What is RAG?")

@@ -18,10 +18,9 @@ from conftest import unit as _unit
 from state_support import tenant_state
 
 from zerda_cache import CacheConfig
-from zerda_cache.calibration import Calibration, bin_of
 from zerda_cache.cli import cli
-from zerda_cache.maintenance import Maintenance
-from zerda_cache.match_model import (
+from zerda_cache.learning.calibration import Calibration, bin_of
+from zerda_cache.learning.match_model import (
     MIN_FIT_LABELS,
     MatchModel,
     auc,
@@ -29,9 +28,10 @@ from zerda_cache.match_model import (
     fit,
     score_of,
 )
+from zerda_cache.learning.tenant_state import plan_label
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.tenant_state import plan_label
+from zerda_cache.worker.maintenance import Maintenance
 
 DIM = 64
 
@@ -224,8 +224,8 @@ def test_a_damaged_model_means_similarity_bins_again() -> None:
 def test_the_lookup_sample_keeps_the_exact_repeats_share() -> None:
     import msgpack
 
-    from zerda_cache.calibration import LabelLogs
-    from zerda_cache.fitting import rescored
+    from zerda_cache.learning.calibration import LabelLogs
+    from zerda_cache.worker.fitting import rescored
 
     blob = msgpack.packb([[0.9, 0.05, 0.0], None, "e", "e", [0.95, 0.0, 1.0], "e2", "e9"])
     logs = LabelLogs.parse([], [blob], [b"1", b"0", b"0"])

@@ -40,11 +40,11 @@ from zerda_cache import (
     FeedbackSignal,
     RLConfig,
 )
-from zerda_cache.maintenance import Maintenance
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.testing import RedisServer
+from zerda_cache.worker.maintenance import Maintenance
 
 TENANT = "m"
 DIM = 32

@@ -1,4 +1,5 @@
-"""One policy per tenant, in Redis (``zerda_cache/policy.py``): stored settings over each
+"""One policy per tenant, in Redis (``zerda_cache/learning/tenant_policy.py``): stored settings
+over each
 process's own configuration, versioned, validated, and applied by every replica and
 worker without a restart (real servers; separate processes in the last test)."""
 
@@ -20,10 +21,16 @@ from state_support import tenant_state
 from tests.conftest import Clock, near, unit
 from zerda_cache import CacheConfig, FeedbackSignal, RLConfig
 from zerda_cache.cli import cli
-from zerda_cache.maintenance import Maintenance
-from zerda_cache.policy import POLICY_FIELDS, TenantPolicy, check_changes, flatten, resolve
+from zerda_cache.learning.tenant_policy import (
+    POLICY_FIELDS,
+    TenantPolicy,
+    check_changes,
+    flatten,
+    resolve,
+)
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.worker.maintenance import Maintenance
 
 ROOT = Path(__file__).resolve().parents[1]
 

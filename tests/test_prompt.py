@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from zerda_cache.prompt import (
+from zerda_cache.companions.prompt import (
     Guardrail,
     GuardrailEngine,
     GuardrailLibrary,
@@ -26,8 +26,8 @@ from zerda_cache.prompt import (
     prompt_scope,
     resolve_lang,
 )
-from zerda_cache.prompt import guardrails as guardrails_module
-from zerda_cache.prompt.templates import localized_guardrail_names
+from zerda_cache.companions.prompt import guardrails as guardrails_module
+from zerda_cache.companions.prompt.templates import localized_guardrail_names
 
 BUILT_IN_NAMES = [
     "safe_output",
@@ -197,7 +197,7 @@ def test_build_step5_renders_the_unique_list() -> None:
 
 
 def test_build_step6_returns_block_and_names_and_logs(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="zerda_cache.prompt.guardrails"):
+    with caplog.at_level(logging.DEBUG, logger="zerda_cache.companions.prompt.guardrails"):
         block, applied = GuardrailEngine().build(PromptRequest(query="q"))
     assert isinstance(block, str) and block
     assert applied == ["safe_output", "pii_protection", "stay_on_topic", "concise"]

@@ -1,4 +1,4 @@
-"""Savings (zerda_cache.savings): hits of answers put with their LLM usage count as calls,
+"""Savings (zerda_cache.core.savings): hits of answers put with their LLM usage count as calls,
 tokens and dollars saved; hits judged wrong count apart, so the net is honest (real
 servers)."""
 
@@ -11,8 +11,8 @@ from conftest import near, unit
 from prometheus_client import CollectorRegistry
 
 from zerda_cache import CacheConfig, InvalidEntryError, LLMUsage
+from zerda_cache.core.savings import DEFAULT_PRICES
 from zerda_cache.metrics import ReplicaMetrics
-from zerda_cache.savings import DEFAULT_PRICES
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from service_support import Service, add_key, running_service, snapshot
 
 from zerda_cache.apikeys import key_id, token_digest
+from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.service import ServiceSettings
-from zerda_cache.tenant_state import TenantState
 
 DIM = 16
 

@@ -1,4 +1,4 @@
-"""Index snapshots (``zerda_cache/snapshot.py``): the worker publishes a tenant's built
+"""Index snapshots (``zerda_cache/worker/snapshot.py``): the worker publishes a tenant's built
 index in Redis, and a new replica loads it and replays the log from its position instead
 of scanning every vector (real servers)."""
 
@@ -15,9 +15,9 @@ import pytest
 import redis
 from conftest import near
 
-import zerda_cache.index as index_module
+import zerda_cache.replica.index as index_module
 from zerda_cache import CacheConfig, EvictionConfig
-from zerda_cache.index import (
+from zerda_cache.replica.index import (
     CALIBRATION_METHOD,
     CENTRE_FROM,
     SNAPSHOT_MAGIC,
@@ -26,9 +26,9 @@ from zerda_cache.index import (
     UsearchIndex,
     dump_format,
 )
-from zerda_cache.snapshot import Snapshotter
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.worker.snapshot import Snapshotter
 
 DIM = 16
 N = 1_500
@@ -523,7 +523,7 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
 def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     make_manager: Any, redis_client: redis.Redis, caplog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zerda_cache.index as index_module
+    import zerda_cache.replica.index as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)  # the load calibrates too
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
@@ -572,7 +572,7 @@ def test_a_replica_moves_to_a_newer_snapshot_once_its_own_has_drifted(
     """A replica serving a snapshot's graph in place keeps what changed since in a second
     graph; once that is a tenth of the snapshot and the worker has published a newer
     one, the replica loads it in the background, lookups going on meanwhile."""
-    import zerda_cache.replica as replica_module
+    import zerda_cache.replica.indexes as replica_module
 
     monkeypatch.setattr(replica_module, "REBASE_CHECK_S", 0.0)
     st = RedisStorage(redis_client, CONFIG)
@@ -819,7 +819,7 @@ def test_the_worker_builds_the_snapshots_graphs_at_their_own_construction_width(
 def test_the_leading_worker_publishes_snapshots(redis_client: redis.Redis) -> None:
     from prometheus_client import CollectorRegistry
 
-    from zerda_cache.worker import Worker
+    from zerda_cache.worker.scheduler import Worker
 
     st = RedisStorage(redis_client, CONFIG)
     fill(st, vectors(300))
@@ -845,7 +845,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
     replica measures its own before it serves."""
     import dataclasses
 
-    import zerda_cache.index as index_module
+    import zerda_cache.replica.index as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
@@ -859,7 +859,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
         assert fresh.sync_index("t") == N
     hnsw = fresh.indexes["t"].index._by_scope[""]
     assert hnsw.calibrated_for == (cfg.top_k, cfg.ann_ef_search)
-    widths = [r.getMessage() for r in caplog.records if r.name == "zerda_cache.replica"]
+    widths = [r.getMessage() for r in caplog.records if r.name == "zerda_cache.replica.indexes"]
     widths = [m for m in widths if "HNSW search width" in m]
     assert len(widths) == 1
     assert ("calibrated by the worker" in widths[0]) == (replica == "same")
@@ -869,7 +869,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
 def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import zerda_cache.index as index_module
+    import zerda_cache.replica.index as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
@@ -933,7 +933,7 @@ def test_the_worker_measures_the_graph_it_dumps(
     """A worker that took over from another serves the last snapshot's graph in place,
     with what changed since in a second graph; it folds them into the one graph the dump
     will hold before it measures the width that replicas will take."""
-    import zerda_cache.index as index_module
+    import zerda_cache.replica.index as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)

@@ -27,13 +27,13 @@ from zerda_cache import (
     RLConfig,
     StorageError,
 )
-from zerda_cache.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY, IntelligentCacheEntry
-from zerda_cache.maintenance import Maintenance
+from zerda_cache.core.entry import DEFAULT_QUALITY, DEFAULT_SIMILARITY, IntelligentCacheEntry
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 from zerda_cache.storage import entry_store as entry_store_module
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.plans import HitStatus
+from zerda_cache.worker.maintenance import Maintenance
 
 DIM = 16
 

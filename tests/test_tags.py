@@ -11,9 +11,9 @@ import redis
 from conftest import near, unit
 
 from zerda_cache import CacheConfig, InvalidEntryError
-from zerda_cache.maintenance import Maintenance
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.worker.maintenance import Maintenance
 
 DIM = 16
 

@@ -17,9 +17,9 @@ from state_support import read_state, set_raw_state, write_state
 from test_cold_start import counting_manager
 
 from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
-from zerda_cache import lookup as lookup_module
-from zerda_cache.entry import IntelligentCacheEntry
-from zerda_cache.policy_learner import CONFIDENCE_WEIGHT, CachePolicyLearner
+from zerda_cache.core.entry import IntelligentCacheEntry
+from zerda_cache.flows import lookup as lookup_module
+from zerda_cache.learning.bandit import CONFIDENCE_WEIGHT, CachePolicyLearner
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.codec import query_digest
 from zerda_cache.storage.keys import tenant_keys

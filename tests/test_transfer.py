@@ -13,9 +13,9 @@ import redis
 from conftest import Clock, near
 
 from zerda_cache import CacheConfig, CacheManager, DimensionMismatchError, FeedbackSignal
-from zerda_cache.errors import InvalidEntryError
+from zerda_cache.core.errors import InvalidEntryError
+from zerda_cache.flows.transfer import export_tenant, import_tenant
 from zerda_cache.storage import RedisStorage
-from zerda_cache.transfer import export_tenant, import_tenant
 
 DIM = 32
 

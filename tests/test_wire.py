@@ -20,7 +20,7 @@ from conftest import close_loop
 from redis.cluster import RedisCluster
 
 from zerda_cache import CacheConfig
-from zerda_cache.policy_learner import FeedbackSignal
+from zerda_cache.learning.bandit import FeedbackSignal
 from zerda_cache.storage import RedisStorage, wire
 from zerda_cache.storage.connect import connect
 from zerda_cache.testing import RedisServer

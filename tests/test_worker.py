@@ -23,12 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from state_support import read_state, set_raw_state, set_state_value, tenant_state
 
 from zerda_cache import CacheConfig, EvictionConfig, FeedbackSignal, RLConfig
-from zerda_cache.errors import StorageError
-from zerda_cache.maintenance import Maintenance
+from zerda_cache.core.errors import StorageError
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.storage.keys import leader_key, tenant_keys
-from zerda_cache.worker import Worker, check_health, health_problem
+from zerda_cache.worker.maintenance import Maintenance
+from zerda_cache.worker.scheduler import Worker, check_health, health_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM = 8
@@ -129,9 +129,9 @@ def test_evictions_go_in_calls_of_at_most_evict_batch(
     ``EVICT_IN_FLIGHT`` at once, and all of them are carried out, each call a run of the
     ids in their order (the ids zset's own order for entries of equal expiry, which
     keeps its skiplist's walks in the server's caches)."""
-    from zerda_cache.maintenance import EVICT_BATCH, EVICT_IN_FLIGHT
+    from zerda_cache.worker.maintenance import EVICT_BATCH, EVICT_IN_FLIGHT
 
-    monkeypatch.setattr("zerda_cache.maintenance.EVICT_BATCH", 7)
+    monkeypatch.setattr("zerda_cache.worker.maintenance.EVICT_BATCH", 7)
     cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
     st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
     ids = sorted(bulk_put(st, "t", 60))
@@ -173,9 +173,9 @@ def test_a_stop_during_the_removals_sends_no_further_call(
     """A warm stop (SIGTERM) during the removals: the calls already under way finish
     and are counted, no other is sent (``EVICT_IN_FLIGHT`` at most), and the plan's
     feedback mark is not kept (the next cycle reads those signals again)."""
-    from zerda_cache.maintenance import EVICT_IN_FLIGHT
+    from zerda_cache.worker.maintenance import EVICT_IN_FLIGHT
 
-    monkeypatch.setattr("zerda_cache.maintenance.EVICT_BATCH", 3)
+    monkeypatch.setattr("zerda_cache.worker.maintenance.EVICT_BATCH", 3)
     cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
     st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
     bulk_put(st, "t", 60)
@@ -207,7 +207,7 @@ def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
     """The scan's reads hold the server's one thread too: each ZSCAN step's ids are read
     in calls of the state script of at most ``STATE_BATCH``, and the plan is the one a
     single call per step makes."""
-    from zerda_cache.maintenance import STATE_BATCH
+    from zerda_cache.worker.maintenance import STATE_BATCH
 
     cfg = CacheConfig(eviction=EvictionConfig(scan_batch=500, low_watermark=0.0))
     st = RedisStorage(redis_client, cfg, clock=Clock(50_000.0))
@@ -222,11 +222,11 @@ def test_a_whole_scan_reads_state_in_calls_of_at_most_state_batch(
         return state_arrays(tenant, entry_ids, **kw)
 
     monkeypatch.setattr(st, "state_arrays", counted)
-    monkeypatch.setattr("zerda_cache.maintenance.STATE_BATCH", 100)
+    monkeypatch.setattr("zerda_cache.worker.maintenance.STATE_BATCH", 100)
     whole = Maintenance(st).plan_eviction("t")
     assert sizes == [60]
     sizes.clear()
-    monkeypatch.setattr("zerda_cache.maintenance.STATE_BATCH", 7)
+    monkeypatch.setattr("zerda_cache.worker.maintenance.STATE_BATCH", 7)
     split = Maintenance(st).plan_eviction("t")
     assert sorted(sizes) == [4] + [7] * 8
     assert split.scanned == whole.scanned == 60 and split.bytes_scanned == whole.bytes_scanned
@@ -454,9 +454,9 @@ def test_decay_goes_in_calls_of_at_most_decay_batch(
     whole scan persist decay in calls of at most ``DECAY_BATCH`` arms, whatever
     ``scan_batch`` is, every arm once; the list is flagged complete only by the call
     that ends a whole scan."""
-    from zerda_cache.maintenance import DECAY_BATCH
+    from zerda_cache.worker.maintenance import DECAY_BATCH
 
-    monkeypatch.setattr("zerda_cache.maintenance.DECAY_BATCH", 7)
+    monkeypatch.setattr("zerda_cache.worker.maintenance.DECAY_BATCH", 7)
     clock = Clock(50_000.0)
     eviction = EvictionConfig(scan_batch=500)
     cfg = CacheConfig(rl=RLConfig(usage_decay=0.5, decay_interval_s=100.0), eviction=eviction)

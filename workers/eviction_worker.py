@@ -3,7 +3,7 @@
     python workers/eviction_worker.py --redis-url redis://localhost:6379/0
 
 Takes the options of ``zerda-cache worker --help``. Everything (the lease, the
-APScheduler jobs, signals, metrics) lives in the library; see ``zerda_cache/worker.py``
+APScheduler jobs, signals, metrics) lives in the library; see ``zerda_cache/worker/scheduler.py``
 and ``docs/metrics.md``.
 """
 

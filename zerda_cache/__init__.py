@@ -6,9 +6,10 @@ Thompson draw plus confidence.
 """
 
 from zerda_cache.aio import AsyncCacheManager
-from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
-from zerda_cache.entry import BanditArm, IntelligentCacheEntry, LLMUsage
-from zerda_cache.errors import (
+from zerda_cache.companions.prompt import PromptRequest, prompt_scope
+from zerda_cache.core.config import CacheConfig, EvictionConfig, RLConfig
+from zerda_cache.core.entry import BanditArm, IntelligentCacheEntry, LLMUsage
+from zerda_cache.core.errors import (
     CorruptEntryError,
     DimensionMismatchError,
     EntryNotFoundError,
@@ -21,11 +22,10 @@ from zerda_cache.errors import (
     StorageError,
     ZerdaError,
 )
+from zerda_cache.flows.verification import same_meaning, same_text
+from zerda_cache.learning.bandit import CachePolicyLearner, EvictionCandidate, FeedbackSignal
 from zerda_cache.manager import AdmissionCheck, CacheHit, CacheManager, PutResult
-from zerda_cache.policy_learner import CachePolicyLearner, EvictionCandidate, FeedbackSignal
-from zerda_cache.prompt import PromptRequest, prompt_scope
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
-from zerda_cache.verification import same_meaning, same_text
 
 __version__ = "0.2.0"
 

@@ -7,7 +7,7 @@ API): a returned awaitable is awaited.
 
 from __future__ import annotations
 
-from zerda_cache.engine import CacheEngine
+from zerda_cache.flows.engine import CacheEngine
 from zerda_cache.storage.driver import AsyncDriven
 from zerda_cache.storage.store import AsyncRedisStorage
 

@@ -20,8 +20,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from zerda_cache.errors import ZerdaError
-from zerda_cache.validation import validate_tenant
+from zerda_cache.core.errors import ZerdaError
+from zerda_cache.core.validation import validate_tenant
 
 if TYPE_CHECKING:
     from zerda_cache.storage.store import RedisStorage

@@ -33,8 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zerda_cache import __version__
-from zerda_cache.calibration import Calibration, exact_level
-from zerda_cache.config import (
+from zerda_cache.core.config import (
     DEFAULT_HEALTH_FILE,
     DEFAULT_KEY_PREFIX,
     DEFAULT_LEASE_TTL_S,
@@ -43,13 +42,14 @@ from zerda_cache.config import (
     CacheConfig,
     load_rl_config,
 )
-from zerda_cache.entry import BanditArm, IntelligentCacheEntry
-from zerda_cache.errors import EntryNotFoundError, StorageError, ZerdaError
-from zerda_cache.maintenance import Maintenance
-from zerda_cache.policy import POLICY_FIELDS, TenantPolicy, flatten
-from zerda_cache.savings import from_stats, price_table
+from zerda_cache.core.entry import BanditArm, IntelligentCacheEntry
+from zerda_cache.core.errors import EntryNotFoundError, StorageError, ZerdaError
+from zerda_cache.core.savings import from_stats, price_table
+from zerda_cache.learning.calibration import Calibration, exact_level
+from zerda_cache.learning.tenant_policy import POLICY_FIELDS, TenantPolicy, flatten
+from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.storage import RedisStorage, connect
-from zerda_cache.tenant_state import TenantState
+from zerda_cache.worker.maintenance import Maintenance
 
 # Piped output (a file, grep, a CI log) is not cut to 80 columns as rich does by default.
 console = Console(width=None if sys.stdout.isatty() else 240)
@@ -330,7 +330,7 @@ def worker(
     check: bool,
 ) -> None:
     """Run the eviction/decay/metrics worker (one leads, the others stand by)."""
-    from zerda_cache.worker import Worker, health_problem
+    from zerda_cache.worker.scheduler import Worker, health_problem
 
     if check:
         problem = health_problem(health_file, max_age_s=lease_ttl)
@@ -592,7 +592,7 @@ def entries() -> None:
 def entries_list(state: CliState, tenant: str, limit: int, as_json: bool) -> None:
     """List a tenant's entries: id, question, expected reward, uses, expiry (in no order;
     a ZSCAN of the live ids)."""
-    from zerda_cache.errors import CorruptEntryError, EntryNotFoundError
+    from zerda_cache.core.errors import CorruptEntryError, EntryNotFoundError
 
     with errors():
         st = state.storage()
@@ -722,7 +722,7 @@ def _progress(disable: bool) -> Progress:
 def export_cmd(state: CliState, tenant: str, output: str) -> None:
     """Write a tenant's live entries as JSON lines (answers, vectors, arms, uses, expiry
     and tags: the import brings them back as they were). Progress goes to stderr."""
-    from zerda_cache.transfer import export_tenant
+    from zerda_cache.flows.transfer import export_tenant
 
     with errors():
         st = state.storage()
@@ -749,7 +749,7 @@ def import_cmd(state: CliState, tenant: str, source: str, as_json: bool) -> None
     """Write the entries of an export (SOURCE, '-' for standard input) into TENANT. An id
     already there is skipped, so an import run again resumes where it stopped; lines
     that do not check out are refused and listed."""
-    from zerda_cache.transfer import ImportReport, import_tenant
+    from zerda_cache.flows.transfer import ImportReport, import_tenant
 
     with errors():
         st = state.storage()
@@ -964,7 +964,7 @@ def tenant_settings_list(as_json: bool) -> None:
 def tenant_show(state: CliState, name: str, as_json: bool) -> None:
     """Show a tenant's effective policy: its stored settings over the defaults. Exit 1
     for a tenant that was never put to, configured or given an API key."""
-    from zerda_cache.validation import validate_tenant
+    from zerda_cache.core.validation import validate_tenant
 
     with errors():
         validate_tenant(name)
@@ -1297,10 +1297,10 @@ def serve(
         import uvicorn
 
         from zerda_cache.aio import AsyncCacheManager
+        from zerda_cache.core.validation import validate_tenant
         from zerda_cache.service import ServiceSettings, Upstream, create_app
         from zerda_cache.service.coordination import CoalesceSettings
         from zerda_cache.service.embedding import make_embedder
-        from zerda_cache.validation import validate_tenant
     except ImportError as exc:
         raise click.UsageError(
             f"serve needs the service extra ({exc.name} is missing): "
@@ -1456,7 +1456,7 @@ def keys_revoke(state: CliState, key: str | None, tenant: str | None) -> None:
             revoked = st.revoke_api_keys(key_id=kid)
         else:
             assert tenant is not None
-            from zerda_cache.validation import validate_tenant
+            from zerda_cache.core.validation import validate_tenant
 
             revoked = st.revoke_api_keys(tenant=validate_tenant(tenant))
         for kid in revoked:

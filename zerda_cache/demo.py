@@ -48,13 +48,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zerda_cache.config import CacheConfig, EvictionConfig, RLConfig
-from zerda_cache.entry import LLMUsage
+from zerda_cache.core.config import CacheConfig, EvictionConfig, RLConfig
+from zerda_cache.core.entry import LLMUsage
 
 if TYPE_CHECKING:
+    from zerda_cache.core.results import CacheHit
     from zerda_cache.demo_faq import Topic
     from zerda_cache.manager import CacheManager
-    from zerda_cache.results import CacheHit
 
 TENANT = "faq-demo"
 #: The plain threshold cache the demo compares against (see the module's docstring).
@@ -269,8 +269,8 @@ def serve_app(url: str, *, metrics_port: int, rate: float, seed: int = 7) -> int
 
     from prometheus_client import CollectorRegistry, start_http_server
 
+    from zerda_cache.core.errors import ZerdaError
     from zerda_cache.embedders import HashingEmbedder
-    from zerda_cache.errors import ZerdaError
     from zerda_cache.manager import CacheManager
     from zerda_cache.metrics import ReplicaMetrics
 
@@ -620,8 +620,8 @@ class _Observed:
 
 
 def _observe(opts: DemoOptions, url: str, metrics_port: int) -> _Observed:
-    from zerda_cache.maintenance import Maintenance
     from zerda_cache.storage import RedisStorage, connect
+    from zerda_cache.worker.maintenance import Maintenance
 
     cfg = demo_config(opts.embedder)
     st = RedisStorage(connect(url, cfg), cfg)

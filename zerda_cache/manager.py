@@ -8,9 +8,9 @@ Every method runs a flow of ``CacheEngine`` (``engine.py``) over a ``redis.Redis
 
 from __future__ import annotations
 
-from zerda_cache.admission import AdmissionCheck, basic_admission, default_admission
-from zerda_cache.engine import CacheEngine, EmbedFn
-from zerda_cache.results import CacheHit, PutResult
+from zerda_cache.core.results import CacheHit, PutResult
+from zerda_cache.flows.admission import AdmissionCheck, basic_admission, default_admission
+from zerda_cache.flows.engine import CacheEngine, EmbedFn
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.driver import SyncDriven
 from zerda_cache.storage.store import RedisStorage

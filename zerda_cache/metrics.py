@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from zerda_cache.config import DEFAULT_MAX_TENANT_LABELS
+from zerda_cache.core.config import DEFAULT_MAX_TENANT_LABELS
 from zerda_cache.storage.plans import REASONS
 
 OTHER = "other"
@@ -150,7 +150,7 @@ REPLICA_METRICS: dict[str, MetricSpec] = {
         "Redis errors seen by this replica, by operation.",
         ("operation",),
     ),
-    # Savings (zerda_cache.savings): hits of answers put with their usage, and hits
+    # Savings (zerda_cache.core.savings): hits of answers put with their usage, and hits
     # judged wrong (their call was bought after all).
     "saved_calls": MetricSpec(
         Counter,

@@ -51,7 +51,7 @@ from prometheus_client import CollectorRegistry
 
 import zerda_cache
 from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig, ZerdaError
-from zerda_cache.errors import StorageError
+from zerda_cache.core.errors import StorageError
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import leader_key, tenant_keys, tenants_key

@@ -21,10 +21,10 @@ import numpy as np
 from workload import Answer, Workload, is_right
 
 from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
-from zerda_cache.maintenance import Maintenance
+from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.metrics import ReplicaMetrics
-from zerda_cache.tenant_state import TenantState
 from zerda_cache.testing import RedisServer
+from zerda_cache.worker.maintenance import Maintenance
 
 TENANT = "qqp"
 #: zerda-cache's worker cycle, every this many requests (one simulated second each).
@@ -242,7 +242,7 @@ class VectorRows:
     def __init__(self, dim: int, reserve: int, *, ann: bool = False) -> None:
         self.ann = None
         if ann:
-            from zerda_cache.index import _import_usearch
+            from zerda_cache.replica.index import _import_usearch
 
             self.ann = _import_usearch().Index(ndim=dim, metric="cos", dtype="f32")
         self.mat = np.zeros((16 if ann else max(16, reserve), dim), dtype=np.float32)

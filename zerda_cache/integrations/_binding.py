@@ -22,11 +22,11 @@ from typing import Any
 import msgpack
 
 from zerda_cache.aio import AsyncCacheManager
-from zerda_cache.engine import CacheEngine
+from zerda_cache.core.results import CacheHit, PutResult
+from zerda_cache.core.validation import validate_tenant
+from zerda_cache.flows.engine import CacheEngine
+from zerda_cache.learning.bandit import FeedbackSignal
 from zerda_cache.manager import CacheManager
-from zerda_cache.policy_learner import FeedbackSignal
-from zerda_cache.results import CacheHit, PutResult
-from zerda_cache.validation import validate_tenant
 
 log = logging.getLogger("zerda_cache.integrations")
 

@@ -36,6 +36,7 @@ from langchain_core.messages import BaseMessage, message_to_dict, messages_from_
 from langchain_core.outputs import ChatGeneration, Generation, LLMResult
 
 from zerda_cache.aio import AsyncCacheManager
+from zerda_cache.core.results import CacheHit, PutResult
 from zerda_cache.integrations._binding import (
     INFO_KEY,
     CacheBinding,
@@ -45,7 +46,6 @@ from zerda_cache.integrations._binding import (
     put_info,
 )
 from zerda_cache.manager import CacheManager
-from zerda_cache.results import CacheHit, PutResult
 
 log = logging.getLogger(__name__)
 

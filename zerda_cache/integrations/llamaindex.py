@@ -53,6 +53,7 @@ from llama_index.core.llms.llm import LLM
 from pydantic import PrivateAttr
 
 from zerda_cache.aio import AsyncCacheManager
+from zerda_cache.core.results import CacheHit, PutResult
 from zerda_cache.integrations._binding import (
     INFO_KEY,
     CacheBinding,
@@ -62,7 +63,6 @@ from zerda_cache.integrations._binding import (
     put_info,
 )
 from zerda_cache.manager import CacheManager
-from zerda_cache.results import CacheHit, PutResult
 
 log = logging.getLogger(__name__)
 

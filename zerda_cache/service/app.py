@@ -31,8 +31,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from zerda_cache.aio import AsyncCacheManager
-from zerda_cache.entry import FeedbackSignal
-from zerda_cache.errors import StorageError
+from zerda_cache.core.entry import FeedbackSignal
+from zerda_cache.core.errors import StorageError
+from zerda_cache.core.validation import validate_entry_id
 from zerda_cache.service.auth import Tenant
 from zerda_cache.service.body import JsonBody
 from zerda_cache.service.context import (
@@ -62,7 +63,6 @@ from zerda_cache.service.models import (
 )
 from zerda_cache.service.proxy import ProxyRoutes
 from zerda_cache.storage.store import AsyncRedisStorage
-from zerda_cache.validation import validate_entry_id
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerda_cache.entry import LLMUsage
-from zerda_cache.errors import ZerdaError
-from zerda_cache.results import CacheHit
+from zerda_cache.core.entry import LLMUsage
+from zerda_cache.core.errors import ZerdaError
+from zerda_cache.core.results import CacheHit
 from zerda_cache.service.coordination import new_completion_id
 from zerda_cache.service.errors import ApiError
 

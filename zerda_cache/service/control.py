@@ -26,9 +26,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from zerda_cache.errors import InvalidEntryError
+from zerda_cache.core.errors import InvalidEntryError
+from zerda_cache.core.validation import MAX_SCOPE_CHARS, check_tags
 from zerda_cache.service.errors import ApiError
-from zerda_cache.validation import MAX_SCOPE_CHARS, check_tags
 
 #: The header naming an extra scope partition.
 SCOPE_HEADER = "x-zerda-scope"

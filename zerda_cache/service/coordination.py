@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerda_cache.errors import StorageError
+from zerda_cache.core.errors import StorageError
 from zerda_cache.storage.store import AsyncRedisStorage
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from zerda_cache.errors import CorruptEntryError, EntryNotFoundError, StorageError, ZerdaError
+from zerda_cache.core.errors import CorruptEntryError, EntryNotFoundError, StorageError, ZerdaError
 
 log = logging.getLogger(__name__)
 

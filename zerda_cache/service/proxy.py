@@ -65,9 +65,9 @@ import httpx
 from fastapi import Body, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from zerda_cache.entry import LLMUsage
-from zerda_cache.errors import StorageError, ZerdaError
-from zerda_cache.results import CacheHit
+from zerda_cache.core.entry import LLMUsage
+from zerda_cache.core.errors import StorageError, ZerdaError
+from zerda_cache.core.results import CacheHit
 from zerda_cache.service.auth import Tenant
 from zerda_cache.service.chat import (
     ChatKey,

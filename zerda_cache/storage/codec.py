@@ -51,14 +51,14 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from zerda_cache.entry import BanditArm, LLMUsage
-from zerda_cache.errors import (
+from zerda_cache.core.entry import BanditArm, LLMUsage
+from zerda_cache.core.errors import (
     CorruptEntryError,
     InvalidEmbeddingError,
     InvalidEntryError,
     SchemaVersionError,
 )
-from zerda_cache.validation import check_text
+from zerda_cache.core.validation import check_text
 
 SCHEMA_VERSION = 1
 _VEC_DTYPE = np.dtype("<f4")

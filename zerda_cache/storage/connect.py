@@ -7,7 +7,7 @@ from typing import Any
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from zerda_cache.config import CacheConfig
+from zerda_cache.core.config import CacheConfig
 
 #: Seconds between the health checks (PING) of an idle pooled connection.
 HEALTH_CHECK_INTERVAL_S = 30

@@ -34,7 +34,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
 
 import redis.exceptions
 
-from zerda_cache.errors import FencedError, StorageError, ZerdaError
+from zerda_cache.core.errors import FencedError, StorageError, ZerdaError
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Unpack
 
-from zerda_cache.config import RLConfig
-from zerda_cache.entry import (
+from zerda_cache.core.config import RLConfig
+from zerda_cache.core.entry import (
     CONFIDENCE_WEIGHT,
     DEFAULT_QUALITY,
     DEFAULT_SIMILARITY,
@@ -19,12 +19,21 @@ from zerda_cache.entry import (
     IntelligentCacheEntry,
     LLMUsage,
 )
-from zerda_cache.errors import (
+from zerda_cache.core.errors import (
     CorruptEntryError,
     DimensionMismatchError,
     EntryNotFoundError,
     InvalidEntryError,
     ZerdaError,
+)
+from zerda_cache.core.validation import (
+    check_query,
+    check_response,
+    check_scope,
+    check_tags,
+    finite_number,
+    new_entry_id,
+    validate_entry_id,
 )
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
@@ -50,15 +59,6 @@ from zerda_cache.storage.replies import (
     pairs,
     peek_delta,
     unit_score,
-)
-from zerda_cache.validation import (
-    check_query,
-    check_response,
-    check_scope,
-    check_tags,
-    finite_number,
-    new_entry_id,
-    validate_entry_id,
 )
 
 log = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ class EntryPlans(PlanBase):
         self, rl: RLConfig | None, rivals: Sequence[tuple[str, float]], ids: Sequence[str]
     ) -> list[str]:
         """The hit script's arguments for a tie: the ranking's weights (the same rule as
-        ``policy_learner.score_candidates``; tests/test_tie.py holds the two equal), the
+        ``bandit.score_candidates``; tests/test_tie.py holds the two equal), the
         candidates' ids and the rivals' similarities."""
         cfg = self.config.rl if rl is None else rl
         return [

@@ -8,14 +8,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Unpack
 
-from zerda_cache.config import RLConfig
-from zerda_cache.entry import FeedbackSignal, IntelligentCacheEntry
-from zerda_cache.errors import (
+from zerda_cache.core.config import RLConfig
+from zerda_cache.core.entry import FeedbackSignal, IntelligentCacheEntry
+from zerda_cache.core.errors import (
     CorruptEntryError,
     EntryNotFoundError,
     InvalidEntryError,
     ZerdaError,
 )
+from zerda_cache.core.validation import check_tag, validate_entry_id
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.driver import Flow, op
@@ -39,7 +40,6 @@ from zerda_cache.storage.plans import (
     group_by_tenant,
     state_arrays_of,
 )
-from zerda_cache.validation import check_tag, validate_entry_id
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import redis
 import redis.exceptions
 
-from zerda_cache.config import CacheConfig
-from zerda_cache.errors import (
+from zerda_cache.core.config import CacheConfig
+from zerda_cache.core.errors import (
     StorageError,
 )
 from zerda_cache.storage.driver import Flow, call, op, wrap_errors

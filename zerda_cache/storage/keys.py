@@ -1,7 +1,7 @@
 """The only place Redis key strings are built.
 
 Every key of one tenant carries the hash tag ``{<tenant>}``, so every Lua script touches a
-single Redis Cluster slot. Tenant ids are validated (``zerda_cache.validation``) before they
+single Redis Cluster slot. Tenant ids are validated (``zerda_cache.core.validation``) before they
 come near a key.
 
 Layout (``p`` is the configured prefix, ``zc`` by default):
@@ -19,7 +19,7 @@ key                    type     holds
 ``p:{t}:fb``           stream   the rolling feedback log (approximate cap); the worker
                                 reads the arms that changed from it
 ``p:{t}:cfg``          hash     tenant settings: dim; max_entries, max_bytes, ttl,
-                                max_error_rate, ... (policy.py); ver, fence, evx
+                                max_error_rate, ... (settings.py); ver, fence, evx
 ``p:{t}:cal``          hash     labelled outcomes of near matches, and lookups, per
                                 similarity bin (calibration.py)
 ``p:{t}:lab``          list     the label log: [similarity, gap, crowd, right] JSON rows,
@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerda_cache.validation import validate_tenant
+from zerda_cache.core.validation import validate_tenant
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zerda_cache.config import CacheConfig, RLConfig
-from zerda_cache.errors import (
+from zerda_cache.core.config import CacheConfig, RLConfig
+from zerda_cache.core.errors import (
     CorruptEntryError,
     SchemaVersionError,
 )

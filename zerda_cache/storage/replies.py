@@ -18,14 +18,14 @@ from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, get_ar
 
 import numpy as np
 
-from zerda_cache.config import RLConfig
-from zerda_cache.entry import (
+from zerda_cache.core.config import RLConfig
+from zerda_cache.core.entry import (
     BanditArm,
     FeedbackSignal,
     IntelligentCacheEntry,
     LLMUsage,
 )
-from zerda_cache.errors import (
+from zerda_cache.core.errors import (
     CorruptEntryError,
     InvalidEntryError,
     StorageError,
@@ -253,7 +253,7 @@ class PutFields(TypedDict, total=False):
         tags: labels to invalidate the entry by (``invalidate_tag``): the document an
             answer was built on, its source, a version.
         usage: what the LLM call that made the answer cost (``LLMUsage``): every hit of
-            it saves that much (``zerda_cache.savings``).
+            it saves that much (``zerda_cache.core.savings``).
     """
 
     scope: str

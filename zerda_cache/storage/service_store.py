@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from zerda_cache.apikeys import ApiKey
-from zerda_cache.errors import (
+from zerda_cache.core.errors import (
     CorruptEntryError,
 )
 from zerda_cache.storage.codec import text

@@ -111,7 +111,7 @@ def _digest(blob: bytes) -> str:
 
 
 class SnapshotStore(StorageCore):
-    """The snapshot operations (``snapshot.py`` writes, ``replica.py`` reads)."""
+    """The snapshot operations (``snapshot.py`` writes, ``replica/indexes.py`` reads)."""
 
     def snapshot_info_flow(self, tenant: str) -> Flow[SnapshotInfo | None]:
         """The tenant's published index snapshot, or ``None`` (none, or another format)."""

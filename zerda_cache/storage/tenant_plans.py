@@ -12,12 +12,12 @@ from typing import Any
 
 import msgpack
 
-from zerda_cache.config import RLConfig
-from zerda_cache.entry import (
+from zerda_cache.core.config import RLConfig
+from zerda_cache.core.entry import (
     IntelligentCacheEntry,
     LLMUsage,
 )
-from zerda_cache.errors import (
+from zerda_cache.core.errors import (
     CorruptEntryError,
     EntryNotFoundError,
     SchemaVersionError,

@@ -9,11 +9,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zerda_cache.errors import (
+from zerda_cache.core.errors import (
     InvalidSettingError,
     StorageError,
 )
-from zerda_cache.settings import POLICY_FIELDS, RESERVED, check_changes
+from zerda_cache.core.settings import POLICY_FIELDS, RESERVED, check_changes
+from zerda_cache.core.validation import validate_tenant
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.driver import Flow, op
 from zerda_cache.storage.keys import cycles_key, leader_key
@@ -23,7 +24,6 @@ from zerda_cache.storage.plans import (
     ReadPlan,
 )
 from zerda_cache.storage.snapshots import SnapshotStore
-from zerda_cache.validation import validate_tenant
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,3 @@
+"""Companion modules from the seeds: the context guard and adaptive windows, and
+prompt guardrails and templates.
+"""

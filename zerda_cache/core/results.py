@@ -1,0 +1,121 @@
+"""What the cache's calls return: a served answer (``CacheHit``) and what a put did
+(``PutResult``). Each can make the ``FeedbackSignal`` about its entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerda_cache.core.entry import FeedbackSignal, LLMUsage
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """A served answer.
+
+    Attributes:
+        entry_id: the entry to send feedback about.
+        response: the cached answer.
+        query: the cached question that matched.
+        similarity: cosine similarity of the two questions (1.0 for an exact match).
+        score: the composite ranking score (similarity, Thompson draw, confidence).
+        expected_reward: the arm's posterior mean when it was served.
+        confidence: the entry's composite confidence.
+        exact: matched by the normalised-question digest rather than by vector search.
+    """
+
+    entry_id: str
+    tenant: str
+    response: str
+    query: str
+    similarity: float
+    score: float
+    expected_reward: float
+    confidence: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+    exact: bool = False
+    #: what the LLM call that made the answer cost (when its put said): what this hit saved
+    usage: LLMUsage | None = None
+
+    def feedback(
+        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
+    ) -> FeedbackSignal:
+        """A ``FeedbackSignal`` about this hit, ready for ``CacheManager.feedback``."""
+        similarity = min(1.0, max(-1.0, self.similarity))
+        return feedback_signal(
+            self.entry_id, self.tenant, positive, magnitude, source, similarity, True
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """What ``put`` did. ``bool(result)`` is ``stored``.
+
+    Attributes:
+        stored: the answer is now cached.
+        entry_id: its id when stored. Under an error bound, when the lookup before held
+            back the question's own cached entry and this answer is the same
+            (``same_answer``), that entry is kept (with the verification's positive
+            signal) and this is its id.
+        reason: why it was not stored (the admission check's verdict).
+        warnings: the admission check's warnings, stored or not.
+        replaced_id: an entry this one replaced (same question, or a near-duplicate when
+            ``dedup_threshold`` is set).
+        tenant: the tenant it was put for.
+        verified: when the lookup before this put asked for a verification, whether the
+            cached answer it held back was the same as this fresh one (``None``: no
+            verification).
+    """
+
+    stored: bool
+    entry_id: str | None = None
+    reason: str | None = None
+    warnings: tuple[str, ...] = ()
+    replaced_id: str | None = None
+    tenant: str = ""
+    verified: bool | None = None
+
+    def __bool__(self) -> bool:
+        return self.stored
+
+    def feedback(
+        self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
+    ) -> FeedbackSignal:
+        """A ``FeedbackSignal`` about the answer just cached, ready for
+        ``CacheManager.feedback``: the user's reaction to the fresh answer judges it
+        before it is ever served from the cache. It is about the entry's own question,
+        so it carries similarity 1.0 (it never moves the entry's similarity bar).
+
+        Raises:
+            ValueError: nothing was stored.
+        """
+        if not self.stored or self.entry_id is None:
+            raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
+        return feedback_signal(self.entry_id, self.tenant, positive, magnitude, source, 1.0, False)
+
+
+def feedback_signal(
+    entry_id: str,
+    tenant: str,
+    positive: bool,
+    magnitude: float,
+    source: str,
+    similarity: float | None,
+    served: bool,
+) -> FeedbackSignal:
+    """The ``FeedbackSignal`` about a result: ``entry_id`` of ``tenant``, matched at
+    ``similarity`` (``None``: not known); ``served``: the answer was served from the
+    cache (a hit), not just put."""
+    return FeedbackSignal(
+        entry_id=entry_id,
+        tenant_id=tenant,
+        positive=positive,
+        magnitude=magnitude,
+        source=source,
+        similarity=similarity,
+        served=served,
+    )
+
+
+__all__ = ["CacheHit", "PutResult", "feedback_signal"]

@@ -1,0 +1,266 @@
+"""The path of a put (``CacheEngine.put``), as named steps (``PutSteps.put_flow``).
+
+The answer is checked and admitted first (``PutSteps.admit``). A put stores the fresh
+answer of the app's LLM, and that answer settles what the lookup before it asked for: a
+verification of the question's own entry, held back under an error bound
+(``settle_own_flow``: the same answer keeps the entry, with one more positive signal),
+or of a near match (``verify_flow``, through ``Verifier.verify_flow``). Then the put
+script writes the entry (``Storage.put_flow``), and the entries it replaces (the same
+question, a near duplicate under ``dedup_threshold``) are evicted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from zerda_cache.companions.context import AdaptiveLearningSystem
+from zerda_cache.core.entry import LLMUsage
+from zerda_cache.core.errors import InvalidEmbeddingError, StorageError
+from zerda_cache.core.results import PutResult
+from zerda_cache.core.validation import check_query, check_response, check_scope, check_tags
+from zerda_cache.flows.admission import AdmissionCheck
+from zerda_cache.flows.counting import record_window
+from zerda_cache.flows.ranking import LocalClock
+from zerda_cache.flows.verification import Ticket, Verifier, ticket_key
+from zerda_cache.learning.tenant_policy import TenantPolicy
+from zerda_cache.learning.tenant_state import PolicyCache
+from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.replica.indexes import ReplicaIndexes
+from zerda_cache.storage.codec import Vector
+from zerda_cache.storage.driver import Flow
+from zerda_cache.storage.keys import TenantKeys
+from zerda_cache.storage.plans import PutOutcome
+from zerda_cache.storage.store import Storage
+
+
+class PutSteps:
+    """The steps of a put over one replica's storage, indexes and verifications.
+
+    Args:
+        storage: the manager's storage.
+        indexes: the replica's indexes (a near duplicate is found in them).
+        policies: the replica's cache of tenant policies.
+        verifier: the replica's verifications (the tickets its lookups left).
+        clock: the storage clock, estimated locally.
+        metrics: the replica's metrics.
+        admission: the admission check of every answer.
+        adaptive: the replica's rolling windows (``counting.record_window``).
+        embed: the flow that embeds a question (``CacheEngine.embedding_flow``).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        indexes: ReplicaIndexes,
+        policies: PolicyCache,
+        verifier: Verifier,
+        clock: LocalClock,
+        metrics: ReplicaMetrics,
+        admission: AdmissionCheck,
+        adaptive: AdaptiveLearningSystem,
+        embed: Callable[[str, object | None], Flow[Vector | None]],
+    ) -> None:
+        self.storage = storage
+        self.config = storage.config
+        self.indexes = indexes
+        self.policies = policies
+        self.verifier = verifier
+        self.clock = clock
+        self.metrics = metrics
+        self.admission = admission
+        self.adaptive = adaptive
+        self.embed = embed
+
+    def put_flow(
+        self,
+        query: str,
+        response: str,
+        tenant: str,
+        embedding: object | None,
+        ttl_s: float | None,
+        quality: float | None,
+        metadata: Mapping[str, Any] | None,
+        scope: str | None,
+        tags: Sequence[str] | None,
+        usage: LLMUsage | Mapping[str, Any] | None,
+    ) -> Flow[PutResult]:
+        """``CacheEngine.put``: check, embed and admit the answer (``admit``), settle the
+        verification of the question's own entry (``settle_own_flow``, which may keep
+        that entry instead), find a near duplicate, run the put script, settle a
+        verification of a near match, then evict what the new entry replaced."""
+        try:
+            keys = self.storage.keys(tenant)
+            query = check_query(query, self.config.max_query_chars)
+            scope = check_scope(scope)
+            # checked before anything is written (a verification below writes labels)
+            tag_names = check_tags(tags) if tags is not None else ()
+            cost_of = LLMUsage.of(usage)
+            vec = yield from self.embed(query, embedding)
+            if vec is None:
+                raise InvalidEmbeddingError(NO_EMBEDDING)
+            passed, warnings = self.admit(tenant, query, response, metadata)
+            policy = yield from self.policies.policy_flow(tenant)
+            if not passed:
+                reason = warnings[0] if warnings else "admission check failed"
+                return PutResult(False, reason=reason, warnings=tuple(warnings), tenant=tenant)
+            held_key = ticket_key(tenant, query, scope)
+            held = self.verifier.tickets.get(held_key)
+            own: bool | None = None
+            replaced_answer: str | None = None
+            if held is not None and held.exact:
+                self.verifier.tickets.pop(held_key)
+                plain = (ttl_s, quality, metadata, cost_of) == (None,) * 4 and not tag_names
+                settled = yield from self.settle_own_flow(tenant, held, response, plain, warnings)
+                own, replaced_answer, kept = settled
+                if kept is not None:
+                    return kept
+            near: str | None = None
+            dedup = policy.config.dedup_threshold
+            if dedup is not None:
+                near = yield from self.near_duplicate_flow(keys, vec, scope, dedup)
+            indexed = self.indexes.get(tenant)
+            out = yield from self.storage.put_flow(
+                tenant,
+                query,
+                response,
+                vec,
+                scope=scope,
+                ttl_s=ttl_s,
+                quality=quality,
+                metadata=metadata,
+                index_dim=indexed.dim if indexed is not None and indexed.usable else None,
+                rl=policy.rl,
+                tags=tag_names,
+                usage=cost_of,
+            )
+            replaced, result = self.stored(tenant, warnings, out, near)
+            if own is not None and held is not None:
+                result = dataclasses.replace(result, verified=own)
+                yield from self.after_own_flow(tenant, held, own, replaced_answer, out, policy)
+            # Verify before the replaced entries go: the candidate may be one of them.
+            ticket = self.verifier.tickets.pop(held_key)
+            if ticket is not None:
+                result = yield from self.verify_flow(tenant, ticket, response, result, policy)
+            if replaced:
+                gone = [(e, None) for e in replaced]
+                yield from self.storage.evict_flow(tenant, gone, "replaced")
+            return result
+        except StorageError:
+            self.metrics.storage_errors.labels("put").inc()
+            raise
+
+    def admit(
+        self, tenant: str, query: str, response: object, metadata: Mapping[str, Any] | None
+    ) -> tuple[bool, list[str]]:
+        """Check the answer (``check_response``) and run the admission check on it:
+        ``(passed, warnings)``, counted in the replica's windows and metrics."""
+        response = check_response(response, self.config.max_response_bytes)
+        started = time.perf_counter()
+        passed, warnings = self.admission(query, response, metadata or {})
+        record_window(self.adaptive, query, len(response), 0, time.perf_counter() - started, passed)
+        label = self.metrics.tenant(tenant)
+        if not passed:
+            reason = warnings[0] if warnings else "admission check failed"
+            self.metrics.puts.labels(label, "rejected").inc()
+            self.metrics.puts_rejected.labels(reason_label(reason)).inc()
+        return passed, list(warnings)
+
+    def settle_own_flow(
+        self, tenant: str, held: Ticket, response: str, plain: bool, warnings: list[str]
+    ) -> Flow[tuple[bool | None, str | None, PutResult | None]]:
+        """Verify the question's own entry, which the lookup before held back, against
+        the fresh answer: ``(same, the cached answer, the result when it is kept)``. When
+        they are the same, the entry stays, with this verification's positive signal on
+        top of its evidence (replaced by the fresh entry, its arm would start again from
+        one signal, and its exact repeats' level with it), unless it has expired or the
+        put sets a TTL, quality, metadata, tags or usage of its own (not ``plain``)."""
+        own, cached = yield from self.verifier.verify_flow(tenant, held, response)
+        replaced_answer = cached.response if cached is not None else None
+        if not (own and plain and cached is not None):
+            return own, replaced_answer, None
+        now = yield from self.clock.now_flow()
+        if cached.is_expired(now):
+            return own, replaced_answer, None
+        self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
+        kept = PutResult(
+            True, held.entry_id, warnings=tuple(warnings), tenant=tenant, verified=True
+        )
+        return own, replaced_answer, kept
+
+    def after_own_flow(
+        self,
+        tenant: str,
+        held: Ticket,
+        own: bool | None,
+        replaced_answer: str | None,
+        out: PutOutcome,
+        policy: TenantPolicy,
+    ) -> Flow[None]:
+        """The fresh entry, once the question's own entry was verified against it: a
+        different answer records the dispute on it; the same one, stored anew (the old
+        entry had expired, or this put sets its own TTL or metadata), is confirmed too."""
+        if own is False and replaced_answer is not None:
+            yield from self.verifier.dispute_flow(tenant, out.entry_id, held.level, replaced_answer)
+        elif own and out.entry_id != held.entry_id:
+            yield from self.verifier.confirm_flow(tenant, out.entry_id, policy)
+
+    def verify_flow(
+        self, tenant: str, ticket: Ticket, response: str, result: PutResult, policy: TenantPolicy
+    ) -> Flow[PutResult]:
+        """Settle the verification of a near match the lookup before held back: the
+        result says whether the two answers were the same. Two answers that agree
+        confirm the fresh one too (under a bound, its exact repeats are then served
+        without another verification)."""
+        verified, _ = yield from self.verifier.verify_flow(tenant, ticket, response)
+        if verified and result.entry_id != ticket.entry_id and result.entry_id is not None:
+            yield from self.verifier.confirm_flow(tenant, result.entry_id, policy)
+        return dataclasses.replace(result, verified=verified)
+
+    def near_duplicate_flow(
+        self, keys: TenantKeys, vec: Vector, scope: str, dedup: float
+    ) -> Flow[str | None]:
+        """The entry a put replaces as a near duplicate (``dedup_threshold``), found in
+        the replica's index: while it is being built (past the bounded wait) only the
+        same question is replaced."""
+        ti = self.indexes.of(keys)
+        if not ti.built:
+            yield from self.indexes.await_index(ti, self.indexes.build_wait(ti, True))
+        if not ti.usable:
+            return None
+        yield from self.indexes.refresh(ti)
+        self.indexes.check_dim(keys.tenant, ti, vec)
+        best = ti.search(vec, scope, 1, dedup)
+        return best[0][0] if best else None
+
+    def stored(
+        self, tenant: str, warnings: list[str], out: PutOutcome, near: str | None
+    ) -> tuple[list[str], PutResult]:
+        """The entries the new one replaces (to evict), and the result."""
+        replaced = list(
+            dict.fromkeys(e for e in (out.displaced_id, near) if e and e != out.entry_id)
+        )
+        self.metrics.puts.labels(self.metrics.tenant(tenant), "stored").inc()
+        result = PutResult(
+            True,
+            out.entry_id,
+            warnings=tuple(warnings),
+            replaced_id=replaced[0] if replaced else None,
+            tenant=tenant,
+        )
+        return replaced, result
+
+
+#: Why a put without an embedding fails when the manager has no ``embed_fn``.
+NO_EMBEDDING = "no embedding: pass embedding=... or create the manager with an embed_fn"
+
+
+def reason_label(reason: str) -> str:
+    """A bounded metric label from a free-form reason: its first few words."""
+    words = "".join(c if c.isalnum() else " " for c in reason.lower()).split()
+    return "_".join(words[:4]) or "unknown"
+
+
+__all__ = ["NO_EMBEDDING", "PutSteps", "reason_label"]

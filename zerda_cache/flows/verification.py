@@ -1,0 +1,213 @@
+"""Verification under an error bound: how a cached answer is compared with the fresh one
+the app's LLM gave (``same_text``, ``same_meaning``, or the app's own ``same_answer``),
+the ticket a lookup leaves for the put that verifies it, and what the cache learns from
+the comparison (``Verifier``).
+
+A lookup that holds back a candidate (not proven safe enough to serve) returns a miss
+and leaves a ``Ticket`` under the question's ``ticket_key`` (``Verifier.hold``); the
+app's next put of that question compares the two answers, and the comparison labels the
+candidate (``Verifier.verify_flow``).
+"""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from zerda_cache.companions.context import ContextCache
+from zerda_cache.core.entry import IntelligentCacheEntry
+from zerda_cache.core.errors import CorruptEntryError, EntryNotFoundError, StorageError
+from zerda_cache.learning.bandit import CachePolicyLearner, FeedbackSignal
+from zerda_cache.learning.match_model import Features
+from zerda_cache.learning.tenant_policy import TenantPolicy
+from zerda_cache.learning.tenant_state import PolicyCache, plan_label
+from zerda_cache.storage import codec
+from zerda_cache.storage.driver import Flow, call
+from zerda_cache.storage.plans import ReadPlan
+from zerda_cache.storage.store import Storage
+
+log = logging.getLogger(__name__)
+
+#: ``same_answer(cached, fresh)``: is the cached answer as right as the fresh one? It
+#: labels a verification (see ``same_text``).
+SameAnswer = Callable[[str, str], bool]
+
+
+def same_text(cached: str, fresh: str) -> bool:
+    """The default answer equivalence: equal after Unicode normalisation, case folding
+    and collapsing whitespace and punctuation. Strict: an LLM that words the same answer
+    differently counts as a different answer, which errs on the side of not serving.
+    Pass your own ``same_answer`` (an embedding similarity of the two answers, an LLM
+    judge) when answers vary in wording."""
+    return _canonical(cached) == _canonical(fresh)
+
+
+def same_meaning(embed: Callable[[str], Any], threshold: float = 0.9) -> SameAnswer:
+    """An answer equivalence for LLMs that word an answer differently from call to call:
+    the same text (``same_text``), or embeddings of the two answers (``embed``: any sync
+    text -> vector function, e.g. ``MiniLMEmbedder().embed``) at cosine ``threshold`` or
+    more. Looser than ``same_text``: answers that differ in one name or number can embed
+    close, so check the threshold on your own answers (under an error bound, a
+    verification it gets wrong is a wrong label)."""
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+
+    def compare(cached: str, fresh: str) -> bool:
+        if same_text(cached, fresh):
+            return True
+        a, b = codec.normalize_vector(embed(cached)), codec.normalize_vector(embed(fresh))
+        return float(a @ b) >= threshold
+
+    return compare
+
+
+def _canonical(text: str) -> str:
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join("".join(c if c.isalnum() else " " for c in folded).split())
+
+
+class Ticket(NamedTuple):
+    """A verification a lookup asked for: the candidate it held back, the similarity it
+    matched at (1: the question's own entry), its match features (near matches) and its
+    entry's level (exact repeats)."""
+
+    entry_id: str
+    similarity: float
+    features: Features | None = None
+    level: int = 0
+    exact: bool = False
+
+
+def ticket_key(tenant: str, query: str, scope: str) -> str:
+    """Where a lookup's ticket for ``query`` waits for the put that verifies it."""
+    return tenant + "\n" + codec.query_digest(query, scope)
+
+
+class Verifier:
+    """The verifications of one replica: the tickets its lookups leave, and the flows
+    that settle them when the app's put brings the fresh answer. Every signal the cache
+    learns from, a verification's or the app's feedback, goes through ``learn_flow``.
+
+    Args:
+        storage: the manager's storage.
+        learner: the replica's bandit learner (it notes every signal).
+        policies: the replica's cache of tenant policies.
+        same_answer: labels a verification: is the cached answer the same as the fresh
+            one?
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        learner: CachePolicyLearner,
+        policies: PolicyCache,
+        same_answer: SameAnswer,
+    ) -> None:
+        self.storage = storage
+        self.learner = learner
+        self.policies = policies
+        self.same_answer = same_answer
+        #: Verifications asked for, by ``ticket_key``: what the lookup held back.
+        self.tickets = ContextCache(max_size=10_000, ttl_seconds=900.0)
+
+    def hold(self, tenant: str, query: str, scope: str, ticket: Ticket) -> None:
+        """Ask the app's next put of ``query`` (in ``scope``) to verify ``ticket``."""
+        self.tickets.put(ticket_key(tenant, query, scope), ticket)
+
+    def verify_flow(
+        self, tenant: str, ticket: Ticket, fresh: str
+    ) -> Flow[tuple[bool | None, IntelligentCacheEntry | None]]:
+        """Compare the fresh answer with the candidate a lookup held back, and learn from
+        it: one label of the tenant's calibration (with the match's features), one signal
+        on the entry's arm (at the similarity it was matched at). Returns whether they
+        were the same (``None`` when the candidate is gone meanwhile or the judge
+        failed) and the candidate as read.
+
+        The question's own entry may carry a dispute (``dispute_flow``): its answer
+        replaced one it disagreed with, counted wrong. This verification's answer breaks
+        the tie: the same as the entry's, the replaced answer stays wrong; the same as
+        the replaced one, its label turns right."""
+        entry_id, similarity, features, level, exact = ticket
+        st = self.storage
+        try:
+            parts: list[ReadPlan[Any]] = [st.read_entry(tenant, entry_id, with_vector=False)]
+            if exact:  # in the same round trip
+                parts.append(st.read_dispute(tenant, entry_id))
+            replies = yield from st.read_flow(st.batch("verify", parts))
+            cached: IntelligentCacheEntry = replies[0]
+            dispute: tuple[int, str] | None = replies[1] if exact else None
+        except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
+            log.debug("tenant %s: verification of %s dropped: %s", tenant, entry_id, exc)
+            return None, None
+        try:  # a step: an async judge (an LLM call) is awaited by the async driver
+            right = bool((yield call(self.same_answer, cached.response, fresh)))
+            replaced_right = False
+            if dispute is not None and not right:
+                replaced_right = bool((yield call(self.same_answer, dispute[1], fresh)))
+        except Exception as exc:  # the answer is stored: a failing judge labels nothing
+            log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
+            return None, cached
+        # An HNSW index re-scores from float16 vectors: a match can come out a hair over 1.
+        sim = min(1.0, max(-1.0, similarity))
+        signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
+        if features is not None:
+            features = (sim, *features[1:])
+        yield from self.learn_flow(signal, label=True, features=features, level=level)
+        if dispute is not None:
+            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute[0], replaced_right))
+        return right, cached
+
+    def dispute_flow(self, tenant: str, entry_id: str, level: int, replaced: str) -> Flow[None]:
+        """Record on the fresh entry ``entry_id`` the answer it disagreed with (counted
+        wrong at ``level``), for its next verification to settle (``verify_flow``). A
+        refusal (a full server) leaves the label as it is: wrong, the safe side."""
+        plan = self.storage.plan_dispute(tenant, entry_id, level, replaced)
+        try:
+            yield from self.storage.run_flow(plan)
+        except StorageError as exc:
+            log.debug("tenant %s: dispute not recorded: %s", tenant, exc)
+
+    def confirm_flow(self, tenant: str, entry_id: str, policy: TenantPolicy) -> Flow[None]:
+        """A fresh answer two verifications agree on: a positive signal on its entry."""
+        agree = FeedbackSignal(entry_id, tenant, True, source="verify")
+        yield from self.storage.feedback_flow(agree, rl=policy.rl)
+
+    def learn_flow(
+        self,
+        signal: FeedbackSignal,
+        *,
+        label: bool = False,
+        features: Features | None = None,
+        level: int = 0,
+    ) -> Flow[None]:
+        """Apply a signal to the entry's arm and count it as a labelled outcome of a near
+        match (at the similarity it carries, below 1) when ``label`` (a verification) or
+        when an error bound is known for the tenant (this replica's cached policy or the
+        config). The label is counted only once the signal was applied. ``level``: a
+        verified exact repeat's entry's level at its lookup."""
+        tenant, sim = signal.tenant_id, signal.similarity
+        policy = yield from self.policies.policy_flow(tenant)
+        label = label or policy.bound() is not None
+        yield from self.storage.feedback_flow(signal, rl=policy.rl)
+        # A label of a near match (below similarity 1); at 1, only a verification of an
+        # exact repeat is one, counted apart at its entry's level.
+        exact = sim is not None and sim >= 1.0
+        if label and sim is not None and (not exact or signal.source == "verify"):
+            plan = plan_label(
+                self.storage,
+                tenant,
+                sim,
+                signal.positive,
+                window=policy.config.label_window,
+                features=features,
+                model=policy.calibration.model,
+                exact=exact,
+                level=level,
+            )
+            yield from self.storage.run_flow(plan)
+        self.learner.note_feedback(signal)
+
+
+__all__ = ["SameAnswer", "Ticket", "Verifier", "same_meaning", "same_text", "ticket_key"]
