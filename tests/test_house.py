@@ -186,3 +186,44 @@ def test_storage_is_the_bottom_layer() -> None:
     outside = seen - storage - STORAGE_MAY_IMPORT
     assert not outside, f"storage depends on modules above it: {sorted(outside)}"
     assert "zerda_cache.storage.store" in seen and "zerda_cache.core.config" in seen
+
+
+#: The longest function and class the package holds, in lines (decorators left out).
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 600
+#: The engine's module, which wires the lookup and put steps of ``flows/``.
+ENGINE = PACKAGE / "flows" / "engine.py"
+MAX_ENGINE_LINES = 600
+
+
+def oversized(source: str, path: str) -> list[str]:
+    """Functions over ``MAX_FUNCTION_LINES`` and classes over ``MAX_CLASS_LINES``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        size = (node.end_lineno or node.lineno) - node.lineno + 1
+        if isinstance(node, ast.ClassDef):
+            if size > MAX_CLASS_LINES:
+                found.append(f"{path}: class {node.name} is {size} lines")
+        elif size > MAX_FUNCTION_LINES:
+            found.append(f"{path}: def {node.name} is {size} lines")
+    return found
+
+
+def test_functions_and_classes_stay_readable() -> None:
+    hits = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        hits += oversized(path.read_text(encoding="utf-8"), rel)
+    assert not hits, "\n".join(hits)
+    lines = len(ENGINE.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_ENGINE_LINES, f"flows/engine.py has {lines} lines"
+
+
+def test_the_size_check_sees_a_long_function() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert oversized(f"def f():\n{body}", "m.py") == [
+        f"m.py: def f is {MAX_FUNCTION_LINES + 1} lines"
+    ]
+    assert oversized("def g():\n    return 1\n", "m.py") == []
