@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 
 from zerda_cache.aio import AsyncCacheManager
-from zerda_cache.core.results import CacheHit, PutResult
+from zerda_cache.core.results import CacheHit, PutResult, feedback_signal
 from zerda_cache.core.validation import validate_tenant
 from zerda_cache.flows.engine import CacheEngine
 from zerda_cache.learning.bandit import FeedbackSignal
@@ -265,15 +265,9 @@ def signal_from_info(
     if not isinstance(entry_id, str) or not isinstance(tenant, str):
         return None
     similarity = info.get("similarity")
-    return FeedbackSignal(
-        entry_id=entry_id,
-        tenant_id=tenant,
-        positive=positive,
-        magnitude=magnitude,
-        source=source,
-        similarity=float(similarity) if isinstance(similarity, int | float) else None,
-        served=info.get("hit") is True,
-    )
+    sim = float(similarity) if isinstance(similarity, int | float) else None
+    served = info.get("hit") is True
+    return feedback_signal(entry_id, tenant, positive, magnitude, source, sim, served)
 
 
 __all__ = [
