@@ -149,10 +149,12 @@ def replica(url: str, kind: str, n: int, lookups: int) -> dict[str, Any]:
     # Where the lookup's time goes: the index search alone (no Redis) on the same
     # near-copies, and how many of them find several candidates within the tie margin
     # (their lookup reads the candidates' states first: two round trips, not one).
-    from zerda_cache.flows import engine
+    try:  # the lookup's own rule for one round trip (a baseline tree may have none)
+        from zerda_cache.flows.ranking import clear_leader as leads
+    except ImportError:
+        leads = None
 
     cfg = m.config
-    leads = getattr(engine, "clear_leader", None)  # the lookup's own rule (a baseline: none)
     alone, tied = [], []
     for q in nears:
         t = time.perf_counter()

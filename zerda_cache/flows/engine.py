@@ -44,7 +44,7 @@ from zerda_cache.flows.admission import AdmissionCheck, default_admission
 from zerda_cache.flows.counting import LookupCounts, record_window
 from zerda_cache.flows.lookup import Found, LookupSteps
 from zerda_cache.flows.put import PutSteps
-from zerda_cache.flows.ranking import LocalClock, Ranking, clear_leader
+from zerda_cache.flows.ranking import LocalClock, Ranking
 from zerda_cache.flows.verification import SameAnswer, Verifier, same_text, ticket_key
 from zerda_cache.learning.bandit import CachePolicyLearner, FeedbackSignal
 from zerda_cache.learning.calibration import check_error_rate
@@ -552,6 +552,4 @@ def _stop_at_exit() -> None:
 atexit.register(_stop_at_exit)
 
 
-#: ``clear_leader``, the lookup's rule for serving in one round trip, is ``ranking.py``'s;
-#: benchmarks read it here.
-__all__ = ["CacheEngine", "EmbedFn", "clear_leader"]
+__all__ = ["CacheEngine", "EmbedFn"]
