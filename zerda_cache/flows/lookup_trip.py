@@ -48,34 +48,32 @@ class LookupTrip:
         self.parts.append(plan)
 
     def peek_log(self, plan: ReadPlan[LogDelta]) -> None:
-        self.named.append(("news", len(self.parts)))
-        self.parts.append(plan)
+        self.keep("news", plan)
 
     def read_dim(self, plan: ReadPlan[int | None]) -> None:
-        self.named.append(("dim", len(self.parts)))
-        self.parts.append(plan)
+        self.keep("dim", plan)
 
     def read_policy(self, plan: ReadPlan[TenantPolicy]) -> None:
-        self.named.append(("policy", len(self.parts)))
-        self.parts.append(plan)
+        self.keep("policy", plan)
 
     def count_traffic(self, plan: ReadPlan[float]) -> None:
-        self.named.append(("counted", len(self.parts)))
-        self.parts.append(plan)
+        self.keep("counted", plan)
 
     def read_digest(self, plan: ReadPlan[str | None]) -> None:
-        self.named.append(("own", len(self.parts)))
-        self.parts.append(plan)
+        self.keep("own", plan)
 
     def read_states(self, plan: ReadPlan[StateBatch]) -> None:
-        self.named.append(("states", len(self.parts)))
-        self.parts.append(plan)
+        self.keep("states", plan)
 
     def try_hit(self, plan: ScriptCall[HitOutcome]) -> None:
         """The hit script of the lookup's leading candidate, which also reads the
         question's digest (``own``) and, given the lookup's position, peeks at the log
         (``news``)."""
-        self.named.append(("hit", len(self.parts)))
+        self.keep("hit", plan)
+
+    def keep(self, name: str, plan: ReadPlan[Any] | ScriptCall[Any]) -> None:
+        """A part whose reply ``take`` keeps as the attribute ``name``."""
+        self.named.append((name, len(self.parts)))
         self.parts.append(plan)
 
     def take(self, replies: list[Any]) -> None:
