@@ -1,7 +1,6 @@
-"""One policy per tenant, in Redis (``zerda_cache/learning/tenant_policy.py``): stored settings
-over each
-process's own configuration, versioned, validated, and applied by every replica and
-worker without a restart (real servers; separate processes in the last test)."""
+"""One policy per tenant, in Redis (``zerda_cache/learning/tenant_policy.py``): stored
+settings over each process's own configuration, versioned, validated, and applied by
+every replica and worker without a restart (real servers; separate processes in the last test)."""
 
 from __future__ import annotations
 

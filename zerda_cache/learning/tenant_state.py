@@ -152,10 +152,9 @@ class PolicyCache:
         self, tenant: str, *, fresh: bool = False, register: bool = False
     ) -> Flow[TenantPolicy]:
         """The tenant's policy: the configuration with the tenant's stored settings on
-        top (``zerda_cache.learning.tenant_policy``), read from Redis when the cached one is
-        older than
-        ``policy_refresh_s`` (or ``fresh``). ``register``: add the tenant to the registry
-        in the same round trip (lookups do; a refused put must not)."""
+        top (``zerda_cache.learning.tenant_policy``), read from Redis when the cached one
+        is older than ``policy_refresh_s`` (or ``fresh``). ``register``: add the tenant to
+        the registry in the same round trip (lookups do; a refused put must not)."""
         validate_tenant(tenant)
         cached = self.cached.get(tenant)
         mono = time.monotonic()

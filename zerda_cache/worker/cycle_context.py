@@ -63,6 +63,5 @@ class CycleContext:
     def policy(self, tenant: str) -> TenantPolicy:
         """The tenant's policy: this worker's configuration with the tenant's stored
         settings on top (``zerda_cache.learning.tenant_policy``), read at the start of each
-        pass, so a
-        change made with ``zerda-cache tenant set`` applies from the next cycle."""
+        pass, so a change made with ``zerda-cache tenant set`` applies from the next cycle."""
         return TenantState(self.storage).policy(tenant)

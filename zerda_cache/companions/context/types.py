@@ -6,8 +6,7 @@ The seed (``context-guard-and-learning``) names ``QueryAnalysis``, ``QueryComple
 every use the seed shows. The configs are mutable dataclasses because the seed's own example
 mutates one (``cfg.guard.check_relevance = True``); they validate on construction, and
 :class:`~zerda_cache.companions.context.guard.ContextGuard` validates again when it is built,
-so a bad
-value assigned afterwards is still caught before it is used.
+so a bad value assigned afterwards is still caught before it is used.
 """
 
 from __future__ import annotations
@@ -134,8 +133,8 @@ class ContextEngineConfig:
 
     Attributes:
         guard: the guard's settings.
-        enable_adaptive: let
-        :class:`~zerda_cache.companions.context.adaptive.AdaptiveLearningSystem`
+        enable_adaptive: let the
+            :class:`~zerda_cache.companions.context.adaptive.AdaptiveLearningSystem`
             record and adapt (default ``True``).
         low_budget: context budget (characters) of a ``LOW`` query (default 1,000).
         medium_budget: the default budget, that of a ``MEDIUM`` query (default 2,000).
