@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from state_support import tenant_state
 
 from zerda_cache import CacheConfig, EntryNotFoundError, FeedbackSignal
+from zerda_cache.flows.put import DISPUTED
 from zerda_cache.flows.verification import Ticket, same_meaning, same_text
 from zerda_cache.learning.calibration import (
     BIN_WIDTH,
@@ -577,52 +578,53 @@ def test_an_agreeing_put_with_settings_of_its_own_is_stored_anew(make_manager: A
     assert hit is not None and hit.entry_id == fresh.entry_id and hit.metadata == {"model": "v2"}
 
 
-def test_a_third_answer_settles_which_of_two_disagreeing_answers_was_wrong(
-    make_manager: Any, redis_client: redis.Redis
-) -> None:
-    """An LLM errs too: when a verification's fresh answer disagrees with the cached one,
-    the cached one is counted wrong (the safe side) and the fresh one, which replaces
-    it, carries the dispute; its own next verification breaks the tie."""
-    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=1.0))  # verify them all
+def test_one_disagreement_is_not_a_verdict(make_manager: Any, redis_client: redis.Redis) -> None:
+    """An LLM errs too: a verification whose fresh answer disagrees with the question's
+    own entry keeps that entry (counted wrong meanwhile), records the fresh answer on it
+    and holds it out; the next answer settles it. Here it agrees with the cached one: the
+    entry stays and its label turns right."""
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
     v = unit(64)
-    m.put("q", "right", tenant="t", embedding=v)
-    assert m.lookup("q", tenant="t", embedding=v) is None
+    first = m.put("q", "right", tenant="t", embedding=v)
+    assert m.lookup("q", tenant="t", embedding=v) is None  # unconfirmed: verified
     slip = m.put("q", "a slip of the LLM", tenant="t", embedding=v)
-    assert slip.verified is False
-    assert redis_client.hexists(tenant_keys("t").entry(slip.entry_id), "dsp")
+    assert not slip.stored and slip.verified is False and slip.entry_id is None
+    assert slip.compared_id == first.entry_id and slip.reason == DISPUTED
+    key = tenant_keys("t").entry(first.entry_id)
+    assert redis_client.hexists(key, "dsp")
     cal = tenant_state(m.storage).calibration("t")
     assert (cal.exact_right, cal.exact_wrong) == (0.0, 1.0)  # counted wrong for now
-    # The next answer agrees with the replaced one: that one was right after all, and
-    # the slip is the wrong one (its own label).
+    # Held out, not served, whatever its level: the next answer settles it.
+    m.feedback(FeedbackSignal(first.entry_id, "t", True))
+    m.feedback(FeedbackSignal(first.entry_id, "t", True))
     assert m.lookup("q", tenant="t", embedding=v) is None
+    assert m.awaiting_verification("q", tenant="t")
     again = m.put("q", "right", tenant="t", embedding=v)
-    assert again.verified is False
-    assert not redis_client.exists(tenant_keys("t").entry(slip.entry_id))  # replaced
+    assert again.verified is True and again.entry_id == first.entry_id  # kept
+    assert not redis_client.hexists(key, "dsp")
     cal = tenant_state(m.storage).calibration("t")
-    assert (cal.exact_right, cal.exact_wrong) == (1.0, 1.0)
-    # The answer after that agrees with the cached one: its dispute (with the slip) is
-    # settled, the slip stays wrong.
-    assert m.lookup("q", tenant="t", embedding=v) is None
-    kept = m.put("q", "right", tenant="t", embedding=v)
-    assert kept.verified is True and kept.entry_id == again.entry_id
-    assert not redis_client.hexists(tenant_keys("t").entry(again.entry_id), "dsp")
-    cal = tenant_state(m.storage).calibration("t")
-    assert (cal.exact_right, cal.exact_wrong) == (2.0, 1.0)
+    assert cal.exact_wrong == 0.0 and cal.exact_right + sum(cal.level_right) == 2.0
     assert cal.labels == 0  # none of them a near-match label
+    hit = m.lookup("q", tenant="t", embedding=v)
+    assert hit is not None and hit.response == "right"
 
 
-def test_a_wrong_exact_verification_keeps_verifying_the_fresh_answer(make_manager: Any) -> None:
+def test_two_answers_against_a_cached_one_replace_it(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
     m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
     v = unit(60)
-    m.put("q", "wrong answer", tenant="t", embedding=v)
+    first = m.put("q", "wrong answer", tenant="t", embedding=v)
     assert m.lookup("q", tenant="t", embedding=v) is None
     fresh = m.put("q", "right answer", tenant="t", embedding=v)
-    assert fresh.verified is False
+    assert not fresh.stored and fresh.verified is False
+    assert m.lookup("q", tenant="t", embedding=v) is None  # disputed: verified again
+    again = m.put("q", "right answer", tenant="t", embedding=v)
+    assert again.stored and again.verified is False and again.replaced_id == first.entry_id
+    assert not redis_client.exists(tenant_keys("t").entry(first.entry_id))
     cal = tenant_state(m.storage).calibration("t")
-    assert (cal.exact_right, cal.exact_wrong, cal.labels) == (0.0, 1.0, 0.0)
-    # Two answers that disagree confirm neither: the fresh one is verified in its turn.
-    assert m.lookup("q", tenant="t", embedding=v) is None
-    assert m.put("q", "right answer", tenant="t", embedding=v).verified is True
+    assert (cal.exact_right, cal.exact_wrong, cal.labels) == (0.0, 2.0, 0.0)
+    # The two fresh answers agree: the new entry is confirmed and served.
     hit = m.lookup("q", tenant="t", embedding=v)
     assert hit is not None and hit.response == "right answer"
 

@@ -66,6 +66,10 @@ class PutResult:
         verified: when the lookup before this put asked for a verification, whether the
             cached answer it held back was the same as this fresh one (``None``: no
             verification).
+        compared_id: the cached entry this answer was compared with (``verified``).
+            Under an error bound, a fresh answer that disagrees with the question's own
+            entry is not stored the first time (``reason`` says so): that entry stays,
+            held out until the next answer settles which of the two is right.
     """
 
     stored: bool
@@ -75,6 +79,7 @@ class PutResult:
     replaced_id: str | None = None
     tenant: str = ""
     verified: bool | None = None
+    compared_id: str | None = None
 
     def __bool__(self) -> bool:
         return self.stored

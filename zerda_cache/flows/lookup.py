@@ -63,6 +63,19 @@ WIDEST_WINDOW = 256
 _GAVE_WAY = (HitStatus.NOT_OWN, HitStatus.TIED)
 
 
+#: Why a lookup decided as it did (``Found.reason``).
+REASONS = {
+    "exact": "hit: the question's own entry",
+    "near": "hit: a near match the bound (or the similarity threshold) lets serve",
+    "exact_unproven": "verify: the question's own entry, at a level its labels do not prove",
+    "near_unproven": "verify: the best near match, under the threshold the bound allows",
+    "disputed": "verify: the question's own entry, whose last verification disagreed",
+    "explore": "verify: a servable candidate, verified to keep the bound's labels current",
+    "no_candidate": "miss: nothing cached near the question",
+    "unservable": "miss: no candidate is servable",
+}
+
+
 @dataclass(slots=True)
 class Found:
     """What a lookup decided (``LookupSteps.find_flow``)."""
@@ -73,6 +86,10 @@ class Found:
     #: for an exact repeat, its entry's level at this lookup as far as it is known
     #: (``calibration.exact_level``; 0 when it is not); None: not an exact repeat
     level: int | None
+    #: the candidate held back for verification (``verify``)
+    ticket: Ticket | None = None
+    #: why (``REASONS``)
+    reason: str = ""
 
     @property
     def decision(self) -> str:
@@ -89,6 +106,7 @@ class Lookup:
     __slots__ = (
         "bound",
         "digest",
+        "disputed",
         "exact_bar",
         "explore",
         "feats",
@@ -157,10 +175,12 @@ class Lookup:
         self.feats: dict[str, Features] = features(self.found, policy)
         # Under a bound, an exact repeat is served only an entry whose level the labels
         # prove safe enough (``Calibration.exact_plan``): the bar its arm's expected
-        # reward must reach, and an exact repeat refused is verified, never served
-        # another question's answer instead. None: no bound, or any servable entry.
-        bar = None if bound is None else (NEVER if explore else policy.exact_bar(override))
-        self.exact_bar = bar if bar else None
+        # reward must reach (0: any servable entry), and an exact repeat refused (or
+        # disputed) is verified, never served another question's answer instead. None:
+        # no bound.
+        bar = NEVER if explore else policy.exact_bar(override)
+        self.exact_bar = None if bound is None else bar
+        self.disputed = False  #: the question's own entry was held out for its dispute
         self.spec: Near | None = None  #: the candidate the first round trip tries to serve
         self.plan: ScriptCall[HitOutcome] | None = None  #: its hit script
 
@@ -391,7 +411,8 @@ class LookupSteps:
         if exact:  # the question itself: an exact hit, similarity 1
             spec = (spec[0], 1.0)
         served = self.ranking.spec_hit(lookup.tenant, spec, outcome, exact, lookup.policy)
-        return Found(served, lookup.n_found, False, asked_level(own, served))
+        reason = "exact" if exact else "near"
+        return Found(served, lookup.n_found, False, asked_level(own, served), reason=reason)
 
     def rank_flow(self, lookup: Lookup, trip: LookupTrip, changed: bool) -> Flow[Found]:
         """The first round trip served nothing: rank the candidates on their states (from
@@ -408,6 +429,7 @@ class LookupSteps:
             if hit.status is HitStatus.GONE:
                 lookup.ghosts.add(spec[0])
             elif lookup.exact_bar is not None and spec[0] == exact_id:  # under its bar
+                lookup.disputed = hit.status is HitStatus.DISPUTED
                 level = exact_level(hit.reward) if hit.reward is not None else 0
                 return self.verify_exact(lookup, spec[0], level)
         elif trip.states is not None:
@@ -452,12 +474,18 @@ class LookupSteps:
         if served is None and lookup.vec is not None and full:
             served = yield from self.serve_wider_flow(lookup, lookup.vec)
         if served is not None:
-            return Found(served, lookup.n_found, False, asked_level(asked, served))
+            reason = "exact" if served.exact else "near"
+            return Found(served, lookup.n_found, False, asked_level(asked, served), reason=reason)
         self.counts.miss(tenant)
-        verify = (
-            lookup.bound is not None and bool(found) and (yield from self.hold_flow(lookup, found))
-        )
-        return Found(None, lookup.n_found, verify, asked_level(asked, None))
+        ticket = None
+        if lookup.bound is not None and found:
+            ticket = yield from self.hold_flow(lookup, found)
+        if ticket is not None:
+            reason = "explore" if lookup.explore else "near_unproven"
+        else:
+            reason = "unservable" if lookup.n_found else "no_candidate"
+        at = asked_level(asked, None)
+        return Found(None, lookup.n_found, ticket is not None, at, ticket, reason)
 
     def serve_own_flow(
         self, lookup: Lookup, exact_id: str
@@ -475,6 +503,7 @@ class LookupSteps:
         if outcome.status is HitStatus.GONE:
             lookup.ghosts.add(exact_id)
         elif lookup.exact_bar is not None:
+            lookup.disputed = outcome.status is HitStatus.DISPUTED
             return None, exact_level(outcome.reward) if outcome.reward is not None else 0
         return None, None
 
@@ -524,6 +553,7 @@ class LookupSteps:
             if outcome.status is HitStatus.GONE:
                 ghosts.add(cand[0])
             elif exact_bar is not None and exact:
+                lookup.disputed = outcome.status is HitStatus.DISPUTED
                 refuse(cand[0])
                 return None
         return None
@@ -566,9 +596,9 @@ class LookupSteps:
             full = len(wider) >= window
         return None
 
-    def hold_flow(self, lookup: Lookup, found: list[Near]) -> Flow[bool]:
+    def hold_flow(self, lookup: Lookup, found: list[Near]) -> Flow[Ticket | None]:
         """A miss under a bound: ask the app's next put of this question to verify the
-        best candidate (a ticket, ``verification.py``). False when none is servable."""
+        best candidate (a ticket, ``verification.py``). None when none is servable."""
         rest = [f for f in found if f[0] not in lookup.ghosts]
         states, tenant = lookup.states, lookup.tenant
         missing = [eid for eid, _ in rest if eid not in states.entries]
@@ -578,21 +608,25 @@ class LookupSteps:
             )
         ranked = self.ranking.candidates(rest, None, states, lookup.now, lookup.policy)
         if not ranked:
-            return False
+            return None
         (eid, sim, _), _, _ = ranked[0]
-        self.verifier.hold(
-            tenant, lookup.query, lookup.scope, Ticket(eid, sim, lookup.feats.get(eid))
-        )
-        return True
+        ticket = Ticket(eid, sim, lookup.feats.get(eid))
+        self.verifier.hold(tenant, lookup.query, lookup.scope, ticket)
+        return ticket
 
     def verify_exact(self, lookup: Lookup, entry_id: str, level: int) -> Found:
         """Not served: the question's own entry is under its bar under a bound (its
-        ``level`` is not proven safe enough, or this lookup explores). The app's next
-        put of the question verifies it (an exact label at that level)."""
+        ``level`` is not proven safe enough, it carries a dispute, or this lookup
+        explores). The app's next put of the question verifies it (an exact label at
+        that level)."""
         self.counts.miss(lookup.tenant)
         ticket = Ticket(entry_id, 1.0, None, level, exact=True)
         self.verifier.hold(lookup.tenant, lookup.query, lookup.scope, ticket)
-        return Found(None, lookup.n_found, True, level)
+        if lookup.disputed:
+            reason = "disputed"
+        else:
+            reason = "explore" if lookup.explore else "exact_unproven"
+        return Found(None, lookup.n_found, True, level, ticket, reason)
 
     def plan_hit(
         self,
@@ -613,18 +647,15 @@ class LookupSteps:
         that, and not at all if the question has another. ``rivals``, ``candidates``: a
         speculative near match's tie, and ``peek``, the lookup's position in the log
         (``StoragePlans.plan_hit``)."""
-        bar = policy.rl.serve_bar
-        if exact_bar is not None and asked is None:
-            bar = max(bar if bar is not None else 0.0, exact_bar)
         return self.storage.plan_hit(
             tenant,
             entry_id,
             refresh_ttl=policy.config.refresh_ttl_on_hit,
-            min_reward=bar,
+            min_reward=policy.rl.serve_bar,
             similarity=similarity,
             rl=policy.rl,
             asked=asked,
-            own_bar=exact_bar if asked is not None else None,
+            own_bar=exact_bar,
             rivals=rivals,
             candidates=candidates,
             peek=peek,
@@ -632,6 +663,7 @@ class LookupSteps:
 
 
 __all__ = [
+    "REASONS",
     "TIE_MAX",
     "WIDEN_FACTOR",
     "WIDEST_WINDOW",

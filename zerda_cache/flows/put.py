@@ -24,7 +24,13 @@ from zerda_cache.core.validation import check_query, check_response, check_scope
 from zerda_cache.flows.admission import AdmissionCheck
 from zerda_cache.flows.counting import record_window
 from zerda_cache.flows.ranking import LocalClock
-from zerda_cache.flows.verification import Ticket, Verifier, ticket_key
+from zerda_cache.flows.verification import (
+    Comparison,
+    Ticket,
+    Verifier,
+    decode_ticket,
+    ticket_key,
+)
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.learning.tenant_state import PolicyCache
 from zerda_cache.metrics import ReplicaMetrics
@@ -86,11 +92,15 @@ class PutSteps:
         scope: str | None,
         tags: Sequence[str] | None,
         usage: LLMUsage | Mapping[str, Any] | None,
+        verify_token: str | None = None,
     ) -> Flow[PutResult]:
         """``CacheEngine.put``: check, embed and admit the answer (``admit``), settle the
         verification of the question's own entry (``settle_own_flow``, which may keep
-        that entry instead), find a near duplicate, run the put script, settle a
-        verification of a near match, then evict what the new entry replaced."""
+        that entry, or record a dispute on it instead of storing), find a near
+        duplicate, run the put script, settle a verification of a near match, then evict
+        what the new entry replaced. ``verify_token``: the verification a lookup on any
+        replica asked for (``verification.encode_ticket``); without it, the one a lookup
+        on this replica left."""
         try:
             keys = self.storage.keys(tenant)
             query = check_query(query, self.config.max_query_chars)
@@ -98,6 +108,9 @@ class PutSteps:
             # checked before anything is written (a verification below writes labels)
             tag_names = check_tags(tags) if tags is not None else ()
             cost_of = LLMUsage.of(usage)
+            token = None
+            if verify_token is not None:
+                token = decode_ticket(verify_token, tenant, query, scope)
             vec = yield from self.embed(query, embedding)
             if vec is None:
                 raise InvalidEmbeddingError(NO_EMBEDDING)
@@ -107,16 +120,16 @@ class PutSteps:
                 reason = warnings[0] if warnings else "admission check failed"
                 return PutResult(False, reason=reason, warnings=tuple(warnings), tenant=tenant)
             held_key = ticket_key(tenant, query, scope)
-            held = self.verifier.tickets.get(held_key)
-            own: bool | None = None
-            replaced_answer: str | None = None
+            mine = self.verifier.tickets.pop(held_key)
+            held = token if token is not None else mine
+            own: Comparison | None = None
             if held is not None and held.exact:
-                self.verifier.tickets.pop(held_key)
                 plain = (ttl_s, quality, metadata, cost_of) == (None,) * 4 and not tag_names
-                settled = yield from self.settle_own_flow(tenant, held, response, plain, warnings)
-                own, replaced_answer, kept = settled
-                if kept is not None:
-                    return kept
+                own, settled = yield from self.settle_own_flow(
+                    tenant, held, response, plain, warnings
+                )
+                if settled is not None:
+                    return settled
             near: str | None = None
             dedup = policy.config.dedup_threshold
             if dedup is not None:
@@ -138,12 +151,12 @@ class PutSteps:
             )
             replaced, result = self.stored(tenant, warnings, out, near)
             if own is not None and held is not None:
-                result = dataclasses.replace(result, verified=own)
-                yield from self.after_own_flow(tenant, held, own, replaced_answer, out, policy)
-            # Verify before the replaced entries go: the candidate may be one of them.
-            ticket = self.verifier.tickets.pop(held_key)
-            if ticket is not None:
-                result = yield from self.verify_flow(tenant, ticket, response, result, policy)
+                result = dataclasses.replace(result, verified=own.same, compared_id=held.entry_id)
+                if own.same or own.agrees_with_dispute:  # two answers agree on it
+                    yield from self.verifier.confirm_flow(tenant, out.entry_id, policy)
+            elif held is not None:
+                # Verify before the replaced entries go: the candidate may be one of them.
+                result = yield from self.verify_flow(tenant, held, response, result, policy)
             if replaced:
                 gone = [(e, None) for e in replaced]
                 yield from self.storage.evict_flow(tenant, gone, "replaced")
@@ -170,42 +183,55 @@ class PutSteps:
 
     def settle_own_flow(
         self, tenant: str, held: Ticket, response: str, plain: bool, warnings: list[str]
-    ) -> Flow[tuple[bool | None, str | None, PutResult | None]]:
+    ) -> Flow[tuple[Comparison, PutResult | None]]:
         """Verify the question's own entry, which the lookup before held back, against
-        the fresh answer: ``(same, the cached answer, the result when it is kept)``. When
-        they are the same, the entry stays, with this verification's positive signal on
-        top of its evidence (replaced by the fresh entry, its arm would start again from
-        one signal, and its exact repeats' level with it), unless it has expired or the
-        put sets a TTL, quality, metadata, tags or usage of its own (not ``plain``)."""
-        own, cached = yield from self.verifier.verify_flow(tenant, held, response)
-        replaced_answer = cached.response if cached is not None else None
-        if not (own and plain and cached is not None):
-            return own, replaced_answer, None
-        now = yield from self.clock.now_flow()
-        if cached.is_expired(now):
-            return own, replaced_answer, None
-        self.metrics.puts.labels(self.metrics.tenant(tenant), "kept").inc()
-        kept = PutResult(
-            True, held.entry_id, warnings=tuple(warnings), tenant=tenant, verified=True
-        )
-        return own, replaced_answer, kept
+        the fresh answer: ``(the comparison, the result when the put ends here)``.
 
-    def after_own_flow(
-        self,
-        tenant: str,
-        held: Ticket,
-        own: bool | None,
-        replaced_answer: str | None,
-        out: PutOutcome,
-        policy: TenantPolicy,
-    ) -> Flow[None]:
-        """The fresh entry, once the question's own entry was verified against it: a
-        different answer records the dispute on it; the same one, stored anew (the old
-        entry had expired, or this put sets its own TTL or metadata), is confirmed too."""
-        if own is False and replaced_answer is not None:
-            yield from self.verifier.dispute_flow(tenant, out.entry_id, held.level, replaced_answer)
-        elif own and out.entry_id != held.entry_id:
-            yield from self.verifier.confirm_flow(tenant, out.entry_id, policy)
+        The same answer keeps the entry, with this verification's positive signal on top
+        of its evidence (replaced by the fresh entry, its arm would start again from one
+        signal, and its exact repeats' level with it), unless it has expired or the put
+        sets a TTL, quality, metadata, tags or usage of its own (not ``plain``).
+
+        A different answer is not a verdict on its own (an LLM errs too): the first
+        disagreement keeps the cached entry and records the fresh answer on it as a
+        dispute (``Verifier.dispute_flow``); the fresh answer is not stored, and the
+        entry is held out until its next verification. That one settles it: the same as
+        the cached answer, the entry stays; a different one replaces it (confirmed when
+        it agrees with the disputed answer)."""
+        own = yield from self.verifier.verify_flow(tenant, held, response)
+        cached, label = own.cached, self.metrics.tenant(tenant)
+        if cached is None or own.same is None:
+            return own, None
+        if own.same:
+            if not plain:
+                return own, None
+            now = yield from self.clock.now_flow()
+            if cached.is_expired(now):
+                return own, None
+            self.metrics.puts.labels(label, "kept").inc()
+            kept = PutResult(
+                True,
+                held.entry_id,
+                warnings=tuple(warnings),
+                tenant=tenant,
+                verified=True,
+                compared_id=held.entry_id,
+            )
+            return own, kept
+        if own.settled:  # the second disagreement: the fresh answer replaces it
+            return own, None
+        if not (yield from self.verifier.dispute_flow(tenant, held.entry_id, held.level, response)):
+            return own, None
+        self.metrics.puts.labels(label, "disputed").inc()
+        disputed = PutResult(
+            False,
+            reason=DISPUTED,
+            warnings=tuple(warnings),
+            tenant=tenant,
+            verified=False,
+            compared_id=held.entry_id,
+        )
+        return own, disputed
 
     def verify_flow(
         self, tenant: str, ticket: Ticket, response: str, result: PutResult, policy: TenantPolicy
@@ -214,10 +240,10 @@ class PutSteps:
         result says whether the two answers were the same. Two answers that agree
         confirm the fresh one too (under a bound, its exact repeats are then served
         without another verification)."""
-        verified, _ = yield from self.verifier.verify_flow(tenant, ticket, response)
+        verified = (yield from self.verifier.verify_flow(tenant, ticket, response)).same
         if verified and result.entry_id != ticket.entry_id and result.entry_id is not None:
             yield from self.verifier.confirm_flow(tenant, result.entry_id, policy)
-        return dataclasses.replace(result, verified=verified)
+        return dataclasses.replace(result, verified=verified, compared_id=ticket.entry_id)
 
     def near_duplicate_flow(
         self, keys: TenantKeys, vec: Vector, scope: str, dedup: float
@@ -253,6 +279,12 @@ class PutSteps:
         return replaced, result
 
 
+#: Why a put whose answer disagreed with the question's own cached entry did not store it.
+DISPUTED = (
+    "disputed: the cached answer disagrees with this one; it stays, held out until the "
+    "next answer settles which is right"
+)
+
 #: Why a put without an embedding fails when the manager has no ``embed_fn``.
 NO_EMBEDDING = "no embedding: pass embedding=... or create the manager with an embed_fn"
 
@@ -263,4 +295,4 @@ def reason_label(reason: str) -> str:
     return "_".join(words[:4]) or "unknown"
 
 
-__all__ = ["NO_EMBEDDING", "PutSteps", "reason_label"]
+__all__ = ["DISPUTED", "NO_EMBEDDING", "PutSteps", "reason_label"]

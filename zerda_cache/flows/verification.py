@@ -11,14 +11,24 @@ candidate (``Verifier.verify_flow``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import math
 import unicodedata
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import msgpack
+
 from zerda_cache.companions.context import ContextCache
 from zerda_cache.core.entry import IntelligentCacheEntry
-from zerda_cache.core.errors import CorruptEntryError, EntryNotFoundError, StorageError
+from zerda_cache.core.errors import (
+    CorruptEntryError,
+    EntryNotFoundError,
+    InvalidEntryError,
+    StorageError,
+)
 from zerda_cache.learning.bandit import CachePolicyLearner, FeedbackSignal
 from zerda_cache.learning.match_model import Features
 from zerda_cache.learning.tenant_policy import TenantPolicy
@@ -80,9 +90,68 @@ class Ticket(NamedTuple):
     exact: bool = False
 
 
+class Comparison(NamedTuple):
+    """What a verification found (``Verifier.verify_flow``)."""
+
+    #: the cached answer is the same as the fresh one (``None``: not compared: the
+    #: candidate is gone, or the judge failed)
+    same: bool | None
+    #: the candidate as read (``None``: gone)
+    cached: IntelligentCacheEntry | None
+    #: the question's own entry carried a dispute, which this verification settled
+    settled: bool = False
+    #: the fresh answer agrees with the one the dispute recorded (two fresh answers
+    #: against the cached one)
+    agrees_with_dispute: bool = False
+
+
 def ticket_key(tenant: str, query: str, scope: str) -> str:
     """Where a lookup's ticket for ``query`` waits for the put that verifies it."""
     return tenant + "\n" + codec.query_digest(query, scope)
+
+
+#: The version mark of a verify token (``encode_ticket``).
+TOKEN_PREFIX = "zv1."
+
+
+def encode_ticket(tenant: str, query: str, scope: str, ticket: Ticket) -> str:
+    """A verify token: ``ticket`` for the put of ``query`` (in ``scope``) of ``tenant``,
+    as text the app can carry to any replica (``put(verify_token=...)``), where this
+    replica's memory (``Verifier.hold``) reaches only its own puts. It names the
+    candidate and how it matched; nothing in it is secret, and a put checks that it is
+    for that tenant and question."""
+    entry_id, similarity, features, level, exact = ticket
+    feats = None if features is None else [float(f) for f in features]
+    digest = codec.query_digest(query, scope)
+    packed = msgpack.packb([tenant, digest, entry_id, float(similarity), feats, level, exact])
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(packed).decode().rstrip("=")
+
+
+def decode_ticket(token: object, tenant: str, query: str, scope: str) -> Ticket:
+    """The ticket of a verify token (``encode_ticket``) for ``query`` of ``tenant``.
+
+    Raises:
+        InvalidEntryError: not a verify token, or one for another tenant or question.
+    """
+    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX) or len(token) > 4096:
+        raise InvalidEntryError("verify_token is not a token a lookup returned")
+    body = token[len(TOKEN_PREFIX) :]
+    try:
+        raw = msgpack.unpackb(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        t, digest, entry_id, similarity, feats, level, exact = raw
+        similarity = float(similarity)
+        features = None if feats is None else tuple(float(f) for f in feats)
+        level, exact = int(level), bool(exact)
+    except (ValueError, TypeError, binascii.Error, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError):  # fmt: skip
+        raise InvalidEntryError("verify_token is not a token a lookup returned") from None
+    if t != tenant or digest != codec.query_digest(query, scope):
+        raise InvalidEntryError("verify_token was given for another tenant or question")
+    if not isinstance(entry_id, str) or not math.isfinite(similarity):
+        raise InvalidEntryError("verify_token is not a token a lookup returned")
+    if features is not None and len(features) != 3:
+        raise InvalidEntryError("verify_token is not a token a lookup returned")
+    return Ticket(entry_id, similarity, features, level, exact)
 
 
 class Verifier:
@@ -116,19 +185,16 @@ class Verifier:
         """Ask the app's next put of ``query`` (in ``scope``) to verify ``ticket``."""
         self.tickets.put(ticket_key(tenant, query, scope), ticket)
 
-    def verify_flow(
-        self, tenant: str, ticket: Ticket, fresh: str
-    ) -> Flow[tuple[bool | None, IntelligentCacheEntry | None]]:
+    def verify_flow(self, tenant: str, ticket: Ticket, fresh: str) -> Flow[Comparison]:
         """Compare the fresh answer with the candidate a lookup held back, and learn from
         it: one label of the tenant's calibration (with the match's features), one signal
-        on the entry's arm (at the similarity it was matched at). Returns whether they
-        were the same (``None`` when the candidate is gone meanwhile or the judge
-        failed) and the candidate as read.
+        on the entry's arm (at the similarity it was matched at).
 
-        The question's own entry may carry a dispute (``dispute_flow``): its answer
-        replaced one it disagreed with, counted wrong. This verification's answer breaks
-        the tie: the same as the entry's, the replaced answer stays wrong; the same as
-        the replaced one, its label turns right."""
+        The question's own entry may carry a dispute (``dispute_flow``): an earlier
+        fresh answer disagreed with it, and it was counted wrong meanwhile. This answer
+        settles it: the same as the cached one, that label turns right; otherwise it
+        stands (and ``Comparison.agrees_with_dispute`` says whether the two fresh answers
+        agree)."""
         entry_id, similarity, features, level, exact = ticket
         st = self.storage
         try:
@@ -140,15 +206,15 @@ class Verifier:
             dispute: tuple[int, str] | None = replies[1] if exact else None
         except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
             log.debug("tenant %s: verification of %s dropped: %s", tenant, entry_id, exc)
-            return None, None
+            return Comparison(None, None)
         try:  # a step: an async judge (an LLM call) is awaited by the async driver
             right = bool((yield call(self.same_answer, cached.response, fresh)))
-            replaced_right = False
+            agrees = False
             if dispute is not None and not right:
-                replaced_right = bool((yield call(self.same_answer, dispute[1], fresh)))
+                agrees = bool((yield call(self.same_answer, dispute[1], fresh)))
         except Exception as exc:  # the answer is stored: a failing judge labels nothing
             log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
-            return None, cached
+            return Comparison(None, cached)
         # An HNSW index re-scores from float16 vectors: a match can come out a hair over 1.
         sim = min(1.0, max(-1.0, similarity))
         signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
@@ -156,18 +222,22 @@ class Verifier:
             features = (sim, *features[1:])
         yield from self.learn_flow(signal, label=True, features=features, level=level)
         if dispute is not None:
-            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute[0], replaced_right))
-        return right, cached
+            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute[0], right))
+        return Comparison(right, cached, dispute is not None, agrees)
 
-    def dispute_flow(self, tenant: str, entry_id: str, level: int, replaced: str) -> Flow[None]:
-        """Record on the fresh entry ``entry_id`` the answer it disagreed with (counted
-        wrong at ``level``), for its next verification to settle (``verify_flow``). A
-        refusal (a full server) leaves the label as it is: wrong, the safe side."""
-        plan = self.storage.plan_dispute(tenant, entry_id, level, replaced)
+    def dispute_flow(self, tenant: str, entry_id: str, level: int, fresh: str) -> Flow[bool]:
+        """Record on the question's own entry ``entry_id`` (at ``level``) the fresh answer
+        that disagreed with it: one disagreement is not a verdict (an LLM errs too), so
+        the entry stays, counted wrong meanwhile, and under a bound it is held out (its
+        next exact repeat is verified) until the next verification settles it
+        (``verify_flow``). False when it could not be recorded (the entry is gone, or a
+        full server refused it): the fresh answer is then stored as usual."""
+        plan = self.storage.plan_dispute(tenant, entry_id, level, fresh)
         try:
-            yield from self.storage.run_flow(plan)
+            return bool((yield from self.storage.run_flow(plan)))
         except StorageError as exc:
             log.debug("tenant %s: dispute not recorded: %s", tenant, exc)
+            return False
 
     def confirm_flow(self, tenant: str, entry_id: str, policy: TenantPolicy) -> Flow[None]:
         """A fresh answer two verifications agree on: a positive signal on its entry."""
@@ -210,4 +280,15 @@ class Verifier:
         self.learner.note_feedback(signal)
 
 
-__all__ = ["SameAnswer", "Ticket", "Verifier", "same_meaning", "same_text", "ticket_key"]
+__all__ = [
+    "TOKEN_PREFIX",
+    "Comparison",
+    "SameAnswer",
+    "Ticket",
+    "Verifier",
+    "decode_ticket",
+    "encode_ticket",
+    "same_meaning",
+    "same_text",
+    "ticket_key",
+]

@@ -120,6 +120,27 @@ def wilson_upper(errors: float, n: float, z: float = Z_95) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class Serving:
+    """What a tenant serves under a bound (``Calibration.serving``), for reports."""
+
+    #: the bound
+    max_error_rate: float
+    #: the score a near match needs (its similarity without a match model); ``None``:
+    #: no near match is served yet (every one is verified)
+    threshold: float | None
+    #: the lowest level of exact repeats served (``exact_level``; 0: any servable entry);
+    #: ``None``: none is served, every exact repeat is verified
+    exact_level: int | None
+    #: wrong serves per request of serving so, the point estimate and its 95% upper
+    #: bound (the one held under ``max_error_rate``)
+    estimated_error: float
+    error_bound: float
+    #: the labels behind it: near matches' and exact repeats'
+    labels: float
+    exact_labels: float
+
+
+@dataclass(frozen=True, slots=True)
 class Calibration:
     """A tenant's labelled outcomes per similarity bin, and its stored error bound."""
 
@@ -244,6 +265,29 @@ class Calibration:
         confirmed is trusted until its level's labels speak); with them, ``NEVER``."""
         bar, _, spend = self._exact_choice(max_error_rate)
         return bar, spend
+
+    def serving(self, max_error_rate: float) -> Serving:
+        """The threshold and exact-repeat level served under ``max_error_rate``, with
+        their estimated wrong serves per request (what ``tenant show`` reports)."""
+        bar, exact_estimate, exact_bound = self._exact_choice(max_error_rate)
+        threshold = self.threshold(max_error_rate)
+        near_estimate = near_bound = 0.0
+        if threshold is not None:
+            edge = bin_of(threshold)
+            for i, estimate, bound in self._near_costs(MIN_LABELS):
+                if i == edge:
+                    near_estimate, near_bound = estimate, bound
+        margin = math.hypot(exact_bound - exact_estimate, near_bound - near_estimate)
+        level = None if bar >= NEVER else exact_level(bar) if bar > 0 else 0
+        return Serving(
+            max_error_rate,
+            threshold,
+            level,
+            exact_estimate + near_estimate,
+            exact_estimate + near_estimate + margin,
+            self.labels,
+            self.exact_right + self.exact_wrong + sum(self.level_right) + sum(self.level_wrong),
+        )
 
     def _exact_choice(self, max_error_rate: float) -> tuple[float, float, float]:
         """``exact_plan`` with the estimate of the spend too: (bar, estimate, bound)."""
@@ -525,6 +569,7 @@ __all__ = [
     "MIN_LABELS",
     "NEVER",
     "Calibration",
+    "Serving",
     "LabelLogs",
     "bin_of",
     "check_error_rate",

@@ -247,6 +247,9 @@ class EntryPlans(PlanBase):
         (``not_own``: the lookup ranks that one first); if it names this one, it is
         served as the question's own entry, at similarity 1 and under ``own_bar`` too.
         Whatever the status, the outcome's ``own`` is the entry the digest names.
+        ``own_bar`` without ``asked``: this entry is the question's own, under an error
+        bound. Under a bound, the question's own entry is not served while it carries a
+        dispute (``DISPUTED``: two answers disagreed, a verification settles it).
 
         ``rivals`` (with ``asked``): ``(id, similarity)`` of the lookup's candidates
         within ``similarity_tie_margin`` of this one. It is served only if the ranking
@@ -280,6 +283,8 @@ class EntryPlans(PlanBase):
         if asked is not None:
             keys += [k.q, k.log]
             args += [asked, "" if own_bar is None else repr(float(own_bar)), peek or "", PEEK_COUNT]
+        elif own_bar is not None:  # the question's own entry, known to the lookup
+            args += ["", repr(float(own_bar)), "", PEEK_COUNT]
         if tied:
             keys += [k.entry(eid) for eid in ids]
             args += self.tie_args(rl, rivals, ids)
@@ -328,7 +333,7 @@ class EntryPlans(PlanBase):
             status = _HIT_STATUS[code]
             if status is HitStatus.CORRUPT:
                 log.warning("corrupt entry %s not served", key)
-            reward = float(res[1]) if code == -4 and len(res) > 1 else None
+            reward = float(res[1]) if code in (-4, -8) and len(res) > 1 else None
             return HitOutcome(status, reward=reward, own=own, log=news)
         try:
             entry = served_entry(tenant, entry_id, key, res)
@@ -459,6 +464,7 @@ _HIT_STATUS = {
     -5: HitStatus.BELOW_BAR,
     -6: HitStatus.NOT_OWN,
     -7: HitStatus.TIED,
+    -8: HitStatus.DISPUTED,
 }
 
 

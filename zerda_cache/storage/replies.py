@@ -93,6 +93,9 @@ class HitStatus(enum.StrEnum):
     NOT_OWN = "not_own"
     #: a rival within the tie margin may rank above it: the lookup ranks them itself
     TIED = "tied"
+    #: the question's own entry under an error bound carries a dispute (two answers
+    #: disagreed): held out until a verification settles it
+    DISPUTED = "disputed"
 
 
 @dataclass(frozen=True, slots=True)

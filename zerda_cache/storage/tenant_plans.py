@@ -304,18 +304,16 @@ class TenantPlans(PlanBase):
         keys = [self.keys(tenant).cal, self.keys(tenant).lab]
         return ScriptCall("label", keys, args, lambda res: float(res))
 
-    def plan_dispute(
-        self, tenant: str, entry_id: str, level: int, replaced: str
-    ) -> ScriptCall[bool]:
-        """Plan recording on ``entry_id`` (a fresh answer) that it disagreed with the
-        cached answer ``replaced`` of an entry at exact-repeat ``level``, whose wrong
-        label its own next verification may take back (``dispute.lua``)."""
-        payload = msgpack.packb([int(level), replaced])
+    def plan_dispute(self, tenant: str, entry_id: str, level: int, fresh: str) -> ScriptCall[bool]:
+        """Plan recording on ``entry_id`` (a question's own entry at exact-repeat
+        ``level``) the fresh answer ``fresh`` that disagreed with it; its wrong label
+        the entry's next verification may take back (``dispute.lua``)."""
+        payload = msgpack.packb([int(level), fresh])
         keys = [self.keys(tenant).entry(entry_id)]
         return ScriptCall("dispute", keys, [payload], lambda res: bool(int(res)))
 
     def read_dispute(self, tenant: str, entry_id: str) -> ReadPlan[tuple[int, str] | None]:
-        """The dispute an entry carries (``plan_dispute``): (level, replaced answer)."""
+        """The dispute an entry carries (``plan_dispute``): (level, the fresh answer)."""
         key = self.keys(tenant).entry(entry_id)
 
         def queue(pipe: Any) -> None:
@@ -336,13 +334,13 @@ class TenantPlans(PlanBase):
         return ReadPlan("read dispute", queue, parse, 1)
 
     def plan_resolve(
-        self, tenant: str, entry_id: str, level: int, replaced_was_right: bool
+        self, tenant: str, entry_id: str, level: int, was_right: bool
     ) -> ScriptCall[bool]:
-        """Plan taking ``entry_id``'s dispute away; ``replaced_was_right``: a third
-        answer agreed with the replaced one, so its wrong label becomes a right one."""
+        """Plan taking ``entry_id``'s dispute away; ``was_right``: the next answer agreed
+        with the entry's, so its wrong label becomes a right one."""
         k = self.keys(tenant)
         suffix = f"e{level}" if level else "e"
-        args = ["1" if replaced_was_right else "0", suffix]
+        args = ["1" if was_right else "0", suffix]
         return ScriptCall("resolve", [k.entry(entry_id), k.cal], args, lambda r: bool(int(r)))
 
     def plan_calibrate(

@@ -6,7 +6,8 @@
 -- ARGV[8] the serving bar of the expected reward ('' = serve whatever the reward)
 -- ARGV[9] the similarity this entry matched at ('' = unknown)
 -- ARGV[10] the digest of the question asked ('' = not a speculative near match)
--- ARGV[11] the bar of the question's own entry ('' = none)
+-- ARGV[11] the bar of the question's own entry under an error bound ('' = none); given
+-- without a digest, this entry is the question's own (the lookup knows it already)
 -- ARGV[12] the lookup's position in the log, to peek from ('' = no peek)
 -- ARGV[13] the most events the peek returns
 -- returns {1, state, doc, meta, the confidence before this use} served (the state as
@@ -14,7 +15,9 @@
 -- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
 -- {-4, expected reward at now} expected reward below the bar; {-5} similarity below the
 -- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
--- {-7} a tie it may not win (nothing written, not served, for -4 to -7).
+-- {-7} a tie it may not win; {-8, expected reward at now} the question's own entry under
+-- an error bound carries a dispute (dispute.lua): held out until a verification settles
+-- it (nothing written, not served, for -4 to -8).
 -- With a digest (a lookup serving its best near match before it knows whether the
 -- question is cached itself): if the digest names another entry, that one is the
 -- lookup's to rank first, so this one is not served; if it names this one, it is served
@@ -51,6 +54,7 @@ local tied = ARGV[14] and ARGV[14] ~= ''  -- a tie: rivals to outrank (ARGV[14..
 local asked = ARGV[10] and ARGV[10] ~= ''
 -- The question's own entry, if it has one (read first: every reply carries it).
 local own = asked and redis.call('HGET', KEYS[6], ARGV[10]) or nil
+local own_bar = tonumber(ARGV[11] or '')
 
 -- Whether this entry (its arm at now, matched at `similarity`) is sure to rank above the
 -- rivals: false for a rival that may rank above it, or whose state cannot be read here.
@@ -98,7 +102,7 @@ end
 
 local function serve()
   local score = redis.call('ZSCORE', KEYS[2], id)
-  local raw = redis.pcall('HMGET', KEYS[1], 'meta', 'doc')
+  local raw = redis.pcall('HMGET', KEYS[1], 'meta', 'doc', 'dsp')
   if raw.err then
     -- A key of another type (hand-made damage): never served, reported for eviction.
     redis.call('SADD', KEYS[5], id)
@@ -115,12 +119,13 @@ local function serve()
   if own and own ~= id then
     return {-6}
   end
+  -- The question's own entry under a bound: named by the digest, or by the lookup.
+  local held = own_bar and (own or not asked)
   if own then
     similarity = 1
-    local own_bar = tonumber(ARGV[11])
-    if own_bar and (not bar or own_bar > bar) then
-      bar = own_bar
-    end
+  end
+  if held and (not bar or own_bar > bar) then
+    bar = own_bar
   end
   local arm, use, size = zc_state(state)
   if not arm then
@@ -137,6 +142,9 @@ local function serve()
   local reward = arm.a / (arm.a + arm.b)
   if bar and reward < bar then
     return {-4, string.format('%.17g', reward)}
+  end
+  if held and raw[3] then
+    return {-8, string.format('%.17g', reward)}
   end
   if similarity and similarity < use.sb then
     return {-5}

@@ -1,5 +1,5 @@
 -- KEYS[1] an entry hash with a dispute (dispute.lua)  KEYS[2] the tenant's cal hash
--- ARGV[1] 1 = the replaced answer was right after all (a third answer agreed with it),
+-- ARGV[1] 1 = the entry's answer was right after all (the next answer agreed with it),
 -- 0 = it stands as wrong  ARGV[2] the exact repeats' label suffix of its level (e, e<k>)
 -- returns 1 if a dispute was resolved, 0 if there was none (resolved meanwhile)
 -- Takes the dispute away once, and with ARGV[1] = 1 turns the wrong label it was counted
