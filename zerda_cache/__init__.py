@@ -24,7 +24,7 @@ from zerda_cache.core.errors import (
 )
 from zerda_cache.flows.verification import same_meaning, same_text
 from zerda_cache.learning.bandit import CachePolicyLearner, EvictionCandidate, FeedbackSignal
-from zerda_cache.manager import AdmissionCheck, CacheHit, CacheManager, PutResult
+from zerda_cache.manager import AdmissionCheck, CacheHit, CacheManager, Decision, PutResult
 from zerda_cache.storage import AsyncRedisStorage, RedisStorage
 
 __version__ = "0.2.0"
@@ -39,6 +39,7 @@ __all__ = [
     "CacheManager",
     "CachePolicyLearner",
     "CorruptEntryError",
+    "Decision",
     "DimensionMismatchError",
     "EntryNotFoundError",
     "EvictionCandidate",

@@ -1,6 +1,7 @@
 """``CacheManager``: the facade app developers use in every replica (sync driver).
 
-``lookup`` before calling the LLM, ``put`` after it, ``feedback`` when the user reacts.
+``lookup`` (or ``decide``, which also tells a miss from a verification under an error
+bound) before calling the LLM, ``put`` after it, ``feedback`` when the user reacts.
 Every method runs a flow of ``CacheEngine`` (``engine.py``) over a ``redis.Redis`` or
 ``RedisCluster`` client; ``AsyncCacheManager`` (``aio.py``) runs the same flows over
 ``redis.asyncio``.
@@ -8,7 +9,7 @@ Every method runs a flow of ``CacheEngine`` (``engine.py``) over a ``redis.Redis
 
 from __future__ import annotations
 
-from zerda_cache.core.results import CacheHit, PutResult
+from zerda_cache.core.results import CacheHit, Decision, PutResult
 from zerda_cache.flows.admission import AdmissionCheck, basic_admission, default_admission
 from zerda_cache.flows.engine import CacheEngine, EmbedFn
 from zerda_cache.storage.connect import connect
@@ -40,6 +41,7 @@ __all__ = [
     "AdmissionCheck",
     "CacheHit",
     "CacheManager",
+    "Decision",
     "EmbedFn",
     "PutResult",
     "basic_admission",

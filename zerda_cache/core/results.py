@@ -1,10 +1,11 @@
-"""What the cache's calls return: a served answer (``CacheHit``) and what a put did
-(``PutResult``). Each can make the ``FeedbackSignal`` about its entry."""
+"""What the cache's calls return: a served answer (``CacheHit``), what a lookup decided
+(``Decision``) and what a put did (``PutResult``). A hit and a put result can make the
+``FeedbackSignal`` about their entry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from zerda_cache.core.entry import FeedbackSignal, LLMUsage
 
@@ -49,6 +50,47 @@ class CacheHit:
 
 
 @dataclass(frozen=True, slots=True)
+class Decision:
+    """What a lookup decided (``CacheManager.decide``). ``bool(decision)`` is a hit.
+
+    Attributes:
+        kind: ``"hit"`` (``hit`` is the answer to serve), ``"miss"`` (call the LLM and
+            ``put`` its answer) or ``"verify"``: a miss too, but under an error bound a
+            cached candidate was held back; pass ``verify_token`` to the ``put`` of the
+            LLM's answer, on any replica, and that put compares the two answers.
+        reason: why, as a short code: ``exact``, ``near`` (hits); ``exact_unproven``,
+            ``near_unproven``, ``disputed``, ``explore`` (verifies); ``no_candidate``,
+            ``unservable``, ``unavailable`` (misses; ``unavailable``: Redis failed and
+            the lookup failed open). ``REASONS`` in ``flows/lookup.py`` says each in words.
+        hit: the served answer (a hit), else ``None``.
+        candidate_id: the entry held back (a verify), else ``None``.
+        similarity: the similarity it matched at (1.0: the question's own entry).
+        verify_token: for a verify, what ``put(..., verify_token=...)`` takes.
+        max_error_rate: the error bound it was decided under (``None``: none).
+        threshold: the score from which the bound serves near matches (their similarity
+            unless the tenant has a match model); ``None``: none yet, or no bound.
+        exact_level: the lowest level of exact repeats the bound serves (0: any servable
+            entry; ``calibration.exact_level``); ``None``: none, or no bound.
+        estimated_error: wrong serves per request of serving so, the labels' point
+            estimate (``None``: no bound).
+    """
+
+    kind: Literal["hit", "miss", "verify"]
+    reason: str
+    hit: CacheHit | None = None
+    candidate_id: str | None = None
+    similarity: float | None = None
+    verify_token: str | None = None
+    max_error_rate: float | None = None
+    threshold: float | None = None
+    exact_level: int | None = None
+    estimated_error: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.kind == "hit"
+
+
+@dataclass(frozen=True, slots=True)
 class PutResult:
     """What ``put`` did. ``bool(result)`` is ``stored``.
 
@@ -63,8 +105,9 @@ class PutResult:
         replaced_id: an entry this one replaced (same question, or a near-duplicate when
             ``dedup_threshold`` is set).
         tenant: the tenant it was put for.
-        verified: when the lookup before this put asked for a verification, whether the
-            cached answer it held back was the same as this fresh one (``None``: no
+        verified: when the lookup before this put asked for a verification (its
+            ``verify_token``, or a ticket this replica's lookup left), whether the cached
+            answer it held back was the same as this fresh one (``None``: no
             verification).
         compared_id: the cached entry this answer was compared with (``verified``).
             Under an error bound, a fresh answer that disagrees with the question's own
@@ -123,4 +166,4 @@ def feedback_signal(
     )
 
 
-__all__ = ["CacheHit", "PutResult", "feedback_signal"]
+__all__ = ["CacheHit", "Decision", "PutResult", "feedback_signal"]

@@ -21,9 +21,7 @@ import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Self
-
-import numpy as np
+from typing import Any, Literal, Self
 
 from zerda_cache.companions.context import (
     AdaptiveLearningSystem,
@@ -33,7 +31,7 @@ from zerda_cache.companions.context import (
 from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.entry import LLMUsage
 from zerda_cache.core.errors import InvalidFeedbackError, StorageError
-from zerda_cache.core.results import CacheHit, PutResult
+from zerda_cache.core.results import CacheHit, Decision, PutResult
 from zerda_cache.core.savings import cost, from_stats, price_table, stat_fields
 from zerda_cache.core.validation import (
     check_query,
@@ -45,7 +43,13 @@ from zerda_cache.flows.counting import LookupCounts, record_window
 from zerda_cache.flows.lookup import Found, LookupSteps
 from zerda_cache.flows.put import PutSteps
 from zerda_cache.flows.ranking import LocalClock, Ranking
-from zerda_cache.flows.verification import SameAnswer, Verifier, same_text, ticket_key
+from zerda_cache.flows.verification import (
+    SameAnswer,
+    Verifier,
+    encode_ticket,
+    same_text,
+    ticket_key,
+)
 from zerda_cache.learning.bandit import CachePolicyLearner, FeedbackSignal
 from zerda_cache.learning.calibration import check_error_rate
 from zerda_cache.learning.tenant_policy import TenantPolicy
@@ -112,14 +116,9 @@ class CacheEngine:
         self.client = client
         self.config: CacheConfig = self.storage.config
         self.embed_fn = embed_fn
-        self.admission: AdmissionCheck = (
-            admission if admission is not None else default_admission(self.config)
-        )
-        self.learner = (
-            learner
-            if learner is not None
-            else CachePolicyLearner(self.config.rl, self.config.eviction)
-        )
+        self.admission = admission if admission is not None else default_admission(self.config)
+        rl, eviction = self.config.rl, self.config.eviction
+        self.learner = learner if learner is not None else CachePolicyLearner(rl, eviction)
         self.metrics = metrics if metrics is not None else default_replica_metrics()
         #: The replica's rolling windows (seed: AdaptiveLearningSystem): lookup latency,
         #: answer length, candidates, admission failures; exported as replica metrics.
@@ -139,12 +138,8 @@ class CacheEngine:
         #: ``policy_refresh_s``.
         self.policies = PolicyCache(self.storage)
         #: The verifications lookups ask for, and learning from every signal.
-        self.verifier = Verifier(
-            self.storage,
-            self.learner,
-            self.policies,
-            same_answer if same_answer is not None else same_text,
-        )
+        judge = same_answer if same_answer is not None else same_text
+        self.verifier = Verifier(self.storage, self.learner, self.policies, judge)
         #: This replica's vector indexes: builds, catch-up, readiness (``replica/indexes.py``).
         self.indexes = ReplicaIndexes(
             self.storage,
@@ -163,7 +158,6 @@ class CacheEngine:
             self.verifier,
             Ranking(self.learner),
             local_clock,
-            np.random.default_rng(self.config.rl.seed),
         )
         self.put_steps = PutSteps(
             self.storage,
@@ -219,9 +213,8 @@ class CacheEngine:
         level (its expected reward: one positive signal confirms it) prove them within
         half the bound, and until the tenant has such labels, once a positive signal
         confirmed it (see ``calibration.py``). A candidate that is not served is to be
-        *verified*: this returns ``None`` as for a miss, and the next ``put`` of this
-        question (the fresh answer of the app's LLM) is compared with the candidate's
-        answer (``same_answer``), which teaches the cache (``PutResult.verified``).
+        *verified*: this returns ``None`` as for a miss; ``decide`` tells the two apart
+        and returns the token for the ``put`` that compares the answers.
 
         Fails open: if Redis is unreachable or slower than ``redis_timeout_s``, this
         returns ``None``, logs once per outage and counts it. Bad input still raises.
@@ -233,9 +226,57 @@ class CacheEngine:
             DimensionMismatchError: an embedding of another dimension than the tenant's.
             InvalidSettingError: a bound not in (0, 1).
         """
+        found, _, _, _ = yield from self.found_flow(query, tenant, embedding, scope, max_error_rate)
+        return found.hit if found is not None else None
+
+    def decide_flow(
+        self,
+        query: str,
+        *,
+        tenant: str,
+        embedding: object | None = None,
+        scope: str | None = None,
+        max_error_rate: float | None = None,
+    ) -> Flow[Decision]:
+        """What ``lookup`` does, told in full: a ``Decision`` whose ``kind`` is ``hit``
+        (its ``hit`` is the answer), ``miss`` or ``verify``, with the ``reason`` and,
+        under an error bound, what the bound serves from. A verify carries the
+        ``verify_token`` to pass to the ``put`` of the LLM's answer: the put verifies
+        the candidate held back on whichever replica it runs (without the token, only a
+        put on this replica does). Fails open as ``lookup`` does: a miss whose reason is
+        ``unavailable``. Raises what ``lookup`` raises."""
+        asked = yield from self.found_flow(query, tenant, embedding, scope, max_error_rate)
+        found, query, checked, override = asked
+        cached = self.policies.cached.get(tenant)  # as the lookup read or refreshed it
+        policy = cached[1] if cached is not None else TenantPolicy(tenant, self.config)
+        bound = policy.bound(override)
+        if found is None:  # failed open
+            return Decision("miss", "unavailable", max_error_rate=bound)
+        rule = policy.calibration.serving(bound) if bound is not None else None
+        served: tuple[Any, ...] = (bound, None, None, None)  # (no rule without a bound)
+        if rule is not None:
+            served = (bound, rule.threshold, rule.exact_level, rule.estimated_error)
+        ticket = found.ticket if found.verify else None
+        if ticket is None:
+            kind: Literal["hit", "miss"] = "hit" if found.hit is not None else "miss"
+            return Decision(kind, found.reason, found.hit, None, None, None, *served)
+        token = encode_ticket(tenant, query, checked, ticket)
+        sim = ticket.similarity
+        return Decision("verify", found.reason, None, ticket.entry_id, sim, token, *served)
+
+    def found_flow(
+        self,
+        query: str,
+        tenant: str,
+        embedding: object | None,
+        scope: str | None,
+        max_error_rate: float | None,
+    ) -> Flow[tuple[Found | None, str, str, float | None]]:
+        """The lookup of ``lookup_flow`` and ``decide_flow``, counted: what it found
+        (``None``: it failed open), with the query, scope and bound as checked."""
         keys = self.storage.keys(tenant)
         query = check_query(query, self.config.max_query_chars)
-        scope = check_scope(scope)
+        checked = check_scope(scope)
         override = check_error_rate(max_error_rate)
         if embedding is not None:  # (as embedding_flow does, without a flow of its own)
             vec: Vector | None = codec.normalize_vector(embedding)
@@ -243,12 +284,11 @@ class CacheEngine:
             vec = yield from self.embedding_flow(query, None)
         started = time.perf_counter()  # the latency metric excludes the embedding
         try:
-            found = yield from self.lookup_steps.find_flow(keys, query, vec, scope, override)
+            found = yield from self.lookup_steps.find_flow(keys, query, vec, checked, override)
         except StorageError as exc:
             self._fail_open(tenant, exc)
-            return None
-        if self._outage_since is not None:
-            self._recovered()
+            return None, query, checked, override
+        self._recovered()
         if found.hit is not None and found.hit.usage is not None:
             self._count_savings(tenant, "saved", found.hit.usage)
         if found.level is not None:  # an exact repeat: counted at its entry's level
@@ -256,7 +296,7 @@ class CacheEngine:
             sample = cached is not None and cached[1].bound(override) is not None
             self.counts.exact(tenant, found.level, time.monotonic(), sample)
         self._record_lookup(tenant, query, found, started)
-        return found.hit
+        return found, query, checked, override
 
     def read_tenant_policy_flow(self, tenant: str) -> Flow[TenantPolicy]:
         """The tenant's policy as this manager applies it, read from Redis now."""
@@ -290,12 +330,17 @@ class CacheEngine:
         scope: str | None = None,
         tags: Sequence[str] | None = None,
         usage: LLMUsage | Mapping[str, Any] | None = None,
+        verify_token: str | None = None,
     ) -> Flow[PutResult]:
         """Cache ``response`` as the answer to ``query``. ``tags``: labels to invalidate
         it by later (``invalidate_tag``): the document it was built on, its source.
         ``usage``: what the LLM call that made it cost (``LLMUsage``, or the OpenAI
         response's ``usage`` with its ``model``): each hit then counts as that call
         saved (``stats(tenant)["savings"]``, the ``zerda_cache_saved_*`` metrics).
+        ``verify_token``: a verify's token (``Decision.verify_token``, from ``decide``
+        on any replica): this put's answer is compared with the candidate that lookup
+        held back (``PutResult.verified``). Without it, the put settles the
+        verification a lookup on this replica left for the question, if any.
 
         The admission check runs first; a refused answer is not cached and the result
         says why. An earlier entry for the same normalised question and scope is replaced,
@@ -303,15 +348,15 @@ class CacheEngine:
 
         Raises:
             InvalidTenantError: a bad tenant id; nothing is written.
-            InvalidEntryError: a bad query, answer, scope, TTL, metadata, tags or usage;
-                nothing is written.
+            InvalidEntryError: a bad query, answer, scope, TTL, metadata, tags or usage,
+                or a ``verify_token`` that is not one, or is another tenant's or
+                question's; nothing is written.
             InvalidEmbeddingError: a bad embedding, or none and no ``embed_fn``.
             DimensionMismatchError: an embedding of another dimension than the tenant's.
             StorageError: Redis failed.
         """
-        return self.put_steps.put_flow(
-            query, response, tenant, embedding, ttl_s, quality, metadata, scope, tags, usage
-        )
+        where = (tenant, embedding, ttl_s, quality, metadata, scope, tags, usage)
+        return self.put_steps.put_flow(query, response, *where, verify_token=verify_token)
 
     # -- feedback and management -----------------------------------------------------------
     def feedback_flow(self, signal: FeedbackSignal) -> Flow[None]:
@@ -432,6 +477,7 @@ class CacheEngine:
         yield from self.storage.close_flow()
 
     lookup = op(lookup_flow)
+    decide = op(decide_flow)
     put = op(put_flow)
     feedback = op(feedback_flow)
     invalidate = op(invalidate_flow)
@@ -502,13 +548,9 @@ class CacheEngine:
     def awaiting_verification(self, query: str, *, tenant: str, scope: str | None = None) -> bool:
         """Is a verification of ``query`` pending on this replica: did a lookup under an
         error bound hold a candidate back, so that the next ``put`` of this question (in
-        the same scope, within 15 minutes) compares its answer with the candidate's?
-
-        ``lookup`` returns ``None`` both for a miss and for such a verify; call this right
-        after a ``None`` to tell them apart (the HTTP service's ``decision``). It reads this
-        replica's memory only, as ``put`` does, so a put sent to another replica verifies
-        nothing. A lookup that leaves a ticket makes this true until that put; a put of
-        the question, or 15 minutes, makes it false again.
+        the same scope, within 15 minutes) on this replica compares its answer with the
+        candidate's? It reads this replica's memory only; ``decide`` says the same as part
+        of the lookup, with a token that lets a put on any replica verify.
 
         Raises:
             InvalidTenantError, InvalidEntryError: bad input, as ``lookup`` would.
