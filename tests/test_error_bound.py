@@ -23,6 +23,7 @@ from zerda_cache.learning.calibration import (
     BIN_WIDTH,
     CONFIRMED_REWARD,
     EXACT_LEVELS,
+    EXPLORE_LABELS,
     MIN_LABELS,
     N_BINS,
     NEVER,
@@ -301,7 +302,7 @@ def test_the_bound_per_call_and_per_tenant(make_manager: Any, redis_client: redi
 def test_exploration_verifies_some_servable_matches(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:
-    teach(redis_client, "t", {0.96: (300, 0)})
+    teach(redis_client, "t", {0.96: (150, 0)})  # under EXPLORE_LABELS: all of verify_rate
     always = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=1.0))
     v = unit(9)
     put = always.put("q", "a", tenant="t", embedding=v)
@@ -317,6 +318,30 @@ def test_exploration_verifies_some_servable_matches(
     assert exact_level(2 / 3) == 2 and cal.level_right[2 - 1] == 1.0
     never = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
     assert never.lookup("q", tenant="t", embedding=v) is not None  # confirmed: served
+
+
+def test_exploration_falls_off_as_labels_stand_behind_what_is_served(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """``verify_rate`` is a ceiling: with many labels at and above the threshold, a
+    servable near match is verified at ``verify_rate * EXPLORE_LABELS / labels``."""
+    right = [0.0] * len(Calibration().right)
+    right[bin_of(0.96)] = 2_000.0
+    cal = Calibration(right=tuple(right))
+    assert cal.exploration(0.02) == (1.0, EXPLORE_LABELS / 2_000)
+    few = [0.0] * len(right)
+    few[bin_of(0.96)] = 50.0
+    assert Calibration(right=tuple(few)).exploration(0.02)[1] == 1.0
+    assert Calibration().exploration(0.02) == (1.0, 1.0)  # nothing served: all verified
+    teach(redis_client, "t", {0.96: (2_000, 0)})
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=1.0))
+    v = unit(19)
+    m.put("q", "a", tenant="t", embedding=v)
+    verified = sum(
+        m.lookup(f"q{i}", tenant="t", embedding=near(v, 0.98, 100 + i)) is None
+        for i in range(200)
+    )
+    assert 5 <= verified <= 40  # about 10% of 200, the same on every run (hashed draws)
 
 
 def test_feedback_under_a_bound_labels_the_match(
@@ -707,3 +732,29 @@ def test_same_meaning_compares_answer_embeddings() -> None:
     assert not same_meaning(vectors.__getitem__, 0.99)("Paris.", "It is Paris")
     with pytest.raises(ValueError, match="threshold"):
         same_meaning(vectors.__getitem__, 0)
+
+
+@pytest.mark.parametrize("refresh_labels", [4, 1_000_000])
+def test_a_replica_follows_new_labels_within_a_few_labels_whatever_the_clock(
+    make_manager: Any, redis_client: redis.Redis, refresh_labels: int
+) -> None:
+    """Labels written elsewhere reach a replica's decisions through its lookups' round
+    trips (the label stamp), not a timer: with a policy refresh of an hour, the replica
+    serves a near match the new labels prove safe two lookups after it saw them."""
+    config = CacheConfig(
+        max_error_rate=0.05,
+        verify_rate=0.0,
+        policy_refresh_s=3600.0,
+        policy_refresh_labels=refresh_labels,
+    )
+    m = make_manager(config)
+    v = unit(90)
+    put = m.put("a question", "its answer", tenant="t", embedding=v)
+    m.feedback(FeedbackSignal(put.entry_id, "t", True))
+    query = near(v, 0.965, 91)
+    assert m.lookup("another", tenant="t", embedding=query) is None  # no labels: verify
+    teach(redis_client, "t", {0.96: (400, 0)})  # another replica's verifications
+    served = [m.lookup("another", tenant="t", embedding=query) is not None for _ in range(4)]
+    # one lookup sees the stamp, the next reads the policy in its round trip, the third
+    # decides with it
+    assert served == ([False, False, True, True] if refresh_labels == 4 else [False] * 4)

@@ -190,6 +190,11 @@ DEFAULT_LABEL_WINDOW = 20_000
 #: How often a replica re-reads a tenant's error bound and labels (in a lookup's pipeline,
 #: no round trip of its own).
 DEFAULT_POLICY_REFRESH_S = 2.0
+#: A replica re-reads a tenant's policy (in its next lookup's pipeline) once a lookup saw
+#: the tenant's label stamp this many labels ahead of the policy it holds: decisions
+#: follow labels, not the clock, so a stream replayed faster, or over more replicas,
+#: is decided the same way.
+DEFAULT_POLICY_REFRESH_LABELS = 4
 
 
 def _check_finite(name: str, value: float) -> None:
@@ -470,8 +475,9 @@ class CacheConfig:
         index_snapshots: a replica's index build loads the tenant's index snapshot when
             the worker has published one (tenants of ``snapshot_min_entries`` and more),
             and replays the log from its position, instead of scanning every vector.
-        label_window / policy_refresh_s: see ``DEFAULT_LABEL_WINDOW`` and
-            ``DEFAULT_POLICY_REFRESH_S``.
+        label_window / policy_refresh_s / policy_refresh_labels: see
+            ``DEFAULT_LABEL_WINDOW``, ``DEFAULT_POLICY_REFRESH_S`` and
+            ``DEFAULT_POLICY_REFRESH_LABELS``.
         token_prices: US dollars per million tokens, ``{model: (prompt, completion)}``,
             over ``savings.DEFAULT_PRICES``: what the savings metrics and ``stats`` count
             a hit's avoided call at (kept as a sorted tuple of ``(model, prompt,
@@ -505,6 +511,7 @@ class CacheConfig:
     verify_rate: float = DEFAULT_VERIFY_RATE
     label_window: int = DEFAULT_LABEL_WINDOW
     policy_refresh_s: float = DEFAULT_POLICY_REFRESH_S
+    policy_refresh_labels: int = DEFAULT_POLICY_REFRESH_LABELS
     index_snapshots: bool = True
     token_prices: Any = ()
     rl: RLConfig = field(default_factory=RLConfig)
@@ -524,6 +531,7 @@ class CacheConfig:
         _check_unit("verify_rate", self.verify_rate)
         _check_count("label_window", self.label_window)
         _check_positive("policy_refresh_s", self.policy_refresh_s)
+        _check_count("policy_refresh_labels", self.policy_refresh_labels)
         _check_unit("similarity_threshold", self.similarity_threshold)
         _check_count("top_k", self.top_k)
         if self.default_ttl_s is not None:

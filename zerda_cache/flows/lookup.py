@@ -16,12 +16,11 @@ of the question (``verification.py``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from zerda_cache.core.errors import DimensionMismatchError, StorageError
 from zerda_cache.core.results import CacheHit
@@ -109,6 +108,7 @@ class Lookup:
         "disputed",
         "exact_bar",
         "explore",
+        "explore_exact",
         "feats",
         "found",
         "ghosts",
@@ -148,7 +148,7 @@ class Lookup:
         scope: str,
         policy: TenantPolicy,
         override: float | None,
-        draw: float,
+        stamp: int,
     ) -> None:
         self.ti = ti
         self.tenant = ti.keys.tenant
@@ -165,10 +165,15 @@ class Lookup:
         # The question's exact-match digest: the entry it names is read by a speculative
         # hit's script (which checks it), else by a command of the round trip.
         self.digest = codec.query_digest(query, scope)
-        #: this lookup verifies a servable candidate instead of serving it (a bound's
-        #: ``verify_rate``, drawn as ``draw``)
-        self.explore = explore = draw < policy.config.verify_rate
         self.bound = bound = policy.bound(override)
+        #: this lookup verifies a servable candidate instead of serving it: an exact
+        #: repeat, a near match (``explore_draw``)
+        self.explore_exact = self.explore = False
+        if bound is not None and policy.config.verify_rate > 0:
+            draw = explore_draw(self.digest, stamp) / policy.config.verify_rate
+            exact_share, near_share = policy.calibration.exploration(bound)
+            self.explore_exact = draw < exact_share
+            self.explore = draw < near_share
         self.threshold = policy.threshold(override)
         self.model = policy.calibration.model
         # Each candidate's features and score (its similarity without a match model).
@@ -178,7 +183,7 @@ class Lookup:
         # reward must reach (0: any servable entry), and an exact repeat refused (or
         # disputed) is verified, never served another question's answer instead. None:
         # no bound.
-        bar = NEVER if explore else policy.exact_bar(override)
+        bar = NEVER if self.explore_exact else policy.exact_bar(override)
         self.exact_bar = None if bound is None else bar
         self.disputed = False  #: the question's own entry was held out for its dispute
         self.spec: Near | None = None  #: the candidate the first round trip tries to serve
@@ -206,6 +211,14 @@ class Lookup:
         )
 
 
+def explore_draw(digest: str, stamp: int) -> float:
+    """A lookup's exploration draw in [0, 1): a hash of its question and the tenant's
+    label stamp, not a random number, so that the same stream is explored the same way
+    on any number of replicas; a question is drawn anew once labels come in."""
+    raw = hashlib.blake2b(f"{digest}:{stamp}".encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "big") / 2.0**64
+
+
 def asked_level(exact_id: str | None, hit: CacheHit | None) -> int | None:
     """The level of an exact repeat's entry (``None``: the lookup was not one), known
     when it was served; 0 when not (a near match served instead)."""
@@ -227,7 +240,6 @@ class LookupSteps:
         verifier: the replica's verifications (a lookup may leave a ticket).
         ranking: orders candidates with the replica's learner.
         clock: the storage clock, estimated locally.
-        explore: draws whether a lookup verifies instead of serving (``verify_rate``).
     """
 
     def __init__(
@@ -239,7 +251,6 @@ class LookupSteps:
         verifier: Verifier,
         ranking: Ranking,
         clock: LocalClock,
-        explore: np.random.Generator,
     ) -> None:
         self.storage = storage
         self.indexes = indexes
@@ -248,7 +259,6 @@ class LookupSteps:
         self.verifier = verifier
         self.ranking = ranking
         self.clock = clock
-        self.explore = explore
         # Scripts cannot run inside Redis Cluster pipelines: there, two round trips.
         self.speculate = not storage.cluster
 
@@ -276,7 +286,8 @@ class LookupSteps:
             refresh = False
         else:
             policy, refresh = known
-        lookup = Lookup(ti, query, vec, scope, policy, override, self.explore.random())
+        stamp = self.policies.stamps.get(keys.tenant, 0)
+        lookup = Lookup(ti, query, vec, scope, policy, override, stamp)
         self.plan_first(lookup)
         trip = self.trip(lookup, refresh)
         changed = yield from self.round_trip_flow(lookup, trip)
@@ -373,6 +384,7 @@ class LookupSteps:
             trip.try_hit(lookup.plan)
         else:
             trip.read_digest(st.read_digest(tenant, lookup.digest))
+            trip.read_stamp(st.read_stamp(tenant))
             if lookup.found:
                 trip.read_states(st.read_states(tenant, [eid for eid, _ in lookup.found]))
         return trip
@@ -386,6 +398,7 @@ class LookupSteps:
         tenant, ti, policy = lookup.tenant, lookup.ti, lookup.policy
         if trip.policy is not None:
             self.policies.keep(tenant, lookup.mono, trip.policy)
+        self.policies.saw(tenant, trip.stamp)
         if trip.own is None:  # an exact repeat is counted once its level is known
             bounded = lookup.bound is not None
             self.counts.near(tenant, lookup.found, lookup.feats, lookup.mono, policy, bounded)
@@ -625,7 +638,7 @@ class LookupSteps:
         if lookup.disputed:
             reason = "disputed"
         else:
-            reason = "explore" if lookup.explore else "exact_unproven"
+            reason = "explore" if lookup.explore_exact else "exact_unproven"
         return Found(None, lookup.n_found, True, level, ticket, reason)
 
     def plan_hit(

@@ -37,6 +37,8 @@ class LookupTrip:
     states: StateBatch | None = None
     #: The hit script's outcome on the candidate it tried.
     hit: HitOutcome | None = None
+    #: The tenant's label stamp (``PolicyCache.saw``), from the hit script or read.
+    stamp: int | None = None
 
     def __init__(self) -> None:
         self.parts: list[ReadPlan[Any] | ScriptCall[Any]] = []
@@ -62,6 +64,9 @@ class LookupTrip:
     def read_digest(self, plan: ReadPlan[str | None]) -> None:
         self.keep("own", plan)
 
+    def read_stamp(self, plan: ReadPlan[int]) -> None:
+        self.keep("stamp", plan)
+
     def read_states(self, plan: ReadPlan[StateBatch]) -> None:
         self.keep("states", plan)
 
@@ -84,6 +89,8 @@ class LookupTrip:
         hit = self.hit
         if hit is not None:
             self.own = hit.own
+            if hit.stamp is not None:
+                self.stamp = hit.stamp
             if hit.log is not None:
                 self.news = hit.log
 

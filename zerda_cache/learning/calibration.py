@@ -90,6 +90,10 @@ EXACT_LEVELS = (CONFIRMED_REWARD, 0.6, 0.7, 0.8, 0.9)
 N_LEVELS = len(EXACT_LEVELS) + 1
 #: A reward bar no arm reaches: every exact repeat is verified.
 NEVER = 2.0
+#: Labels behind a serving decision past which exploration (``verify_rate``) falls off:
+#: with ``n`` labels at or above the threshold (or on the exact-repeat levels served), a
+#: servable candidate is verified at ``verify_rate * min(1, EXPLORE_LABELS / n)``.
+EXPLORE_LABELS = 200
 
 
 def exact_level(reward: float) -> int:
@@ -166,6 +170,8 @@ class Calibration:
     level_right: tuple[float, ...] = field(default=(0.0,) * (N_LEVELS - 1))
     level_wrong: tuple[float, ...] = field(default=(0.0,) * (N_LEVELS - 1))
     level_traffic: tuple[float, ...] = field(default=(0.0,) * (N_LEVELS - 1))
+    #: The label stamp (``lv``): bumped by every label and policy change.
+    stamp: int = 0
     #: Thresholds computed so far, by bound (a lookup asks for one every time).
     _memo: dict[tuple[float, int], Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -237,6 +243,7 @@ class Calibration:
             tuple(levels["r"]),
             tuple(levels["w"]),
             tuple(levels["t"]),
+            _count(text.get("lv")),
         )
 
     @property
@@ -288,6 +295,31 @@ class Calibration:
             self.labels,
             self.exact_right + self.exact_wrong + sum(self.level_right) + sum(self.level_wrong),
         )
+
+    def exploration(self, max_error_rate: float) -> tuple[float, float]:
+        """The share of ``verify_rate`` a lookup under ``max_error_rate`` spends verifying
+        a candidate it could serve, for exact repeats and for near matches: all of it
+        while few labels stand behind what is served, then less and less
+        (``EXPLORE_LABELS`` over the labels), since each label then moves the bound
+        little. Where nothing is served (every candidate is verified anyway), 1."""
+        key = (max_error_rate, -2)
+        if key not in self._memo:
+            bar, _, _ = self._exact_choice(max_error_rate)
+            exact = 1.0
+            if bar < NEVER:
+                level = exact_level(bar) if bar > 0 else 0
+                right = (self.exact_right, *self.level_right)[level:]
+                wrong = (self.exact_wrong, *self.level_wrong)[level:]
+                exact = min(1.0, EXPLORE_LABELS / max(sum(right) + sum(wrong), 1.0))
+            near = 1.0
+            threshold = self.threshold(max_error_rate)
+            if threshold is not None:
+                i = bin_of(threshold)
+                labels = sum(self.right[i:]) + sum(self.wrong[i:])
+                near = min(1.0, EXPLORE_LABELS / max(labels, 1.0))
+            self._remember(key, (exact, near))
+        shares: tuple[float, float] = self._memo[key]
+        return shares
 
     def _exact_choice(self, max_error_rate: float) -> tuple[float, float, float]:
         """``exact_plan`` with the estimate of the spend too: (bar, estimate, bound)."""
@@ -566,11 +598,12 @@ __all__ = [
     "BIN_WIDTH",
     "CONFIRMED_REWARD",
     "EXACT_LEVELS",
+    "EXPLORE_LABELS",
     "MIN_LABELS",
     "NEVER",
     "Calibration",
-    "Serving",
     "LabelLogs",
+    "Serving",
     "bin_of",
     "check_error_rate",
     "exact_level",

@@ -136,13 +136,27 @@ class TenantFlows:
 class PolicyCache:
     """Each tenant's policy as one process applies it, with the monotonic time it was
     read: a policy is used at most ``policy_refresh_s`` after it was read, so that a
-    change made anywhere reaches this process within that time."""
+    change made anywhere reaches this process within that time; and once a lookup saw
+    the tenant's label stamp ``policy_refresh_labels`` ahead of it (``saw``), the next
+    lookup reads it again, so that decisions follow the labels whatever the pace."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self.config = storage.config
         #: tenant -> (monotonic time it was read, the policy)
         self.cached: dict[str, tuple[float, TenantPolicy]] = {}
+        #: tenant -> the newest label stamp a lookup's round trip saw
+        self.stamps: dict[str, int] = {}
+
+    def saw(self, tenant: str, stamp: int | None) -> None:
+        """A lookup's round trip read the tenant's label stamp."""
+        if stamp is not None and stamp > self.stamps.get(tenant, 0):
+            self.stamps[tenant] = stamp
+
+    def behind(self, tenant: str, policy: TenantPolicy) -> bool:
+        """Is ``policy`` ``policy_refresh_labels`` labels or more behind the stamp seen?"""
+        seen = self.stamps.get(tenant, 0) - policy.calibration.stamp
+        return seen >= self.config.policy_refresh_labels
 
     def keep(self, tenant: str, mono: float, policy: TenantPolicy) -> None:
         """Keep ``policy``, read at ``mono`` (a lookup's round trip read it)."""
@@ -183,7 +197,7 @@ class PolicyCache:
         age = time.monotonic() - cached[0]
         if age > refresh_s:
             return None
-        return cached[1], age > refresh_s / 2
+        return cached[1], age > refresh_s / 2 or self.behind(tenant, cached[1])
 
 
 class TenantState(SyncDriven, TenantFlows):

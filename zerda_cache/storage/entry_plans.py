@@ -288,16 +288,19 @@ class EntryPlans(PlanBase):
         if tied:
             keys += [k.entry(eid) for eid in ids]
             args += self.tie_args(rl, rivals, ids)
+        if asked is not None:
+            keys.append(k.cal)  # the label stamp, read last (KEYS[#KEYS])
 
         def parse(res: Any) -> HitOutcome:
-            own, news = None, None
+            own, news, stamp = None, None, None
             if asked:  # the script wraps its reply when it is given a digest
-                res, own_raw, peeked = res
+                res, own_raw, peeked, stamp_raw = res
                 own = text(own_raw) if own_raw else None
+                stamp = int(stamp_raw or 0)
                 if peek is not None:
                     events = [] if peeked == 1 else [(eid, pairs(raw)) for eid, raw in peeked]
                     news = peek_delta(events, peek)
-            outcome = self.hit_outcome(tenant, entry_id, key, res, own, news)
+            outcome = self.hit_outcome(tenant, entry_id, key, res, own, news, stamp)
             # (served by the script but corrupt here: no states in the reply)
             if tied and int(res[0]) != 1:
                 rows, states, scores = res[2]
@@ -325,7 +328,14 @@ class EntryPlans(PlanBase):
         ]
 
     def hit_outcome(
-        self, tenant: str, entry_id: str, key: str, res: Any, own: str | None, news: LogDelta | None
+        self,
+        tenant: str,
+        entry_id: str,
+        key: str,
+        res: Any,
+        own: str | None,
+        news: LogDelta | None,
+        stamp: int | None = None,
     ) -> HitOutcome:
         """The hit script's reply (its status code first) as a ``HitOutcome``."""
         code = int(res[0])
@@ -334,15 +344,17 @@ class EntryPlans(PlanBase):
             if status is HitStatus.CORRUPT:
                 log.warning("corrupt entry %s not served", key)
             reward = float(res[1]) if code in (-4, -8) and len(res) > 1 else None
-            return HitOutcome(status, reward=reward, own=own, log=news)
+            return HitOutcome(status, reward=reward, own=own, log=news, stamp=stamp)
         try:
             entry = served_entry(tenant, entry_id, key, res)
         except CorruptEntryError as exc:
             log.warning("corrupt entry not served: %s", exc)
             self.suspect(tenant, entry_id, exc)
-            return HitOutcome(HitStatus.CORRUPT, own=own, log=news)
+            return HitOutcome(HitStatus.CORRUPT, own=own, log=news, stamp=stamp)
         before = float(res[4])  # the confidence a ranking would have used
-        return HitOutcome(HitStatus.SERVED, entry, ranked_confidence=before, own=own, log=news)
+        return HitOutcome(
+            HitStatus.SERVED, entry, ranked_confidence=before, own=own, log=news, stamp=stamp
+        )
 
     def plan_feedback(
         self, signals: Sequence[FeedbackSignal], *, rl: RLConfig | None = None

@@ -116,6 +116,8 @@ class HitOutcome:
     own: str | None = None
     #: with ``peek``: what the script's peek at the log found (``peek_log``'s delta)
     log: LogDelta | None = None
+    #: with ``asked``: the tenant's label stamp (``TenantPlans.read_stamp``)
+    stamp: int | None = None
 
     @property
     def served(self) -> IntelligentCacheEntry | None:

@@ -280,6 +280,24 @@ class TenantPlans(PlanBase):
 
         return ReadPlan("exact_match", queue, parse, 1)
 
+    def read_stamp(self, tenant: str) -> ReadPlan[int]:
+        """The tenant's label stamp: the calibration hash's ``lv``, which every label,
+        dispute resolution, model publication and settings change bumps, so that a
+        replica learns from any lookup's round trip how many labels its policy is behind
+        (the hit script returns it too)."""
+        cal = self.keys(tenant).cal
+
+        def queue(pipe: Any) -> None:
+            pipe.hget(cal, "lv")
+
+        def parse(res: list[Any]) -> int:
+            try:
+                return int(res[0] or 0)
+            except ValueError:
+                return 0
+
+        return ReadPlan("label stamp", queue, parse, 1)
+
     def plan_label(
         self,
         tenant: str,
@@ -462,7 +480,8 @@ class TenantPlans(PlanBase):
         args: list[Any] = []
         for name, value in changes.items():
             args += [name, value]
-        return ScriptCall("settings", [self.keys(tenant).cfg], args, lambda res: int(res))
+        keys = [self.keys(tenant).cfg, self.keys(tenant).cal]
+        return ScriptCall("settings", keys, args, lambda res: int(res))
 
     def register(self, tenant: str) -> ReadPlan[Exception | None]:
         """Add ``tenant`` to the global registry (idempotent; best effort: a refusal,

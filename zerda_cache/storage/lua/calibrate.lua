@@ -40,4 +40,5 @@ for i = 5, #ARGV, 2 do
 end
 redis.call('HSET', KEYS[1], 'mv', ARGV[2], 'model', ARGV[3], 'fit_ln', ARGV[4],
   'n', string.format('%.17g', labels), 'tn', string.format('%.17g', lookups))
+redis.call('HINCRBY', KEYS[1], 'lv', 1)  -- the label stamp (label.lua)
 return 1

@@ -1,6 +1,7 @@
 -- KEYS[1] entry hash  KEYS[2] ids zset  KEYS[3] stats hash  KEYS[4] state hash
 -- KEYS[5] the set of ids for the worker to evict (`bad`)
 -- KEYS[6] the exact-match map  KEYS[7] the tenant's log (both only with ARGV[10])
+-- KEYS[#KEYS] (only with ARGV[10], after a tie's keys) the tenant's calibration hash
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] prior_alpha  ARGV[4] prior_beta
 -- ARGV[5] usage_decay  ARGV[6] decay_interval_s  ARGV[7] refresh TTL (1/0)
 -- ARGV[8] the serving bar of the expected reward ('' = serve whatever the reward)
@@ -22,8 +23,10 @@
 -- question is cached itself): if the digest names another entry, that one is the
 -- lookup's to rank first, so this one is not served; if it names this one, it is served
 -- as the question's own entry (similarity 1, and its own bar too). The reply is then
--- {the reply above, the id the digest names or false, the peek}: the lookup reads
--- neither the digest nor the log anywhere else. The peek is the log's events from the
+-- {the reply above, the id the digest names or false, the peek, the tenant's label
+-- stamp}: the lookup reads neither the digest nor the log anywhere else. The stamp
+-- (calibration field lv, bumped by every label and policy change) tells a replica its
+-- policy is behind by that many labels. The peek is the log's events from the
 -- newest back to the position (XREVRANGE, at most ARGV[13]), as the lookup's own
 -- XREVRANGE would return them; 1 when no event is newer than the position (the replica
 -- is current: the common case, sent back as one integer); false without a position.
@@ -201,6 +204,6 @@ if asked then
       peek = redis.call('XREVRANGE', KEYS[7], '+', ARGV[12], 'COUNT', ARGV[13])
     end
   end
-  return {res, own or false, peek}
+  return {res, own or false, peek, redis.call('HGET', KEYS[#KEYS], 'lv') or 0}
 end
 return res

@@ -6,6 +6,8 @@
 -- ARGV[6] labels the log keeps (0: not logged; the exact repeats' labels, bin 'e' for
 -- unconfirmed entries, 'e<k>' for an entry at confirmed level k)
 -- returns the tenant's label count after this one (halving included)
+-- Every label counted bumps the label stamp lv (read_stamp): replicas re-read the policy
+-- within a bounded number of labels, not of seconds.
 -- Counts one labelled outcome of a near match (zerda_cache/calibration.py) in the bins of
 -- the tenant's model version, and logs it with its features for the worker's next fit
 -- (zerda_cache/match_model.py). A label scored under another version (the worker
@@ -26,6 +28,7 @@ end
 local tag = (version > 0 and not exact) and tostring(version) or ''
 local field = (ARGV[2] == '1' and 'r' or 'w') .. tag .. ':' .. ARGV[1]
 redis.call('HINCRBYFLOAT', KEYS[1], field, 1)
+redis.call('HINCRBY', KEYS[1], 'lv', 1)
 local total = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], 'n', 1))
 if total > tonumber(ARGV[3]) then
   total = zc_halve(KEYS[1], '^[rw]%d*:', 'n')

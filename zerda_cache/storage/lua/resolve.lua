@@ -14,6 +14,7 @@ if ARGV[1] == '1' then
   if moved > 0 then
     redis.call('HINCRBYFLOAT', KEYS[2], wrong, -moved)
     redis.call('HINCRBYFLOAT', KEYS[2], 'r:' .. ARGV[2], moved)
+    redis.call('HINCRBY', KEYS[2], 'lv', 1)  -- the label stamp (label.lua)
   end
 end
 return 1

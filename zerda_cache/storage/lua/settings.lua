@@ -1,4 +1,5 @@
--- KEYS[1] the tenant's settings hash (cfg)
+-- KEYS[1] the tenant's settings hash (cfg)  KEYS[2] its calibration hash (cal: the label
+-- stamp lv is bumped too, so that replicas see a change at their next lookup)
 -- ARGV: pairs of (setting name, value); an empty value removes the override
 -- returns the tenant's new policy version
 -- One change of a tenant's policy (zerda_cache/policy.py): every field and the version
@@ -19,4 +20,5 @@ for i = 1, #ARGV, 2 do
   end
 end
 redis.call('HSET', KEYS[1], 'updated', redis.call('TIME')[1])
+redis.call('HINCRBY', KEYS[2], 'lv', 1)
 return redis.call('HINCRBY', KEYS[1], 'ver', 1)
