@@ -23,6 +23,7 @@ from service_support import (
 )
 
 from zerda_cache import AsyncCacheManager, CacheConfig
+from zerda_cache.embedders import HashingEmbedder
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.service import Upstream, create_app
 from zerda_cache.service.chat import StreamCollector, chat_key, chat_scope
@@ -265,6 +266,44 @@ def test_under_an_error_bound_a_near_duplicate_is_verified(
         labels = redis_client.hgetall("zc:{acme}:cal")
         # one label each: the exact repeat's (counted apart) and the near match's
         assert float(labels[b"r:e"]) == 1 and float(labels[b"n"]) == 2
+
+
+def test_the_proxy_carries_the_verify_token_to_its_put(
+    redis_client: redis.Redis, redis_url: str, upstream: tuple[str, UpstreamState]
+) -> None:
+    """The proxy's lookup and its put of the upstream's answer run in one request; its
+    put takes the lookup's verify token, so the verification holds without this
+    replica's memory: here a replica that keeps no ticket at all, as when the put runs
+    in another worker than the lookup."""
+    url, state = upstream
+    state.reply = "Settings > Security > Reset password."
+    registry = CollectorRegistry()
+    config = CacheConfig(max_error_rate=0.05, verify_rate=0.0, redis_timeout_s=10.0)
+    manager = AsyncCacheManager.from_url(
+        redis_url, config, embed_fn=HashingEmbedder(256), metrics=ReplicaMetrics(registry)
+    )
+    manager.verifier.hold = lambda *args: None  # no ticket in this replica's memory
+    app = create_app(
+        manager,
+        upstream=Upstream(url, api_key=UPSTREAM_KEY),
+        registry=registry,
+        close_on_shutdown=True,
+    )
+    token = add_key(RedisStorage(redis_client), "acme")
+    with (
+        ThreadedServer(app) as server,
+        openai.OpenAI(base_url=server.url + "/v1", api_key=token, max_retries=0) as c,
+    ):
+        ask(c)
+        _, h = ask(c, QUESTION)  # unconfirmed: verified upstream, by the token
+        assert h["x-zerda-cache"] == "verify" and h["x-zerda-verified"] == "true"
+        _, h = ask(c, QUESTION)  # the agreement confirmed it: served
+        assert h["x-zerda-cache"] == "hit"
+        _, h = ask(c, NEAR)  # a near match held back, verified by the token too
+        assert h["x-zerda-cache"] == "verify" and h["x-zerda-verified"] == "true"
+    assert state.chat_calls() == 3
+    labels = redis_client.hgetall("zc:{acme}:cal")
+    assert float(labels[b"r:e"]) == 1 and float(labels[b"n"]) == 2
 
 
 def test_upstream_unreachable_or_unset(redis_client: redis.Redis, redis_url: str) -> None:

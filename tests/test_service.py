@@ -74,7 +74,18 @@ def test_put_lookup_feedback_stats_invalidate(
 
     miss = post(http, service, "acme", "/v1/lookup", {"query": "other", "embedding": vec(2)})
     assert miss.status_code == 200
-    assert miss.json() == {"hit": False, "decision": "miss", "entry": None}
+    assert miss.json() == {
+        "hit": False,
+        "decision": "miss",
+        "entry": None,
+        "reason": "no_candidate",
+        "verify_token": None,
+        "max_error_rate": None,
+        "threshold": None,
+        "exact_level": None,
+        "estimated_error": None,
+    }
+    assert hit.json()["reason"] == "exact" and hit.json()["verify_token"] is None
 
     fb = post(
         http,
@@ -146,10 +157,15 @@ def test_lookup_tells_a_verification_from_a_miss(
         return out
 
     held = lookup("acme", "capital of france?", close)
-    assert held == {"hit": False, "decision": "verify", "entry": None}
+    assert (held["hit"], held["decision"], held["entry"]) == (False, "verify", None)
+    assert held["reason"] == "near_unproven" and held["verify_token"].startswith("zv1.")
+    # what the bound serves: no near match yet (no labels), at no estimated error
+    assert held["max_error_rate"] == 0.05 and held["threshold"] is None
+    assert held["exact_level"] == 1 and held["estimated_error"] == 0.0
     # the same near match without a bound is served; an unrelated question is a plain miss
     served = lookup("globex", "capital of france?", close)
     assert served["decision"] == "hit" and served["entry"]["response"] == "Paris."
+    assert served["reason"] == "near" and served["max_error_rate"] is None
     assert lookup("acme", "How tall is Everest?", vec(7))["decision"] == "miss"
     # another scope has no candidate, and the pending verification is of this scope only
     assert lookup("acme", "capital of france?", close, scope="formal")["decision"] == "miss"
@@ -174,6 +190,39 @@ def test_lookup_tells_a_verification_from_a_miss(
         TenantState(service.storage).calibration("acme").labels == 1
     )  # the label the verification taught
     assert TenantState(service.storage).calibration("globex").labels == 0
+
+
+def test_a_verify_token_verifies_on_another_service_replica(
+    service: Service, http: httpx.Client, redis_client: redis.Redis, redis_url: str
+) -> None:
+    """The lookup goes to one service replica, the put of the LLM's answer to another:
+    the lookup's ``verify_token`` carries the verification. A token for another question
+    or garbage is a 422 that writes nothing."""
+    service.storage.set_tenant_settings("acme", max_error_rate=0.05, verify_rate=0.0)
+    v = np.array(vec(11))
+    close = [float(x) for x in near(v, 0.96, 12)]
+    body = {"query": "How many legs has a spider?", "response": "Eight.", "embedding": vec(11)}
+    cached = post(http, service, "acme", "/v1/put", body).json()["entry_id"]
+    asked = {"query": "spider legs?", "embedding": close}
+    held = post(http, service, "acme", "/v1/lookup", asked).json()
+    assert held["decision"] == "verify" and held["reason"] == "near_unproven"
+    token = held["verify_token"]
+    with (
+        running_service(redis_client, redis_url) as other,
+        httpx.Client(base_url=other.url, timeout=30) as http2,
+    ):
+        before = snapshot(redis_client)
+        for query, wrong in (("another question", token), ("spider legs?", "zv1.garbage")):
+            bad = {"query": query, "response": "eight", "embedding": close, "verify_token": wrong}
+            resp = post(http2, other, "acme", "/v1/put", bad)
+            assert resp.status_code == 422 and "verify_token" in error_of(resp)["message"]
+            assert snapshot(redis_client) == before
+        put = {**asked, "response": "eight", "verify_token": token}
+        resp = post(http2, other, "acme", "/v1/put", put)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["stored"] and resp.json()["verified"] is True
+        assert resp.json()["compared_id"] == cached
+    assert TenantState(service.storage).calibration("acme").labels == 1
 
 
 def test_a_key_never_reaches_another_tenant(
@@ -429,6 +478,9 @@ def test_health_readiness_metrics_and_openapi(service: Service, http: httpx.Clie
     assert "tenant" not in json.dumps(spec["components"]["schemas"]["PutRequest"])
     decision = spec["components"]["schemas"]["LookupResponse"]["properties"]["decision"]
     assert decision["enum"] == ["hit", "miss", "verify"] and "verify" in decision["description"]
+    looked = spec["components"]["schemas"]["LookupResponse"]["properties"]
+    assert {"reason", "verify_token", "threshold", "estimated_error"} <= set(looked)
+    assert "verify_token" in spec["components"]["schemas"]["PutRequest"]["properties"]
 
 
 def test_health_and_readiness_follow_redis(

@@ -110,43 +110,55 @@ class CacheRoutes:
     async def lookup(self, body: LookupRequest, tenant: Tenant, request: Request) -> LookupResponse:
         """The best servable cached answer for the question, or a miss.
 
-        ``decision`` tells a plain miss from a *verification* (``verify``: the tenant
-        has an error bound and a near match was held back): the next ``/v1/put`` of the
-        same question to this service replica then reports ``verified``.
+        ``decision`` tells a plain miss from a *verification* (``verify``: under the
+        tenant's error bound a cached candidate was held back): send its
+        ``verify_token`` with the ``/v1/put`` of the LLM's answer, to any service
+        replica, and that put reports ``verified``. ``reason`` says why, and under a
+        bound ``threshold`` and ``estimated_error`` what it serves.
         ``Cache-Control: no-cache`` or ``no-store`` answer a miss without reading the
         cache; ``X-Zerda-Scope`` adds a partition to the scope."""
         control, scope = self.controlled(request, body.scope, body.embedding)
         if not control.read:
-            return LookupResponse(hit=False, decision="miss", entry=None)
-        hit = await self.manager.lookup(
+            return LookupResponse(hit=False, decision="miss", entry=None, reason="no_cache")
+        decision = await self.manager.decide(
             body.query,
             tenant=tenant,
             embedding=body.embedding,
             scope=scope,
             max_error_rate=body.max_error_rate,
         )
-        if hit is None:
-            verify = self.manager.awaiting_verification(body.query, tenant=tenant, scope=scope)
-            return LookupResponse(hit=False, decision="verify" if verify else "miss", entry=None)
-        entry = Entry(
-            entry_id=hit.entry_id,
-            response=hit.response,
-            query=hit.query,
-            similarity=hit.similarity,
-            score=hit.score,
-            expected_reward=hit.expected_reward,
-            confidence=hit.confidence,
-            exact=hit.exact,
-            scope=hit.scope,
-            metadata=hit.metadata,
+        hit = decision.hit
+        entry = None
+        if hit is not None:
+            entry = Entry(
+                entry_id=hit.entry_id,
+                response=hit.response,
+                query=hit.query,
+                similarity=hit.similarity,
+                score=hit.score,
+                expected_reward=hit.expected_reward,
+                confidence=hit.confidence,
+                exact=hit.exact,
+                scope=hit.scope,
+                metadata=hit.metadata,
+            )
+        return LookupResponse(
+            hit=hit is not None,
+            decision=decision.kind,
+            entry=entry,
+            reason=decision.reason,
+            verify_token=decision.verify_token,
+            max_error_rate=decision.max_error_rate,
+            threshold=decision.threshold,
+            exact_level=decision.exact_level,
+            estimated_error=decision.estimated_error,
         )
-        return LookupResponse(hit=True, decision="hit", entry=entry)
 
     async def put(self, body: PutRequest, tenant: Tenant, request: Request) -> PutResponse:
         """Cache an answer (unless the admission check refuses it: ``stored`` false and
         the ``reason``; nothing is written then). ``Cache-Control: no-store`` stores
         nothing, ``max-age=N`` is the TTL when the body sets none; ``X-Zerda-Scope`` adds
-        a partition to the scope."""
+        a partition to the scope. ``verify_token``: the lookup's, for a ``verify``."""
         control, scope = self.controlled(request, body.scope, body.embedding)
         if not control.write:
             return PutResponse(stored=False, reason="Cache-Control: no-store", verified=None)
@@ -161,6 +173,7 @@ class CacheRoutes:
             metadata=body.metadata,
             tags=body.tags if body.tags is not None else control.tags,
             usage=body.usage,
+            verify_token=body.verify_token,
         )
         return PutResponse(
             stored=result.stored,
@@ -169,6 +182,7 @@ class CacheRoutes:
             warnings=list(result.warnings),
             replaced_id=result.replaced_id,
             verified=result.verified,
+            compared_id=result.compared_id,
         )
 
     async def feedback(self, body: FeedbackRequest, tenant: Tenant) -> FeedbackResponse:

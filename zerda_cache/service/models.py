@@ -33,7 +33,7 @@ class LookupRequest(_Strict):
     embedding: Embedding = EMBEDDING
     scope: str | None = SCOPE
     max_error_rate: float | None = Field(
-        None, gt=0, lt=1, description="An error bound for this lookup, in (0, 1)."
+        default=None, gt=0, lt=1, description="An error bound for this lookup, in (0, 1)."
     )
 
 
@@ -55,11 +55,38 @@ class LookupResponse(BaseModel):
     decision: Literal["hit", "miss", "verify"] = Field(
         description="``hit``: ``entry`` is the served answer. ``miss``: nothing cached is "
         "close enough. ``verify``: a miss too (call the LLM), but under the tenant's error "
-        "bound a near match was held back, and the next ``/v1/put`` of this question (and "
-        "scope) to this service replica compares its answer with the held-back one "
-        "(``verified`` in the put's response), which teaches the bound."
+        "bound a cached candidate was held back: send ``verify_token`` with the "
+        "``/v1/put`` of the LLM's answer, to any service replica, and the put compares "
+        "the two answers (``verified`` in its response), which teaches the bound."
     )
     entry: Entry | None = Field(None, description="The served answer (null unless a hit).")
+    reason: str = Field(
+        description="Why, as a short code: ``exact``, ``near`` (hits); ``exact_unproven``, "
+        "``near_unproven``, ``disputed``, ``explore`` (verifies); ``no_candidate``, "
+        "``unservable``, ``unavailable`` (Redis failed: the lookup failed open), "
+        "``no_cache`` (``Cache-Control: no-cache``: the cache was not read) (misses)."
+    )
+    verify_token: str | None = Field(
+        default=None, description="For a ``verify``: what the ``/v1/put`` of the answer takes."
+    )
+    max_error_rate: float | None = Field(
+        default=None, description="The error bound the lookup was decided under (null: none)."
+    )
+    threshold: float | None = Field(
+        default=None,
+        description="The score from which the bound serves near matches (their similarity "
+        "unless the tenant has a match model); null: none yet, or no bound.",
+    )
+    exact_level: int | None = Field(
+        default=None,
+        description="The lowest level of exact repeats the bound serves (0: any servable "
+        "entry); null: none, or no bound.",
+    )
+    estimated_error: float | None = Field(
+        default=None,
+        description="Wrong serves per request of serving so (the labels' point estimate); "
+        "null without a bound.",
+    )
 
 
 class PutRequest(_Strict):
@@ -81,6 +108,13 @@ class PutRequest(_Strict):
         "``prompt_tokens``, ``completion_tokens`` (an OpenAI response's usage and model). "
         "Each hit of the answer then counts that call saved (``/v1/stats``' savings).",
     )
+    verify_token: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="The ``verify_token`` of the ``/v1/lookup`` (a ``verify``) this answer "
+        "follows: the answer is compared with the candidate it held back, on whichever "
+        "service replica. A token made for another question, scope or key is a 422.",
+    )
 
 
 class PutResponse(BaseModel):
@@ -91,8 +125,12 @@ class PutResponse(BaseModel):
     replaced_id: str | None = None
     verified: bool | None = Field(
         None,
-        description="When the lookup before this put (on this service replica) asked for a "
-        "verification: whether the cached answer equalled this one.",
+        description="When the put verified a candidate (its ``verify_token``, or a "
+        "verification the lookup before it on this service replica left): whether the "
+        "cached answer equalled this one.",
+    )
+    compared_id: str | None = Field(
+        default=None, description="The cached entry this answer was compared with (``verified``)."
     )
 
 

@@ -215,12 +215,14 @@ class ProxiedChat:
     """One chat completion request on its way through the proxy: whose, what, how the
     client controls the cache, and the lease on the upstream call when this request
     holds it (finishing it tells the requests that wait whether the answer was
-    cached)."""
+    cached), and the token of a verification its lookup asked for."""
 
     tenant: str
     body: Mapping[str, Any]
     control: RequestControl
     lease: Lease | None = None
+    #: the lookup's verify token (a ``verify``), for the put of the upstream's answer
+    verify_token: str | None = None
 
     @property
     def streaming(self) -> bool:
@@ -262,7 +264,8 @@ class ProxyRoutes:
         hit: CacheHit | None = None
         if isinstance(key, ChatKey) and chat.control.read:
             try:
-                hit = await self.ctx.manager.lookup(key.query, tenant=tenant, scope=key.scope)
+                decision = await self.ctx.manager.decide(key.query, tenant=tenant, scope=key.scope)
+                hit, chat.verify_token = decision.hit, decision.verify_token
             except EmbedderError as exc:
                 log.warning("tenant %s: embedder failed, passing through: %s", tenant, exc)
                 key = "embedder failed"
@@ -415,10 +418,11 @@ class ProxyRoutes:
         usage: LLMUsage | None,
         completion_id: str,
     ) -> tuple[str | None, bool | None]:
-        """Cache an upstream answer (with the request's TTL and tags, and the upstream's
-        usage: what each later hit saves) and map ``completion_id`` to its entry:
-        ``(entry id, verified)``; a failure only logs (the client still gets its
-        answer)."""
+        """Cache an upstream answer (with the request's TTL and tags, the upstream's
+        usage: what each later hit saves, and the lookup's verify token, so the
+        verification holds whichever replica's put runs) and map ``completion_id`` to
+        its entry: ``(entry id, verified)``; a failure only logs (the client still gets
+        its answer)."""
         meta = {"model": model} if isinstance(model, str) else {}
         try:
             result = await self.ctx.manager.put(
@@ -430,6 +434,7 @@ class ProxyRoutes:
                 ttl_s=chat.control.ttl_s,
                 tags=chat.control.tags or None,
                 usage=usage,
+                verify_token=chat.verify_token,
             )
         except (ZerdaError, EmbedderError) as exc:
             log.warning("tenant %s: proxy answer not cached: %s", chat.tenant, exc)
