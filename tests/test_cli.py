@@ -60,7 +60,7 @@ def test_stats_inspect_tenant_and_evict(redis_client: redis.Redis, redis_url: st
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "0.02")
     assert code == 0 and "2.00%" in out and "near matches are verified" in out, out
     # a new tenant: exact repeats of entries a positive signal confirmed
-    assert "expected reward >= 0.55 (level 1)" in out, out
+    assert "expected reward >= 0.55 (level 1 up)" in out, out
     assert tenant_state(st).calibration("acme").max_error_rate == 0.02
     code, out = run(redis_url, "tenant", "set", "acme", "--max-error-rate", "1.5")
     assert code == 2 and "max_error_rate" in out
@@ -277,6 +277,47 @@ def test_tenant_show_of_an_unknown_tenant_is_an_error(
     assert code == 0 and json.loads(out)["entries"] == 0, out
     code, out = run(redis_url, "tenant", "show", "bad:tenant")
     assert code == 2 and "invalid tenant" in out
+
+
+def test_tenant_show_reports_what_the_bound_serves(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Under a bound: the similarity near matches are served from, the exact repeats
+    served, the estimated wrong serves per request with its 95% bound, and the labels
+    behind them, as ``Calibration.serving`` (and so ``decide``) has them."""
+    st = RedisStorage(redis_client)
+    st.set_tenant_settings("acme", max_error_rate=0.02)
+    for sim, right, wrong in ((0.96, 300, 1), (0.91, 100, 40)):
+        for positive, n in ((True, right), (False, wrong)):
+            for _ in range(n):
+                tenant_state(st).label("acme", sim, positive)
+    for _ in range(40):  # exact repeats at level 3, all right
+        tenant_state(st).label("acme", 1.0, True, level=3)
+    serving = tenant_state(st).policy("acme").calibration.serving(0.02)
+    assert serving.threshold == pytest.approx(0.96) and serving.estimated_error > 0
+    code, out = run(redis_url, "tenant", "show", "acme", "--json")
+    shown = json.loads(out)["serving"]
+    assert code == 0 and shown == {
+        "max_error_rate": 0.02,
+        "threshold": serving.threshold,
+        "exact_level": serving.exact_level,
+        "estimated_error": serving.estimated_error,
+        "error_bound": serving.error_bound,
+        "labels": 441.0,
+        "exact_labels": 40.0,
+    }
+    code, out = run(redis_url, "tenant", "show", "acme")
+    assert code == 0 and "similarity 0.960" in out, out
+    wrong = f"{serving.estimated_error:.2%} estimated, {serving.error_bound:.2%} at 95%"
+    assert re.search(rf"wrong serves per request\W+{re.escape(wrong)}", out), out
+    assert "(bound 2.00%)" in out
+    assert re.search(r"labelled outcomes\W+441 near matches, 40 exact", out), out
+    # Without a bound there is nothing served by a rule.
+    st.set_tenant_settings("acme", max_error_rate=None)
+    code, out = run(redis_url, "tenant", "show", "acme", "--json")
+    assert code == 0 and json.loads(out)["serving"] is None
+    code, out = run(redis_url, "tenant", "show", "acme")
+    assert "wrong serves per request" not in out and "441 near matches" in out
 
 
 def test_an_unreachable_redis_has_its_own_exit_code(redis_url: str) -> None:

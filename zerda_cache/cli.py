@@ -992,10 +992,10 @@ def _tenant_known(st: RedisStorage, name: str) -> bool:
 def _exact_bar_text(bar: float | None) -> str:
     """What ``TenantPolicy.exact_bar`` means for the operator."""
     if bar is None or bar == 0.0:
-        return "every servable entry"
+        return "every servable entry (level 0 up)"
     if bar > 1.0:
         return "no entry yet (every exact repeat is verified)"
-    return f"entries with expected reward >= {bar:.2f} (level {exact_level(bar)})"
+    return f"entries with expected reward >= {bar:.2f} (level {exact_level(bar)} up)"
 
 
 def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
@@ -1033,6 +1033,7 @@ def _tenant_json(st: RedisStorage, name: str, policy: TenantPolicy) -> dict[str,
         "lookups_counted": cal.lookups,
         "match_model_version": cal.model_version,
         "wrong_per_request": (cal.wrong_per_request(threshold) if threshold is not None else None),
+        "serving": _serving_json(policy),
         "dim": int(settings["dim"]) if "dim" in settings else None,
         "entries": st.count(name),
         "effective": {
@@ -1064,10 +1065,12 @@ def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
         "none (no bound)" if bound is None else f"{bound:.2%}" + mark("max_error_rate"),
     )
     if bound is not None:
-        _add_bound_rows(table, policy)
-    table.add_row(
-        "labelled outcomes", f"{cal.labels:,.0f} near matches, {_exact_labels(cal):,.0f} exact"
-    )
+        _add_bound_rows(table, policy, bound)
+    if bound is None:
+        table.add_row(
+            "labelled outcomes",
+            f"{cal.labels:,.0f} near matches, {_exact_labels(cal):,.0f} exact",
+        )
     table.add_row("lookups counted", f"{cal.lookups:,.0f}")
     table.add_row(
         "match model",
@@ -1087,21 +1090,48 @@ def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
     return table
 
 
-def _add_bound_rows(table: Table, policy: TenantPolicy) -> None:
-    """Under an error bound: what near matches and exact repeats are served, and the
-    estimate of wrong serves per request."""
-    threshold = policy.threshold()
+def _serving_json(policy: TenantPolicy) -> dict[str, Any] | None:
+    """``tenant show --json``: what the tenant serves under its bound
+    (``Calibration.serving``); ``None`` without a bound."""
+    bound = policy.bound()
+    if bound is None:
+        return None
+    serving = policy.calibration.serving(bound)
+    return {
+        "max_error_rate": serving.max_error_rate,
+        "threshold": serving.threshold,
+        "exact_level": serving.exact_level,
+        "estimated_error": serving.estimated_error,
+        "error_bound": serving.error_bound,
+        "labels": serving.labels,
+        "exact_labels": serving.exact_labels,
+    }
+
+
+def _add_bound_rows(table: Table, policy: TenantPolicy, bound: float) -> None:
+    """Under the error bound ``bound`` (``Calibration.serving``): the score near matches
+    are served from, the exact repeats served (the lowest level), the estimate of wrong
+    serves per request with its 95% bound (the one held under the error bound), and the
+    labels behind them."""
+    serving = policy.calibration.serving(bound)
+    threshold = serving.threshold
+    score = "similarity" if policy.calibration.model is None else "match score"
     table.add_row(
         "serves near matches from",
-        f"similarity {threshold:.3f}"
+        f"{score} {threshold:.3f}"
         if threshold is not None
         else "nothing yet (near matches are verified)",
     )
     table.add_row("serves exact repeats of", _exact_bar_text(policy.exact_bar()))
-    if threshold is not None:
-        wrong = policy.calibration.wrong_per_request(threshold)
-        if wrong is not None:
-            table.add_row("wrong serves per request (estimate)", f"{wrong:.2%}")
+    table.add_row(
+        "wrong serves per request",
+        f"{serving.estimated_error:.2%} estimated, {serving.error_bound:.2%} at 95% "
+        f"(bound {bound:.2%})",
+    )
+    table.add_row(
+        "labelled outcomes",
+        f"{serving.labels:,.0f} near matches, {serving.exact_labels:,.0f} exact",
+    )
 
 
 def _effective(cfg: CacheConfig, section: str, attr: str) -> Any:
