@@ -20,6 +20,7 @@ from zerda_cache import CacheConfig, EntryNotFoundError, FeedbackSignal
 from zerda_cache.flows.put import DISPUTED
 from zerda_cache.flows.verification import Ticket, same_meaning, same_text
 from zerda_cache.learning.calibration import (
+    BIN_FLOOR,
     BIN_WIDTH,
     CONFIRMED_REWARD,
     EXACT_LEVELS,
@@ -338,8 +339,7 @@ def test_exploration_falls_off_as_labels_stand_behind_what_is_served(
     v = unit(19)
     m.put("q", "a", tenant="t", embedding=v)
     verified = sum(
-        m.lookup(f"q{i}", tenant="t", embedding=near(v, 0.98, 100 + i)) is None
-        for i in range(200)
+        m.lookup(f"q{i}", tenant="t", embedding=near(v, 0.98, 100 + i)) is None for i in range(200)
     )
     assert 5 <= verified <= 40  # about 10% of 200, the same on every run (hashed draws)
 
@@ -758,3 +758,28 @@ def test_a_replica_follows_new_labels_within_a_few_labels_whatever_the_clock(
     # one lookup sees the stamp, the next reads the policy in its round trip, the third
     # decides with it
     assert served == ([False, False, True, True] if refresh_labels == 4 else [False] * 4)
+
+
+def test_a_per_serve_ceiling_raises_the_threshold_beside_the_bound(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """``max_serve_error`` caps the error among the answers served: matches at 0.96 are
+    wrong 1 time in 11, which a loose per-request bound allows and a ceiling of 2% does
+    not; matches at 0.99 were never wrong."""
+    teach(redis_client, "t", {0.96: (300, 30), 0.99: (300, 0)})
+    loose = make_manager(CacheConfig(max_error_rate=0.5, verify_rate=0.0))
+    capped = make_manager(CacheConfig(max_error_rate=0.5, max_serve_error=0.02, verify_rate=0.0))
+    assert loose.tenant_policy("t").threshold() == pytest.approx(bin_floor_of(0.96))
+    assert capped.tenant_policy("t").threshold() == pytest.approx(bin_floor_of(0.99))
+    v = unit(21)
+    put = loose.put("q", "a", tenant="t", embedding=v)
+    loose.feedback(FeedbackSignal(put.entry_id, "t", True))
+    assert loose.lookup("q2", tenant="t", embedding=near(v, 0.97, 22)) is not None
+    assert capped.lookup("q3", tenant="t", embedding=near(v, 0.97, 22)) is None  # verified
+    assert capped.lookup("q4", tenant="t", embedding=near(v, 0.995, 23)) is not None
+    with pytest.raises(ValueError, match="max_serve_error"):
+        CacheConfig(max_serve_error=1.5)
+
+
+def bin_floor_of(similarity: float) -> float:
+    return BIN_FLOOR + bin_of(similarity) * BIN_WIDTH

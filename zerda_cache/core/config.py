@@ -471,7 +471,14 @@ class CacheConfig:
             ``max_error_rate`` setting: serve a near match only where labelled outcomes
             say matches that close were wrong at most this often (95% confidence);
             ``None`` (default): no bound, the serving rules of the bandit alone.
-        verify_rate: with a bound, the share of servable near matches verified instead.
+        max_serve_error: under a bound, an optional ceiling on the error among the
+            answers served (where ``max_error_rate`` bounds it per request): a near
+            match or an exact repeat is served only where its labels say that matches
+            like it are wrong at most this often when served (95% confidence).
+        verify_rate: with a bound, the most of the servable candidates verified instead
+            (exploration, which keeps the bound's labels current): all of it while few
+            labels stand behind what is served, less and less as they grow
+            (``calibration.EXPLORE_LABELS``).
         index_snapshots: a replica's index build loads the tenant's index snapshot when
             the worker has published one (tenants of ``snapshot_min_entries`` and more),
             and replays the log from its position, instead of scanning every vector.
@@ -508,6 +515,7 @@ class CacheConfig:
     ann_ef_construction: int = DEFAULT_ANN_EF_CONSTRUCTION
     ann_ef_search: int = DEFAULT_ANN_EF_SEARCH
     max_error_rate: float | None = None
+    max_serve_error: float | None = None
     verify_rate: float = DEFAULT_VERIFY_RATE
     label_window: int = DEFAULT_LABEL_WINDOW
     policy_refresh_s: float = DEFAULT_POLICY_REFRESH_S
@@ -527,6 +535,14 @@ class CacheConfig:
         ):
             raise ValueError(
                 f"max_error_rate must be in (0, 1) or None, got {self.max_error_rate!r}"
+            )
+        if self.max_serve_error is not None and (
+            isinstance(self.max_serve_error, bool)
+            or not isinstance(self.max_serve_error, int | float)
+            or not 0 < self.max_serve_error < 1
+        ):
+            raise ValueError(
+                f"max_serve_error must be in (0, 1) or None, got {self.max_serve_error!r}"
             )
         _check_unit("verify_rate", self.verify_rate)
         _check_count("label_window", self.label_window)

@@ -109,7 +109,7 @@ class PutSteps:
             tag_names = check_tags(tags) if tags is not None else ()
             cost_of = LLMUsage.of(usage)
             token = None
-            if verify_token is not None:
+            if verify_token is not None:  # checked before anything is written too
                 token = decode_ticket(verify_token, tenant, query, scope)
             vec = yield from self.embed(query, embedding)
             if vec is None:
@@ -150,13 +150,8 @@ class PutSteps:
                 usage=cost_of,
             )
             replaced, result = self.stored(tenant, warnings, out, near)
-            if own is not None and held is not None:
-                result = dataclasses.replace(result, verified=own.same, compared_id=held.entry_id)
-                if own.same or own.agrees_with_dispute:  # two answers agree on it
-                    yield from self.verifier.confirm_flow(tenant, out.entry_id, policy)
-            elif held is not None:
-                # Verify before the replaced entries go: the candidate may be one of them.
-                result = yield from self.verify_flow(tenant, held, response, result, policy)
+            if held is not None:  # before the replaced entries go: it may be one of them
+                result = yield from self.verify_flow(tenant, held, own, response, result, policy)
             if replaced:
                 gone = [(e, None) for e in replaced]
                 yield from self.storage.evict_flow(tenant, gone, "replaced")
@@ -234,16 +229,27 @@ class PutSteps:
         return own, disputed
 
     def verify_flow(
-        self, tenant: str, ticket: Ticket, response: str, result: PutResult, policy: TenantPolicy
+        self,
+        tenant: str,
+        ticket: Ticket,
+        own: Comparison | None,
+        response: str,
+        result: PutResult,
+        policy: TenantPolicy,
     ) -> Flow[PutResult]:
-        """Settle the verification of a near match the lookup before held back: the
-        result says whether the two answers were the same. Two answers that agree
-        confirm the fresh one too (under a bound, its exact repeats are then served
-        without another verification)."""
-        verified = (yield from self.verifier.verify_flow(tenant, ticket, response)).same
-        if verified and result.entry_id != ticket.entry_id and result.entry_id is not None:
+        """The verification of the stored answer: of the question's own entry, settled
+        before the put (``own``), or of a near match the lookup before held back,
+        settled now. The result says whether the two answers were the same. Two answers
+        that agree confirm the fresh one too (under a bound, its exact repeats are then
+        served without another verification)."""
+        if own is None:
+            own = yield from self.verifier.verify_flow(tenant, ticket, response)
+            agree = own.same
+        else:  # the question's own entry: a fresh answer agreeing with a disputed one too
+            agree = own.same or own.agrees_with_dispute
+        if agree and result.entry_id != ticket.entry_id and result.entry_id is not None:
             yield from self.verifier.confirm_flow(tenant, result.entry_id, policy)
-        return dataclasses.replace(result, verified=verified, compared_id=ticket.entry_id)
+        return dataclasses.replace(result, verified=own.same, compared_id=ticket.entry_id)
 
     def near_duplicate_flow(
         self, keys: TenantKeys, vec: Vector, scope: str, dedup: float

@@ -321,6 +321,51 @@ class Calibration:
         shares: tuple[float, float] = self._memo[key]
         return shares
 
+    def ceiling_threshold(self, ceiling: float) -> float | None:
+        """The lowest edge of a labelled bin (with ``MIN_LABELS`` labels at or above it)
+        whose near matches are wrong at most ``ceiling`` of the times they are served,
+        at 95% confidence: the per-serve ceiling (``max_serve_error``) beside the
+        per-request bound. ``None`` when none qualifies."""
+        key = (ceiling, -3)
+        if key not in self._memo:
+            best: float | None = None
+            labels = 0.0
+            for i in range(N_BINS - 1, -1, -1):
+                here = self.right[i] + self.wrong[i]
+                labels += here
+                if here and labels >= MIN_LABELS and self._error_above(i)[1] <= ceiling:
+                    best = bin_floor(i)
+            self._remember(key, best)
+        edge: float | None = self._memo[key]
+        return edge
+
+    def ceiling_bar(self, ceiling: float) -> float:
+        """The expected reward an entry needs for its exact repeats to be wrong at most
+        ``ceiling`` of the times they are served (95%): the lowest level whose labels,
+        with the levels above, prove it; ``NEVER`` when none does, and while the
+        confirmed levels have fewer than ``MIN_LABELS`` labels, ``CONFIRMED_REWARD``."""
+        key = (ceiling, -4)
+        if key not in self._memo:
+            right = (self.exact_right, *self.level_right)
+            wrong = (self.exact_wrong, *self.level_wrong)
+            traffic = (
+                max(self.traffic_exact - sum(self.level_traffic), 0.0),
+                *self.level_traffic,
+            )
+            young = sum(self.level_right) + sum(self.level_wrong) < MIN_LABELS
+            bar = CONFIRMED_REWARD if young else NEVER
+            labels = 0.0
+            for level in range(N_LEVELS - 1, -1, -1):
+                labels += right[level] + wrong[level]
+                rows = [
+                    (right[k], wrong[k], traffic[k]) for k in range(N_LEVELS - 1, level - 1, -1)
+                ]
+                if labels >= MIN_LABELS and weighted_error(rows)[1] <= ceiling:
+                    bar = EXACT_LEVELS[level - 1] if level else 0.0
+            self._remember(key, bar)
+        found: float = self._memo[key]
+        return found
+
     def _exact_choice(self, max_error_rate: float) -> tuple[float, float, float]:
         """``exact_plan`` with the estimate of the spend too: (bar, estimate, bound)."""
         key = (max_error_rate, -1)

@@ -70,16 +70,29 @@ class TenantPolicy:
         return override if override is not None else self.config.max_error_rate
 
     def threshold(self, override: float | None = None) -> float | None:
-        """The similarity a near match needs under the bound (``None``: no bound, or no
-        similarity is safe yet: tell them apart with ``bound``)."""
+        """The similarity a near match needs under the bound, and under the per-serve
+        ceiling ``max_serve_error`` if one is set (``None``: no bound, or no similarity
+        is safe yet: tell them apart with ``bound``)."""
         bound = self.bound(override)
-        return None if bound is None else self.calibration.threshold(bound)
+        if bound is None:
+            return None
+        threshold = self.calibration.threshold(bound)
+        ceiling = self.config.max_serve_error
+        if threshold is None or ceiling is None:
+            return threshold
+        edge = self.calibration.ceiling_threshold(ceiling)
+        return None if edge is None else max(threshold, edge)
 
     def exact_bar(self, override: float | None = None) -> float | None:
         """The expected reward an entry needs for its exact repeats to be served under
-        the bound (``Calibration.exact_plan``; ``None``: no bound, the usual bars)."""
+        the bound (``Calibration.exact_plan``) and the per-serve ceiling, if one is set
+        (``Calibration.ceiling_bar``); ``None``: no bound, the usual bars."""
         bound = self.bound(override)
-        return None if bound is None else self.calibration.exact_plan(bound)[0]
+        if bound is None:
+            return None
+        bar = self.calibration.exact_plan(bound)[0]
+        ceiling = self.config.max_serve_error
+        return bar if ceiling is None else max(bar, self.calibration.ceiling_bar(ceiling))
 
     @classmethod
     def parse(

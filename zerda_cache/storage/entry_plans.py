@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Unpack
 
 from zerda_cache.core.config import RLConfig
@@ -280,16 +280,33 @@ class EntryPlans(PlanBase):
             "" if similarity is None else repr(float(similarity)),
         ]
         keys = [key, k.ids, k.stats, k.st, k.bad]
+        bar = "" if own_bar is None else repr(float(own_bar))
         if asked is not None:
             keys += [k.q, k.log]
-            args += [asked, "" if own_bar is None else repr(float(own_bar)), peek or "", PEEK_COUNT]
+            args += [asked, bar, peek or "", PEEK_COUNT]
         elif own_bar is not None:  # the question's own entry, known to the lookup
-            args += ["", repr(float(own_bar)), "", PEEK_COUNT]
+            args += ["", bar, "", PEEK_COUNT]
         if tied:
             keys += [k.entry(eid) for eid in ids]
             args += self.tie_args(rl, rivals, ids)
         if asked is not None:
             keys.append(k.cal)  # the label stamp, read last (KEYS[#KEYS])
+
+        parse = self.hit_reply(tenant, entry_id, key, asked, peek, ids if tied else None)
+        return ScriptCall("hit", keys, args, parse)
+
+    def hit_reply(
+        self,
+        tenant: str,
+        entry_id: str,
+        key: str,
+        asked: str | None,
+        peek: str | None,
+        tie_ids: list[str] | None,
+    ) -> Callable[[Any], HitOutcome]:
+        """The parser of a hit script's reply (``plan_hit``): wrapped with the digest's
+        entry, the peek and the label stamp when the script was given a digest, and
+        carrying the candidates' states when a tie (``tie_ids``) was not served."""
 
         def parse(res: Any) -> HitOutcome:
             own, news, stamp = None, None, None
@@ -302,13 +319,13 @@ class EntryPlans(PlanBase):
                     news = peek_delta(events, peek)
             outcome = self.hit_outcome(tenant, entry_id, key, res, own, news, stamp)
             # (served by the script but corrupt here: no states in the reply)
-            if tied and int(res[0]) != 1:
+            if tie_ids is not None and int(res[0]) != 1:
                 rows, states, scores = res[2]
-                batch = self.state_batch(tenant, ids, rows, states, scores)
+                batch = self.state_batch(tenant, tie_ids, rows, states, scores)
                 return dataclasses.replace(outcome, states=batch)
             return outcome
 
-        return ScriptCall("hit", keys, args, parse)
+        return parse
 
     def tie_args(
         self, rl: RLConfig | None, rivals: Sequence[tuple[str, float]], ids: Sequence[str]
