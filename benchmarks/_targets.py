@@ -377,13 +377,26 @@ def quality_targets() -> list[Target]:
         target(
             "Same stream at 1x and 10x speed, on 1 and 3 replicas: realised error and LLM "
             "calls apart",
-            "≤ 10% (issue 41)",
-            at_most("quality.replay_spread", 0.1, "{:.1%}"),
-            QUALITY,
-            "quality.replay_spread",
+            "≤ 10%, error: or within its tolerance (issue 41)",
+            _replay,
+            QUALITY + " --dataset fow --replay",
+            *(f"quality.replay.{x}" for x in ("calls_apart", "error_apart", "error_disagreements")),
         ),
     ]
     return out
+
+
+def _replay(f: Figures) -> tuple[str, bool]:
+    """The largest distance apart over every comparison of the replay (``run.py
+    --replay``); a realised error more than 10% apart still agrees within its sampling
+    tolerance (a run's wrong serves can be a handful), so those that agree by neither
+    rule are counted."""
+    calls, error = f["quality.replay.calls_apart"], f["quality.replay.error_apart"]
+    beyond = int(f["quality.replay.error_disagreements"])
+    shown = f"LLM calls ≤ {calls:.1%} apart, error ≤ {error:.1%}"
+    if error > 0.1:
+        shown += f" ({beyond} beyond its tolerance too)" if beyond else " (within its tolerance)"
+    return shown, calls <= 0.1 and beyond == 0
 
 
 def _hit_at_2(q: str) -> Judge:
