@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from workload import Answer, Workload, is_right
 
-from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, RLConfig
+from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, PutResult, RLConfig
 from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.testing import RedisServer
@@ -47,6 +47,11 @@ class Policy:
 
     def feedback(self, handle: Any, positive: bool) -> None:
         """Static caches learn nothing from users."""
+
+    def verification_caused(self, handle: Any) -> bool:
+        """The served entry is one a verification put in place of a right answer
+        (zerda-cache under an error bound); the others never verify."""
+        return False
 
     def tick(self, t: int) -> None:
         pass
@@ -75,13 +80,14 @@ class Zerda(Policy):
         similarity_feedback: bool = True,
         streak_forget: float | None = None,
         max_error_rate: float | None = None,
+        replicas: int = 1,
     ) -> None:
         import redis
 
         self.w, self.name, self.threshold = w, name, threshold
         self.similarity_feedback = similarity_feedback
-        self.client = redis.Redis.from_url(url)
-        self.client.flushall()
+        self.clients = [redis.Redis.from_url(url) for _ in range(max(1, replicas))]
+        self.clients[0].flushall()
         self.clock = [1_000_000.0]
         extra = {} if streak_forget is None else {"negative_streak_forget": streak_forget}
         rl = RLConfig(
@@ -93,23 +99,40 @@ class Zerda(Policy):
         )
         from prometheus_client import CollectorRegistry
 
-        self.m = CacheManager(
-            self.client,
-            CacheConfig(
-                similarity_threshold=threshold, rl=rl, top_k=8, max_error_rate=max_error_rate
-            ),
-            clock=lambda: self.clock[0],
-            metrics=ReplicaMetrics(CollectorRegistry()),
-            same_answer=self._same_answer,
+        config = CacheConfig(
+            similarity_threshold=threshold, rl=rl, top_k=8, max_error_rate=max_error_rate
         )
+        # Replicas: app instances on the same Redis, each its own manager (own index, own
+        # verification tickets, own counts) on the same simulated clock. A request is one
+        # instance's from its lookup to its put and feedback: ``lookup`` picks it.
+        self.replicas = [
+            CacheManager(
+                client,
+                config,
+                clock=lambda: self.clock[0],
+                metrics=ReplicaMetrics(CollectorRegistry()),
+                same_answer=self._same_answer,
+            )
+            for client in self.clients
+        ]
+        self.m = self.replicas[0]
+        self.at = self.m  # the replica handling the current request (seeding: the first)
         self.m.storage.set_tenant_settings(TENANT, max_entries=capacity)
-        self.maint = Maintenance(self.m.storage)
+        self.maint = Maintenance(self.m.storage)  # one worker, whatever the replicas
         self.answers: dict[str, Answer] = {}
         self.by_response: dict[str, Answer] = {}
         self._request: tuple[int, int] = (0, 0)  # (query text, request index)
         self._fresh_right = True
         self._puts = 0
         self.verifications = 0
+        #: puts not stored because they disagreed with the question's own entry, held
+        #: out until the next answer settles the dispute (``PutResult.reason``)
+        self.disputed = 0
+        #: entries a verification put in where the answer compared was right and the
+        #: fresh one wrong: their wrong serves are the verification's doing
+        self.caused: set[str] = set()
+        #: the entry ids this run draws, from the seed (``SeededEntryIds``)
+        self.ids = SeededEntryIds(seed)
 
     def _same_answer(self, cached: str, fresh: str) -> bool:
         """A verification's verdict, as an answer comparison would give it: the cached
@@ -126,7 +149,8 @@ class Zerda(Policy):
     def lookup(self, text: int, pair: int, t: int) -> tuple[Answer, Any] | None:
         self.clock[0] += 1.0
         self._request = (text, t)
-        hit = self.m.lookup(self.w.texts[text], tenant=TENANT, embedding=self.w.vecs[text])
+        self.at = self.replicas[t % len(self.replicas)]  # round robin by request
+        hit = self.at.lookup(self.w.texts[text], tenant=TENANT, embedding=self.w.vecs[text])
         return None if hit is None else (self.answers[hit.entry_id], hit)
 
     def store(self, text: int, ans: Answer) -> Any:
@@ -135,16 +159,41 @@ class Zerda(Policy):
         # replaced meanwhile (a dispute's) judges that answer, not the newest one.
         self._puts += 1
         response = f"a{text}.{self._puts}"
-        res = self.m.put(self.w.texts[text], response, tenant=TENANT, embedding=self.w.vecs[text])
+        # Known before the put: a dispute's answer is compared with a later one even
+        # though it was never stored.
+        self.by_response[response] = ans
+        res = self.at.put(self.w.texts[text], response, tenant=TENANT, embedding=self.w.vecs[text])
         if res.verified is not None:
             self.verifications += 1
+        if not res.stored and (res.reason or "").startswith("disputed"):
+            self.disputed += 1
         if res.entry_id is None:
             return None
-        self.by_response[response] = ans
         # A put whose answer agreed with the question's own cached entry keeps that entry
         # (and its answer: the one served from then on).
         self.answers.setdefault(res.entry_id, ans)
+        self._blame(text, res)
         return res.entry_id
+
+    def _blame(self, text: int, res: PutResult) -> None:
+        """Mark the entry ``res`` stored as the verification's doing when the put carried
+        a verification whose compared answer was right for the question asked and the
+        answer now stored is wrong: a right answer lost its place (or its serve) to a
+        wrong one because a verification asked the LLM."""
+        compared_id = getattr(res, "compared_id", None)
+        if res.verified is None or compared_id is None:
+            return
+        compared = self.answers.get(compared_id)
+        _, t = self._request
+        if (
+            compared is not None
+            and is_right(compared, text, self.w, t)
+            and not is_right(self.answers[res.entry_id], text, self.w, t)
+        ):
+            self.caused.add(res.entry_id)
+
+    def verification_caused(self, handle: Any) -> bool:
+        return getattr(handle, "entry_id", None) in self.caused
 
     def feedback(self, handle: Any, positive: bool) -> None:
         if isinstance(handle, str):  # a fresh answer, for the user's own question
@@ -153,7 +202,7 @@ class Zerda(Policy):
             signal = handle.feedback(positive)
         if not self.similarity_feedback:  # the seed's signal: no similarity
             signal = replace(signal, similarity=None)
-        self.m.feedback(signal)
+        self.at.feedback(signal)
 
     def tick(self, t: int) -> None:
         if (t + 1) % MAINTAIN_EVERY == 0:  # the worker's cycle, on the simulated clock
@@ -167,8 +216,36 @@ class Zerda(Policy):
         return TenantState(self.m.storage).calibration(TENANT).model_version
 
     def close(self) -> None:
-        self.m.close()
-        self.client.close()
+        for m, client in zip(self.replicas, self.clients, strict=True):
+            m.close()
+            client.close()
+        self.ids.restore()
+
+
+class SeededEntryIds:
+    """Entry ids drawn from ``seed`` instead of the system's entropy, for as long as one
+    run lasts: the cache breaks ties between entries by id (and keeps ids in sets), so
+    random ids made two runs of the same stream differ by a few tenths of a point. The
+    cache takes no id generator; this swaps the one its put plan calls
+    (``storage.entry_plans.new_entry_id``) and ``restore`` puts it back. ``seeded`` is
+    False when the cache no longer has that function (ids random again)."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        from zerda_cache.storage import entry_plans
+
+        self.module = entry_plans
+        self.original = getattr(entry_plans, "new_entry_id", None)
+        self.seeded = self.active = self.original is not None
+        if self.seeded:
+            rng = random.Random(f"entry-ids-{seed}")
+            entry_plans.new_entry_id = lambda: f"{rng.getrandbits(128):032x}"  # type: ignore[attr-defined]
+
+    def restore(self) -> None:
+        if self.active:
+            self.module.new_entry_id = self.original  # type: ignore[attr-defined]
+            self.active = False
 
 
 # --- similarity-threshold caches, simulated -------------------------------------------------------

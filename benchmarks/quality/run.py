@@ -18,6 +18,17 @@ an oracle that knows the labels (an upper bound). Thresholds are swept.
     make bench-quality QUALITY_ARGS=--full           # every pair (docs: "quality-full")
     make bench-quality QUALITY_ARGS=--quick          # a smoke run; writes nothing
     make bench-quality QUALITY_ARGS="--dataset fow"  # fow-cache's pairs (docs: "quality-fow")
+
+Issue 41's replay (``--replay``, docs: "quality[-<dataset>]-replay"): the bounded settings
+(zerda-d2, zerda-d5 unless ``--policies``) on the same stream at each of ``--speeds``
+requests per second of wall clock (default 100 and 1,000: 1x and 10x) on one replica, and
+at the first speed on ``--replicas`` CacheManagers (default 3); realised error and LLM
+calls compared, and the wrong serves caused by verification counted in every run:
+
+    make bench-quality QUALITY_ARGS="--dataset fow --replay"
+    make bench-quality QUALITY_ARGS="--dataset fow --replay --quick"  # smoke; writes nothing
+
+``--pace R`` and ``--replicas N`` apply to any run (zerda-cache only, for the replicas).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +85,14 @@ class Result:
     wrong_answer_serves: int = 0  # the right question, a wrong (planted or LLM) answer
     resident: int | None = None
     verifications: int = 0  # misses whose fresh answer was compared with a held-back one
+    # wrong serves of entries a verification put in where the answer compared was right
+    # and the fresh one wrong (``Zerda._blame``)
+    verification_wrong_serves: int = 0
+    disputed_puts: int = 0  # fresh answers not stored: they disputed the question's entry
+    pace: float = 0.0  # requests per second of wall clock asked for (0: as fast as it goes)
+    replicas: int = 1
+    wall_s: float = 0.0  # the requests' wall-clock time (seeding not included)
+    ids_seeded: bool | None = None  # zerda-cache's entry ids drawn from the seed
     model_version: int | None = None  # the tenant's match model at the end (0: none)
     curve: list[tuple[int, int, int, int]] = field(default_factory=list)  # n, hits, wrong, stale
     lookup_ms: list[float] = field(default_factory=list)
@@ -85,6 +105,7 @@ class Result:
             "requests": self.requests,
             "hit_rate": self.hits / n,
             "error_rate": self.wrong / n,
+            "wrong_serves": self.wrong,
             "hit_precision": (self.hits - self.wrong) / self.hits if self.hits else 1.0,
             "correct_hit_rate": (self.hits - self.wrong) / n,
             "stale_serves_after_drift": self.stale_serves,
@@ -96,26 +117,48 @@ class Result:
             # answer the cache compares): LLM calls per request = 1 - hit rate.
             "llm_calls_per_request": (self.requests - self.hits) / n,
             "verifications": self.verifications,
+            "verification_wrong_serves": self.verification_wrong_serves,
+            "disputed_puts": self.disputed_puts,
+            "pace": self.pace,
+            "replicas": self.replicas,
+            "requests_per_s": self.requests / self.wall_s if self.wall_s else 0.0,
+            "entry_ids_seeded": self.ids_seeded,
             "match_model_version": self.model_version,
             "lookup_p99_ms": float(np.percentile(self.lookup_ms, 99)) if self.lookup_ms else 0.0,
             "curve": self.curve,
         }
 
 
-def drive(policy: P.Policy, w: Workload, progress: Progress) -> Result:
-    """Run ``w``'s requests through ``policy``; every policy sees the same stream."""
-    task = progress.add_task(f"{policy.name} @ {policy.threshold:.2f}", total=len(w.queries))
+def drive(policy: P.Policy, w: Workload, progress: Progress, pace: float = 0.0) -> Result:
+    """Run ``w``'s requests through ``policy``; every policy sees the same stream.
+
+    ``pace``: requests per second of wall clock (0: as fast as they go). Request ``t``
+    starts no earlier than ``t / pace`` seconds after the first; a run that falls behind
+    catches up without sleeping. The simulated clock moves one second a request whatever
+    the pace: only what the cache times by the wall clock sees the difference."""
+    shown = f"{policy.name} @ {policy.threshold:.2f}"
+    if pace:
+        shown += f", {pace:,.0f}/s"
+    if len(getattr(policy, "replicas", ())) > 1:
+        shown += f", {len(policy.replicas)} replicas"  # type: ignore[attr-defined]
+    task = progress.add_task(shown, total=len(w.queries))
     policy.seed(
         [
             (text, Answer(text, pair, pair not in w.planted_wrong, True))
             for text, pair in zip(w.seed_ids, w.seed_pair, strict=True)
         ]
     )
-    out = Result(policy.name, policy.threshold)
+    out = Result(policy.name, policy.threshold, pace=pace)
+    out.replicas = len(getattr(policy, "replicas", ())) or 1
     window = max(1, len(w.queries) // 20)
     tail_from = len(w.queries) * 3 // 4
     wn = wh = ww = ws = 0
+    started = time.perf_counter()
     for t, (q, p) in enumerate(zip(w.queries, w.query_pair, strict=True)):
+        if pace > 0:
+            ahead = started + t / pace - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
         got, ms = P.timed(policy.lookup, q, p, t)
         out.lookup_ms.append(ms)
         out.requests += 1
@@ -128,6 +171,7 @@ def drive(policy: P.Policy, w: Workload, progress: Progress) -> Result:
             if not right:
                 out.wrong += 1
                 ww += 1
+                out.verification_wrong_serves += policy.verification_caused(handle)
                 if not same_question(ans, q, w):
                     out.near_miss_serves += 1
                 elif went_stale(ans, w, t):
@@ -149,8 +193,12 @@ def drive(policy: P.Policy, w: Workload, progress: Progress) -> Result:
             wn = wh = ww = ws = 0
         if t % 500 == 0:
             progress.update(task, completed=t)
+    out.wall_s = time.perf_counter() - started
     out.resident = policy.resident()
     out.verifications = getattr(policy, "verifications", 0)
+    out.disputed_puts = getattr(policy, "disputed", 0)
+    ids = getattr(policy, "ids", None)
+    out.ids_seeded = None if ids is None else ids.seeded
     out.model_version = policy.model_version() if hasattr(policy, "model_version") else None
     progress.update(task, completed=len(w.queries), visible=False)
     return out
@@ -188,10 +236,6 @@ def targets(rows: list[dict[str, Any]], full_qqp: bool = False) -> tuple[str, di
     oracle = next((r for r in rows if family(r) == "oracle"), None)
     out: dict[str, Any] = {}
     lines = []
-
-    def ok(flag: bool | None) -> str:
-        return "n/a" if flag is None else ("met" if flag else "**not met**")
-
     # 1. error at equal hit rate, at every zerda point; the best ratio and the default's.
     # Only where a static cache has as few hits too: below its lowest hit rate there is
     # no static configuration to compare with (confirm first lives there).
@@ -302,8 +346,61 @@ def targets(rows: list[dict[str, Any]], full_qqp: bool = False) -> tuple[str, di
             lines.append(["LLM calls per request at max_error_rate 2% vs the static "
                           "cache with the most hits at no more error", "<=", shown,
                           ok(flag)])  # fmt: skip
+    blamed = verification_target(rows)
+    if blamed is not None:
+        lines.append(blamed[0])
+        out["verification_wrong_share"] = blamed[1]
     return table(["target", "wanted", f"measured (zerda-cache @ {DEFAULT_THRESHOLD} unless "
                   "noted)", ""], lines), out  # fmt: skip
+
+
+def ok(flag: bool | None) -> str:
+    return "n/a" if flag is None else ("met" if flag else "**not met**")
+
+
+def bounded(rows: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
+    """(δ, row) of each run under an error bound, in the rows' order."""
+    delta_of = {bound_name(d): d for d in BOUNDS.values()}
+    return [(delta_of[r["policy"]], r) for r in rows if r["policy"] in delta_of]
+
+
+def wrong_serves(row: dict[str, Any]) -> int:
+    if "wrong_serves" in row:
+        return int(row["wrong_serves"])
+    return int(row["near_miss_serves"] + row["wrong_answer_serves"]
+               + row["stale_serves_after_drift"])  # fmt: skip
+
+
+def run_label(delta: float, row: dict[str, Any]) -> str:
+    """δ, and the speed and the replicas when they are not the defaults."""
+    out = f"{delta:.0%}"
+    if row.get("pace"):
+        out += f" at {row['pace']:,.0f}/s"
+    if row.get("replicas", 1) > 1:
+        out += f" on {row['replicas']} replicas"
+    return out
+
+
+def verification_target(rows: list[dict[str, Any]]) -> tuple[list[str], float] | None:
+    """The target row on wrong serves caused by verification (of entries a verification
+    put in where the answer it compared was right and the fresh one wrong), in every
+    bounded run, and the largest share of a run's wrong serves. None: no bounded run
+    (or results saved before the benchmark counted them)."""
+    runs = bounded(rows)
+    if not runs or any("verification_wrong_serves" not in r for _, r in runs):
+        return None
+    parts, worst = [], 0.0
+    for delta, r in runs:
+        caused, wrong = int(r["verification_wrong_serves"]), wrong_serves(r)
+        share = caused / wrong if wrong else 0.0
+        worst = max(worst, share)
+        parts.append(f"{run_label(delta, r)}: {caused} of {wrong} ({share:.1%})")
+    return [
+        "wrong serves caused by verification / wrong serves, in every bounded run",
+        "<= 10% in each",
+        "; ".join(parts),
+        ok(worst <= VERIFICATION_SHARE + 1e-12),
+    ], worst
 
 
 def _halves(row: dict[str, Any]) -> tuple[tuple[int, float], tuple[int, float]] | None:
@@ -388,7 +485,14 @@ POLICIES = ("oracle", "lru", "s3fifo", "lfu", "gptcache", "redisvl", "zerda",
 #: The error-bound settings: δ, run once each at BOUND_FLOOR (the candidate floor; the
 #: bound decides above it).
 BOUNDS = {"zerda-d1": 0.01, "zerda-d2": 0.02, "zerda-d5": 0.05}
+#: ``--replay``'s settings unless ``--policies`` names others (bounded ones only).
+REPLAY_POLICIES = ("zerda-d2", "zerda-d5")
 BOUND_FLOOR = 0.8
+#: Issue 41: wrong serves caused by verification, at most this share of a bounded run's.
+VERIFICATION_SHARE = 0.10
+#: Issue 41: the same stream at two speeds, or on 1 and several replicas, gives realised
+#: errors and LLM calls at most this far apart (|a - b| / max(a, b)).
+AGREEMENT = 0.10
 #: min_reward_to_serve above the prior's 0.5: a new answer is served only once a user
 #: has confirmed it (the reaction to the fresh answer counts).
 CONFIRM_BAR = 0.55
@@ -405,8 +509,9 @@ def default_label(dataset: str, full: bool) -> str:
 
 def build(
     key: str, w: Workload, thr: float, capacity: int, args: argparse.Namespace,
-    servers: dict[str, RedisServer],
+    servers: dict[str, RedisServer], replicas: int = 1,
 ) -> P.Policy:  # fmt: skip
+    """Policy ``key`` at threshold ``thr``; zerda-cache on ``replicas`` managers."""
     url = servers["redis"].url
     zerda = {
         "zerda": {},
@@ -421,7 +526,7 @@ def build(
     }  # fmt: skip
     if key in zerda:
         kw: dict[str, Any] = {"serve_bar": args.serve_bar, **zerda[key]}  # type: ignore[dict-item]
-        return P.Zerda(w, thr, capacity, url, args.seed, **kw)
+        return P.Zerda(w, thr, capacity, url, args.seed, replicas=replicas, **kw)
     if key in ("lru", "s3fifo"):
         return P.Threshold(w, thr, capacity, key, ann=args.full)
     if key == "lfu":
@@ -450,6 +555,30 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--serve-bar", type=float, default=0.4, help="min_reward_to_serve")
     parser.add_argument("--quick", action="store_true", help="tiny run; writes nothing")
+    parser.add_argument(
+        "--pace", type=float, default=0.0,
+        help="requests per second of wall clock (0: as fast as they go)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replicas", type=int, default=None,
+        help="zerda-cache's CacheManagers on the same Redis, requests round robin "
+        "(default 1; with --replay, the replicas compared with 1: default 3)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replay", action="store_true",
+        help="the same stream at each of --speeds on 1 replica and at the first on "
+        "--replicas, for the bounded --policies (default zerda-d2,zerda-d5); docs: "
+        "quality[-<dataset>]-replay",
+    )  # fmt: skip
+    parser.add_argument(
+        "--control", action="store_true",
+        help="--replay: run each setting's first run again, a control for the noise "
+        "between two runs of the same stream (shown, not judged)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--speeds", default="100,1000",
+        help="--replay's paces, requests/s (the first is 1x; 0: as fast as they go)",
+    )  # fmt: skip
     parser.add_argument("--replot", action="store_true", help="redraw from the saved JSON")
     parser.add_argument(
         "--section",
@@ -459,13 +588,35 @@ def main() -> None:
     args = parser.parse_args()
     # A kill stops the Redis servers too (the finally below), not only this process.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    label = args.section or default_label(args.dataset, args.full)
+    label = args.section or default_label(args.dataset, args.full) + (
+        "-replay" if args.replay else ""
+    )
     out_dir = ROOT / "docs" / "quality"
     if args.replot:
-        render(json.loads((out_dir / f"{label}.json").read_text()), label, replot=True)
+        saved = json.loads((out_dir / f"{label}.json").read_text())
+        (render_replay if saved.get("mode") == "replay" else render)(saved, label, replot=True)
         return
+    if args.replicas is not None and args.replicas < 1:
+        parser.error("--replicas: at least 1")
+    if args.pace < 0:
+        parser.error("--pace: 0 or more requests per second")
+    speeds: list[float] = []
+    if args.replay:
+        args.policies = args.policies or ",".join(REPLAY_POLICIES)
+        wrong = set(args.policies.split(",")) - set(BOUNDS)
+        if wrong:
+            parser.error(f"--replay runs the bounded policies ({', '.join(BOUNDS)}), not "
+                         f"{', '.join(sorted(wrong))}")  # fmt: skip
+        try:
+            speeds = [float(x) for x in args.speeds.split(",") if x]
+        except ValueError:
+            parser.error(f"--speeds: requests per second, comma-separated: {args.speeds!r}")
+        if not speeds or min(speeds) < 0:
+            parser.error("--speeds: one or more paces of 0 or more requests per second")
+        args.replicas = 3 if args.replicas is None else args.replicas
     if args.quick:
-        args.pairs, args.requests, args.thresholds = 400, 3_000, "0.85,0.95"
+        args.pairs, args.thresholds = 400, "0.85,0.95"
+        args.requests = args.requests or 3_000
     skipped: list[str] = []
     if args.full:  # hours otherwise: see FULL_POLICIES
         args.requests = args.requests or 60_000
@@ -500,20 +651,19 @@ def main() -> None:
             servers["search"] = RedisServer(
                 kind="valkey", extra_args=["--loadmodule", str(module)]
             ).start()
-    results: list[Result] = []
+    if args.replay:  # each bounded setting at every speed, then on several replicas
+        plan = [(key, BOUND_FLOOR, pace, 1) for key in chosen for pace in speeds]
+        if args.replicas > 1:
+            plan += [(key, BOUND_FLOOR, speeds[0], args.replicas) for key in chosen]
+        if args.control:  # the first run again: the noise between two runs of one stream
+            plan += [(key, BOUND_FLOOR, speeds[0], 1) for key in chosen]
+        plan.sort(key=lambda item: chosen.index(item[0]))  # stable: a setting's runs together
+    else:
+        once = {"oracle": 0.0, **dict.fromkeys(BOUNDS, BOUND_FLOOR)}
+        plan = [(key, thr, args.pace, args.replicas or 1) for key in chosen
+                for thr in ([once[key]] if key in once else thresholds)]  # fmt: skip
     try:
-        with Progress() as progress:
-            runs = progress.add_task("runs", total=len(chosen) * len(thresholds))
-            for key in chosen:
-                once = {"oracle": 0.0, **dict.fromkeys(BOUNDS, BOUND_FLOOR)}
-                for thr in [once[key]] if key in once else thresholds:
-                    pol = P.Oracle(w, capacity) if key == "oracle" else build(
-                        key, w, thr, capacity, args, servers)  # fmt: skip
-                    try:
-                        results.append(drive(pol, w, progress))
-                    finally:
-                        pol.close()
-                    progress.advance(runs, len(thresholds) if key in once else 1)
+        results = run_plan(plan, w, capacity, args, servers)
     finally:
         for server in servers.values():
             server.stop()
@@ -530,12 +680,39 @@ def main() -> None:
         "skipped": skipped,
         "rows": [r.row() for r in results],
     }
+    if args.replay:
+        summary.update(mode="replay", speeds=speeds, replicas=args.replicas)
+        if args.quick:
+            rows = summary["rows"]
+            print(replay_report(rows, summary, replay_targets(rows, summary)[0], label))
+            return
+        render_replay(summary, label)
+        return
     if args.quick:
         print(
             report(summary["rows"], summary, targets(summary["rows"], _full_qqp(summary))[0], label)
         )
         return
     render(summary, label)
+
+
+def run_plan(
+    plan: list[tuple[str, float, float, int]], w: Workload, capacity: int,
+    args: argparse.Namespace, servers: dict[str, RedisServer],
+) -> list[Result]:  # fmt: skip
+    """Drive each run of ``plan`` (policy key, threshold, pace, replicas), one at a time."""
+    results: list[Result] = []
+    with Progress() as progress:
+        runs = progress.add_task("runs", total=len(plan))
+        for key, thr, pace, replicas in plan:
+            pol = P.Oracle(w, capacity) if key == "oracle" else build(
+                key, w, thr, capacity, args, servers, replicas)  # fmt: skip
+            try:
+                results.append(drive(pol, w, progress, pace))
+            finally:
+                pol.close()
+            progress.advance(runs)
+    return results
 
 
 def _full_qqp(summary: dict[str, Any]) -> bool:
@@ -585,6 +762,8 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
     if "hit_at_error_0.02" in t:
         out[q + "hit_at_2pct"] = t["hit_at_error_0.02"]["zerda"]
         out[q + "hit_at_2pct_static"] = t["hit_at_error_0.02"]["static"]
+    if "verification_wrong_share" in t:  # the largest share over the bounded runs
+        out["quality.verification_wrong_share"] = t["verification_wrong_share"]
     oracle = next((r for r in rows if family(r) == "oracle"), None)
 
     def calls(r: dict[str, Any]) -> float:
@@ -605,6 +784,9 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
                 out[d + f"tolerance_{half}"] = 1.645 * (delta * (1 - delta) / n_half) ** 0.5
         out[d + "llm_calls"] = calls(r)
         out[d + "hits"] = r["hit_rate"]
+        if "verification_wrong_serves" in r:
+            out[d + "verification_wrong_serves"] = r["verification_wrong_serves"]
+            out[d + "disputed_puts"] = r["disputed_puts"]
         if oracle is not None:
             out[d + "correct_vs_oracle"] = r["correct_hit_rate"] / oracle["correct_hit_rate"]
         unbounded = [x for x in rows if x["policy"] == ZERDA and x["error_rate"] <= delta]
@@ -612,10 +794,58 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def blame_cell(r: dict[str, Any]) -> str:
+    """zerda-cache's wrong serves caused by verification and its disputed puts."""
+    if not r["policy"].startswith(ZERDA) or "verification_wrong_serves" not in r:
+        return ""
+    return f"{r['verification_wrong_serves']:,} / {r['disputed_puts']:,}"
+
+
+def replay_note(rows: list[dict[str, Any]]) -> str | None:
+    """How the requests were paced and on how many replicas, when not the defaults."""
+    paced = sorted({r.get("pace", 0.0) for r in rows} - {0.0})
+    many = sorted({r.get("replicas", 1) for r in rows} - {1})
+    out = []
+    if paced:
+        got = [r["requests_per_s"] for r in rows if r.get("pace")]
+        out.append(
+            "Requests replayed at " + " and ".join(f"{x:,.0f}" for x in paced)
+            + f" per second of wall clock (achieved: {min(got):,.0f} to {max(got):,.0f}); the "
+            "simulated clock moves one second a request whatever the pace."
+        )  # fmt: skip
+    if many:
+        out.append(
+            f"zerda-cache on {' and '.join(map(str, many))} replicas: as many CacheManagers on "
+            "the same Redis, the requests dealt round robin, each request's lookup, put and "
+            "feedback on one replica; one maintenance worker."
+        )
+    return " ".join(out) or None
+
+
+def ids_note(rows: list[dict[str, Any]]) -> str:
+    seeded = [r.get("entry_ids_seeded") for r in rows if r.get("entry_ids_seeded") is not None]
+    if seeded and all(seeded):
+        return (
+            "zerda-cache's entry ids are drawn from the seed (the benchmark swaps the cache's "
+            "id function for a seeded one), so ties between entries break the same way in "
+            "every run. Runs of the same stream still differ: the cache times some of its "
+            "work by the wall clock (when a replica reads the tenant's policy again, sends "
+            "its lookup counts, builds its index; the worker's eviction scans), so runs as "
+            "fast as they go can differ by a point or so; at a pace the machine keeps up "
+            "with (--pace) that work falls on the same requests and runs come out closer "
+            "(the replay's --control says how close)."
+        )
+    return (
+        "zerda-cache's entry ids are random, which breaks ties differently from run to "
+        "run: differences of a few tenths of a point between its rows are noise."
+    )
+
+
 def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, label: str) -> str:
     body = table(
         ["policy", "threshold", "hit rate", "error rate", "hit precision", "correct hits",
-         "wrong serves: near-miss / wrong answer / stale (last quarter)", "entries at end",
+         "wrong serves: near-miss / wrong answer / stale (last quarter)",
+         "wrong serves caused by verification / disputed puts", "entries at end",
          "LLM calls / request (verifications)", "lookup p99 ms"],
         [
             [r["policy"], f"{r['threshold']:.2f}", f"{r['hit_rate']:.3f}",
@@ -623,6 +853,7 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
              f"{r['correct_hit_rate']:.3f}",
              f"{r['near_miss_serves']} / {r['wrong_answer_serves']} / "
              f"{r['stale_serves_after_drift']} ({r['stale_serves_last_quarter']})",
+             blame_cell(r),
              "" if r["resident_entries_at_end"] is None else str(r["resident_entries_at_end"]),
              f"{r.get('llm_calls_per_request', 1 - r['hit_rate']):.3f}"
              + (f" ({r['verifications']:,})" if r.get("verifications") else ""),
@@ -673,7 +904,12 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
             "verified: the miss's fresh LLM answer is compared with the candidate's (the "
             "same when both are right for the question asked), which labels the match. "
             "Verifications are LLM calls, counted with the misses. The realised error's "
-            "tolerance is 1.645 binomial standard deviations over the run's requests."
+            "tolerance is 1.645 binomial standard deviations over the run's requests. "
+            "Wrong serves caused by verification: serves of an entry that a put carrying a "
+            "verification stored, where the cached answer compared was right for the "
+            "question asked and the fresh answer, stored, was wrong. Disputed puts: fresh "
+            "answers that disagreed with the question's own entry and were not stored (the "
+            "entry stays, held out until the next answer settles it)."
         )
         models = [
             f"{r['policy']}: v{r['match_model_version']}"
@@ -707,12 +943,13 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
             "The simulated threshold caches search with HNSW (usearch, float32, cosine) on "
             "the full set; an exact scan per request would take hours per policy."
         )
+    paced = replay_note(rows)
+    if paced:
+        notes.append(paced)
     notes.append(
         "Lookup p99 is measured inside the simulation on a shared 2-core machine (the "
         "published sampled and full runs ran side by side), so it says little: "
-        "`benchmarks/bench_lookup.py` is the latency reference. zerda-cache's entry ids are "
-        "random, which breaks ties differently from run to run: differences of a few tenths "
-        "of a point between its rows are noise."
+        "`benchmarks/bench_lookup.py` is the latency reference. " + ids_note(rows)
     )
     if s["skipped"]:
         notes.append("Skipped: " + "; ".join(s["skipped"]) + ".")
@@ -726,6 +963,246 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
         + f"\n\n![learning curves and trade-off](quality/{label}.png)  \n"
         f"Numbers: `docs/quality/{label}.json`."
     )
+
+
+# --- the replay: the same stream at two speeds and on several replicas --------------------------
+def apart(a: float, b: float) -> float:
+    """|a - b| / max(a, b): 0 when both are 0."""
+    top = max(abs(a), abs(b))
+    return abs(a - b) / top if top else 0.0
+
+
+def speed(pace: float) -> str:
+    return f"{pace:,.0f}/s" if pace else "as fast as it goes"
+
+
+@dataclass
+class Comparison:
+    """One run of a bounded setting against its base run (the first speed, 1 replica)."""
+
+    delta: float
+    base: dict[str, Any]
+    other: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        """How the other run differs, as its figures are named: ``speed-1000`` (requests
+        per second; ``speed-0``: as fast as it goes) or ``replicas-3``."""
+        if self.other.get("replicas", 1) != self.base.get("replicas", 1):
+            return f"replicas-{self.other['replicas']}"
+        if self.other.get("pace", 0.0) == self.base.get("pace", 0.0):
+            return "repeat"
+        return f"speed-{self.other.get('pace', 0.0):.0f}"
+
+    @property
+    def control(self) -> bool:
+        """The base run again (``--control``): the noise the others are read against."""
+        return self.kind == "repeat"
+
+    @property
+    def what(self) -> str:
+        b, o = self.base, self.other
+        if self.control:
+            return (f"the run at {speed(b['pace'])} on 1 replica, again (achieved "
+                    f"{b['requests_per_s']:,.0f} and {o['requests_per_s']:,.0f}/s): "
+                    "run-to-run noise")  # fmt: skip
+        if self.kind.startswith("replicas"):
+            return (f"1 vs {o['replicas']} replicas, at {speed(b['pace'])} (achieved "
+                    f"{b['requests_per_s']:,.0f} and {o['requests_per_s']:,.0f}/s)")  # fmt: skip
+        factor = f"1x vs {o['pace'] / b['pace']:g}x speed: " if b["pace"] and o["pace"] else ""
+        achieved = f"{b['requests_per_s']:,.0f} and {o['requests_per_s']:,.0f}/s"
+        return f"{factor}{speed(b['pace'])} vs {speed(o['pace'])} (achieved {achieved}), 1 replica"
+
+    @property
+    def tolerance(self) -> float:
+        """The realised error's sampling tolerance (as the bound's target): 1.645 binomial
+        standard deviations at δ over the run's requests."""
+        n = max(1, min(int(self.base["requests"]), int(self.other["requests"])))
+        return 1.645 * (self.delta * (1 - self.delta) / n) ** 0.5
+
+    @property
+    def error_apart(self) -> float:
+        return apart(self.base["error_rate"], self.other["error_rate"])
+
+    @property
+    def calls_apart(self) -> float:
+        return apart(self.base["llm_calls_per_request"], self.other["llm_calls_per_request"])
+
+    @property
+    def error_gap(self) -> float:
+        return abs(self.base["error_rate"] - self.other["error_rate"])
+
+    def error_agrees(self) -> str | None:
+        """Which rule the realised errors agree by: within 10%, else within the sampling
+        tolerance (errors can be a handful of serves); None: neither."""
+        if self.error_apart <= AGREEMENT + 1e-12:
+            return f"within {AGREEMENT:.0%}"
+        if self.error_gap <= self.tolerance + 1e-12:
+            return f"within the tolerance {self.tolerance:.2%}"
+        return None
+
+    def met(self) -> bool:
+        return self.error_agrees() is not None and self.calls_apart <= AGREEMENT + 1e-12
+
+    def line(self) -> list[str]:
+        b, o = self.base, self.other
+        rule = self.error_agrees() or (
+            f"beyond {AGREEMENT:.0%} and the tolerance {self.tolerance:.2%}"
+        )
+        error = (
+            f"error {b['error_rate']:.2%} vs {o['error_rate']:.2%} "
+            f"({self.error_apart:.0%} apart, {self.error_gap:.2%} points: {rule})"
+        )
+        calls = (
+            f"LLM calls/request {b['llm_calls_per_request']:.3f} vs "
+            f"{o['llm_calls_per_request']:.3f} ({self.calls_apart:.1%} apart)"
+        )
+        return [f"max_error_rate {self.delta:.0%}: realised error and LLM calls agree, "
+                f"{self.what}", f"within {AGREEMENT:.0%} (error: or within its tolerance)",
+                f"{error}; {calls}",
+                "(noise)" if self.control else ok(self.met())]  # fmt: skip
+
+
+def comparisons(rows: list[dict[str, Any]]) -> list[Comparison]:
+    """Each bounded setting's runs against its first run on 1 replica (the first speed)."""
+    out = []
+    for delta in BOUNDS.values():
+        runs = [r for d, r in bounded(rows) if d == delta]
+        base = next((r for r in runs if r.get("replicas", 1) == 1), None)
+        out += [Comparison(delta, base, r) for r in runs if base is not None and r is not base]
+    return out
+
+
+def replay_targets(rows: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Issue 41's agreement rows (every comparison, met or not) and its wrong serves
+    caused by verification (every run); the figures ``replay_figures`` records."""
+    found = comparisons(rows)
+    lines = [c.line() for c in found]
+    out: dict[str, Any] = {"comparisons": [
+        {"delta": c.delta, "kind": c.kind, "error_apart": c.error_apart,
+         "error_gap": c.error_gap, "tolerance": c.tolerance, "calls_apart": c.calls_apart,
+         "error_rule": c.error_agrees(), "met": c.met()} for c in found]}  # fmt: skip
+    blamed = verification_target(rows)
+    if blamed is not None:
+        lines.append(blamed[0])
+        out["verification_wrong_share"] = blamed[1]
+    return table(["target", "wanted", "measured", ""], lines), out
+
+
+def replay_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The replay's figures (``benchmarks/_targets.py`` reads ``quality.replay.*`` and
+    ``quality.verification_wrong_share``): the largest distance apart of the LLM calls
+    and of the realised errors over every comparison, how many realised errors agree by
+    neither rule, and each comparison's, named by data set, δ and what differs
+    (``quality.fow-replay.d2.speed-1000.error_apart``)."""
+    t = summary.get("targets") or replay_targets(summary["rows"], summary)[1]
+    found = t["comparisons"]
+    judged = [c for c in found if c["kind"] != "repeat"]  # a control is not judged
+    out: dict[str, Any] = {}
+    if judged:
+        out["quality.replay.comparisons"] = len(judged)
+        out["quality.replay.calls_apart"] = max(c["calls_apart"] for c in judged)
+        out["quality.replay.error_apart"] = max(c["error_apart"] for c in judged)
+        out["quality.replay.error_disagreements"] = sum(c["error_rule"] is None for c in judged)
+    q = f"quality.{summary.get('dataset', 'qqp')}-replay."
+    for c in found:
+        d = f"{q}d{round(c['delta'] * 100)}.{c['kind']}."
+        for name in ("error_apart", "error_gap", "tolerance", "calls_apart"):
+            out[d + name] = c[name]
+    if "verification_wrong_share" in t:
+        out["quality.verification_wrong_share"] = t["verification_wrong_share"]
+    return out
+
+
+def replay_report(
+    rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, label: str
+) -> str:
+    body = table(
+        ["max_error_rate", "requests/s asked (achieved)", "replicas", "realised error",
+         "hit rate", "LLM calls / request", "verifications",
+         "wrong serves caused by verification (of all wrong)", "disputed puts",
+         "match model at end"],
+        [
+            [f"{delta:.0%}", f"{speed(r['pace'])} ({r['requests_per_s']:,.0f})",
+             str(r["replicas"]), f"{r['error_rate']:.2%}", f"{r['hit_rate']:.3f}",
+             f"{r['llm_calls_per_request']:.3f}", f"{r['verifications']:,}",
+             f"{r['verification_wrong_serves']:,} ({wrong_serves(r):,})",
+             f"{r['disputed_puts']:,}",
+             "" if r.get("match_model_version") is None else f"v{r['match_model_version']}"]
+            for delta, r in bounded(rows)
+        ],
+    )  # fmt: skip
+    a = s["args"]
+    speeds = s.get("speeds") or []
+    notes = [
+        f"{s['pairs']:,} {DATASETS[s.get('dataset', 'qqp')][1]} pairs, {s['requests']:,} Zipf "
+        f"requests, capacity {s['capacity']:,} entries, seed {a['seed']}: the workload of "
+        "the quality runs, the same stream in every run here (its outcomes drawn once per "
+        f"request). zerda-cache with an error bound at the candidate floor {BOUND_FLOOR}, "
+        f"min_reward_to_serve={a['serve_bar']}.",
+        "Each setting runs at "
+        + " and ".join(speed(x) for x in speeds)
+        + " of wall clock on one replica, and at "
+        + (speed(speeds[0]) if speeds else "the first speed")
+        + f" on {s.get('replicas', 3)} replicas. A request starts no earlier than its "
+        "place in the schedule; a run that falls behind catches up without sleeping, so "
+        "the achieved rate is what the machine allowed (below the one asked: the run went "
+        "as fast as it could). The simulated clock moves one second a request at every "
+        "speed, so decay and the worker's cycle (every 500 requests, one worker whatever "
+        "the replicas) are the same; what differs is what the cache times by the wall "
+        "clock: when a replica reads the tenant's policy again, when it sends its "
+        "counts, when it refreshes its index.",
+        "Replicas: as many CacheManagers on the same Redis, each with its own client, index "
+        "and verification tickets, on the same simulated clock; requests dealt round robin "
+        "by their index, a request's lookup, put and feedback on the replica that looked "
+        "it up (an app instance serves a request end to end).",
+        f"Agreement: |a - b| / max(a, b) <= {AGREEMENT:.0%} for LLM calls per request; for "
+        f"the realised error, within {AGREEMENT:.0%} or within the sampling tolerance (1.645 "
+        "binomial standard deviations at δ over the requests, as the bound's target), "
+        "since a run's wrong serves can be a handful; each row says which.",
+        "Wrong serves caused by verification: serves of an entry that a put carrying a "
+        "verification stored, where the cached answer compared was right for the question "
+        "asked and the fresh answer, stored, was wrong. Disputed puts: fresh answers that "
+        "disagreed with the question's own entry and were not stored (the entry stays, "
+        "held out until the next answer settles it).",
+        ids_note(rows),
+    ]
+    if any(c.control for c in comparisons(rows)):
+        notes.append(
+            "The control (--control) runs each setting's first run again, unchanged: how far "
+            "apart two runs of the same stream land, against which the speed and replica "
+            "comparisons read. It is shown, not judged."
+        )
+    if s.get("skipped"):
+        notes.append("Skipped: " + "; ".join(s["skipped"]) + ".")
+    return (
+        "### Targets\n\n"
+        + target_table
+        + "\n\n### Every run\n\n"
+        + body
+        + "\n\n"
+        + "\n\n".join(notes)
+        + f"\n\nNumbers: `docs/quality/{label}.json`."
+    )
+
+
+def render_replay(summary: dict[str, Any], label: str, *, replot: bool = False) -> None:
+    """The replay's targets, table and JSON, and its docs section (``render``'s twin)."""
+    rows = summary["rows"]
+    target_table, summary["targets"] = replay_targets(rows, summary)
+    body = replay_report(rows, summary, target_table, label)
+    if replot:
+        body += f"\n\nTargets and table re-rendered from the JSON at commit {git_rev()}."
+    print(body)
+    out_dir = ROOT / "docs" / "quality"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{label}.json").write_text(json.dumps(summary, indent=1))
+    name = DATASETS[summary.get("dataset", "qqp")][1]
+    every = summary.get("every_pair", bool(summary["args"].get("full")))
+    pairs = f"every {name} pair" if every else f"{summary['pairs']:,} sampled {name} pairs"
+    write_section(label, f"The error bound replayed at two speeds and on "
+                  f"{summary.get('replicas', 3)} replicas, {pairs} (benchmarks/quality/run.py "
+                  "--replay)", body, summary.get("origin"), replay_figures(summary))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,236 @@
+"""The quality benchmark's own bookkeeping (issue 41): wrong serves caused by verification,
+disputed puts, the pace, the replicas and the replay's agreement rules. Not in the suite's
+``testpaths``; run it on its own:
+
+    .venv/bin/python -m pytest -q benchmarks/quality/test_quality_bench.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import policies as P  # noqa: E402
+import run  # noqa: E402
+from _targets import TARGETS  # noqa: E402
+from rich.progress import Progress  # noqa: E402
+from workload import Answer, Workload  # noqa: E402
+
+from zerda_cache.storage import entry_plans  # noqa: E402
+from zerda_cache.testing import RedisServer  # noqa: E402
+
+
+def tiny(n: int, *, llm_ok: bool = False) -> Workload:
+    """Two unrelated questions, the first asked ``n`` times; the LLM always right or
+    always wrong; nobody reacts."""
+    vecs = np.random.default_rng(0).normal(size=(2, 384)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    return Workload(
+        texts=["what is a fox?", "how do I reset my password?"],
+        vecs=vecs,
+        seed_ids=[0, 1],
+        seed_pair=[0, 1],
+        queries=[0] * n,
+        query_pair=[0] * n,
+        pair_label={0: 1, 1: 1},
+        planted_wrong=set(),
+        stale=set(),
+        drift_at=10**9,
+        dups={},
+        llm_ok=np.full(n, llm_ok),
+        reacts=np.zeros(n, bool),
+        noisy=np.zeros(n, bool),
+    )
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    srv = RedisServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_verification_blames_exactly_the_puts_that_put_a_wrong_answer_over_a_right_one(
+    server: RedisServer,
+) -> None:
+    """The seeded answer is right, the LLM always wrong: under a bound the question's own
+    entry is verified, the first disagreement is a dispute (not stored), a later one
+    replaces it. Every put is checked against the rule independently."""
+    w = tiny(12)
+    pol = P.Zerda(w, 0.8, 10, server.url, 11, max_error_rate=0.02)
+    try:
+        pol.seed([(0, Answer(0, 0, True, True)), (1, Answer(1, 1, True, True))])
+        seen: list[tuple[Any, Answer | None]] = []  # each put's result, the answer compared
+        put = pol.m.put
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            before = dict(pol.answers)
+            res = put(*args, **kwargs)
+            seen.append((res, before.get(res.compared_id)))
+            return res
+
+        pol.m.put = watched  # type: ignore[method-assign]
+        progress = Progress(disable=True)
+        out = run.drive(pol, w, progress)
+        assert pol.verifications > 0, "the scenario no longer verifies: nothing was tested"
+        expected = {
+            res.entry_id
+            for res, compared in seen
+            if res.verified is not None
+            and res.entry_id is not None
+            and compared is not None
+            and compared.right
+            and not pol.answers[res.entry_id].right
+        }
+        assert pol.caused == expected
+        disputes = sum(
+            1 for res, _ in seen if not res.stored and (res.reason or "").startswith("disputed")
+        )
+        assert out.disputed_puts == pol.disputed == disputes
+        assert out.verifications == pol.verifications
+        row = out.row()
+        assert row["verification_wrong_serves"] <= row["wrong_serves"]
+    finally:
+        pol.close()
+
+
+class Stub(P.Policy):
+    """Serves a wrong answer every other request; says the verification caused every
+    third one; a miss's answer is 'disputed' (counted by the policy, as Zerda does)."""
+
+    name = "stub"
+
+    def __init__(self) -> None:
+        self.disputed = 0
+
+    def seed(self, items: list[tuple[int, Answer]]) -> None:
+        pass  # an empty cache: every store is a request's
+
+    def lookup(self, text: int, pair: int, t: int) -> tuple[Answer, Any] | None:
+        return (Answer(1, 1, True, False), t) if t % 2 == 0 else None
+
+    def store(self, text: int, ans: Answer) -> Any:
+        self.disputed += 1
+        return None
+
+    def verification_caused(self, handle: Any) -> bool:
+        return handle % 3 == 0
+
+
+def test_drive_counts_wrong_serves_caused_by_verification_and_disputes() -> None:
+    w = tiny(12, llm_ok=True)
+    out = run.drive(Stub(), w, Progress(disable=True))
+    assert out.wrong == 6  # t = 0, 2, ..., 10: another question's answer
+    assert out.verification_wrong_serves == 2  # t = 0 and 6
+    assert out.disputed_puts == 6
+    assert out.row()["verification_wrong_serves"] == 2
+
+
+def test_the_pace_spaces_the_requests_on_the_wall_clock() -> None:
+    w = tiny(21, llm_ok=True)
+    started = time.perf_counter()
+    out = run.drive(Stub(), w, Progress(disable=True), pace=100.0)
+    assert time.perf_counter() - started >= 0.2  # request 20 starts 0.2 s after the first
+    assert out.pace == 100.0 and out.row()["requests_per_s"] <= 110
+
+
+def test_replicas_share_redis_and_a_request_stays_on_the_replica_that_looked_it_up(
+    server: RedisServer,
+) -> None:
+    w = tiny(6, llm_ok=True)
+    pol = P.Zerda(w, 0.8, 10, server.url, 11, replicas=3)
+    try:
+        assert len(pol.replicas) == 3 and len({id(m) for m in pol.replicas}) == 3
+        pol.seed([(1, Answer(1, 1, True, True))])
+        for t in range(6):
+            pol.lookup(0, 0, t)
+            assert pol.at is pol.replicas[t % 3]
+            pol.store(0, Answer(0, 0, True, False))
+            assert pol.at is pol.replicas[t % 3]
+        assert pol.resident() == 2  # one entry a question, whichever replica put it
+    finally:
+        pol.close()
+
+
+def test_entry_ids_come_from_the_seed_and_the_cache_gets_its_own_back(
+    server: RedisServer,
+) -> None:
+    original = entry_plans.new_entry_id
+    ids = []
+    for _ in range(2):
+        pol = P.Zerda(tiny(1), 0.8, 10, server.url, 11)
+        pol.seed([(0, Answer(0, 0, True, True)), (1, Answer(1, 1, True, True))])
+        ids.append(sorted(pol.answers))
+        assert pol.ids.seeded
+        pol.close()
+        assert entry_plans.new_entry_id is original
+    assert ids[0] == ids[1]
+
+
+def row(policy: str, error: float, calls: float, pace: float = 100.0, replicas: int = 1,
+        **extra: Any) -> dict[str, Any]:  # fmt: skip
+    return {"policy": policy, "requests": 5_920, "error_rate": error, "hit_rate": 1 - calls,
+            "llm_calls_per_request": calls, "pace": pace, "replicas": replicas,
+            "requests_per_s": pace or 600.0, **extra}  # fmt: skip
+
+
+D2, D5 = run.bound_name(0.02), run.bound_name(0.05)
+
+
+def test_agreement_takes_ten_percent_or_the_sampling_tolerance_for_the_error() -> None:
+    rows = [
+        row(D2, 0.0030, 0.300),
+        row(D2, 0.0040, 0.320, pace=1000.0),  # 25% apart, 0.1 point: within tolerance
+        row(D2, 0.0030, 0.340, replicas=3),  # LLM calls 11.8% apart
+        row(D5, 0.0300, 0.300),
+        row(D5, 0.0420, 0.300, pace=1000.0),  # 1.2 points: beyond the tolerance (0.47)
+        row(D5, 0.0310, 0.310),  # the control
+    ]
+    found = {(c.delta, c.kind): c for c in run.comparisons(rows)}
+    assert set(found) == {(0.02, "speed-1000"), (0.02, "replicas-3"), (0.05, "speed-1000"),
+                          (0.05, "repeat")}  # fmt: skip
+    speed2 = found[(0.02, "speed-1000")]
+    assert speed2.error_apart == pytest.approx(0.25)
+    assert (speed2.error_agrees() or "").startswith("within the tolerance")
+    assert speed2.met()
+    assert not found[(0.02, "replicas-3")].met()  # the LLM calls
+    assert found[(0.05, "speed-1000")].error_agrees() is None
+    assert found[(0.05, "repeat")].control
+    table, out = run.replay_targets(rows, {})
+    assert "(noise)" in table and "within the tolerance" in table
+    figures = run.replay_figures({"dataset": "fow", "rows": rows, "targets": out})
+    assert figures["quality.replay.comparisons"] == 3  # the control is not judged
+    assert figures["quality.replay.calls_apart"] == pytest.approx(0.04 / 0.34)
+    assert figures["quality.replay.error_disagreements"] == 1
+    assert "quality.fow-replay.d5.repeat.calls_apart" in figures
+    replay = next(t for t in TARGETS if "1x and 10x" in t.what)
+    assert set(replay.keys) <= set(figures)
+    shown, met = replay.judge(figures)
+    assert not met and "1 beyond its tolerance" in shown
+
+
+def test_every_bounded_run_is_held_to_the_verification_share() -> None:
+    rows = [
+        row(D2, 0.003, 0.3, verification_wrong_serves=1, wrong_serves=20, disputed_puts=4),
+        row(D5, 0.03, 0.3, verification_wrong_serves=3, wrong_serves=20, disputed_puts=9),
+        row(run.ZERDA, 0.05, 0.2, verification_wrong_serves=0, wrong_serves=300),
+    ]
+    line, worst = run.verification_target(rows) or ([], 0.0)
+    assert worst == pytest.approx(0.15)
+    assert line[-1] == "**not met**" and "1 of 20 (5.0%)" in line[2]
+    figures = run.replay_figures({"dataset": "fow", "rows": rows})
+    shares = next(t for t in TARGETS if t.keys == ("quality.verification_wrong_share",))
+    assert shares.judge(figures) == ("15.0%", False)
+    assert run.verification_target([row(run.ZERDA, 0.05, 0.2)]) is None
