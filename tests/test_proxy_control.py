@@ -85,7 +85,9 @@ def test_no_store_leaves_redis_unchanged(
     assert h["x-zerda-cache"] == "bypass"
     # the HTTP API alike: a lookup reads nothing (a miss), a put writes nothing
     lookup = api(service, "/v1/lookup", {"query": QUESTION}, **no_store)
-    assert lookup.json() == {"hit": False, "decision": "miss", "entry": None}
+    body = lookup.json()
+    assert (body["hit"], body["decision"], body["entry"]) == (False, "miss", None)
+    assert body["verify_token"] is None
     put = api(service, "/v1/put", {"query": "q", "response": "a"}, **no_store)
     assert put.json()["stored"] is False and put.json()["reason"] == "Cache-Control: no-store"
 
