@@ -151,6 +151,24 @@ def test_a_bound_with_labels_reports_its_threshold_and_estimate(
     assert sum(m.tenant_policy("t").calibration.right) >= MIN_LABELS
 
 
+def test_a_per_serve_ceiling_raises_the_threshold_reported(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """``max_serve_error`` raises the bar near matches must clear: the decision reports
+    the threshold the lookup applied, not the bound's alone."""
+    teach(redis_client, "t", 0.98, 800, 0)
+    teach(redis_client, "t", 0.96, 300, 3)
+    m = make_manager(CacheConfig(max_error_rate=0.02, max_serve_error=0.005, verify_rate=0.0))
+    v = unit(21)
+    m.put("q", "a", tenant="t", embedding=v)
+    assert m.tenant_policy("t").calibration.serving(0.02).threshold == pytest.approx(0.96)
+    held = m.decide("close", tenant="t", embedding=near(v, 0.97, 22))
+    assert held.kind == "verify" and held.reason == "near_unproven"
+    assert held.threshold == pytest.approx(0.98) == m.tenant_policy("t").threshold()
+    served = m.decide("closer", tenant="t", embedding=near(v, 0.985, 23))
+    assert served.kind == "hit" and served.threshold == pytest.approx(0.98)
+
+
 def test_exploration_is_its_own_reason(make_manager: Any, redis_client: redis.Redis) -> None:
     teach(redis_client, "t", 0.96, 300, 0)
     m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=1.0))

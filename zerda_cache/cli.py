@@ -1091,16 +1091,18 @@ def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
 
 
 def _serving_json(policy: TenantPolicy) -> dict[str, Any] | None:
-    """``tenant show --json``: what the tenant serves under its bound
-    (``Calibration.serving``); ``None`` without a bound."""
+    """``tenant show --json``: what the tenant serves under its bound: the threshold and
+    the lowest exact-repeat level its lookups apply (``max_serve_error``'s bars
+    included), and the estimate of ``Calibration.serving``; ``None`` without a bound."""
     bound = policy.bound()
     if bound is None:
         return None
     serving = policy.calibration.serving(bound)
+    bar = policy.exact_bar()
     return {
         "max_error_rate": serving.max_error_rate,
-        "threshold": serving.threshold,
-        "exact_level": serving.exact_level,
+        "threshold": policy.threshold(),
+        "exact_level": None if bar is None or bar > 1.0 else exact_level(bar) if bar else 0,
         "estimated_error": serving.estimated_error,
         "error_bound": serving.error_bound,
         "labels": serving.labels,
@@ -1114,7 +1116,7 @@ def _add_bound_rows(table: Table, policy: TenantPolicy, bound: float) -> None:
     serves per request with its 95% bound (the one held under the error bound), and the
     labels behind them."""
     serving = policy.calibration.serving(bound)
-    threshold = serving.threshold
+    threshold = policy.threshold()  # with max_serve_error's, as lookups apply it
     score = "similarity" if policy.calibration.model is None else "match score"
     table.add_row(
         "serves near matches from",

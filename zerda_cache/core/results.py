@@ -67,12 +67,14 @@ class Decision:
         similarity: the similarity it matched at (1.0: the question's own entry).
         verify_token: for a verify, what ``put(..., verify_token=...)`` takes.
         max_error_rate: the error bound it was decided under (``None``: none).
-        threshold: the score from which the bound serves near matches (their similarity
-            unless the tenant has a match model); ``None``: none yet, or no bound.
-        exact_level: the lowest level of exact repeats the bound serves (0: any servable
-            entry; ``calibration.exact_level``); ``None``: none, or no bound.
-        estimated_error: wrong serves per request of serving so, the labels' point
-            estimate (``None``: no bound).
+        threshold: the score from which the bound (and ``max_serve_error``, if set)
+            serves near matches (their similarity unless the tenant has a match model);
+            ``None``: none yet, or no bound.
+        exact_level: the lowest level of exact repeats served under them (0: any
+            servable entry; ``calibration.exact_level``); ``None``: none, or no bound.
+        estimated_error: wrong serves per request of serving by the bound's rule, the
+            labels' point estimate (``Calibration.serving``; with ``max_serve_error``
+            raising the bars, an estimate from above). ``None``: no bound.
     """
 
     kind: Literal["hit", "miss", "verify"]
