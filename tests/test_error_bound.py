@@ -617,6 +617,7 @@ def test_one_disagreement_is_not_a_verdict(make_manager: Any, redis_client: redi
     assert slip.compared_id == first.entry_id and slip.reason == DISPUTED
     key = tenant_keys("t").entry(first.entry_id)
     assert redis_client.hexists(key, "dsp")
+    assert m.decide("q", tenant="t", embedding=v).reason == "disputed"  # unconfirmed too
     cal = tenant_state(m.storage).calibration("t")
     assert (cal.exact_right, cal.exact_wrong) == (0.0, 1.0)  # counted wrong for now
     # Held out, not served, whatever its level: the next answer settles it.

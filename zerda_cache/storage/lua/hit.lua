@@ -143,11 +143,11 @@ local function serve()
   end
   zc_decay(arm, now, prior_a, prior_b, decay, interval)
   local reward = arm.a / (arm.a + arm.b)
+  if held and raw[3] then  -- a dispute first: whatever its level, the next answer decides
+    return {-8, string.format('%.17g', reward)}
+  end
   if bar and reward < bar then
     return {-4, string.format('%.17g', reward)}
-  end
-  if held and raw[3] then
-    return {-8, string.format('%.17g', reward)}
   end
   if similarity and similarity < use.sb then
     return {-5}
