@@ -756,10 +756,15 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
     q = f"quality.{summary.get('dataset', 'qqp')}-{'full' if every else 'sampled'}."
     t = summary.get("targets") or targets(rows, _full_qqp(summary))[1]
     out: dict[str, Any] = {}
-    for name in ("error_ratio_best", "stale_ratio", "correct_vs_oracle"):
+    # A section of some policies only (--section, e.g. the bounded runs) leaves the
+    # comparisons with every static cache to the data set's own section.
+    args = summary["args"]
+    own = default_label(args.get("dataset", "qqp"), bool(args.get("full")))
+    partial = args.get("section") not in (None, own)
+    for name in ("stale_ratio", "correct_vs_oracle", *(() if partial else ("error_ratio_best",))):
         if name in t:
             out[q + name] = t[name]
-    if "hit_at_error_0.02" in t:
+    if "hit_at_error_0.02" in t and not partial:
         out[q + "hit_at_2pct"] = t["hit_at_error_0.02"]["zerda"]
         out[q + "hit_at_2pct_static"] = t["hit_at_error_0.02"]["static"]
     if "verification_wrong_share" in t:  # the largest share over the bounded runs
