@@ -247,8 +247,10 @@ class CacheEngine:
         ``unavailable``. Raises what ``lookup`` raises."""
         asked = yield from self.found_flow(query, tenant, embedding, scope, max_error_rate)
         found, query, checked, override = asked
-        cached = self.policies.cached.get(tenant)  # as the lookup read or refreshed it
-        policy = cached[1] if cached is not None else TenantPolicy(tenant, self.config)
+        policy = found.policy if found is not None else None  # the one it decided under
+        if policy is None:
+            cached = self.policies.cached.get(tenant)
+            policy = cached[1] if cached is not None else TenantPolicy(tenant, self.config)
         bound = policy.bound(override)
         if found is None:  # failed open
             return Decision("miss", "unavailable", max_error_rate=bound)

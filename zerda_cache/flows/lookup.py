@@ -89,6 +89,8 @@ class Found:
     ticket: Ticket | None = None
     #: why (``REASONS``)
     reason: str = ""
+    #: the tenant's policy the lookup decided under
+    policy: TenantPolicy | None = None
 
     @property
     def decision(self) -> str:
@@ -425,7 +427,8 @@ class LookupSteps:
             spec = (spec[0], 1.0)
         served = self.ranking.spec_hit(lookup.tenant, spec, outcome, exact, lookup.policy)
         reason = "exact" if exact else "near"
-        return Found(served, lookup.n_found, False, asked_level(own, served), reason=reason)
+        level = asked_level(own, served)
+        return Found(served, lookup.n_found, False, level, reason=reason, policy=lookup.policy)
 
     def rank_flow(self, lookup: Lookup, trip: LookupTrip, changed: bool) -> Flow[Found]:
         """The first round trip served nothing: rank the candidates on their states (from
@@ -488,7 +491,8 @@ class LookupSteps:
             served = yield from self.serve_wider_flow(lookup, lookup.vec)
         if served is not None:
             reason = "exact" if served.exact else "near"
-            return Found(served, lookup.n_found, False, asked_level(asked, served), reason=reason)
+            at = asked_level(asked, served)
+            return Found(served, lookup.n_found, False, at, None, reason, lookup.policy)
         self.counts.miss(tenant)
         ticket = None
         if lookup.bound is not None and found:
@@ -498,7 +502,7 @@ class LookupSteps:
         else:
             reason = "unservable" if lookup.n_found else "no_candidate"
         at = asked_level(asked, None)
-        return Found(None, lookup.n_found, ticket is not None, at, ticket, reason)
+        return Found(None, lookup.n_found, ticket is not None, at, ticket, reason, lookup.policy)
 
     def serve_own_flow(
         self, lookup: Lookup, exact_id: str
@@ -639,7 +643,7 @@ class LookupSteps:
             reason = "disputed"
         else:
             reason = "explore" if lookup.explore_exact else "exact_unproven"
-        return Found(None, lookup.n_found, True, level, ticket, reason)
+        return Found(None, lookup.n_found, True, level, ticket, reason, lookup.policy)
 
     def plan_hit(
         self,
