@@ -199,6 +199,15 @@ def test_a_token_verifies_on_another_replica(make_manager: Any) -> None:
     assert result.compared_id == cached.entry_id == held.candidate_id
     cal = tenant_state(b.storage).calibration("t")
     assert sum(cal.right) == 1 and sum(cal.wrong) == 0  # one label, from B's put
+    # A verification is settled once: the same token again, or A's put with the ticket
+    # A still keeps in its memory, label nothing more.
+    q = "how many legs does a spider have"
+    again = b.put(q, "eight", tenant="t", embedding=close, verify_token=held.verify_token)
+    assert again.stored and again.verified is None
+    assert a.awaiting_verification(q, tenant="t")
+    assert a.put(q, "eight", tenant="t", embedding=close).verified is None
+    cal = tenant_state(b.storage).calibration("t")
+    assert sum(cal.right) == 1 and sum(cal.wrong) == 0
     # Without the token, B's put of a question A held back verifies nothing.
     other = near(v, 0.95, 15)
     assert a.decide("spider legs?", tenant="t", embedding=other).kind == "verify"

@@ -35,7 +35,7 @@ from zerda_cache.flows.ranking import (
     hit_of,
     search,
 )
-from zerda_cache.flows.verification import Ticket, Verifier
+from zerda_cache.flows.verification import Ticket, Verifier, new_nonce
 from zerda_cache.learning.calibration import NEVER, exact_level
 from zerda_cache.learning.match_model import Features, score_of
 from zerda_cache.learning.tenant_policy import TenantPolicy
@@ -627,7 +627,7 @@ class LookupSteps:
         if not ranked:
             return None
         (eid, sim, _), _, _ = ranked[0]
-        ticket = Ticket(eid, sim, lookup.feats.get(eid))
+        ticket = Ticket(eid, sim, lookup.feats.get(eid), nonce=new_nonce())
         self.verifier.hold(tenant, lookup.query, lookup.scope, ticket)
         return ticket
 
@@ -637,7 +637,7 @@ class LookupSteps:
         explores). The app's next put of the question verifies it (an exact label at
         that level)."""
         self.counts.miss(lookup.tenant)
-        ticket = Ticket(entry_id, 1.0, None, level, exact=True)
+        ticket = Ticket(entry_id, 1.0, None, level, True, new_nonce())
         self.verifier.hold(lookup.tenant, lookup.query, lookup.scope, ticket)
         if lookup.disputed:
             reason = "disputed"

@@ -15,6 +15,7 @@ import base64
 import binascii
 import logging
 import math
+import os
 import unicodedata
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -78,16 +79,27 @@ def _canonical(text: str) -> str:
     return " ".join("".join(c if c.isalnum() else " " for c in folded).split())
 
 
+#: How long a verification a lookup asked for waits for its put.
+TICKET_TTL_S = 900.0
+
+
 class Ticket(NamedTuple):
     """A verification a lookup asked for: the candidate it held back, the similarity it
-    matched at (1: the question's own entry), its match features (near matches) and its
-    entry's level (exact repeats)."""
+    matched at (1: the question's own entry), its match features (near matches), its
+    entry's level (exact repeats), and a nonce that lets it be settled once only, by
+    whichever put brings it first (``StoragePlans.claim_ticket``; '': no such check)."""
 
     entry_id: str
     similarity: float
     features: Features | None = None
     level: int = 0
     exact: bool = False
+    nonce: str = ""
+
+
+def new_nonce() -> str:
+    """A ticket's nonce."""
+    return os.urandom(8).hex()
 
 
 class Comparison(NamedTuple):
@@ -120,10 +132,11 @@ def encode_ticket(tenant: str, query: str, scope: str, ticket: Ticket) -> str:
     replica's memory (``Verifier.hold``) reaches only its own puts. It names the
     candidate and how it matched; nothing in it is secret, and a put checks that it is
     for that tenant and question."""
-    entry_id, similarity, features, level, exact = ticket
+    entry_id, similarity, features, level, exact, nonce = ticket
     feats = None if features is None else [float(f) for f in features]
     digest = codec.query_digest(query, scope)
-    packed = msgpack.packb([tenant, digest, entry_id, float(similarity), feats, level, exact])
+    fields = [tenant, digest, entry_id, float(similarity), feats, level, exact, nonce]
+    packed = msgpack.packb(fields)
     return TOKEN_PREFIX + base64.urlsafe_b64encode(packed).decode().rstrip("=")
 
 
@@ -138,7 +151,7 @@ def decode_ticket(token: object, tenant: str, query: str, scope: str) -> Ticket:
     body = token[len(TOKEN_PREFIX) :]
     try:
         raw = msgpack.unpackb(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-        t, digest, entry_id, similarity, feats, level, exact = raw
+        t, digest, entry_id, similarity, feats, level, exact, nonce = raw
         similarity = float(similarity)
         features = None if feats is None else tuple(float(f) for f in feats)
         level, exact = int(level), bool(exact)
@@ -147,11 +160,11 @@ def decode_ticket(token: object, tenant: str, query: str, scope: str) -> Ticket:
         raise InvalidEntryError("verify_token is not a token a lookup returned") from None
     if t != tenant or digest != codec.query_digest(query, scope):
         raise InvalidEntryError("verify_token was given for another tenant or question")
-    if not isinstance(entry_id, str) or not math.isfinite(similarity):
+    if not isinstance(entry_id, str) or not isinstance(nonce, str) or not math.isfinite(similarity):
         raise InvalidEntryError("verify_token is not a token a lookup returned")
     if features is not None and len(features) != 3:
         raise InvalidEntryError("verify_token is not a token a lookup returned")
-    return Ticket(entry_id, similarity, features, level, exact)
+    return Ticket(entry_id, similarity, features, level, exact, nonce)
 
 
 class Verifier:
@@ -179,7 +192,7 @@ class Verifier:
         self.policies = policies
         self.same_answer = same_answer
         #: Verifications asked for, by ``ticket_key``: what the lookup held back.
-        self.tickets = ContextCache(max_size=10_000, ttl_seconds=900.0)
+        self.tickets = ContextCache(max_size=10_000, ttl_seconds=TICKET_TTL_S)
 
     def hold(self, tenant: str, query: str, scope: str, ticket: Ticket) -> None:
         """Ask the app's next put of ``query`` (in ``scope``) to verify ``ticket``."""
@@ -195,15 +208,20 @@ class Verifier:
         settles it: the same as the cached one, that label turns right; otherwise it
         stands (and ``Comparison.agrees_with_dispute`` says whether the two fresh answers
         agree)."""
-        entry_id, similarity, features, level, exact = ticket
+        entry_id, similarity, features, level, exact, nonce = ticket
         st = self.storage
         try:
             parts: list[ReadPlan[Any]] = [st.read_entry(tenant, entry_id, with_vector=False)]
             if exact:  # in the same round trip
                 parts.append(st.read_dispute(tenant, entry_id))
+            if nonce:
+                parts.append(st.claim_ticket(tenant, nonce, TICKET_TTL_S))
             replies = yield from st.read_flow(st.batch("verify", parts))
             cached: IntelligentCacheEntry = replies[0]
             dispute: tuple[int, str] | None = replies[1] if exact else None
+            if nonce and not replies[-1]:  # settled already, by another put
+                log.debug("tenant %s: verification of %s settled already", tenant, entry_id)
+                return Comparison(None, None)
         except (EntryNotFoundError, CorruptEntryError) as exc:  # gone or unreadable: no label
             log.debug("tenant %s: verification of %s dropped: %s", tenant, entry_id, exc)
             return Comparison(None, None)
@@ -281,6 +299,7 @@ class Verifier:
 
 
 __all__ = [
+    "TICKET_TTL_S",
     "TOKEN_PREFIX",
     "Comparison",
     "SameAnswer",
@@ -288,6 +307,7 @@ __all__ = [
     "Verifier",
     "decode_ticket",
     "encode_ticket",
+    "new_nonce",
     "same_meaning",
     "same_text",
     "ticket_key",

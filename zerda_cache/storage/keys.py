@@ -90,6 +90,10 @@ class TenantKeys:
     def in_flight(self, digest: str) -> str:
         return self.base + "fly:" + digest
 
+    def verification(self, nonce: str) -> str:
+        """The mark of a verification ticket settled (``claim_ticket``)."""
+        return self.base + "vt:" + nonce
+
     @property
     def entry_prefix(self) -> str:
         return self.base + "e:"

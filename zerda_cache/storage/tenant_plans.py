@@ -280,6 +280,21 @@ class TenantPlans(PlanBase):
 
         return ReadPlan("exact_match", queue, parse, 1)
 
+    def claim_ticket(self, tenant: str, nonce: str, ttl_s: float) -> ReadPlan[bool]:
+        """Mark a verification ticket settled, once: True for the first claim of
+        ``nonce`` within ``ttl_s``, False after (a second put with the same token, or
+        the replica that left the ticket after another replica's put took its token).
+        One ``SET NX``: atomic on its own."""
+        key = self.keys(tenant).verification(nonce)
+
+        def queue(pipe: Any) -> None:
+            pipe.set(key, 1, nx=True, px=max(1, int(ttl_s * 1000)))
+
+        def parse(res: list[Any]) -> bool:
+            return bool(res[0])
+
+        return ReadPlan("claim ticket", queue, parse, 1)
+
     def read_stamp(self, tenant: str) -> ReadPlan[int]:
         """The tenant's label stamp: the calibration hash's ``lv``, which every label,
         dispute resolution, model publication and settings change bumps, so that a
