@@ -799,6 +799,12 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def section_text(target_table: str, body: str, notes: list[str], tail: str) -> str:
+    """A section's text: its targets, its table of runs, the notes, and the last line."""
+    parts = ["### Targets", target_table, "### Every run", body, *notes, tail]
+    return "\n\n".join(parts)
+
+
 def blame_cell(r: dict[str, Any]) -> str:
     """zerda-cache's wrong serves caused by verification and its disputed puts."""
     if not r["policy"].startswith(ZERDA) or "verification_wrong_serves" not in r:
@@ -958,16 +964,8 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
     )
     if s["skipped"]:
         notes.append("Skipped: " + "; ".join(s["skipped"]) + ".")
-    return (
-        "### Targets\n\n"
-        + target_table
-        + "\n\n### Every run\n\n"
-        + body
-        + "\n\n"
-        + "\n\n".join(notes)
-        + f"\n\n![learning curves and trade-off](quality/{label}.png)  \n"
-        f"Numbers: `docs/quality/{label}.json`."
-    )
+    plot = f"![learning curves and trade-off](quality/{label}.png)  \n"
+    return section_text(target_table, body, notes, plot + f"Numbers: `docs/quality/{label}.json`.")
 
 
 # --- the replay: the same stream at two speeds and on several replicas --------------------------
@@ -1180,15 +1178,7 @@ def replay_report(
         )
     if s.get("skipped"):
         notes.append("Skipped: " + "; ".join(s["skipped"]) + ".")
-    return (
-        "### Targets\n\n"
-        + target_table
-        + "\n\n### Every run\n\n"
-        + body
-        + "\n\n"
-        + "\n\n".join(notes)
-        + f"\n\nNumbers: `docs/quality/{label}.json`."
-    )
+    return section_text(target_table, body, notes, f"Numbers: `docs/quality/{label}.json`.")
 
 
 def render_replay(summary: dict[str, Any], label: str, *, replot: bool = False) -> None:

@@ -197,6 +197,14 @@ DEFAULT_POLICY_REFRESH_S = 2.0
 DEFAULT_POLICY_REFRESH_LABELS = 4
 
 
+def _check_rate(name: str, value: object) -> None:
+    """An error rate: a number in (0, 1), or None."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1
+    ):
+        raise ValueError(f"{name} must be in (0, 1) or None, got {value!r}")
+
+
 def _check_finite(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
@@ -528,22 +536,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         validate_prefix(self.key_prefix)
         object.__setattr__(self, "token_prices", _prices(self.token_prices))
-        if self.max_error_rate is not None and (
-            isinstance(self.max_error_rate, bool)
-            or not isinstance(self.max_error_rate, int | float)
-            or not 0 < self.max_error_rate < 1
-        ):
-            raise ValueError(
-                f"max_error_rate must be in (0, 1) or None, got {self.max_error_rate!r}"
-            )
-        if self.max_serve_error is not None and (
-            isinstance(self.max_serve_error, bool)
-            or not isinstance(self.max_serve_error, int | float)
-            or not 0 < self.max_serve_error < 1
-        ):
-            raise ValueError(
-                f"max_serve_error must be in (0, 1) or None, got {self.max_serve_error!r}"
-            )
+        _check_rate("max_error_rate", self.max_error_rate)
+        _check_rate("max_serve_error", self.max_serve_error)
         _check_unit("verify_rate", self.verify_rate)
         _check_count("label_window", self.label_window)
         _check_positive("policy_refresh_s", self.policy_refresh_s)
