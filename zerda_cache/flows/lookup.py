@@ -386,7 +386,8 @@ class LookupSteps:
             trip.try_hit(lookup.plan)
         else:
             trip.read_digest(st.read_digest(tenant, lookup.digest))
-            trip.read_stamp(st.read_stamp(tenant))
+            if lookup.bound is not None:  # labels decide only under a bound
+                trip.read_stamp(st.read_stamp(tenant))
             if lookup.found:
                 trip.read_states(st.read_states(tenant, [eid for eid, _ in lookup.found]))
         return trip
