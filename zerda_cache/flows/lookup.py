@@ -185,8 +185,10 @@ class Lookup:
         # reward must reach (0: any servable entry), and an exact repeat refused (or
         # disputed) is verified, never served another question's answer instead. None:
         # no bound.
-        bar = NEVER if self.explore_exact else policy.exact_bar(override)
-        self.exact_bar = None if bound is None else bar
+        if bound is None:
+            self.exact_bar = None
+        else:
+            self.exact_bar = NEVER if self.explore_exact else policy.exact_bar(override)
         self.disputed = False  #: the question's own entry was held out for its dispute
         self.spec: Near | None = None  #: the candidate the first round trip tries to serve
         self.plan: ScriptCall[HitOutcome] | None = None  #: its hit script
@@ -401,7 +403,8 @@ class LookupSteps:
         tenant, ti, policy = lookup.tenant, lookup.ti, lookup.policy
         if trip.policy is not None:
             self.policies.keep(tenant, lookup.mono, trip.policy)
-        self.policies.saw(tenant, trip.stamp)
+        if trip.stamp is not None:
+            self.policies.saw(tenant, trip.stamp)
         if trip.own is None:  # an exact repeat is counted once its level is known
             bounded = lookup.bound is not None
             self.counts.near(tenant, lookup.found, lookup.feats, lookup.mono, policy, bounded)

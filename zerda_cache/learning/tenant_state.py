@@ -147,16 +147,13 @@ class PolicyCache:
         self.cached: dict[str, tuple[float, TenantPolicy]] = {}
         #: tenant -> the newest label stamp a lookup's round trip saw
         self.stamps: dict[str, int] = {}
+        self.refresh_labels = self.config.policy_refresh_labels
 
     def saw(self, tenant: str, stamp: int | None) -> None:
         """A lookup's round trip read the tenant's label stamp."""
         if stamp is not None and stamp > self.stamps.get(tenant, 0):
             self.stamps[tenant] = stamp
 
-    def behind(self, tenant: str, policy: TenantPolicy) -> bool:
-        """Is ``policy`` ``policy_refresh_labels`` labels or more behind the stamp seen?"""
-        seen = self.stamps.get(tenant, 0) - policy.calibration.stamp
-        return seen >= self.config.policy_refresh_labels
 
     def keep(self, tenant: str, mono: float, policy: TenantPolicy) -> None:
         """Keep ``policy``, read at ``mono`` (a lookup's round trip read it)."""
@@ -197,7 +194,9 @@ class PolicyCache:
         age = time.monotonic() - cached[0]
         if age > refresh_s:
             return None
-        return cached[1], age > refresh_s / 2 or self.behind(tenant, cached[1])
+        policy, seen = cached[1], self.stamps.get(tenant)
+        behind = seen is not None and seen - policy.calibration.stamp >= self.refresh_labels
+        return policy, age > refresh_s / 2 or behind
 
 
 class TenantState(SyncDriven, TenantFlows):
