@@ -291,12 +291,12 @@ class CacheEngine:
         except StorageError as exc:
             self._fail_open(tenant, exc)
             return None, query, checked, override
-        self._recovered()
+        if self._outage_since is not None:
+            self._recovered()
         if found.hit is not None and found.hit.usage is not None:
             self._count_savings(tenant, "saved", found.hit.usage)
         if found.level is not None:  # an exact repeat: counted at its entry's level
-            cached = self.policies.cached.get(tenant)
-            sample = cached is not None and cached[1].bound(override) is not None
+            sample = found.policy is not None and found.policy.bound(override) is not None
             self.counts.exact(tenant, found.level, time.monotonic(), sample)
         self._record_lookup(tenant, query, found, started)
         return found, query, checked, override
@@ -533,7 +533,7 @@ class CacheEngine:
             log.warning("zerda-cache: Redis failed, lookups fail open (miss): %s", exc)
 
     def _recovered(self) -> None:
-        if self._outage_since is not None:
+        if self._outage_since is not None:  # (callers check first: the common case)
             log.warning(
                 "zerda-cache: Redis is back after %.1f s; lookups served again",
                 time.monotonic() - self._outage_since,

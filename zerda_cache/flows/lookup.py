@@ -403,8 +403,9 @@ class LookupSteps:
         tenant, ti, policy = lookup.tenant, lookup.ti, lookup.policy
         if trip.policy is not None:
             self.policies.keep(tenant, lookup.mono, trip.policy)
-        if trip.stamp is not None:
-            self.policies.saw(tenant, trip.stamp)
+        stamp, stamps = trip.stamp, self.policies.stamps
+        if stamp is not None and stamp > stamps.get(tenant, 0):  # (PolicyCache.saw inline)
+            stamps[tenant] = stamp
         if trip.own is None:  # an exact repeat is counted once its level is known
             bounded = lookup.bound is not None
             self.counts.near(tenant, lookup.found, lookup.feats, lookup.mono, policy, bounded)

@@ -154,7 +154,6 @@ class PolicyCache:
         if stamp is not None and stamp > self.stamps.get(tenant, 0):
             self.stamps[tenant] = stamp
 
-
     def keep(self, tenant: str, mono: float, policy: TenantPolicy) -> None:
         """Keep ``policy``, read at ``mono`` (a lookup's round trip read it)."""
         self.cached[tenant] = (mono, policy)
