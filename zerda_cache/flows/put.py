@@ -3,8 +3,11 @@
 The answer is checked and admitted first (``PutSteps.admit``). A put stores the fresh
 answer of the app's LLM, and that answer settles what the lookup before it asked for: a
 verification of the question's own entry, held back under an error bound
-(``settle_own_flow``: the same answer keeps the entry, with one more positive signal),
-or of a near match (``verify_flow``, through ``Verifier.verify_flow``). Then the put
+(``settle_own_flow``: the same answer keeps the entry, with one more positive signal; a
+first disagreement keeps it too, disputed, and stores nothing), or of a near match
+(``verify_flow``, through ``Verifier.verify_flow``). The verification is the one a
+lookup on this replica left, or the one a verify token carries from any replica
+(``decide``). Then the put
 script writes the entry (``Storage.put_flow``), and the entries it replaces (the same
 question, a near duplicate under ``dedup_threshold``) are evicted.
 """

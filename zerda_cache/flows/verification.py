@@ -4,9 +4,11 @@ the ticket a lookup leaves for the put that verifies it, and what the cache lear
 the comparison (``Verifier``).
 
 A lookup that holds back a candidate (not proven safe enough to serve) returns a miss
-and leaves a ``Ticket`` under the question's ``ticket_key`` (``Verifier.hold``); the
-app's next put of that question compares the two answers, and the comparison labels the
-candidate (``Verifier.verify_flow``).
+and leaves a ``Ticket`` under the question's ``ticket_key`` (``Verifier.hold``), which
+``decide`` also hands the app as a verify token (``encode_ticket``); the app's next put
+of that question, with the token on any replica or without it on this one, compares the
+two answers, and the comparison labels the candidate (``Verifier.verify_flow``), once:
+the ticket's nonce is claimed by the first put that settles it.
 """
 
 from __future__ import annotations
