@@ -32,6 +32,7 @@ from zerda_cache.learning.calibration import (
     bin_of,
     check_error_rate,
     exact_level,
+    served_level,
     wilson_upper,
 )
 from zerda_cache.learning.tenant_state import plan_label
@@ -784,3 +785,10 @@ def test_a_per_serve_ceiling_raises_the_threshold_beside_the_bound(
 
 def bin_floor_of(similarity: float) -> float:
     return BIN_FLOOR + bin_of(similarity) * BIN_WIDTH
+
+
+def test_the_level_a_reward_bar_serves() -> None:
+    assert served_level(None) is None and served_level(NEVER) is None  # none served
+    assert served_level(0.0) == 0  # any servable entry
+    assert served_level(CONFIRMED_REWARD) == 1
+    assert served_level(EXACT_LEVELS[-1]) == len(EXACT_LEVELS)

@@ -16,6 +16,7 @@ failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ from zerda_cache.core.config import (
 from zerda_cache.core.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.core.errors import EntryNotFoundError, StorageError, ZerdaError
 from zerda_cache.core.savings import from_stats, price_table
-from zerda_cache.learning.calibration import Calibration, exact_level
+from zerda_cache.learning.calibration import Serving, exact_level
 from zerda_cache.learning.tenant_policy import POLICY_FIELDS, TenantPolicy, flatten
 from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.storage import RedisStorage, connect
@@ -1007,11 +1008,6 @@ def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
         console.print(_tenant_table(st, name, policy))
 
 
-def _exact_labels(cal: Calibration) -> float:
-    """Outcomes labelled for exact repeats, at every level."""
-    return cal.exact_right + cal.exact_wrong + sum(cal.level_right) + sum(cal.level_wrong)
-
-
 def _tenant_json(st: RedisStorage, name: str, policy: TenantPolicy) -> dict[str, Any]:
     """``tenant show --json``: the effective policy and what the tenant learnt."""
     settings = st.tenant_settings(name)
@@ -1029,7 +1025,7 @@ def _tenant_json(st: RedisStorage, name: str, policy: TenantPolicy) -> dict[str,
         "near_match_threshold": threshold,
         "exact_repeat_bar": policy.exact_bar(),
         "labels": cal.labels,
-        "exact_repeat_labels": _exact_labels(cal),
+        "exact_repeat_labels": cal.exact_labels,
         "lookups_counted": cal.lookups,
         "match_model_version": cal.model_version,
         "wrong_per_request": (cal.wrong_per_request(threshold) if threshold is not None else None),
@@ -1064,13 +1060,12 @@ def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
         "max error rate",
         "none (no bound)" if bound is None else f"{bound:.2%}" + mark("max_error_rate"),
     )
-    if bound is not None:
-        _add_bound_rows(table, policy, bound)
-    if bound is None:
-        table.add_row(
-            "labelled outcomes",
-            f"{cal.labels:,.0f} near matches, {_exact_labels(cal):,.0f} exact",
-        )
+    serving = policy.serving()
+    if serving is not None:
+        _add_bound_rows(table, policy, serving)
+    table.add_row(
+        "labelled outcomes", f"{cal.labels:,.0f} near matches, {cal.exact_labels:,.0f} exact"
+    )
     table.add_row("lookups counted", f"{cal.lookups:,.0f}")
     table.add_row(
         "match model",
@@ -1091,32 +1086,17 @@ def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
 
 
 def _serving_json(policy: TenantPolicy) -> dict[str, Any] | None:
-    """``tenant show --json``: what the tenant serves under its bound: the threshold and
-    the lowest exact-repeat level its lookups apply (``max_serve_error``'s bars
-    included), and the estimate of ``Calibration.serving``; ``None`` without a bound."""
-    bound = policy.bound()
-    if bound is None:
-        return None
-    serving = policy.calibration.serving(bound)
-    bar = policy.exact_bar()
-    return {
-        "max_error_rate": serving.max_error_rate,
-        "threshold": policy.threshold(),
-        "exact_level": None if bar is None or bar > 1.0 else exact_level(bar) if bar else 0,
-        "estimated_error": serving.estimated_error,
-        "error_bound": serving.error_bound,
-        "labels": serving.labels,
-        "exact_labels": serving.exact_labels,
-    }
+    """``tenant show --json``: what the tenant serves under its bound, as its lookups
+    apply it (``TenantPolicy.serving``); ``None`` without a bound."""
+    serving = policy.serving()
+    return None if serving is None else dataclasses.asdict(serving)
 
 
-def _add_bound_rows(table: Table, policy: TenantPolicy, bound: float) -> None:
-    """Under the error bound ``bound`` (``Calibration.serving``): the score near matches
-    are served from, the exact repeats served (the lowest level), the estimate of wrong
-    serves per request with its 95% bound (the one held under the error bound), and the
-    labels behind them."""
-    serving = policy.calibration.serving(bound)
-    threshold = policy.threshold()  # with max_serve_error's, as lookups apply it
+def _add_bound_rows(table: Table, policy: TenantPolicy, serving: Serving) -> None:
+    """Under an error bound (``TenantPolicy.serving``): the score near matches are served
+    from, the exact repeats served (the lowest level), and the estimate of wrong serves
+    per request with its 95% bound (the one held under the error bound)."""
+    threshold, bound = serving.threshold, serving.max_error_rate
     score = "similarity" if policy.calibration.model is None else "match score"
     table.add_row(
         "serves near matches from",
@@ -1129,10 +1109,6 @@ def _add_bound_rows(table: Table, policy: TenantPolicy, bound: float) -> None:
         "wrong serves per request",
         f"{serving.estimated_error:.2%} estimated, {serving.error_bound:.2%} at 95% "
         f"(bound {bound:.2%})",
-    )
-    table.add_row(
-        "labelled outcomes",
-        f"{serving.labels:,.0f} near matches, {serving.exact_labels:,.0f} exact",
     )
 
 

@@ -51,7 +51,7 @@ from zerda_cache.flows.verification import (
     ticket_key,
 )
 from zerda_cache.learning.bandit import CachePolicyLearner, FeedbackSignal
-from zerda_cache.learning.calibration import NEVER, check_error_rate, exact_level
+from zerda_cache.learning.calibration import check_error_rate
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.learning.tenant_state import PolicyCache
 from zerda_cache.metrics import ReplicaMetrics, default_replica_metrics
@@ -254,11 +254,10 @@ class CacheEngine:
         bound = policy.bound(override)
         if found is None:  # failed open
             return Decision("miss", "unavailable", max_error_rate=bound)
+        rule = policy.serving(override)  # the bars the lookup applies
         served: tuple[Any, ...] = (bound, None, None, None)  # (no rule without a bound)
-        if bound is not None:  # the bars the lookup applies (with max_serve_error's)
-            bar, rule = policy.exact_bar(override), policy.calibration.serving(bound)
-            level = None if bar is None or bar >= NEVER else exact_level(bar) if bar else 0
-            served = (bound, policy.threshold(override), level, rule.estimated_error)
+        if rule is not None:
+            served = (bound, rule.threshold, rule.exact_level, rule.estimated_error)
         ticket = found.ticket if found.verify else None
         if ticket is None:
             kind: Literal["hit", "miss"] = "hit" if found.hit is not None else "miss"

@@ -404,7 +404,7 @@ class LookupSteps:
         if trip.policy is not None:
             self.policies.keep(tenant, lookup.mono, trip.policy)
         stamp, stamps = trip.stamp, self.policies.stamps
-        if stamp is not None and stamp > stamps.get(tenant, 0):  # (PolicyCache.saw inline)
+        if stamp is not None and stamp > stamps.get(tenant, 0):  # the newest one seen
             stamps[tenant] = stamp
         if trip.own is None:  # an exact repeat is counted once its level is known
             bounded = lookup.bound is not None

@@ -37,7 +37,7 @@ class LookupTrip:
     states: StateBatch | None = None
     #: The hit script's outcome on the candidate it tried.
     hit: HitOutcome | None = None
-    #: The tenant's label stamp (``PolicyCache.saw``), from the hit script or read.
+    #: The tenant's label stamp (``PolicyCache.stamps``), from the hit script or read.
     stamp: int | None = None
 
     def __init__(self) -> None:

@@ -101,6 +101,14 @@ def exact_level(reward: float) -> int:
     return bisect.bisect_right(EXACT_LEVELS, reward + 1e-12)
 
 
+def served_level(bar: float | None) -> int | None:
+    """The lowest level of exact repeats an expected-reward ``bar`` serves (0: any
+    servable entry), ``None`` when it serves none (``NEVER``) or there is no bar."""
+    if bar is None or bar >= NEVER:
+        return None
+    return exact_level(bar) if bar > 0 else 0
+
+
 def bin_of(similarity: float) -> int:
     """The bin of a similarity (0 .. N_BINS - 1)."""
     i = math.floor((similarity - BIN_FLOOR) / BIN_WIDTH + 1e-9)
@@ -251,6 +259,22 @@ class Calibration:
         return sum(self.right) + sum(self.wrong)
 
     @property
+    def exact_labels(self) -> float:
+        """Outcomes labelled for exact repeats, at every level."""
+        return self.exact_right + self.exact_wrong + sum(self.level_right) + sum(self.level_wrong)
+
+    def level_rows(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+        """Right labels, wrong labels and lookups of exact repeats per level (0 ..
+        ``N_LEVELS`` - 1). ``t:e`` counts every exact repeat; level 0 is what the
+        confirmed levels leave of it."""
+        level0 = max(self.traffic_exact - sum(self.level_traffic), 0.0)
+        return (
+            (self.exact_right, *self.level_right),
+            (self.exact_wrong, *self.level_wrong),
+            (level0, *self.level_traffic),
+        )
+
+    @property
     def lookups(self) -> float:
         """The lookups counted (halved past their window)."""
         return sum(self.traffic) + self.traffic_other + self.traffic_exact
@@ -285,15 +309,14 @@ class Calibration:
                 if i == edge:
                     near_estimate, near_bound = estimate, bound
         margin = math.hypot(exact_bound - exact_estimate, near_bound - near_estimate)
-        level = None if bar >= NEVER else exact_level(bar) if bar > 0 else 0
         return Serving(
             max_error_rate,
             threshold,
-            level,
+            served_level(bar),
             exact_estimate + near_estimate,
             exact_estimate + near_estimate + margin,
             self.labels,
-            self.exact_right + self.exact_wrong + sum(self.level_right) + sum(self.level_wrong),
+            self.exact_labels,
         )
 
     def exploration(self, max_error_rate: float) -> tuple[float, float]:
@@ -304,13 +327,12 @@ class Calibration:
         little. Where nothing is served (every candidate is verified anyway), 1."""
         key = (max_error_rate, -2)
         if key not in self._memo:
-            bar, _, _ = self._exact_choice(max_error_rate)
+            level = served_level(self._exact_choice(max_error_rate)[0])
             exact = 1.0
-            if bar < NEVER:
-                level = exact_level(bar) if bar > 0 else 0
-                right = (self.exact_right, *self.level_right)[level:]
-                wrong = (self.exact_wrong, *self.level_wrong)[level:]
-                exact = min(1.0, EXPLORE_LABELS / max(sum(right) + sum(wrong), 1.0))
+            if level is not None:
+                right, wrong, _ = self.level_rows()
+                labels = sum(right[level:]) + sum(wrong[level:])
+                exact = min(1.0, EXPLORE_LABELS / max(labels, 1.0))
             near = 1.0
             threshold = self.threshold(max_error_rate)
             if threshold is not None:
@@ -346,12 +368,7 @@ class Calibration:
         confirmed levels have fewer than ``MIN_LABELS`` labels, ``CONFIRMED_REWARD``."""
         key = (ceiling, -4)
         if key not in self._memo:
-            right = (self.exact_right, *self.level_right)
-            wrong = (self.exact_wrong, *self.level_wrong)
-            traffic = (
-                max(self.traffic_exact - sum(self.level_traffic), 0.0),
-                *self.level_traffic,
-            )
+            right, wrong, traffic = self.level_rows()
             young = sum(self.level_right) + sum(self.level_wrong) < MIN_LABELS
             bar = CONFIRMED_REWARD if young else NEVER
             labels = 0.0
@@ -375,10 +392,7 @@ class Calibration:
         return plan
 
     def _exact_plan(self, max_error_rate: float) -> tuple[float, float, float]:
-        right = (self.exact_right, *self.level_right)
-        wrong = (self.exact_wrong, *self.level_wrong)
-        # t:e counts every exact repeat; level 0 is what the confirmed levels leave.
-        traffic = (max(self.traffic_exact - sum(self.level_traffic), 0.0), *self.level_traffic)
+        right, wrong, traffic = self.level_rows()
         total = self.lookups
         # (bar, cost estimate, cost bound, exact repeats it serves) of every level whose
         # exact repeats fit in the bound
@@ -652,6 +666,7 @@ __all__ = [
     "bin_of",
     "check_error_rate",
     "exact_level",
+    "served_level",
     "weighted_error",
     "wilson_upper",
 ]

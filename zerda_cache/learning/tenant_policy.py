@@ -23,6 +23,7 @@ configured differently.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from zerda_cache.core.settings import (
     flatten,
     resolve,
 )
-from zerda_cache.learning.calibration import Calibration
+from zerda_cache.learning.calibration import Calibration, Serving, served_level
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,20 @@ class TenantPolicy:
         bar = self.calibration.exact_plan(bound)[0]
         ceiling = self.config.max_serve_error
         return bar if ceiling is None else max(bar, self.calibration.ceiling_bar(ceiling))
+
+    def serving(self, override: float | None = None) -> Serving | None:
+        """What the tenant serves under the bound as its lookups apply it: the threshold
+        and the lowest exact-repeat level (``max_serve_error``'s raised bars included),
+        with ``Calibration.serving``'s estimate of the bound's rule (with a ceiling
+        raising the bars, an estimate from above); ``None`` without a bound."""
+        bound = self.bound(override)
+        if bound is None:
+            return None
+        rule = self.calibration.serving(bound)
+        if self.config.max_serve_error is None:
+            return rule
+        level = served_level(self.exact_bar(override))
+        return dataclasses.replace(rule, threshold=self.threshold(override), exact_level=level)
 
     @classmethod
     def parse(

@@ -137,7 +137,7 @@ class PolicyCache:
     """Each tenant's policy as one process applies it, with the monotonic time it was
     read: a policy is used at most ``policy_refresh_s`` after it was read, so that a
     change made anywhere reaches this process within that time; and once a lookup saw
-    the tenant's label stamp ``policy_refresh_labels`` ahead of it (``saw``), the next
+    the tenant's label stamp ``policy_refresh_labels`` ahead of it (``stamps``), the next
     lookup reads it again, so that decisions follow the labels whatever the pace."""
 
     def __init__(self, storage: Storage) -> None:
@@ -145,14 +145,10 @@ class PolicyCache:
         self.config = storage.config
         #: tenant -> (monotonic time it was read, the policy)
         self.cached: dict[str, tuple[float, TenantPolicy]] = {}
-        #: tenant -> the newest label stamp a lookup's round trip saw
+        #: tenant -> the newest label stamp a lookup's round trip saw (the lookup
+        #: writes it there, on its hot path: ``LookupSteps.round_trip_flow``)
         self.stamps: dict[str, int] = {}
         self.refresh_labels = self.config.policy_refresh_labels
-
-    def saw(self, tenant: str, stamp: int | None) -> None:
-        """A lookup's round trip read the tenant's label stamp."""
-        if stamp is not None and stamp > self.stamps.get(tenant, 0):
-            self.stamps[tenant] = stamp
 
     def keep(self, tenant: str, mono: float, policy: TenantPolicy) -> None:
         """Keep ``policy``, read at ``mono`` (a lookup's round trip read it)."""
