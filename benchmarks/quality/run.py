@@ -719,19 +719,26 @@ def _full_qqp(summary: dict[str, Any]) -> bool:
     return summary.get("dataset", "qqp") == "qqp" and bool(summary["args"].get("full"))
 
 
+def keep_results(summary: dict[str, Any], label: str, body: str, replotted: str | None) -> str:
+    """Print a section's ``body`` and write the run's JSON under ``docs/quality``; a
+    re-render (``replotted``: what was redrawn) says so at the end. Returns the body."""
+    if replotted:
+        body += f"\n\n{replotted} re-rendered from the JSON at commit {git_rev()}."
+    print(body)
+    out_dir = ROOT / "docs" / "quality"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{label}.json").write_text(json.dumps(summary, indent=1))
+    return body
+
+
 def render(summary: dict[str, Any], label: str, *, replot: bool = False) -> None:
     """Targets, table, plot and JSON from a run's results; ``replot`` re-renders saved
     results (the section keeps naming the run that measured them)."""
     rows = summary["rows"]
     target_table, summary["targets"] = targets(rows, _full_qqp(summary))
     body = report(rows, summary, target_table, label)
-    if replot:
-        body += f"\n\nTargets, table and plot re-rendered from the JSON at commit {git_rev()}."
-    print(body)
-    out_dir = ROOT / "docs" / "quality"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{label}.json").write_text(json.dumps(summary, indent=1))
-    plot(rows, out_dir / f"{label}.png", summary["requests"])
+    body = keep_results(summary, label, body, "Targets, table and plot" if replot else None)
+    plot(rows, ROOT / "docs" / "quality" / f"{label}.png", summary["requests"])
     dataset, full = summary.get("dataset", "qqp"), bool(summary["args"].get("full"))
     name = DATASETS[dataset][1]
     every = summary.get("every_pair", full)
@@ -1186,12 +1193,7 @@ def render_replay(summary: dict[str, Any], label: str, *, replot: bool = False) 
     rows = summary["rows"]
     target_table, summary["targets"] = replay_targets(rows, summary)
     body = replay_report(rows, summary, target_table, label)
-    if replot:
-        body += f"\n\nTargets and table re-rendered from the JSON at commit {git_rev()}."
-    print(body)
-    out_dir = ROOT / "docs" / "quality"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{label}.json").write_text(json.dumps(summary, indent=1))
+    body = keep_results(summary, label, body, "Targets and table" if replot else None)
     name = DATASETS[summary.get("dataset", "qqp")][1]
     every = summary.get("every_pair", bool(summary["args"].get("full")))
     pairs = f"every {name} pair" if every else f"{summary['pairs']:,} sampled {name} pairs"
