@@ -1,6 +1,6 @@
 """The quality benchmark's own bookkeeping (issue 41): wrong serves caused by verification,
-disputed puts, the pace, the replicas and the replay's agreement rules. Not in the suite's
-``testpaths``; run it on its own:
+disputed puts, the pace, the replicas and the replay's agreement rules. In the suite's
+``testpaths`` (``make test`` runs it); on its own:
 
     .venv/bin/python -m pytest -q benchmarks/quality/test_quality_bench.py
 """
@@ -8,7 +8,6 @@ disputed puts, the pace, the replicas and the replay's agreement rules. Not in t
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -138,12 +137,33 @@ def test_drive_counts_wrong_serves_caused_by_verification_and_disputes() -> None
     assert out.row()["verification_wrong_serves"] == 2
 
 
-def test_the_pace_spaces_the_requests_on_the_wall_clock() -> None:
+class FakeClock:
+    """``run.time`` for a test: a clock that only sleeping moves."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+        self.sleeps: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_the_pace_spaces_the_requests_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(run, "time", clock)
     w = tiny(21, llm_ok=True)
-    started = time.perf_counter()
     out = run.drive(Stub(), w, Progress(disable=True), pace=100.0)
-    assert time.perf_counter() - started >= 0.2  # request 20 starts 0.2 s after the first
-    assert out.pace == 100.0 and out.row()["requests_per_s"] <= 110
+    # each request waits for its place in the schedule: 20 waits of 10 ms
+    assert len(clock.sleeps) == 20 and all(s == pytest.approx(0.01) for s in clock.sleeps)
+    assert out.pace == 100.0 and out.row()["requests_per_s"] == pytest.approx(105.0)
+    unpaced = FakeClock()
+    monkeypatch.setattr(run, "time", unpaced)
+    run.drive(Stub(), w, Progress(disable=True))
+    assert unpaced.sleeps == []
 
 
 def test_replicas_share_redis_and_a_request_stays_on_the_replica_that_looked_it_up(
