@@ -21,6 +21,7 @@ from zerda_cache import CacheConfig
 from zerda_cache.cli import cli
 from zerda_cache.learning.calibration import Calibration, bin_of
 from zerda_cache.learning.match_model import (
+    FEATURES,
     MIN_FIT_LABELS,
     MatchModel,
     auc,
@@ -44,10 +45,12 @@ def unit(seed: int) -> np.ndarray:
 def test_features_of_a_candidate_list() -> None:
     found = [("a", 0.95), ("b", 0.94), ("c", 0.90)]
     feats = candidate_features(found, 0.85)
-    assert feats[0] == pytest.approx((0.95, 0.01, 1.0))  # b is within 0.02 of it
-    assert feats[1] == pytest.approx((0.94, 0.01, 1.0))  # the nearest other: above it
-    assert feats[2] == pytest.approx((0.90, 0.04, 0.0))
-    assert candidate_features([("a", 0.9)], 0.85)[0] == pytest.approx((0.9, 0.05, 0.0))
+    # a search knows no text: the text features are unknown
+    assert all(len(f) == len(FEATURES) and all(map(math.isnan, f[3:])) for f in feats)
+    assert feats[0][:3] == pytest.approx((0.95, 0.01, 1.0))  # b is within 0.02 of it
+    assert feats[1][:3] == pytest.approx((0.94, 0.01, 1.0))  # the nearest other: above it
+    assert feats[2][:3] == pytest.approx((0.90, 0.04, 0.0))
+    assert candidate_features([("a", 0.9)], 0.85)[0][:3] == pytest.approx((0.9, 0.05, 0.0))
     assert candidate_features([], 0.85) == []
 
 
@@ -106,7 +109,9 @@ def test_labels_are_logged_with_their_features_and_capped(redis_client: redis.Re
     logs = tenant_state(st).label_logs("t")
     assert len(logs.y) == 50 and logs.logged == 81 and logs.fitted == 0
     assert logs.x[-1, 0] == 0.93 and np.isnan(logs.x[-1, 1:]).all()
-    assert np.allclose(logs.x[-2], x[-1]) and logs.y[-2] == y[-1]
+    # logged with three features (the search's): the text ones read as unknown
+    assert np.allclose(logs.x[-2, :3], x[-1]) and logs.y[-2] == y[-1]
+    assert logs.x.shape[1] == len(FEATURES) and np.isnan(logs.x[-2, 3:]).all()
     assert tenant_state(st).calibration("t").labels <= 50  # the counts halve past the window too
 
 
@@ -236,3 +241,75 @@ def test_the_lookup_sample_keeps_the_exact_repeats_share() -> None:
     assert counts["t:e"] == 4 and counts["t:e2"] == 1  # the exact repeats' levels too
     assert counts["t2:x"] == 1  # one window for every share
     assert sum(v for k, v in counts.items() if k.startswith("t2:")) == 3
+
+
+# --- text features ------------------------------------------------------------------------------
+def synthetic_text(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Matches at any similarity whose answer is wrong when the two questions' numbers
+    differ (1% noise): what neither similarity nor gap can tell."""
+    rng = np.random.default_rng(seed)
+    s = rng.uniform(0.86, 0.99, n)
+    gap = rng.uniform(0, 1, n) * (s - 0.85)
+    numbers = (rng.random(n) < 0.3).astype(float)
+    names = (rng.random(n) < 0.3).astype(float)
+    right = (numbers == 0) ^ (rng.random(n) < 0.01)
+    return np.column_stack([s, gap, np.zeros(n), numbers, names, np.zeros(n)]), right
+
+
+def test_a_model_weighs_text_differences_and_masks_the_combinations() -> None:
+    x, y = synthetic_text(2_000)
+    model = fit(x, y, version=1)
+    assert model.weighs_text
+    same = model.score((0.93, 0.05, 0.0, 0.0, 0.0, 0.0))
+    other = model.score((0.93, 0.05, 0.0, 1.0, 0.0, 0.0))
+    assert same > 0.95 > 0.6 > other
+    unknown = (0.93, 0.05, 0.0, math.nan, math.nan, math.nan)
+    mask = model.text_mask(unknown, 0.9)
+    # every combination without a numbers difference (bit 0) passes, none with one
+    assert mask == "".join("0" if i & 1 else "1" for i in range(8))
+    assert model.text_mask((0.93, 0.05, 0.0, 0.0, 1.0, 0.0), 0.9) == "1" * 8  # known
+    assert model.text_mask((0.93, 0.05, 0.0, 1.0, 0.0, 0.0), 0.9) == "0" * 8
+    # a model of the search's three features weighs no text, and still scores a full row
+    old = fit(x[:, :3], y, version=1)
+    assert not old.weighs_text
+    assert old.score((0.93, 0.05, 0.0, 1.0, 0.0, 0.0)) == old.score((0.93, 0.05, 0.0))
+    assert MatchModel.decode(old.encode()) == old
+    # a column never known weighs nothing
+    blind = x.copy()
+    blind[:, 3:] = math.nan
+    assert not fit(blind, y, version=1).weighs_text
+
+
+def test_a_near_match_whose_numbers_differ_is_verified_not_served(
+    make_manager: Any, redis_client: redis.Redis, flavour: str
+) -> None:
+    st = RedisStorage(redis_client)
+    tenant = f"txt-{flavour}"
+    x, y = synthetic_text(1_500, seed=5)
+    teach(st, tenant, x, y)
+    report = Maintenance(st).calibrate_tenant(tenant)
+    assert report is not None and report.published
+    m = make_manager(CacheConfig(max_error_rate=0.05, verify_rate=0.0, policy_refresh_s=0.05))
+    q = unit(7)
+    cached = m.put("What is the price of the iPhone 14?", "$799", tenant=tenant, embedding=q)
+    asked = near(q, 0.95, 3)
+    # the same numbers: served, at the model's score for "no numbers difference"
+    same = m.decide("What's the price of an iPhone 14 today?", tenant=tenant, embedding=asked)
+    assert same.hit is not None and same.hit.entry_id == cached.entry_id
+    hits_before = m.stats(tenant)["hits"]
+    # another number: the hit script refuses it, the lookup asks for a verification
+    other = m.decide("What is the price of the iPhone 15?", tenant=tenant, embedding=asked)
+    assert other.kind == "verify" and other.reason == "near_unproven"
+    assert other.candidate_id == cached.entry_id
+    assert m.stats(tenant)["hits"] == hits_before  # the refusal wrote nothing
+    # and its label carries the difference the script found (numbers, no name, no negation)
+    m.put("What is the price of the iPhone 15?", "$899", tenant=tenant, embedding=asked)
+    logs = tenant_state(st).label_logs(tenant)
+    assert tuple(logs.x[-1, 3:]) == (1.0, 0.0, 0.0) and not logs.y[-1]
+    # the leader differs in numbers, the runner-up does not: the lookup ranks on and
+    # serves the runner-up (its guard checked by the hit script too)
+    q2 = unit(8)
+    m.put("What does the Pixel 9 cost?", "$599", tenant=tenant, embedding=near(q2, 0.97, 4))
+    runner = m.put("What does the Pixel 8 cost?", "$499", tenant=tenant, embedding=near(q2, 0.95, 5))
+    hit = m.lookup("How much does the Pixel 8 cost?", tenant=tenant, embedding=q2)
+    assert hit is not None and hit.entry_id == runner.entry_id

@@ -36,8 +36,9 @@ from zerda_cache.flows.ranking import (
     search,
 )
 from zerda_cache.flows.verification import Ticket, Verifier, new_nonce
+from zerda_cache.learning import text_match
 from zerda_cache.learning.calibration import NEVER, exact_level
-from zerda_cache.learning.match_model import Features, score_of
+from zerda_cache.learning.match_model import SEARCH_FEATURES, Features, score_of, with_text
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.learning.tenant_state import PolicyCache, read_policy
 from zerda_cache.replica.indexes import ReplicaIndexes, TenantIndex
@@ -58,8 +59,10 @@ TIE_MAX = 512
 WIDEN_FACTOR = 4
 WIDEST_WINDOW = 256
 #: What the hit script answers for a leading candidate that gave way (to the question's
-#: own entry, or to a rival of a tie) without being refused: it stays a candidate.
-_GAVE_WAY = (HitStatus.NOT_OWN, HitStatus.TIED)
+#: own entry, or to a rival of a tie) without being refused, or that its text guard kept
+#: from serving (its features now know its text, so it is not servable): it stays a
+#: candidate, to rank or to verify.
+_GAVE_WAY = (HitStatus.NOT_OWN, HitStatus.TIED, HitStatus.TEXT)
 
 
 #: Why a lookup decided as it did (``Found.reason``).
@@ -114,6 +117,7 @@ class Lookup:
         "feats",
         "found",
         "ghosts",
+        "guards",
         "live",
         "model",
         "mono",
@@ -124,6 +128,7 @@ class Lookup:
         "position",
         "query",
         "scope",
+        "sketch",
         "spec",
         "states",
         "tenant",
@@ -180,6 +185,10 @@ class Lookup:
         self.model = policy.calibration.model
         # Each candidate's features and score (its similarity without a match model).
         self.feats: dict[str, Features] = features(self.found, policy)
+        #: near matches the bound serves only for some text differences: their masks
+        #: (``MatchModel.text_mask``), checked by the hit script on the entry's question
+        self.guards: dict[str, str] = {}
+        self.sketch: str | None = None  #: the question's (``text_match.sketch``), once needed
         # Under a bound, an exact repeat is served only an entry whose level the labels
         # prove safe enough (``Calibration.exact_plan``): the bar its arm's expected
         # reward must reach (0: any servable entry), and an exact repeat refused (or
@@ -195,24 +204,58 @@ class Lookup:
 
     def servable(self, cands: list[Near]) -> list[Near]:
         """Near matches the bound lets this lookup serve (all of them without one)."""
-        threshold = self.threshold
         if self.bound is None:
             return cands
-        if threshold is None or self.explore:
+        if self.threshold is None or self.explore:
             return []
-        model, feats = self.model, self.feats
-        return [c for c in cands if c[0] in feats and score_of(model, feats[c[0]]) >= threshold]
+        return [c for c in cands if self.passes(c[0])]
 
     def leader_servable(self) -> bool:
         """Whether the bound lets this lookup serve its best candidate (always without
         one)."""
-        threshold, found = self.threshold, self.found
         return self.bound is None or (
-            threshold is not None
+            self.threshold is not None
             and not self.explore
-            and bool(found)
-            and score_of(self.model, self.feats[found[0][0]]) >= threshold
+            and bool(self.found)
+            and self.passes(self.found[0][0])
         )
+
+    def passes(self, entry_id: str) -> bool:
+        """Whether near match ``entry_id`` scores the threshold (under a bound, with a
+        threshold): for some of the text differences it may have, when the match model
+        weighs them (then the hit script checks the entry's, ``guard``)."""
+        feats, model, threshold = self.feats.get(entry_id), self.model, self.threshold
+        assert threshold is not None
+        if feats is None:
+            return False
+        if model is None or not model.weighs_text:
+            return score_of(model, feats) >= threshold
+        mask = model.text_mask(feats, threshold)
+        if mask == text_match.ALL:
+            self.guards.pop(entry_id, None)
+            return True
+        if mask == text_match.NONE:
+            return False
+        self.guards[entry_id] = mask
+        return True
+
+    def guard(self, entry_id: str) -> str | None:
+        """The hit script's text guard for near match ``entry_id`` (``plan_hit``'s
+        ``text``): its mask and the question's sketch; None: no guard."""
+        mask = self.guards.get(entry_id)
+        if mask is None:
+            return None
+        if self.sketch is None:
+            self.sketch = text_match.sketch(self.query)
+        return mask + self.sketch
+
+    def refused_text(self, entry_id: str, outcome: HitOutcome) -> None:
+        """The hit script found near match ``entry_id``'s question different beyond its
+        guard: keep the differences it found in the match's features (a verification's
+        label, the lookup's count)."""
+        feats = self.feats.get(entry_id)
+        if feats is not None and outcome.text is not None:
+            self.feats[entry_id] = with_text(feats, text_match.bits_of(outcome.text))
 
 
 def explore_draw(digest: str, stamp: int) -> float:
@@ -355,6 +398,7 @@ class LookupSteps:
             rivals=rivals,
             candidates=ids,
             peek=lookup.position if lookup.live else None,
+            text=lookup.guard(spec[0]),
         )
 
     def trip(self, lookup: Lookup, refresh: bool) -> LookupTrip:
@@ -407,6 +451,7 @@ class LookupSteps:
         if stamp is not None and stamp > stamps.get(tenant, 0):  # the newest one seen
             stamps[tenant] = stamp
         if trip.own is None:  # an exact repeat is counted once its level is known
+            self.texts_known(lookup, trip.hit)
             bounded = lookup.bound is not None
             self.counts.near(tenant, lookup.found, lookup.feats, lookup.mono, policy, bounded)
         if trip.counted is not None and self.counts.over_window(trip.counted, policy):
@@ -422,6 +467,25 @@ class LookupSteps:
         if vec is not None and dim is not None and dim != len(vec):
             raise DimensionMismatchError(tenant, dim, len(vec))
         return False
+
+    @staticmethod
+    def texts_known(lookup: Lookup, outcome: HitOutcome | None) -> None:
+        """What the first round trip showed of the leading near match's text differences
+        (refused by its guard, or served while the model weighs them), into its features,
+        for the lookup's count."""
+        spec, model = lookup.spec, lookup.model
+        if outcome is None or spec is None or model is None or not model.weighs_text:
+            return
+        if outcome.status is HitStatus.TEXT:
+            lookup.refused_text(spec[0], outcome)
+            return
+        served = outcome.served
+        feats = lookup.feats.get(spec[0])
+        if served is not None and feats is not None:
+            if lookup.sketch is None:
+                lookup.sketch = text_match.sketch(lookup.query)
+            bits = text_match.differences(lookup.sketch, text_match.sketch(served.query))
+            lookup.feats[spec[0]] = with_text(feats, bits)
 
     def served_first(self, lookup: Lookup, trip: LookupTrip, outcome: HitOutcome) -> Found:
         """The lookup's leading candidate, served by its first round trip."""
@@ -459,9 +523,12 @@ class LookupSteps:
         self.indexes.check_dim(tenant, lookup.ti, lookup.vec)
         if changed:
             lookup.found = search(lookup.ti, lookup.vec, lookup.scope, policy)
-            lookup.feats = features(lookup.found, policy)
+            feats, lookup.feats = lookup.feats, features(lookup.found, policy)
+            for eid, f in feats.items():  # the text differences a guard found stay known
+                if eid in lookup.feats and text_match.known(f):
+                    lookup.feats[eid] = with_text(lookup.feats[eid], f[SEARCH_FEATURES:])
         # A near match that gave way to the question's own entry, or to the bandit's
-        # ranking of a tie, stays a candidate.
+        # ranking of a tie, or that its text guard kept from serving, stays a candidate.
         tried: set[str] = set()
         lookup.tried = tried
         if hit is not None and spec is not None and hit.status not in _GAVE_WAY:
@@ -568,12 +635,21 @@ class LookupSteps:
             return None
         for cand, score, exact in ranked:
             lookup.tried.add(cand[0])
-            plan = self.plan_hit(tenant, cand[0], cand[1], policy, exact_bar if exact else None)
+            plan = self.plan_hit(
+                tenant,
+                cand[0],
+                cand[1],
+                policy,
+                exact_bar if exact else None,
+                text=None if exact else lookup.guard(cand[0]),
+            )
             outcome = yield from self.storage.run_flow(plan)
             if outcome.served is not None:
                 return hit_of(tenant, cand, score, exact, outcome.served)
             if outcome.status is HitStatus.GONE:
                 ghosts.add(cand[0])
+            elif outcome.status is HitStatus.TEXT:
+                lookup.refused_text(cand[0], outcome)
             elif exact_bar is not None and exact:
                 lookup.disputed = outcome.status is HitStatus.DISPUTED
                 refuse(cand[0])
@@ -661,14 +737,15 @@ class LookupSteps:
         rivals: Sequence[Near] = (),
         candidates: Sequence[str] = (),
         peek: str | None = None,
+        text: str | None = None,
     ) -> ScriptCall[HitOutcome]:
         """The hit script's call; ``exact_bar``: the expected reward the question's own
         entry needs under a bound (``Calibration.exact_plan``), over the serving bar.
         ``asked``: the question's exact-match digest, for a speculative near match, which
         the script serves as the question's own entry (under ``exact_bar``) only if it is
         that, and not at all if the question has another. ``rivals``, ``candidates``: a
-        speculative near match's tie, and ``peek``, the lookup's position in the log
-        (``StoragePlans.plan_hit``)."""
+        speculative near match's tie, and ``peek``, the lookup's position in the log;
+        ``text``, a near match's text guard (``Lookup.guard``) (``StoragePlans.plan_hit``)."""
         return self.storage.plan_hit(
             tenant,
             entry_id,
@@ -681,6 +758,7 @@ class LookupSteps:
             rivals=rivals,
             candidates=candidates,
             peek=peek,
+            text=text,
         )
 
 

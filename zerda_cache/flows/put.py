@@ -97,13 +97,12 @@ class PutSteps:
         usage: LLMUsage | Mapping[str, Any] | None,
         verify_token: str | None = None,
     ) -> Flow[PutResult]:
-        """``CacheEngine.put``: check, embed and admit the answer (``admit``), settle the
-        verification of the question's own entry (``settle_own_flow``, which may keep
-        that entry, or record a dispute on it instead of storing), find a near
-        duplicate, run the put script, settle a verification of a near match, then evict
-        what the new entry replaced. ``verify_token``: the verification a lookup on any
-        replica asked for (``verification.encode_ticket``); without it, the one a lookup
-        on this replica left."""
+        """``CacheEngine.put``: check, embed and admit the answer (``admit``), settle a
+        verification of the question's own entry (``settle_own_flow``: it may keep that
+        entry, or record a dispute on it instead of storing), find a near duplicate,
+        store, settle a verification of a near match, evict what the entry replaced.
+        ``verify_token``: the verification a lookup on any replica asked for
+        (``verification.encode_ticket``); without it, the one this replica's left."""
         try:
             keys = self.storage.keys(tenant)
             query = check_query(query, self.config.max_query_chars)
@@ -154,7 +153,9 @@ class PutSteps:
             )
             replaced, result = self.stored(tenant, warnings, out, near)
             if held is not None:  # before the replaced entries go: it may be one of them
-                result = yield from self.verify_flow(tenant, held, own, response, result, policy)
+                result = yield from self.verify_flow(
+                    tenant, held, own, query, response, result, policy
+                )
             if replaced:
                 gone = [(e, None) for e in replaced]
                 yield from self.storage.evict_flow(tenant, gone, "replaced")
@@ -236,6 +237,7 @@ class PutSteps:
         tenant: str,
         ticket: Ticket,
         own: Comparison | None,
+        query: str,
         response: str,
         result: PutResult,
         policy: TenantPolicy,
@@ -246,7 +248,7 @@ class PutSteps:
         that agree confirm the fresh one too (under a bound, its exact repeats are then
         served without another verification)."""
         if own is None:
-            own = yield from self.verifier.verify_flow(tenant, ticket, response)
+            own = yield from self.verifier.verify_flow(tenant, ticket, response, query)
             agree = own.same
         else:  # the question's own entry: a fresh answer agreeing with a disputed one too
             agree = own.same or own.agrees_with_dispute

@@ -32,8 +32,9 @@ from zerda_cache.core.errors import (
     InvalidEntryError,
     StorageError,
 )
+from zerda_cache.learning import text_match
 from zerda_cache.learning.bandit import CachePolicyLearner, FeedbackSignal
-from zerda_cache.learning.match_model import Features
+from zerda_cache.learning.match_model import FEATURES, SEARCH_FEATURES, Features, with_text
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.learning.tenant_state import PolicyCache, plan_label
 from zerda_cache.storage import codec
@@ -164,7 +165,7 @@ def decode_ticket(token: object, tenant: str, query: str, scope: str) -> Ticket:
         raise InvalidEntryError("verify_token was given for another tenant or question")
     if not isinstance(entry_id, str) or not isinstance(nonce, str) or not math.isfinite(similarity):
         raise InvalidEntryError("verify_token is not a token a lookup returned")
-    if features is not None and len(features) != 3:
+    if features is not None and not SEARCH_FEATURES <= len(features) <= len(FEATURES):
         raise InvalidEntryError("verify_token is not a token a lookup returned")
     return Ticket(entry_id, similarity, features, level, exact, nonce)
 
@@ -200,10 +201,13 @@ class Verifier:
         """Ask the app's next put of ``query`` (in ``scope``) to verify ``ticket``."""
         self.tickets.put(ticket_key(tenant, query, scope), ticket)
 
-    def verify_flow(self, tenant: str, ticket: Ticket, fresh: str) -> Flow[Comparison]:
+    def verify_flow(
+        self, tenant: str, ticket: Ticket, fresh: str, query: str | None = None
+    ) -> Flow[Comparison]:
         """Compare the fresh answer with the candidate a lookup held back, and learn from
-        it: one label of the tenant's calibration (with the match's features), one signal
-        on the entry's arm (at the similarity it was matched at).
+        it: one label of the tenant's calibration (with the match's features, the text
+        differences between ``query``, the question asked, and the candidate's own
+        included), one signal on the entry's arm (at the similarity it was matched at).
 
         The question's own entry may carry a dispute (``dispute_flow``): an earlier
         fresh answer disagreed with it, and it was counted wrong meanwhile. This answer
@@ -240,6 +244,9 @@ class Verifier:
         signal = FeedbackSignal(entry_id, tenant, right, source="verify", similarity=sim)
         if features is not None:
             features = (sim, *features[1:])
+            if query is not None:
+                asked, theirs = text_match.sketch(query), text_match.sketch(cached.query)
+                features = with_text(features, text_match.differences(asked, theirs))
         yield from self.learn_flow(signal, label=True, features=features, level=level)
         if dispute is not None:
             yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute[0], right))

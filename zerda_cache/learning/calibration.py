@@ -65,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerda_cache.core.errors import InvalidSettingError
-from zerda_cache.learning.match_model import MatchModel
+from zerda_cache.learning.match_model import FEATURES, SEARCH_FEATURES, MatchModel
 
 #: Width of a similarity bin.
 BIN_WIDTH = 0.005
@@ -600,7 +600,9 @@ class LabelLogs:
     @classmethod
     def parse(cls, labels: list[Any], seen: list[Any], counters: list[Any]) -> LabelLogs:
         """From the label log, the lookup sample and the counters as Redis holds them
-        (``RedisStorage.read_label_logs``); rows that do not decode are skipped."""
+        (``RedisStorage.read_label_logs``); rows that do not decode are skipped, rows
+        of fewer features (logged before the text features) get them unknown (NaN)."""
+        width = len(FEATURES)
         rows: list[list[float]] = []
         outcomes: list[bool] = []
         for raw in reversed(labels):  # oldest first
@@ -610,8 +612,8 @@ class LabelLogs:
                 ok = bool(row[-1])
             except (ValueError, TypeError, IndexError):
                 continue
-            if len(feats) == 3:
-                rows.append(feats)
+            if SEARCH_FEATURES <= len(feats) <= width:  # logged before text features: 3
+                rows.append(feats + [math.nan] * (width - len(feats)))
                 outcomes.append(ok)
         looked: list[list[float]] = []
         exact = 0
@@ -627,17 +629,17 @@ class LabelLogs:
                     if r[1:].isdigit() and 0 < int(r[1:]) < N_LEVELS:
                         levels[int(r[1:])] += 1
                 elif r is None:
-                    looked.append([math.nan] * 3)
-                elif isinstance(r, list) and len(r) == 3:
+                    looked.append([math.nan] * width)
+                elif isinstance(r, list) and SEARCH_FEATURES <= len(r) <= width:
                     try:
-                        looked.append([float(v) for v in r])
+                        looked.append([float(v) for v in r] + [math.nan] * (width - len(r)))
                     except (TypeError, ValueError):
                         continue
         mv, ln, fit_ln = (_count(v) for v in counters)
         return cls(
-            np.array(rows, dtype=np.float64).reshape(-1, 3),
+            np.array(rows, dtype=np.float64).reshape(-1, width),
             np.array(outcomes, dtype=bool),
-            np.array(looked, dtype=np.float64).reshape(-1, 3),
+            np.array(looked, dtype=np.float64).reshape(-1, width),
             mv,
             ln,
             fit_ln,

@@ -9,7 +9,14 @@ Features of a candidate, from the lookup's candidate list (similarities, best fi
   one: its lead over the second), or above the search threshold when it is the only
   one: a match alone in its neighbourhood is more often right;
 - ``crowd``: how many other candidates are within ``CROWD_EPS`` of it: a crowded
-  neighbourhood (many close but different cached questions) is more often wrong.
+  neighbourhood (many close but different cached questions) is more often wrong;
+- ``numbers``, ``names``, ``negation``: whether the question asked and the candidate's
+  question differ in the numbers they hold, the names they capitalise, or in negating
+  (``text_match.py``). A search does not give the candidate's text: a lookup scores a
+  candidate under every combination of these (``MatchModel.text_mask``) and, when only
+  some pass, the hit script serves it only if its own question's differences are one of
+  those (it has the text); until then they are unknown (NaN: each weighs its mean), which
+  is how a lookup's traffic is counted. A verification's label knows them.
 
 Without a model (version 0) a match's score is its similarity, and the bins are
 similarity bins. Once a tenant has enough labels of both kinds, the worker fits a
@@ -19,7 +26,10 @@ similarity alone, and publishes it with the label and lookup counts rescored
 (``calibrate.lua``): from then on a match's score is ``0.5 + 0.5 * P(right)``, which
 keeps the bins' range, and replicas read the model with the rest of the policy.
 On QQP, over similarity, gap and crowd, it makes 1.2-2.5x the correct serves of
-similarity alone at the same bound (``benchmarks/match_features.py`` measures it).
+similarity alone at the same bound (``benchmarks/match_features.py`` measures it); the
+text features add little there (QQP's near misses are rarely a number apart) and are
+kept for the ones users meet ("... in 2023" / "... in 2024"). A model stored before the
+text features (three) still decodes: the features it lacks weigh nothing.
 """
 
 from __future__ import annotations
@@ -32,8 +42,19 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from zerda_cache.learning.text_match import (
+    ALL,
+    COMBOS,
+    NONE,
+    TEXT_FEATURES,
+    bits_of,
+    known,
+)
+
 #: The features, in the order of every row.
-FEATURES = ("similarity", "gap", "crowd")
+FEATURES = ("similarity", "gap", "crowd", *TEXT_FEATURES)
+#: The features a search gives (the rest are the text's).
+SEARCH_FEATURES = 3
 #: Candidates within this similarity of another crowd it.
 CROWD_EPS = 0.02
 #: Labels (and of each kind) the worker needs before it fits a model.
@@ -46,7 +67,9 @@ HOLDOUT = 0.2
 #: L2 penalty of the fit (on standardised features; the intercept is free).
 RIDGE = 1.0
 
-Features = tuple[float, float, float]
+Features = tuple[float, ...]
+#: The text features of a match not known yet.
+UNKNOWN_TEXT = (math.nan,) * len(TEXT_FEATURES)
 
 
 def candidate_features(found: Sequence[tuple[str, float]], floor: float) -> list[Features]:
@@ -58,8 +81,13 @@ def candidate_features(found: Sequence[tuple[str, float]], floor: float) -> list
         others = [abs(x - s) for j, x in enumerate(sims) if j != i]
         gap = min(others) if others else max(0.0, s - floor)
         crowd = sum(1 for d in others if d <= CROWD_EPS)
-        out.append((float(s), float(gap), float(crowd)))
+        out.append((float(s), float(gap), float(crowd), *UNKNOWN_TEXT))
     return out
+
+
+def with_text(features: Sequence[float], bits: Sequence[float]) -> Features:
+    """A match's features with its text features ``bits`` (``text_match.differences``)."""
+    return (*(float(x) for x in features[:SEARCH_FEATURES]), *(float(b) for b in bits))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +100,10 @@ class MatchModel:
     w: tuple[float, ...]  # intercept first
 
     def p_right(self, features: Features | Sequence[float]) -> float:
+        """``P(right)`` of a match; a feature missing from ``features`` or from the
+        model (a row or a model from before a feature existed) weighs nothing."""
         z = self.w[0]
-        for x, m, s, w in zip(features, self.mu, self.sd, self.w[1:], strict=True):
+        for x, m, s, w in zip(features, self.mu, self.sd, self.w[1:], strict=False):
             if not math.isfinite(x):  # unknown (feedback carries the similarity only)
                 continue
             z += w * (x - m) / s
@@ -81,6 +111,23 @@ class MatchModel:
 
     def score(self, features: Features | Sequence[float]) -> float:
         return 0.5 + 0.5 * self.p_right(features)
+
+    @property
+    def weighs_text(self) -> bool:
+        """Whether the model weighs any text feature (a lookup then scores text)."""
+        return any(w != 0 for w in self.w[1 + SEARCH_FEATURES :])
+
+    def text_mask(self, features: Sequence[float], threshold: float) -> str:
+        """Which combinations of text differences (``text_match.combo``: character ``i``
+        for combination ``i``) let a match with ``features`` score ``threshold`` or
+        more: ``"1"`` passes, ``"0"`` does not. Known differences decide alone (every
+        combination passes, or none)."""
+        if known(features):
+            return ALL if self.score(features) >= threshold else NONE
+        head = features[:SEARCH_FEATURES]
+        return "".join(
+            "1" if self.score((*head, *bits_of(i))) >= threshold else "0" for i in range(COMBOS)
+        )
 
     def encode(self) -> str:
         return json.dumps({"v": self.version, "mu": self.mu, "sd": self.sd, "w": self.w})
@@ -100,11 +147,12 @@ class MatchModel:
             )
         except (ValueError, KeyError, TypeError):
             return None
-        n = len(FEATURES)
+        n = len(model.mu)  # the features it was fitted on: the first n
         values = (*model.mu, *model.sd, *model.w)
         if (
             model.version < 1
-            or (len(model.mu), len(model.sd), len(model.w)) != (n, n, n + 1)
+            or not SEARCH_FEATURES <= n <= len(FEATURES)
+            or (len(model.sd), len(model.w)) != (n, n + 1)
             or not all(math.isfinite(x) for x in values)
             or min(model.sd) <= 0
         ):
@@ -123,9 +171,11 @@ def fit(
     """Fit by Newton's method (IRLS) on standardised features; unknown values (NaN) are
     replaced by their column's mean, so they weigh nothing."""
     x = np.array(x, dtype=np.float64)
-    mu = np.nanmean(x, axis=0)
-    mu = np.where(np.isfinite(mu), mu, 0.0)
-    x = np.where(np.isfinite(x), x, mu)
+    finite = np.isfinite(x)
+    known_rows = finite.sum(axis=0)
+    # a column never known (text features of labels logged before them) weighs nothing
+    mu = np.where(finite, x, 0.0).sum(axis=0) / np.maximum(known_rows, 1)
+    x = np.where(finite, x, mu)
     sd = x.std(axis=0)
     sd = np.where(sd > 1e-9, sd, 1.0)
     z = np.column_stack([np.ones(len(x)), (x - mu) / sd])
@@ -162,9 +212,12 @@ def auc(score: npt.NDArray[np.float64], y: npt.NDArray[np.bool_]) -> float:
 __all__ = [
     "CROWD_EPS",
     "FEATURES",
+    "SEARCH_FEATURES",
+    "UNKNOWN_TEXT",
     "MatchModel",
     "auc",
     "candidate_features",
     "fit",
     "score_of",
+    "with_text",
 ]

@@ -236,6 +236,7 @@ class EntryPlans(PlanBase):
         rivals: Sequence[tuple[str, float]] = (),
         candidates: Sequence[str] = (),
         peek: str | None = None,
+        text: str | None = None,
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
         now) is below it is not served (status ``unservable``); with ``similarity`` a
@@ -260,7 +261,12 @@ class EntryPlans(PlanBase):
 
         ``peek`` (with ``asked``): the lookup's position in the tenant's log. The script
         also peeks at the log from there, as ``peek_log`` would, and the outcome's
-        ``log`` is that delta: the lookup's one command."""
+        ``log`` is that delta: the lookup's one command.
+
+        ``text``: a near match's guard (``Lookup.guard``): the text differences that may
+        be served (``MatchModel.text_mask``) and the question's sketch. The entry is
+        served only if its own question differs by one of those (``TEXT`` otherwise, with
+        ``HitOutcome.text``); the question's own entry is never guarded."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
         ids = list(candidates)
@@ -284,8 +290,10 @@ class EntryPlans(PlanBase):
         if asked is not None:
             keys += [k.q, k.log]
             args += [asked, bar, peek or "", PEEK_COUNT]
-        elif own_bar is not None:  # the question's own entry, known to the lookup
+        elif own_bar is not None or text:  # the question's own entry, known to the lookup
             args += ["", bar, "", PEEK_COUNT]
+        if tied or text:
+            args.append(text or "")
         if tied:
             keys += [k.entry(eid) for eid in ids]
             args += self.tie_args(rl, rivals, ids)
@@ -361,7 +369,8 @@ class EntryPlans(PlanBase):
             if status is HitStatus.CORRUPT:
                 log.warning("corrupt entry %s not served", key)
             reward = float(res[1]) if code in (-4, -8) and len(res) > 1 else None
-            return HitOutcome(status, reward=reward, own=own, log=news, stamp=stamp)
+            differs = int(res[1]) if code == -9 else None
+            return HitOutcome(status, reward=reward, own=own, log=news, stamp=stamp, text=differs)
         try:
             entry = served_entry(tenant, entry_id, key, res)
         except CorruptEntryError as exc:
@@ -494,6 +503,7 @@ _HIT_STATUS = {
     -6: HitStatus.NOT_OWN,
     -7: HitStatus.TIED,
     -8: HitStatus.DISPUTED,
+    -9: HitStatus.TEXT,
 }
 
 

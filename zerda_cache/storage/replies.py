@@ -96,6 +96,9 @@ class HitStatus(enum.StrEnum):
     #: the question's own entry under an error bound carries a dispute (two answers
     #: disagreed): held out until a verification settles it
     DISPUTED = "disputed"
+    #: a near match whose question differs from the one asked in a way its text guard
+    #: does not let through (``plan_hit``'s ``text``)
+    TEXT = "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,8 @@ class HitOutcome:
     log: LogDelta | None = None
     #: with ``asked``: the tenant's label stamp (``TenantPlans.read_stamp``)
     stamp: int | None = None
+    #: ``TEXT``: the combination of text differences found (``text_match.combo``)
+    text: int | None = None
 
     @property
     def served(self) -> IntelligentCacheEntry | None:

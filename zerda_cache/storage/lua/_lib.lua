@@ -212,3 +212,81 @@ local function zc_halve(key, pattern, total_field, part_of)
   redis.call('HSET', key, total_field, string.format('%.17g', total))
   return total
 end
+
+-- The parts of a question's sketch (learning/text_match.py's ``sketch``, rule for rule,
+-- on ASCII: %w, %u and %s are the C locale's): its numbers and names as sets, and
+-- whether it negates ('1' or '0'). Sets, never sorted strings: a server's collation
+-- (LC_COLLATE) need not be byte order.
+local ZC_NEGATIONS = {
+  ['not'] = true, ['no'] = true, ['never'] = true, ['without'] = true, ['cannot'] = true,
+  ['nor'] = true, ['neither'] = true, ['none'] = true, ['nothing'] = true, ['nobody'] = true,
+}
+local function zc_text_parts(text)
+  text = (string.gsub(text, '\226\128\153', "'"))  -- a right single quote
+  local numbers, names, negation = {}, {}, '0'
+  local last = 0  -- where the previous token ended
+  for at, tok in string.gmatch(text, "()([%w']+)") do
+    for run in string.gmatch(tok, '%d+') do
+      numbers[run] = true
+    end
+    local low = string.lower(tok)
+    if ZC_NEGATIONS[low] or string.sub(low, -3) == "n't" then
+      negation = '1'
+    end
+    if string.find(tok, '^%u') and tok ~= 'I' and string.sub(tok, 1, 2) ~= "I'" then
+      -- the nearest non-blank before the token: in the gap since the last token, else
+      -- that token's last character (no sentence end), else none (the text's start)
+      local before = string.match(string.sub(text, last + 1, at - 1), '(%S)%s*$')
+      local starts = (before == nil and last == 0) or (before ~= nil and string.find('.?!', before, 1, true) ~= nil)
+      if not starts then
+        names[low] = true
+      end
+    end
+    last = at + #tok - 1
+  end
+  return numbers, names, negation
+end
+
+-- A sketch's parts as sketch() writes them ('a,b'), as a set.
+local function zc_text_set(part)
+  local set = {}
+  for item in string.gmatch(part, '[^,]+') do
+    set[item] = true
+  end
+  return set
+end
+
+local function zc_same_set(a, b)
+  for k in pairs(a) do
+    if not b[k] then
+      return false
+    end
+  end
+  for k in pairs(b) do
+    if not a[k] then
+      return false
+    end
+  end
+  return true
+end
+
+-- The differences between a question's sketch and a cached question's text, as the
+-- index of their combination (text_match.combo: 1 numbers, 2 names, 4 negation).
+local function zc_text_combo(asked, text)
+  local a_num, a_names, a_neg = string.match(asked, '^([^|]*)|([^|]*)|([01])$')
+  if not a_num then
+    return 7  -- not a sketch: everything differs
+  end
+  local numbers, names, negation = zc_text_parts(text)
+  local index = 0
+  if not zc_same_set(zc_text_set(a_num), numbers) then
+    index = index + 1
+  end
+  if not zc_same_set(zc_text_set(a_names), names) then
+    index = index + 2
+  end
+  if a_neg ~= negation then
+    index = index + 4
+  end
+  return index
+end

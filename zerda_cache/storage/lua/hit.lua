@@ -11,6 +11,11 @@
 -- without a digest, this entry is the question's own (the lookup knows it already)
 -- ARGV[12] the lookup's position in the log, to peek from ('' = no peek)
 -- ARGV[13] the most events the peek returns
+-- ARGV[14] a near match's text guard ('' or absent: none): 8 characters, one per
+-- combination of text differences (learning/text_match.py: 1 numbers, 2 names, 4
+-- negation), '1' for those the bound lets serve, then the sketch of the question asked.
+-- The entry is served only if its own question differs from it by a combination let
+-- through; the question's own entry (the digest names it) is never guarded.
 -- returns {1, state, doc, meta, the confidence before this use} served (the state as
 -- written: 120 bytes, zc_pack_state); {0} gone; {-1} expired;
 -- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
@@ -18,7 +23,9 @@
 -- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
 -- {-7} a tie it may not win; {-8, expected reward at now} the question's own entry under
 -- an error bound carries a dispute (dispute.lua): held out until a verification settles
--- it (nothing written, not served, for -4 to -8).
+-- it; {-9, the combination of text differences} its question differs from the one asked
+-- in a way the guard (ARGV[14]) does not let through (nothing written, not served, for
+-- -4 to -9).
 -- With a digest (a lookup serving its best near match before it knows whether the
 -- question is cached itself): if the digest names another entry, that one is the
 -- lookup's to rank first, so this one is not served; if it names this one, it is served
@@ -33,18 +40,18 @@
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
 -- version (eviction skips entries whose version moved since they were scored).
 --
--- A tie (only with ARGV[10]; ARGV[14] = '' or absent: none): the lookup's candidates
+-- A tie (only with ARGV[10]; ARGV[15] = '' or absent: none): the lookup's candidates
 -- within similarity_tie_margin of this one, which the lookup's ranking would order by
 -- their composite score (PolicyLearner.score_candidates). This entry is served only if
 -- its lowest possible composite is above every rival's highest: an arm without evidence
--- scores its mean, one with evidence (or every arm, ARGV[16] = '1') anything its Thompson
+-- scores its mean, one with evidence (or every arm, ARGV[17] = '1') anything its Thompson
 -- draw in [0, 1] gives. Then the ranking would put it first whatever it drew. Otherwise
 -- the reply is {-7}, the lookup ranks them itself, and nothing is written (but a state
 -- of this entry's moved or recreated, as reading it does: zc_raw_state). The question's
 -- own entry (the digest names this one) ranks first whatever the rivals are.
--- ARGV[14] similarity_bonus_scale  ARGV[15] the confidence weight  ARGV[16] draw every arm
--- ARGV[17] R rivals  ARGV[18] N ids  ARGV[19 .. 18+N] the lookup's candidates, this
--- entry first, then the R rivals, then the rest  ARGV[19+N .. 18+N+R] the rivals'
+-- ARGV[15] similarity_bonus_scale  ARGV[16] the confidence weight  ARGV[17] draw every arm
+-- ARGV[18] R rivals  ARGV[19] N ids  ARGV[20 .. 19+N] the lookup's candidates, this
+-- entry first, then the R rivals, then the rest  ARGV[20+N .. 19+N+R] the rivals'
 -- similarities  KEYS[7+i] the entry hash of the i-th candidate.
 -- With a tie, a reply other than served carries at [3] the candidates' states as
 -- read_states reads them: {the HMGET of meta/arm/use/sz of each hash, the HMGET of the
@@ -53,7 +60,7 @@ local now = zc_now(ARGV[1])
 local id = ARGV[2]
 local prior_a, prior_b = tonumber(ARGV[3]), tonumber(ARGV[4])
 local decay, interval = tonumber(ARGV[5]), tonumber(ARGV[6])
-local tied = ARGV[14] and ARGV[14] ~= ''  -- a tie: rivals to outrank (ARGV[14..])
+local tied = ARGV[15] and ARGV[15] ~= ''  -- a tie: rivals to outrank (ARGV[15..])
 local asked = ARGV[10] and ARGV[10] ~= ''
 -- The question's own entry, if it has one (read first: every reply carries it).
 local own = asked and redis.call('HGET', KEYS[6], ARGV[10]) or nil
@@ -62,8 +69,8 @@ local own_bar = tonumber(ARGV[11] or '')
 -- Whether this entry (its arm at now, matched at `similarity`) is sure to rank above the
 -- rivals: false for a rival that may rank above it, or whose state cannot be read here.
 local function first_of_tie(arm, use, similarity)
-  local s, w, every = tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16] == '1'
-  local r, n = tonumber(ARGV[17]), tonumber(ARGV[18])
+  local s, w, every = tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1'
+  local r, n = tonumber(ARGV[18]), tonumber(ARGV[19])
   local denom = 1.0 + s + w
   -- The composite's lowest and highest, as score_candidates computes it (same operations
   -- in the same order, so the same doubles).
@@ -78,7 +85,7 @@ local function first_of_tie(arm, use, similarity)
   local lowest = span(arm, use, similarity)
   local ids = {}
   for i = 1, r do
-    ids[i] = ARGV[19 + i]
+    ids[i] = ARGV[20 + i]
   end
   local raws = redis.call('HMGET', KEYS[4], unpack(ids))
   for i = 1, r do
@@ -94,7 +101,7 @@ local function first_of_tie(arm, use, similarity)
         return false
       end
       zc_decay(a, now, prior_a, prior_b, decay, interval)
-      local _, highest = span(a, u, tonumber(ARGV[18 + n + i]))
+      local _, highest = span(a, u, tonumber(ARGV[19 + n + i]))
       if not (lowest > highest) then
         return false
       end
@@ -152,6 +159,16 @@ local function serve()
   if similarity and similarity < use.sb then
     return {-5}
   end
+  local guard = ARGV[14]
+  if guard and guard ~= '' and not own then
+    -- a near match the bound serves only for some text differences: its question's
+    local doc = zc_unpack(raw[2])
+    local text = doc and doc.q
+    local index = type(text) == 'string' and zc_text_combo(string.sub(guard, 9), text) or 7
+    if string.sub(guard, index + 1, index + 1) ~= '1' then
+      return {-9, index}
+    end
+  end
   if tied and not own and not first_of_tie(arm, use, similarity) then
     return {-7}
   end
@@ -179,10 +196,10 @@ end
 
 local res = serve()
 if res[1] ~= 1 and tied then
-  local n = tonumber(ARGV[18])
+  local n = tonumber(ARGV[19])
   local ids, rows = {}, {}
   for i = 1, n do
-    ids[i] = ARGV[18 + i]
+    ids[i] = ARGV[19 + i]
     rows[i] = redis.pcall('HMGET', KEYS[7 + i], 'meta', 'arm', 'use', 'sz')
     if rows[i].err then  -- a key of another type: read as an entry without its hash
       rows[i] = {false, false, false, false}
