@@ -249,6 +249,24 @@ class Lookup:
             self.sketch = text_match.sketch(self.query)
         return mask + self.sketch
 
+    def counts_text(self) -> bool:
+        """Whether this lookup's count needs its best candidate's text differences:
+        under a bound whose match model weighs them, with a candidate."""
+        model = self.model
+        return (
+            self.bound is not None and model is not None and model.weighs_text and bool(self.found)
+        )
+
+    def know_text(self, entry_id: str, question: str) -> None:
+        """Near match ``entry_id``'s question is ``question``: its text differences from
+        the one asked, into its features."""
+        feats = self.feats.get(entry_id)
+        if feats is not None:
+            if self.sketch is None:
+                self.sketch = text_match.sketch(self.query)
+            bits = text_match.differences(self.sketch, text_match.sketch(question))
+            self.feats[entry_id] = with_text(feats, bits)
+
     def refused_text(self, entry_id: str, outcome: HitOutcome) -> None:
         """The hit script found near match ``entry_id``'s question different beyond its
         guard: keep the differences it found in the match's features (a verification's
@@ -436,6 +454,8 @@ class LookupSteps:
                 trip.read_stamp(st.read_stamp(tenant))
             if lookup.found:
                 trip.read_states(st.read_states(tenant, [eid for eid, _ in lookup.found]))
+                if lookup.counts_text():  # (a hit script would have compared it)
+                    trip.read_question(st.read_question(tenant, lookup.found[0][0]))
         return trip
 
     def round_trip_flow(self, lookup: Lookup, trip: LookupTrip) -> Flow[bool]:
@@ -451,7 +471,7 @@ class LookupSteps:
         if stamp is not None and stamp > stamps.get(tenant, 0):  # the newest one seen
             stamps[tenant] = stamp
         if trip.own is None:  # an exact repeat is counted once its level is known
-            self.texts_known(lookup, trip.hit)
+            self.texts_known(lookup, trip)
             bounded = lookup.bound is not None
             self.counts.near(tenant, lookup.found, lookup.feats, lookup.mono, policy, bounded)
         if trip.counted is not None and self.counts.over_window(trip.counted, policy):
@@ -469,23 +489,22 @@ class LookupSteps:
         return False
 
     @staticmethod
-    def texts_known(lookup: Lookup, outcome: HitOutcome | None) -> None:
-        """What the first round trip showed of the leading near match's text differences
-        (refused by its guard, or served while the model weighs them), into its features,
-        for the lookup's count."""
-        spec, model = lookup.spec, lookup.model
-        if outcome is None or spec is None or model is None or not model.weighs_text:
+    def texts_known(lookup: Lookup, trip: LookupTrip) -> None:
+        """What the first round trip showed of the leading near match's text differences,
+        into its features, so that the lookup is counted in the bin its score falls in
+        (the bound weighs each bin's traffic by its labels' errors): refused by its
+        guard, served (its question came back), or read (no hit script ran). Unknown
+        only when the hit script refused it for something else."""
+        if not lookup.counts_text():
             return
-        if outcome.status is HitStatus.TEXT:
-            lookup.refused_text(spec[0], outcome)
-            return
-        served = outcome.served
-        feats = lookup.feats.get(spec[0])
-        if served is not None and feats is not None:
-            if lookup.sketch is None:
-                lookup.sketch = text_match.sketch(lookup.query)
-            bits = text_match.differences(lookup.sketch, text_match.sketch(served.query))
-            lookup.feats[spec[0]] = with_text(feats, bits)
+        outcome, spec = trip.hit, lookup.spec
+        if outcome is not None and spec is not None:
+            if outcome.status is HitStatus.TEXT:
+                lookup.refused_text(spec[0], outcome)
+            elif outcome.served is not None:
+                lookup.know_text(spec[0], outcome.served.query)
+        elif trip.question is not None:
+            lookup.know_text(lookup.found[0][0], trip.question)
 
     def served_first(self, lookup: Lookup, trip: LookupTrip, outcome: HitOutcome) -> Found:
         """The lookup's leading candidate, served by its first round trip."""

@@ -39,6 +39,9 @@ class LookupTrip:
     hit: HitOutcome | None = None
     #: The tenant's label stamp (``PolicyCache.stamps``), from the hit script or read.
     stamp: int | None = None
+    #: The leading candidate's question, read when no hit script runs and the tenant's
+    #: match model weighs text differences (``LookupSteps.texts_known``).
+    question: str | None = None
 
     def __init__(self) -> None:
         self.parts: list[ReadPlan[Any] | ScriptCall[Any]] = []
@@ -69,6 +72,9 @@ class LookupTrip:
 
     def read_states(self, plan: ReadPlan[StateBatch]) -> None:
         self.keep("states", plan)
+
+    def read_question(self, plan: ReadPlan[str | None]) -> None:
+        self.keep("question", plan)
 
     def try_hit(self, plan: ScriptCall[HitOutcome]) -> None:
         """The hit script of the lookup's leading candidate, which also reads the

@@ -222,6 +222,24 @@ class EntryPlans(PlanBase):
         """
         return tenant not in self.registered_tenants
 
+    def read_question(self, tenant: str, entry_id: str) -> ReadPlan[str | None]:
+        """The question an entry was stored for (its doc's), or ``None`` (gone, or a doc
+        that does not decode: that is for the hit script and the worker to report)."""
+        key = self.keys(tenant).entry(entry_id)
+
+        def queue(pipe: Any) -> None:
+            pipe.hget(key, "doc")
+
+        def parse(res: list[Any]) -> str | None:
+            if res[0] is None:
+                return None
+            try:
+                return codec.unpack_doc(res[0], key=key)[0]
+            except ZerdaError:
+                return None
+
+        return ReadPlan("read question", queue, parse, 1)
+
     def plan_hit(
         self,
         tenant: str,
