@@ -47,6 +47,7 @@ from zerda_cache.core.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.core.errors import EntryNotFoundError, StorageError, ZerdaError
 from zerda_cache.core.savings import from_stats, price_table
 from zerda_cache.learning.calibration import Serving, exact_level
+from zerda_cache.learning.match_model import FEATURES
 from zerda_cache.learning.tenant_policy import POLICY_FIELDS, TenantPolicy, flatten
 from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.storage import RedisStorage, connect
@@ -1069,7 +1070,7 @@ def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
     table.add_row("lookups counted", f"{cal.lookups:,.0f}")
     table.add_row(
         "match model",
-        f"version {cal.model_version} (similarity, gap, crowd)"
+        f"version {cal.model_version} ({', '.join(FEATURES[: len(cal.model.mu)])})"
         if cal.model is not None
         else "none yet (scores are similarities)",
     )

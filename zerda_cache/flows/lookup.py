@@ -416,7 +416,7 @@ class LookupSteps:
             rivals=rivals,
             candidates=ids,
             peek=lookup.position if lookup.live else None,
-            text=lookup.guard(spec[0]),
+            text=lookup.guard(spec[0]) if lookup.guards else None,
         )
 
     def trip(self, lookup: Lookup, refresh: bool) -> LookupTrip:
@@ -471,8 +471,9 @@ class LookupSteps:
         if stamp is not None and stamp > stamps.get(tenant, 0):  # the newest one seen
             stamps[tenant] = stamp
         if trip.own is None:  # an exact repeat is counted once its level is known
-            self.texts_known(lookup, trip)
             bounded = lookup.bound is not None
+            if bounded:
+                self.texts_known(lookup, trip)
             self.counts.near(tenant, lookup.found, lookup.feats, lookup.mono, policy, bounded)
         if trip.counted is not None and self.counts.over_window(trip.counted, policy):
             yield from self.counts.halve(tenant, policy)
@@ -660,7 +661,7 @@ class LookupSteps:
                 cand[1],
                 policy,
                 exact_bar if exact else None,
-                text=None if exact else lookup.guard(cand[0]),
+                text=lookup.guard(cand[0]) if lookup.guards and not exact else None,
             )
             outcome = yield from self.storage.run_flow(plan)
             if outcome.served is not None:
