@@ -51,12 +51,12 @@ _BLANKS = frozenset(" \t\n\r\f\v")
 _ENDS = frozenset(".?!")
 
 
-def _tokens(text: str) -> list[tuple[int, str]]:
-    """The tokens of ``text`` with their start offsets."""
+def _runs(text: str, chars: frozenset[str]) -> list[tuple[int, str]]:
+    """The maximal runs of ``chars`` in ``text``, with their start offsets."""
     out: list[tuple[int, str]] = []
     start = -1
     for i, c in enumerate(text):
-        if c in _TOKEN:
+        if c in chars:
             if start < 0:
                 start = i
         elif start >= 0:
@@ -65,21 +65,6 @@ def _tokens(text: str) -> list[tuple[int, str]]:
     if start >= 0:
         out.append((start, text[start:]))
     return out
-
-
-def _digit_runs(token: str) -> list[str]:
-    runs: list[str] = []
-    start = -1
-    for i, c in enumerate(token):
-        if c in _DIGITS:
-            if start < 0:
-                start = i
-        elif start >= 0:
-            runs.append(token[start:i])
-            start = -1
-    if start >= 0:
-        runs.append(token[start:])
-    return runs
 
 
 def _starts_sentence(text: str, at: int) -> bool:
@@ -96,8 +81,8 @@ def sketch(text: str) -> str:
     numbers: set[str] = set()
     names: set[str] = set()
     negation = False
-    for at, tok in _tokens(text):
-        numbers.update(_digit_runs(tok))
+    for at, tok in _runs(text, _TOKEN):
+        numbers.update(run for _, run in _runs(tok, _DIGITS))
         low = tok.lower()
         if low in NEGATIONS or low.endswith("n't"):
             negation = True
