@@ -77,11 +77,13 @@ def candidate_features(found: Sequence[tuple[str, float]], floor: float) -> list
     best first, as the index returns it); ``floor``: the search threshold."""
     sims = [sim for _, sim in found]
     out: list[Features] = []
+    nan = math.nan
     for i, s in enumerate(sims):
         others = [abs(x - s) for j, x in enumerate(sims) if j != i]
         gap = min(others) if others else max(0.0, s - floor)
         crowd = sum(1 for d in others if d <= CROWD_EPS)
-        out.append((float(s), float(gap), float(crowd), *UNKNOWN_TEXT))
+        # (the text features unknown: NaN, one flat tuple per candidate on the hot path)
+        out.append((float(s), float(gap), float(crowd), nan, nan, nan))
     return out
 
 
