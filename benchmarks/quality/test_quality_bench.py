@@ -254,3 +254,30 @@ def test_every_bounded_run_is_held_to_the_verification_share() -> None:
     shares = next(t for t in TARGETS if t.keys == ("quality.verification_wrong_share",))
     assert shares.judge(figures) == ("15.0%", False)
     assert run.verification_target([row(run.ZERDA, 0.05, 0.2)]) is None
+
+
+def test_the_floor_policies_pay_for_answers_only() -> None:
+    import dataclasses
+
+    import floor
+
+    w = dataclasses.replace(tiny(10, llm_ok=True), planted_wrong={0})
+    # the seeded answer to question 0 is wrong: serving blind errs on every request,
+    # verifying first pays an LLM call, replaces it with the fresh (right) answer, whose
+    # next request verifies it too (nobody reacts here), then serves it
+    blind = floor.simulate(w, 10, "blind")
+    first = floor.simulate(w, 10, "verify first")
+    oracle = floor.simulate(w, 10, "oracle")
+    assert (blind["hit_rate"], blind["error"], blind["llm_calls"]) == (1.0, 1.0, 0.0)
+    assert first["error"] == 0.0 and first["verifications"] == 0.2
+    assert first["hit_rate"] == 0.8 and first["llm_calls"] == 0.2
+    assert oracle["error"] == 0.0 and oracle["correct"] == 0.9  # a miss, then its answer
+    points = [
+        {"error": 0.01, "llm_calls": 0.5, "correct": 0.4},
+        {"error": 0.03, "llm_calls": 0.3, "correct": 0.6},
+        {"error": 0.02, "llm_calls": 0.45, "correct": 0.5},
+    ]
+    mix = floor.at_error(points, 0.02)
+    assert mix is not None and mix["llm_calls"] == pytest.approx(0.4)  # beats 0.45
+    assert floor.at_error(points, 0.005) is None
+    assert floor.at_error(points, 0.05) == {"llm_calls": 0.3, "correct": 0.6}
