@@ -130,6 +130,8 @@ def test_the_worker_publishes_a_better_model_with_rescored_counts(
     assert maint.calibrate_tenant("t") is None  # not due: no new labels
     cal = tenant_state(st).calibration("t")
     assert cal.model is not None and cal.model.version == 1
+    # labels without text features: a model of the search's three, no text guard
+    assert not report.text and len(cal.model.mu) == 3 and not cal.model.weighs_text
     assert cal.labels == pytest.approx(len(y))  # rescored: every logged label, in score bins
     assert cal.exact_wrong == 1.0 and cal.level_right[3 - 1] == 1.0  # kept as they were
     assert redis_client.hget(tenant_keys("t").cal, "n") == str(len(y) + 2).encode()
@@ -288,7 +290,7 @@ def test_a_near_match_whose_numbers_differ_is_verified_not_served(
     x, y = synthetic_text(1_500, seed=5)
     teach(st, tenant, x, y)
     report = Maintenance(st).calibrate_tenant(tenant)
-    assert report is not None and report.published
+    assert report is not None and report.published and report.text  # numbers decide here
     # (a ceiling on the error among serves too: the per-request bound's threshold also
     # moves with the lookup counts this test's few lookups send)
     config = CacheConfig(

@@ -28,8 +28,10 @@ keeps the bins' range, and replicas read the model with the rest of the policy.
 On QQP, over similarity, gap and crowd, it makes 1.2-2.5x the correct serves of
 similarity alone at the same bound (``benchmarks/match_features.py`` measures it); the
 text features add little there (QQP's near misses are rarely a number apart) and are
-kept for the ones users meet ("... in 2023" / "... in 2024"). A model stored before the
-text features (three) still decodes: the features it lacks weigh nothing.
+kept for the ones users meet ("... in 2023" / "... in 2024"): the worker fits them in
+only where they rank the newest labels clearly better (``fitting.TEXT_AUC_GAIN``). A model
+of the search's three features (stored before the text ones existed, or fitted without
+them) decodes and scores a full row: the features it lacks weigh nothing.
 """
 
 from __future__ import annotations
