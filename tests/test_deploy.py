@@ -300,8 +300,9 @@ def test_every_dashboard_and_alert_expression_against_real_prometheus(
         for p in procs:
             try:
                 p.wait(15)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # (a loaded machine): killed, and reaped
                 p.kill()
+                p.wait()
         for f in logs:
             f.close()
         upstream.stop()
