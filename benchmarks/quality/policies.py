@@ -21,6 +21,7 @@ import numpy as np
 from workload import Answer, Workload, is_right
 
 from zerda_cache import CacheConfig, CacheManager, FeedbackSignal, PutResult, RLConfig
+from zerda_cache.learning.match_model import FEATURES
 from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.testing import RedisServer
@@ -214,6 +215,12 @@ class Zerda(Policy):
     def model_version(self) -> int:
         """The tenant's match model version (0: none published)."""
         return TenantState(self.m.storage).calibration(TENANT).model_version
+
+    def model_features(self) -> str:
+        """The features the tenant's match model was fitted on ("": none published):
+        whether the worker took the text features in (``fitting.TEXT_AUC_GAIN``)."""
+        model = TenantState(self.m.storage).calibration(TENANT).model
+        return "" if model is None else ", ".join(FEATURES[: len(model.mu)])
 
     def close(self) -> None:
         for m, client in zip(self.replicas, self.clients, strict=True):

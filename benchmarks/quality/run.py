@@ -94,6 +94,7 @@ class Result:
     wall_s: float = 0.0  # the requests' wall-clock time (seeding not included)
     ids_seeded: bool | None = None  # zerda-cache's entry ids drawn from the seed
     model_version: int | None = None  # the tenant's match model at the end (0: none)
+    model_features: str = ""  # the features it was fitted on ("": none, or not zerda)
     curve: list[tuple[int, int, int, int]] = field(default_factory=list)  # n, hits, wrong, stale
     lookup_ms: list[float] = field(default_factory=list)
 
@@ -124,6 +125,7 @@ class Result:
             "requests_per_s": self.requests / self.wall_s if self.wall_s else 0.0,
             "entry_ids_seeded": self.ids_seeded,
             "match_model_version": self.model_version,
+            "match_model_features": self.model_features,
             "lookup_p99_ms": float(np.percentile(self.lookup_ms, 99)) if self.lookup_ms else 0.0,
             "curve": self.curve,
         }
@@ -200,6 +202,7 @@ def drive(policy: P.Policy, w: Workload, progress: Progress, pace: float = 0.0) 
     ids = getattr(policy, "ids", None)
     out.ids_seeded = None if ids is None else ids.seeded
     out.model_version = policy.model_version() if hasattr(policy, "model_version") else None
+    out.model_features = policy.model_features() if hasattr(policy, "model_features") else ""
     progress.update(task, completed=len(w.queries), visible=False)
     return out
 
@@ -931,6 +934,7 @@ def report(rows: list[dict[str, Any]], s: dict[str, Any], target_table: str, lab
         )
         models = [
             f"{r['policy']}: v{r['match_model_version']}"
+            + (f" ({r['match_model_features']})" if r.get("match_model_features") else "")
             for r in rows
             if r.get("match_model_version") is not None and "max_error_rate" in r["policy"]
         ]
