@@ -10,12 +10,12 @@ import random
 import pytest
 import redis
 
+from zerda_cache.learning.match_model import text_known
 from zerda_cache.learning.text_match import (
     ALL,
     bits_of,
     combo,
     differences,
-    known,
     sketch,
 )
 from zerda_cache.storage.scripts import script_source
@@ -70,9 +70,9 @@ def test_differences_and_combos() -> None:
     assert differences(neg, pos) == (0.0, 1.0, 1.0)
     for i in range(8):
         assert combo(bits_of(i)) == i
-    assert known((0.9, 0.1, 0.0, 1.0, 0.0, 0.0))
-    assert not known((0.9, 0.1, 0.0, float("nan"), float("nan"), float("nan")))
-    assert not known((0.9, 0.1, 0.0))
+    assert text_known((0.9, 0.1, 0.0, 1.0, 0.0, 0.0))
+    assert not text_known((0.9, 0.1, 0.0, float("nan"), float("nan"), float("nan")))
+    assert not text_known((0.9, 0.1, 0.0))
     assert len(ALL) == 8
 
 

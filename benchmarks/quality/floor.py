@@ -67,7 +67,7 @@ def simulate(w: Workload, capacity: int, mode: str, share: float = 0.0) -> dict[
     store: OrderedDict[int, Slot] = OrderedDict()
     by_text: dict[int, set[int]] = {}
     rng = np.random.default_rng(0)
-    keys = iter(range(1 << 62))
+    keys = itertools.count()
 
     def put(ans: Answer, vouched: bool = False) -> int:
         if len(store) >= capacity:

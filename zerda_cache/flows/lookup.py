@@ -38,7 +38,13 @@ from zerda_cache.flows.ranking import (
 from zerda_cache.flows.verification import Ticket, Verifier, new_nonce
 from zerda_cache.learning import text_match
 from zerda_cache.learning.calibration import NEVER, exact_level
-from zerda_cache.learning.match_model import SEARCH_FEATURES, Features, score_of, with_text
+from zerda_cache.learning.match_model import (
+    SEARCH_FEATURES,
+    Features,
+    score_of,
+    text_known,
+    with_text,
+)
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.learning.tenant_state import PolicyCache, read_policy
 from zerda_cache.replica.indexes import ReplicaIndexes, TenantIndex
@@ -243,11 +249,13 @@ class Lookup:
         """The hit script's text guard for near match ``entry_id`` (``plan_hit``'s
         ``text``): its mask and the question's sketch; None: no guard."""
         mask = self.guards.get(entry_id)
-        if mask is None:
-            return None
+        return None if mask is None else mask + self.asked_sketch()
+
+    def asked_sketch(self) -> str:
+        """The question's sketch (``text_match.sketch``), made once, when first needed."""
         if self.sketch is None:
             self.sketch = text_match.sketch(self.query)
-        return mask + self.sketch
+        return self.sketch
 
     def counts_text(self) -> bool:
         """Whether this lookup's count needs its best candidate's text differences:
@@ -260,20 +268,21 @@ class Lookup:
     def know_text(self, entry_id: str, question: str) -> None:
         """Near match ``entry_id``'s question is ``question``: its text differences from
         the one asked, into its features."""
-        feats = self.feats.get(entry_id)
-        if feats is not None:
-            if self.sketch is None:
-                self.sketch = text_match.sketch(self.query)
-            bits = text_match.differences(self.sketch, text_match.sketch(question))
-            self.feats[entry_id] = with_text(feats, bits)
+        theirs = text_match.sketch(question)
+        self.set_text(entry_id, text_match.differences(self.asked_sketch(), theirs))
 
     def refused_text(self, entry_id: str, outcome: HitOutcome) -> None:
         """The hit script found near match ``entry_id``'s question different beyond its
         guard: keep the differences it found in the match's features (a verification's
         label, the lookup's count)."""
+        if outcome.text is not None:
+            self.set_text(entry_id, text_match.bits_of(outcome.text))
+
+    def set_text(self, entry_id: str, bits: Sequence[float]) -> None:
+        """Near match ``entry_id``'s text differences are ``bits``: into its features."""
         feats = self.feats.get(entry_id)
-        if feats is not None and outcome.text is not None:
-            self.feats[entry_id] = with_text(feats, text_match.bits_of(outcome.text))
+        if feats is not None:
+            self.feats[entry_id] = with_text(feats, bits)
 
 
 def explore_draw(digest: str, stamp: int) -> float:
@@ -545,8 +554,8 @@ class LookupSteps:
             lookup.found = search(lookup.ti, lookup.vec, lookup.scope, policy)
             feats, lookup.feats = lookup.feats, features(lookup.found, policy)
             for eid, f in feats.items():  # the text differences a guard found stay known
-                if eid in lookup.feats and text_match.known(f):
-                    lookup.feats[eid] = with_text(lookup.feats[eid], f[SEARCH_FEATURES:])
+                if text_known(f):
+                    lookup.set_text(eid, f[SEARCH_FEATURES:])
         # A near match that gave way to the question's own entry, or to the bandit's
         # ranking of a tie, or that its text guard kept from serving, stays a candidate.
         tried: set[str] = set()

@@ -50,7 +50,6 @@ from zerda_cache.learning.text_match import (
     NONE,
     TEXT_FEATURES,
     bits_of,
-    known,
 )
 
 #: The features, in the order of every row.
@@ -70,8 +69,6 @@ HOLDOUT = 0.2
 RIDGE = 1.0
 
 Features = tuple[float, ...]
-#: The text features of a match not known yet.
-UNKNOWN_TEXT = (math.nan,) * len(TEXT_FEATURES)
 
 
 def candidate_features(found: Sequence[tuple[str, float]], floor: float) -> list[Features]:
@@ -87,6 +84,13 @@ def candidate_features(found: Sequence[tuple[str, float]], floor: float) -> list
         # (the text features unknown: NaN, one flat tuple per candidate on the hot path)
         out.append((float(s), float(gap), float(crowd), nan, nan, nan))
     return out
+
+
+def text_known(features: Sequence[float]) -> bool:
+    """Whether a match's text features are all known (a row of the search's alone: no)."""
+    return len(features) > SEARCH_FEATURES and all(
+        math.isfinite(x) for x in features[SEARCH_FEATURES:]
+    )
 
 
 def with_text(features: Sequence[float], bits: Sequence[float]) -> Features:
@@ -126,7 +130,7 @@ class MatchModel:
         for combination ``i``) let a match with ``features`` score ``threshold`` or
         more: ``"1"`` passes, ``"0"`` does not. Known differences decide alone (every
         combination passes, or none)."""
-        if known(features):
+        if text_known(features):
             return ALL if self.score(features) >= threshold else NONE
         head = features[:SEARCH_FEATURES]
         return "".join(
@@ -217,11 +221,11 @@ __all__ = [
     "CROWD_EPS",
     "FEATURES",
     "SEARCH_FEATURES",
-    "UNKNOWN_TEXT",
     "MatchModel",
     "auc",
     "candidate_features",
     "fit",
     "score_of",
+    "text_known",
     "with_text",
 ]

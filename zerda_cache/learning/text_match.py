@@ -29,7 +29,6 @@ is scored with them unknown (NaN: each weighs its mean).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 #: Words that negate a question (tokens ending in "n't" do too).
@@ -112,11 +111,6 @@ def bits_of(index: int) -> tuple[float, float, float]:
     return (float(index & 1), float(index >> 1 & 1), float(index >> 2 & 1))
 
 
-def known(features: Sequence[float]) -> bool:
-    """Whether a match's text features (after the first three) are known."""
-    return len(features) > 3 and all(math.isfinite(x) for x in features[3:])
-
-
 __all__ = [
     "ALL",
     "COMBOS",
@@ -126,6 +120,5 @@ __all__ = [
     "bits_of",
     "combo",
     "differences",
-    "known",
     "sketch",
 ]

@@ -33,7 +33,8 @@ log = logging.getLogger(LOGGER)
 #: much AUC: each costs a guard in the hit script and a read of the leading candidate's
 #: question on lookups the hit script does not serve, and a feature that ranks no
 #: better only adds noise to the scores the bound is kept in (``match_features.py``
-#: measured about 0.002 on QQP, whose near misses rarely differ in a number).
+#: measures their gain on QQP, whose near misses rarely differ in a number: docs/
+#: BENCHMARKS.md, "match-features").
 TEXT_AUC_GAIN = 0.005
 
 
