@@ -278,6 +278,125 @@ def test_the_floor_policies_pay_for_answers_only() -> None:
         {"error": 0.02, "llm_calls": 0.45, "correct": 0.5},
     ]
     mix = floor.at_error(points, 0.02)
-    assert mix is not None and mix["llm_calls"] == pytest.approx(0.4)  # beats 0.45
+    assert mix is not None and mix.llm_calls == pytest.approx(0.4)  # beats 0.45
+    assert mix.of == (0, 1) and mix.correct == pytest.approx(0.5)
     assert floor.at_error(points, 0.005) is None
-    assert floor.at_error(points, 0.05) == {"llm_calls": 0.3, "correct": 0.6}
+    assert floor.at_error(points, 0.05) == floor.Reading(0.3, 0.6, (1,))
+
+
+def stream(
+    queries: list[int], *, seeded: tuple[int, ...] = (0,), dups: dict[int, set[int]] | None = None,
+    **outcomes: Any,
+) -> Workload:  # fmt: skip
+    """Seeded answers for the questions ``seeded`` (pair = text), the requests asking
+    ``queries``; ``outcomes``: any field of the workload (by default the LLM is always
+    right, nobody reacts, nothing is planted and nothing goes stale)."""
+    n = len(queries)
+    fields: dict[str, Any] = {
+        "planted_wrong": set(), "stale": set(), "drift_at": 10**9,
+        "llm_ok": np.ones(n, bool), "reacts": np.zeros(n, bool), "noisy": np.zeros(n, bool),
+    }  # fmt: skip
+    fields.update({k: np.asarray(v) if k in ("llm_ok", "reacts", "noisy") else v
+                   for k, v in outcomes.items()})  # fmt: skip
+    pairs = {**{q: q for q in queries}, **dict.fromkeys(seeded, 0)}
+    return Workload(
+        texts=[f"q{i}" for i in range(max([*queries, *seeded]) + 1)],
+        vecs=np.zeros((1, 1), np.float32),
+        seed_ids=list(seeded),
+        seed_pair=[0] * len(seeded),
+        queries=queries,
+        query_pair=[pairs[q] for q in queries],
+        pair_label={0: 1},
+        dups=dups or {},
+        **fields,
+    )
+
+
+def test_a_negative_reaction_demotes_an_answer_the_reference_served() -> None:
+    import floor
+
+    # the seeded answer (wrong) is served blind at the price 5 (P(wrong) 0.1); the user
+    # says so, P(right) falls to 0.5 and the next ask verifies it; blind serves it again
+    w = stream([0, 0], planted_wrong={0}, reacts=[True, False])
+    ref = floor.Reference(w, 10, (5.0, 5.0)).run()
+    assert (ref["hit_rate"], ref["error"], ref["verifications"]) == (0.5, 0.5, 0.5)
+    assert floor.simulate(w, 10, "blind")["error"] == 1.0
+    # a negative reaction to the LLM's own answer (P(right) 0.95 -> 0.68): verified next
+    for liked, calls in ((False, 1.0), (True, 0.5)):
+        fresh = stream([3, 3], llm_ok=[liked, True], reacts=[True, False])
+        assert floor.Reference(fresh, 10, (5.0, 5.0)).run()["llm_calls"] == calls
+
+
+def test_an_agreement_refreshes_the_entry_to_the_fresh_answer() -> None:
+    import floor
+
+    # question 1 asks what the seeded question 0 asked; the seeded answer is right until
+    # it goes stale at request 2. An agreement at request 0 keeps the LLM's answer, which
+    # cannot go stale; verify first keeps the seeded one and serves it stale
+    w = stream([1] * 5, dups={0: {1}, 1: {0}}, stale={0}, drift_at=2)
+    ref = floor.Reference(w, 10, (15.0, 15.0)).run()
+    assert (ref["llm_calls"], ref["verifications"], ref["error"]) == (0.2, 0.2, 0.0)
+    assert floor.simulate(w, 10, "verify first")["error"] == 0.6
+    # the seeded answer is wrong: a disagreement keeps both answers as candidates and the
+    # next ask verifies the likelier right, the LLM's (0.95 * 0.1 against 0.9 * 0.05); it
+    # agrees, so its rival was wrong and goes; the next two asks are served
+    w = stream([1] * 4, dups={0: {1}, 1: {0}}, planted_wrong={0})
+    got = floor.Reference(w, 10, (15.0, 15.0))
+    assert got.run()["verifications"] == 0.5
+    assert [b.p for b in got.st.items.values()] == [1.0]
+
+
+def test_exact_only_serves_only_the_question_asked_and_drops_what_a_user_disliked() -> None:
+    import floor
+
+    # the seeded question 0 is a duplicate of the asked 1: the reference serves its answer
+    # (a perfect match model); exact-only asks the LLM, then serves that answer until a
+    # (noisy) negative reaction drops it
+    w = stream([1, 1, 1, 1], dups={0: {1}, 1: {0}}, reacts=[0, 1, 0, 0], noisy=[0, 1, 0, 0])
+    exact = floor.exact_only(w, 10)
+    assert (exact["llm_calls"], exact["hit_rate"], exact["error"]) == (0.5, 0.5, 0.0)
+    quiet = stream([1, 1, 1, 1], dups={0: {1}, 1: {0}})
+    assert floor.Reference(quiet, 10, (5.0, 5.0)).run()["hit_rate"] == 1.0
+    assert floor.exact_only(quiet, 10)["llm_calls"] == 0.25
+    # an LLM answer the user disliked is not cached
+    w = stream([2, 2], llm_ok=[False, True], reacts=[True, False])
+    assert floor.exact_only(w, 10)["llm_calls"] == 1.0
+
+
+def synthetic(n_pairs: int, n_requests: int, seed: int) -> Workload:
+    """load_workload's stream on made-up pairs (question i seeded, n_pairs + i asked, a
+    duplicate for 37% of them): Zipf asks, planted and stale answers, drawn outcomes."""
+    from workload import LLM_RIGHT, REACTION_NOISE, REACTION_RATE, ZIPF_S
+
+    rng = np.random.default_rng(seed)
+    dup = rng.random(n_pairs) < 0.37
+    weights = 1.0 / np.arange(1, n_pairs + 1) ** ZIPF_S
+    asked = rng.choice(n_pairs, n_requests, p=weights[rng.permutation(n_pairs)] / weights.sum())
+    planted = set(rng.choice(n_pairs, n_pairs // 10, replace=False).tolist())
+    pool = [i for i in range(n_pairs) if dup[i] and i not in planted]
+    draws = rng.random((3, n_requests))
+    return Workload(
+        texts=[f"q{i}" for i in range(2 * n_pairs)], vecs=np.zeros((1, 1), np.float32),
+        seed_ids=list(range(n_pairs)), seed_pair=list(range(n_pairs)),
+        queries=[n_pairs + int(i) for i in asked], query_pair=[int(i) for i in asked],
+        pair_label={i: int(dup[i]) for i in range(n_pairs)}, planted_wrong=planted,
+        stale=set(rng.choice(pool, len(pool) // 5, replace=False).tolist()),
+        drift_at=n_requests // 2,
+        dups={k: {v} for i in np.flatnonzero(dup) for k, v in ((i, n_pairs + i), (n_pairs + i, i))},
+        llm_ok=draws[0] < LLM_RIGHT, reacts=draws[1] < REACTION_RATE,
+        noisy=draws[2] < REACTION_NOISE,
+    )  # fmt: skip
+
+
+def test_the_reference_pays_no_more_than_the_old_policies_at_any_error() -> None:
+    import floor
+
+    w = synthetic(300, 3000, 5)
+    runs = floor.policies(w, 240)
+    kinds = {run.kind for run in runs}
+    assert kinds == {"oracle", "old", "exact", "reference"}
+    rows, _ = floor.readings(runs, [0.005, 0.01, 0.02, 0.05], runs[0].r["correct"])
+    for row in rows:  # error, floor, correct, best mix, reference, old, exact
+        assert row[5] == "none errs that little" or float(row[4]) <= float(row[5]), row
+        assert float(row[1]) <= float(row[4]) and 0 < float(row[2]) <= 1, row
+    assert rows[1][4] < rows[1][5]  # at 1%: strictly fewer calls
