@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from cluster_support import RedisSentinelGroup
 from conftest import Clock, near
 from conftest import unit as _unit
 from state_support import set_raw_state, set_state_value
@@ -31,7 +32,6 @@ from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.lease import Lease
 from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
-from zerda_cache.testing import RedisSentinelGroup
 from zerda_cache.worker import maintenance
 from zerda_cache.worker.maintenance import Maintenance
 from zerda_cache.worker.scheduler import Worker
