@@ -150,6 +150,7 @@ def test_close_stops_a_running_build_and_waits_for_it(
     assert not [t for t in threading.enumerate() if t.name == "zerda-index-t"]
 
 
+@pytest.mark.slow
 def test_a_process_exiting_during_a_build_exits_cleanly(
     redis_server: Any, redis_client: redis.Redis, server_kind: str
 ) -> None:

@@ -224,6 +224,7 @@ def test_invalidate_and_clear(manager: Any) -> None:
 
 
 # --- learning ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_liked_candidate_wins_and_seeded_lookups_reproduce(
     redis_client: redis.Redis, make_manager: Any
 ) -> None:
@@ -436,6 +437,7 @@ def test_fail_open_and_recovery(
     assert m.clear("t") == 1
 
 
+@pytest.mark.slow
 def test_fail_open_when_redis_is_slow(
     redis_server_factory: Any, make_manager: Any, registry: CollectorRegistry
 ) -> None:
