@@ -181,7 +181,7 @@ def check():
 
 atexit.register(check)
 from zerda_cache import CacheConfig, CacheManager
-from zerda_cache.replica.index import UsearchIndex
+from zerda_cache.replica.usearch_index import UsearchIndex
 
 inserting, add = threading.Event(), UsearchIndex._graph_add
 

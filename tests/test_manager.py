@@ -770,7 +770,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
 ) -> None:
     """A built HNSW index measures the width it needs before lookups use it, and a
     lookup then finds near copies at that width (``index.CALIBRATE_FROM``)."""
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
@@ -791,7 +791,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
 def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
     make_manager: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.scoped as index_module
 
     def broken(self: Any, k: int) -> Any:
         raise RuntimeError("calibration broke")

@@ -15,17 +15,11 @@ import pytest
 import redis
 from conftest import near
 
-import zerda_cache.replica.index as index_module
+import zerda_cache.replica.usearch_index as usearch_module
 from zerda_cache import CacheConfig, EvictionConfig
-from zerda_cache.replica.index import (
-    CALIBRATION_METHOD,
-    CENTRE_FROM,
-    SNAPSHOT_MAGIC,
-    IndexPolicy,
-    ScopedIndex,
-    UsearchIndex,
-    dump_format,
-)
+from zerda_cache.replica.ann import CALIBRATION_METHOD, CENTRE_FROM, IndexPolicy
+from zerda_cache.replica.scoped import SNAPSHOT_MAGIC, ScopedIndex, dump_format
+from zerda_cache.replica.usearch_index import UsearchIndex
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.worker.snapshot import Snapshotter
@@ -265,7 +259,7 @@ def test_an_int8_view_dumps_its_own_rows_and_grows_past_its_capacity() -> None:
     assert np.shares_memory(np.frombuffer(sub.rows_bytes(), np.uint8), sub._base_rows)
     again = ScopedIndex.restore(first, IndexPolicy(ann_threshold=300))
     assert again.ids() == set(live)
-    snapshot_slots = sub._next
+    snapshot_slots = sub.next_slot
     gone = next(iter(live))
     assert back.remove(gone)
     del live[gone]
@@ -273,7 +267,7 @@ def test_an_int8_view_dumps_its_own_rows_and_grows_past_its_capacity() -> None:
         eid = f"{50_000 + j:032x}"
         live[eid] = vectors(1, 30_000 + j)[0]
         back.add(eid, live[eid], "")
-    assert sub._next > snapshot_slots and sub._cap > snapshot_slots
+    assert sub.next_slot > snapshot_slots and sub.slot_capacity > snapshot_slots
     for eid, vec in live.items():
         np.testing.assert_allclose(sub.vector(eid), vec, atol=2e-3)
         assert back.search(vec, "", 1, 0.99)[0][0] == eid
@@ -303,7 +297,7 @@ def with_scope_fields(blob: bytes, **fields: Any) -> bytes:
 
 def graph_int8(sub: UsearchIndex, eid: str) -> np.ndarray:
     """The int8 vector ``sub``'s graph holds for ``eid`` (the base's, if viewed)."""
-    key = np.array([sub._slot[int(eid, 16)]], dtype=np.uint64)
+    key = np.array([sub.slots[int(eid, 16)]], dtype=np.uint64)
     graph = sub._graph if sub._graph.contains(key[0]) else sub._base
     return np.asarray(graph.get(key, dtype="i8")).reshape(-1).astype(np.int64)
 
@@ -328,10 +322,10 @@ def test_an_int8_graph_holds_its_vectors_scaled_to_the_int8_range_through_a_snap
     np.testing.assert_array_equal(graph_int8(sub, ids[3]), np.rint(x[3] * sub.quant))
     assert max(int(np.abs(graph_int8(sub, e)).max()) for e in ids[:1_000]) == round(127 / 1.25)
     asked: list[np.ndarray] = []
-    search_one = index_module._search_one
+    search_one = usearch_module.search_one
     monkeypatch.setattr(
-        index_module,
-        "_search_one",
+        usearch_module,
+        "search_one",
         lambda graph, q, k: asked.append(q) or search_one(graph, q, k),
     )
     assert ix.search(x[7], "", 1, 0.99)[0][0] == ids[7]
@@ -523,7 +517,7 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
 def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     make_manager: Any, redis_client: redis.Redis, caplog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)  # the load calibrates too
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
@@ -845,7 +839,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
     replica measures its own before it serves."""
     import dataclasses
 
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
@@ -869,7 +863,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
 def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
@@ -933,7 +927,7 @@ def test_the_worker_measures_the_graph_it_dumps(
     """A worker that took over from another serves the last snapshot's graph in place,
     with what changed since in a second graph; it folds them into the one graph the dump
     will hold before it measures the width that replicas will take."""
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
