@@ -231,7 +231,7 @@ def test_scoped_index_switches_to_hnsw_and_back() -> None:
         idx.add(eid, v, "s")
     idx.add(hex_id(999), unit(rng, 16), "other")
     assert idx.kind("s") == "hnsw" and idx.kind("other") == "exact" and idx.kind("x") == "none"
-    assert isinstance(idx._by_scope["s"], UsearchIndex)  # the default backend
+    assert isinstance(idx.sub("s"), UsearchIndex)  # the default backend
     assert idx.ids() == set(vecs) | {hex_id(999)}
     some = hex_id(7)
     assert idx.search(vecs[some], "s", 1, 0.99)[0][0] == some
@@ -411,13 +411,13 @@ def test_auto_gives_long_vectors_a_binary_graph_and_short_ones_an_int8_graph(
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     ids = [f"{i:032x}" for i in range(len(x))]
     ix.add_many({ids[i]: (x[i], "") for i in range(len(x))})
-    sub = ix._by_scope[""]
+    sub = ix.sub("")
     assert isinstance(sub, UsearchIndex) and sub.dtype == dtype
     assert ix.search(x[5], "", 1, 0.99)[0][0] == ids[5]
     blob = ix.dump()
     assert blob is not None
     back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300, dtype="auto"))
-    again = back._by_scope[""]
+    again = back.sub("")
     assert isinstance(again, UsearchIndex) and again.dtype == dtype
     with pytest.raises(ValueError):
         IndexPolicy(dtype="b2")
@@ -449,7 +449,7 @@ def test_usearch_fast_search_paths_agree_with_the_public_ones(
     for i in range(0, 1000, 3):
         served.remove(ids[i])
     served.add_many({ids[i]: (x[i], "") for i in range(1000, 1200)})
-    assert isinstance(served._by_scope[""], UsearchIndex) and served._by_scope[""].viewed
+    assert isinstance(served.sub(""), UsearchIndex) and served.sub("").viewed
     probes = [normalize_vector(x[i] + 0.08 * rng.normal(size=64)) for i in range(0, 1200, 7)]
 
     def run() -> list[list[tuple[str, float]]]:

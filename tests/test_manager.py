@@ -780,7 +780,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
         writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(2000 + i))
     with caplog.at_level(logging.INFO, logger="zerda_cache"):
         reader.sync_index("big")
-    sub = reader.indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = reader.indexes["big"].index.sub("")  # type: ignore[union-attr]
     assert sub.calibrated is not None and sub.calibrated[0] == 300
     assert sub.search_width() == sub.calibrated[1] == cfg.ann_ef_search  # enough here
     assert any("search width" in r.getMessage() for r in caplog.records)
@@ -804,7 +804,7 @@ def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
     with caplog.at_level(logging.WARNING, logger="zerda_cache"):
         assert reader.sync_index("big") == 300
     assert "calibrating the index's search width failed" in caplog.text
-    sub = reader.indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = reader.indexes["big"].index.sub("")  # type: ignore[union-attr]
     assert sub.calibrated is None and sub.search_width() == cfg.ann_ef_search
     hit = reader.lookup("q9 again", tenant="big", embedding=near(unit(3009), 0.97))
     assert hit is not None and hit.response == "a9"

@@ -233,6 +233,24 @@ class ScopedIndex:
         with self._lock:
             return any(entry_id in sub for sub in self._by_scope.values())
 
+    def sub(self, scope: str = "") -> SubIndex:
+        """The sub-index of ``scope`` (``KeyError`` if it has none): to inspect what kind
+        of index a scope holds and its state (the tests and benchmarks read it; the
+        replica goes through this class's methods)."""
+        with self._lock:
+            return self._by_scope[scope]
+
+    def subs(self) -> dict[str, SubIndex]:
+        """Every scope's sub-index (a copy of the map)."""
+        with self._lock:
+            return dict(self._by_scope)
+
+    def set_sub(self, scope: str, sub: SubIndex) -> None:
+        """Put ``sub`` in place as ``scope``'s sub-index (tests: an index of an earlier
+        format, made by hand)."""
+        with self._lock:
+            self._by_scope[scope] = sub
+
     def ids(self) -> set[str]:
         with self._lock:
             return {eid for sub in self._by_scope.values() for eid in sub.ids()}
