@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 DEMO_STAMP := $(VENV)/.installed-demo
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint typecheck pytest bench bench-quality clean prometheus-tools minilm \
+.PHONY: venv demo test check lint typecheck pytest bench bench-quality clean prometheus-tools minilm \
         sentence-transformers docs
 
 $(BIN)/python:
@@ -83,6 +83,13 @@ pytest: $(STAMP) prometheus-tools
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
+
+# The developers' fast loop: lint, types and the tests not marked slow, on one server kind
+# (redis-server from PATH unless CHECK_SERVER says another), so a change is checked in a
+# few minutes; `make test` still runs everything on all three kinds before a change lands.
+CHECK_SERVER ?= redis
+check: lint typecheck
+	ZERDA_TEST_SERVER=$(CHECK_SERVER) $(BIN)/python -m pytest -q -m "not slow"
 
 # The user guide (mkdocs.yml: docs/ and the references generated from the code) into
 # site/; --strict fails on a broken link or anchor, as tests/test_docs.py does.

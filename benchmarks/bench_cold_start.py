@@ -448,7 +448,7 @@ def settings() -> dict[str, Any]:
     stored vectors' encoding, the index's parameters and the snapshot's calibration."""
     from dataclasses import asdict
 
-    from zerda_cache.replica.index import CALIBRATION_METHOD
+    from zerda_cache.replica.ann import CALIBRATION_METHOD
 
     cfg = asdict(worker_config())
     made = {

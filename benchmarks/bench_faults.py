@@ -1,6 +1,6 @@
 """The fault campaign: each fault once, under several replica processes, with its figures.
 
-Every fault runs against real local processes (``zerda_cache.testing_faults``, the code the
+Every fault runs against real local processes (``tests/fault_support.py``, the code the
 fault tests in ``tests/test_fault_campaign.py`` run): three app-replica processes, each a
 ``CacheManager`` doing puts, exact and near-copy lookups and feedback against one tenant
 and recording what Redis acknowledged and what it served; and, for the worker faults,
@@ -36,11 +36,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the fault harness
 
+import fault_support as faults
 from _report import table, write_section
+from cluster_support import RedisSentinelGroup
 
-from zerda_cache import testing_faults as faults
-from zerda_cache.testing import SERVER_KINDS, RedisSentinelGroup, RedisServer, find_server_binary
+from zerda_cache.testing import SERVER_KINDS, RedisServer, find_server_binary
 
 TIMEOUT_S = 0.25
 

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lookup import dataset, exact_first, minilm, perturb
 
 from zerda_cache import CacheConfig
-from zerda_cache.replica.index import CALIBRATION_COSINE, UsearchIndex
+from zerda_cache.replica.ann import CALIBRATION_COSINE
+from zerda_cache.replica.usearch_index import UsearchIndex
 
 
 def measure(
@@ -139,7 +140,7 @@ def in_memory(index: UsearchIndex, huge: bool) -> UsearchIndex:
     transparent huge pages or not, and served in place from there."""
     import mmap
 
-    from zerda_cache.replica.index import IndexPolicy
+    from zerda_cache.replica.ann import IndexPolicy
     from zerda_cache.storage.snapshots import advise_huge_pages
 
     graph, rows = bytes(index.graph_bytes()), memoryview(index.rows_bytes()).cast("B")
@@ -149,7 +150,7 @@ def in_memory(index: UsearchIndex, huge: bool) -> UsearchIndex:
     view = memoryview(buf)
     view[: len(graph)] = graph
     view[len(graph) :] = rows
-    data = {"dtype": index.dtype, **index._dump_slots()}
+    data = {"dtype": index.dtype, **index.dump_slots()}
     policy = IndexPolicy(ef_search=index.ef_search)
     out = UsearchIndex.restore(index.dim, data, policy, view[: len(graph)], view[len(graph) :])
     out.calibrated = index.calibrated

@@ -40,8 +40,10 @@ from bench_lookup import dataset
 
 from zerda_cache import CacheConfig
 from zerda_cache.core.config import DEFAULT_TOP_K
-from zerda_cache.replica.index import IndexPolicy, ScopedIndex, UsearchIndex, dump_format
+from zerda_cache.replica.ann import IndexPolicy
 from zerda_cache.replica.indexes import REBASE_DRIFT
+from zerda_cache.replica.scoped import ScopedIndex, dump_format
+from zerda_cache.replica.usearch_index import UsearchIndex
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.store import SnapshotInfo
 from zerda_cache.testing import RedisServer

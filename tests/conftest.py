@@ -14,7 +14,7 @@ Fixtures:
     redis_url              session: its ``redis://127.0.0.1:N/0`` URL
     redis_client           function: ``redis.Redis`` (bytes), FLUSHALL before each test
     redis_server_factory   function: start private servers (e.g. to stop/restart them)
-    redis_cluster          session: a 3-master :class:`~zerda_cache.testing.RedisClusterServer`
+    redis_cluster          session: a 3-master ``cluster_support.RedisClusterServer``
     cluster_client         function: ``RedisCluster`` (bytes), all primaries flushed
     flavour                function: ``"sync"`` or ``"async"`` (the driver under test)
     make_manager           function: managers of that flavour, called the same way
@@ -41,12 +41,13 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio
+from cluster_support import RedisClusterServer
 from prometheus_client import CollectorRegistry
 from redis.cluster import RedisCluster
 
 from zerda_cache import AsyncCacheManager, AsyncRedisStorage, CacheConfig, CacheManager
 from zerda_cache.metrics import ReplicaMetrics
-from zerda_cache.testing import SERVER_KINDS, RedisClusterServer, RedisServer, find_server_binary
+from zerda_cache.testing import SERVER_KINDS, RedisServer, find_server_binary
 
 SERVER_ENV = "ZERDA_TEST_SERVER"
 

@@ -28,7 +28,8 @@ HISTORY = ROOT / "docs" / "benchmarks-history.md"
 def table_rows(text: str) -> list[list[str]]:
     block = summary.SUMMARY.search(text)
     assert block is not None, "no opening table"
-    lines = [line for line in block.group(0).splitlines() if line.startswith("| ")]
+    full = block.group(0).split(summary.FULL_TITLE, 1)[1]
+    lines = [line for line in full.splitlines() if line.startswith("| ")]
     return [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines[1:]]
 
 
@@ -165,3 +166,16 @@ def test_archiving_moves_a_section_as_it_is(pages: tuple[Path, Path]) -> None:
     row = next(r for r in table_rows(after) if "default vector storage" in r[0])
     assert row[3] == summary.NOT_MEASURED
     assert summary.with_summary(after) == after
+
+
+def test_the_page_opens_with_a_headline_of_at_most_ten_targets() -> None:
+    text = DOC.read_text()
+    block = summary.SUMMARY.search(text)
+    assert block is not None
+    head = block.group(0).split(summary.FULL_TITLE, 1)[0]
+    rows = [line for line in head.splitlines() if line.startswith("| ")][1:]
+    assert 0 < len(rows) == len(summary.HEADLINE) <= summary.MAX_HEADLINE
+    full = {r[0]: r for r in table_rows(text)}
+    for line in rows:
+        what, latest, met, where = (c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1])
+        assert full[what][2:5] == [latest, met, where], what  # the same figures as below

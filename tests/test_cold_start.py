@@ -150,6 +150,7 @@ def test_close_stops_a_running_build_and_waits_for_it(
     assert not [t for t in threading.enumerate() if t.name == "zerda-index-t"]
 
 
+@pytest.mark.slow
 def test_a_process_exiting_during_a_build_exits_cleanly(
     redis_server: Any, redis_client: redis.Redis, server_kind: str
 ) -> None:
@@ -180,7 +181,7 @@ def check():
 
 atexit.register(check)
 from zerda_cache import CacheConfig, CacheManager
-from zerda_cache.replica.index import UsearchIndex
+from zerda_cache.replica.usearch_index import UsearchIndex
 
 inserting, add = threading.Event(), UsearchIndex._graph_add
 

@@ -79,6 +79,7 @@ def test_guide_example_runs(page: Path, block: str, capsys: pytest.CaptureFixtur
     assert "miss" not in out.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_the_user_guide_builds_strict(tmp_path: Path) -> None:
     """`mkdocs build --strict` (what `make docs` runs): a broken link, a missing anchor or a
     docstring the reference cannot parse fails the build. The references are generated
@@ -139,6 +140,7 @@ def json_values(text: str) -> list[Any]:
     return values
 
 
+@pytest.mark.slow
 def test_readme_curl_example_runs_as_written(
     redis_client: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:

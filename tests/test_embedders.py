@@ -54,7 +54,7 @@ def test_the_openai_embedder_needs_httpx_only() -> None:
     FastAPI: the embedder must not import the service package."""
     code = (
         "import sys; from zerda_cache.embedders import OpenAIEmbedder; "
-        "assert OpenAIEmbedder.__module__ == 'zerda_cache.openai_embedder'; "
+        "assert OpenAIEmbedder.__module__ == 'zerda_cache.embedders.openai_compatible'; "
         "assert 'fastapi' not in sys.modules and 'zerda_cache.service' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -76,7 +76,7 @@ def test_sentence_transformers_is_imported_only_when_used() -> None:
     """Importing the embedders (and the embedder class) costs no torch import."""
     code = (
         "import sys; from zerda_cache.embedders import SentenceTransformerEmbedder as S; "
-        "assert S.__module__ == 'zerda_cache.st_embedder'; "
+        "assert S.__module__ == 'zerda_cache.embedders.sentence_transformer'; "
         "assert 'sentence_transformers' not in sys.modules and 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

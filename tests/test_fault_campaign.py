@@ -2,7 +2,7 @@
 three replica processes, and the worker leader killed or terminated mid-cycle with a
 standby worker process taking over.
 
-Every process is real (``zerda_cache.testing_faults``: the replicas record what Redis
+Every process is real (``fault_support``: the replicas record what Redis
 acknowledged and what they served; ``benchmarks/bench_faults.py`` runs the same code
 and reports its figures, lookup latency included). Assertions are about behaviour: what
 was lost, what was served, whether the replicas recovered; never about how long anything
@@ -16,10 +16,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import fault_support as faults
 import pytest
 from conftest import unit
-
-from zerda_cache import testing_faults as faults
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from cluster_support import RedisSentinelGroup
 from conftest import Clock, near
 from conftest import unit as _unit
 from state_support import set_raw_state, set_state_value
@@ -31,7 +32,6 @@ from zerda_cache.storage import RedisStorage, connect
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.lease import Lease
 from zerda_cache.storage.scripts import SCRIPT_NAMES, script_source
-from zerda_cache.testing import RedisSentinelGroup
 from zerda_cache.worker import maintenance
 from zerda_cache.worker.maintenance import Maintenance
 from zerda_cache.worker.scheduler import Worker
@@ -327,6 +327,7 @@ def test_entries_outliving_a_lost_ids_zset_are_taken_back(
     assert m.recover_orphans("t") == 0  # nothing left to take back: no scan either
 
 
+@pytest.mark.slow
 def test_a_sentinel_failover_under_traffic(server_kind: str, make_manager: Any) -> None:
     """A primary, a replica and three sentinels (local processes). The primary dies under
     lookups: they fail open (no error, no wrong answer) until the sentinels promote the
@@ -371,6 +372,7 @@ def test_a_sentinel_url_needs_hosts_and_a_service() -> None:
     client.close()
 
 
+@pytest.mark.slow
 def test_a_frozen_redis_fails_open_and_loses_no_acknowledged_write(
     make_manager: Any, redis_server_factory: Any
 ) -> None:

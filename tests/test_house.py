@@ -162,10 +162,11 @@ def package_imports(module: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("zerda_cache"):
             assert node.module is not None
-            found.add(node.module)
-            for alias in node.names:  # ``from zerda_cache.storage import codec``
-                if _module_file(f"{node.module}.{alias.name}").exists():
-                    found.add(f"{node.module}.{alias.name}")
+            subs = {f"{node.module}.{alias.name}" for alias in node.names}
+            subs = {m for m in subs if _module_file(m).exists()}
+            found |= subs  # ``from zerda_cache.storage import codec``: codec, not the package
+            if len(subs) < len(node.names):
+                found.add(node.module)
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("zerda_cache.")}
     return found - {"zerda_cache"}
@@ -227,3 +228,65 @@ def test_the_size_check_sees_a_long_function() -> None:
         f"m.py: def f is {MAX_FUNCTION_LINES + 1} lines"
     ]
     assert oversized("def g():\n    return 1\n", "m.py") == []
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules of ``graph`` (module -> the
+    modules it imports): each is an import circle (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_the_package_has_no_import_circle() -> None:
+    """No module imports, directly or through others, a module that imports it back:
+    imports under ``TYPE_CHECKING`` and inside functions count too (a circle there is
+    still two modules that cannot be read, or changed, one without the other)."""
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in PACKAGE.rglob("*.py")
+    }
+    graph = {m: package_imports(m) & modules for m in modules}
+    assert len(graph) > 40
+    assert not import_circles(graph), f"import circles: {import_circles(graph)}"
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from zerda_cache.companions.context import ContextCache
-from zerda_cache.replica.index import ExactIndex, ScopedIndex
+from zerda_cache.replica.exact import ExactIndex
+from zerda_cache.replica.scoped import ScopedIndex
 from zerda_cache.storage.codec import normalize_vector
 
 
@@ -164,7 +165,8 @@ BACKENDS = ["usearch", "hnswlib"]
 
 
 def make_ann(backend: str, dim: int, capacity: int) -> Any:
-    from zerda_cache.replica.index import HnswIndex, UsearchIndex
+    from zerda_cache.replica.ann import HnswIndex
+    from zerda_cache.replica.usearch_index import UsearchIndex
 
     cls = UsearchIndex if backend == "usearch" else HnswIndex
     return cls(dim, capacity=capacity)
@@ -219,7 +221,8 @@ def test_ann_add_remove_readd_replace_and_grow(backend: str) -> None:
 
 
 def test_scoped_index_switches_to_hnsw_and_back() -> None:
-    from zerda_cache.replica.index import IndexPolicy, UsearchIndex
+    from zerda_cache.replica.ann import IndexPolicy
+    from zerda_cache.replica.usearch_index import UsearchIndex
 
     rng = np.random.default_rng(5)
     idx = ScopedIndex(16, IndexPolicy(ann_threshold=100))
@@ -228,7 +231,7 @@ def test_scoped_index_switches_to_hnsw_and_back() -> None:
         idx.add(eid, v, "s")
     idx.add(hex_id(999), unit(rng, 16), "other")
     assert idx.kind("s") == "hnsw" and idx.kind("other") == "exact" and idx.kind("x") == "none"
-    assert isinstance(idx._by_scope["s"], UsearchIndex)  # the default backend
+    assert isinstance(idx.sub("s"), UsearchIndex)  # the default backend
     assert idx.ids() == set(vecs) | {hex_id(999)}
     some = hex_id(7)
     assert idx.search(vecs[some], "s", 1, 0.99)[0][0] == some
@@ -239,7 +242,7 @@ def test_scoped_index_switches_to_hnsw_and_back() -> None:
 
 
 def test_ann_threshold_none_keeps_exact() -> None:
-    from zerda_cache.replica.index import IndexPolicy
+    from zerda_cache.replica.ann import IndexPolicy
 
     rng = np.random.default_rng(6)
     idx = ScopedIndex(8, IndexPolicy(ann_threshold=None))
@@ -253,7 +256,7 @@ def test_bulk_add_matches_one_at_a_time_and_switches_once(backend: str) -> None:
     """``ScopedIndex.add_many`` (a replica's index build): the same contents as adding one
     at a time; a scope that reaches the threshold becomes HNSW before the rest goes in;
     ids already there are replaced, even from another scope; other dimensions skipped."""
-    from zerda_cache.replica.index import IndexPolicy
+    from zerda_cache.replica.ann import IndexPolicy
 
     rng = np.random.default_rng(8)
     policy = IndexPolicy(ann_threshold=100, backend=backend)
@@ -293,7 +296,7 @@ def test_exact_bulk_add_replaces_and_grows() -> None:
 def test_hnsw_searches_wider_as_it_grows(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past ``WIDE_FROM`` entries the search width doubles each time the size does (a
     graph of a million entries needs a wider search for the same recall)."""
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "WIDE_FROM", 100)
     rng = np.random.default_rng(9)
@@ -316,7 +319,7 @@ def test_a_built_hnsw_index_calibrates_its_search_width(
 ) -> None:
     """``calibrate`` keeps the narrowest width (from ``ef_search`` up) at which probes
     find their sources, uses it until the index doubles, then doubles it with the size."""
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 500)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 200)
@@ -345,8 +348,8 @@ def test_calibration_widens_past_a_width_that_misses(monkeypatch: pytest.MonkeyP
     kept: the next (twice as wide) is tried, up to 32x ``ef_search``; below the first that
     passes, the width between it and the last that failed (over sqrt(2)) is tried, and
     kept if it passes too."""
-    import zerda_cache.replica.index as index_module
-    from zerda_cache.replica.index import UsearchIndex
+    import zerda_cache.replica.ann as index_module
+    from zerda_cache.replica.usearch_index import UsearchIndex
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 500)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
@@ -398,7 +401,9 @@ def test_auto_gives_long_vectors_a_binary_graph_and_short_ones_an_int8_graph(
     """The default ``ann_dtype`` (``auto``): one bit a dimension is measured to search
     faster at the same recall on 384-d vectors; short vectors keep int8."""
     from zerda_cache import CacheConfig
-    from zerda_cache.replica.index import AUTO_B1_FROM_DIM, IndexPolicy, ScopedIndex, UsearchIndex
+    from zerda_cache.replica.ann import AUTO_B1_FROM_DIM, IndexPolicy
+    from zerda_cache.replica.scoped import ScopedIndex
+    from zerda_cache.replica.usearch_index import UsearchIndex
 
     assert CacheConfig().ann_dtype == "auto" and AUTO_B1_FROM_DIM == 256
     ix = ScopedIndex(dim, IndexPolicy(ann_threshold=300, dtype="auto"))
@@ -406,13 +411,13 @@ def test_auto_gives_long_vectors_a_binary_graph_and_short_ones_an_int8_graph(
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     ids = [f"{i:032x}" for i in range(len(x))]
     ix.add_many({ids[i]: (x[i], "") for i in range(len(x))})
-    sub = ix._by_scope[""]
+    sub = ix.sub("")
     assert isinstance(sub, UsearchIndex) and sub.dtype == dtype
     assert ix.search(x[5], "", 1, 0.99)[0][0] == ids[5]
     blob = ix.dump()
     assert blob is not None
     back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300, dtype="auto"))
-    again = back._by_scope[""]
+    again = back.sub("")
     assert isinstance(again, UsearchIndex) and again.dtype == dtype
     with pytest.raises(ValueError):
         IndexPolicy(dtype="b2")
@@ -427,8 +432,9 @@ def test_usearch_fast_search_paths_agree_with_the_public_ones(
     float64 product give the same candidates in the same order, and similarities within
     the float16 query's rounding. Both ways also from a snapshot's graph served in place,
     with removals and additions since (two graphs searched and merged)."""
-    import zerda_cache.replica.index as index_module
-    from zerda_cache.replica.index import IndexPolicy, UsearchIndex
+    import zerda_cache.replica.kernels as index_module
+    from zerda_cache.replica.ann import IndexPolicy
+    from zerda_cache.replica.usearch_index import UsearchIndex
 
     pytest.importorskip("numkong")
     rng = np.random.default_rng(11)
@@ -443,7 +449,7 @@ def test_usearch_fast_search_paths_agree_with_the_public_ones(
     for i in range(0, 1000, 3):
         served.remove(ids[i])
     served.add_many({ids[i]: (x[i], "") for i in range(1000, 1200)})
-    assert isinstance(served._by_scope[""], UsearchIndex) and served._by_scope[""].viewed
+    assert isinstance(served.sub(""), UsearchIndex) and served.sub("").viewed
     probes = [normalize_vector(x[i] + 0.08 * rng.normal(size=64)) for i in range(0, 1200, 7)]
 
     def run() -> list[list[tuple[str, float]]]:
@@ -451,11 +457,11 @@ def test_usearch_fast_search_paths_agree_with_the_public_ones(
 
     fast = run()
     # both fast ways were taken (a usearch or numkong that refused would fall back)
-    assert index_module._COMPILED_SEARCH is True
+    assert index_module.COMPILED_SEARCH is True
     if dtype != "f16":
-        assert index_module._NUMKONG_FIT is True
-    monkeypatch.setattr(index_module, "_COMPILED_SEARCH", False)
-    monkeypatch.setattr(index_module, "_NUMKONG_FIT", False)
+        assert index_module.NUMKONG_FIT is True
+    monkeypatch.setattr(index_module, "COMPILED_SEARCH", False)
+    monkeypatch.setattr(index_module, "NUMKONG_FIT", False)
     slow = run()
     assert [[e for e, _ in r] for r in fast] == [[e for e, _ in r] for r in slow]
     assert sum(len(r) for r in fast) > 3 * len(fast)
@@ -473,18 +479,18 @@ def test_a_compiled_search_that_refuses_its_call_falls_back_once_a_bad_query_doe
     """A usearch whose compiled search takes other arguments: the public ``Index.search``
     answers (the same), with a warning, from then on. A bad query raises as before and
     keeps the compiled call for the next searches."""
-    import zerda_cache.replica.index as index_module
-    from zerda_cache.replica.index import UsearchIndex
+    import zerda_cache.replica.kernels as index_module
+    from zerda_cache.replica.usearch_index import UsearchIndex
 
-    monkeypatch.setattr(index_module, "_COMPILED_SEARCH", True)
+    monkeypatch.setattr(index_module, "COMPILED_SEARCH", True)
     ann = UsearchIndex(32, capacity=1024, dtype="f16")
     x = clustered(np.random.default_rng(3), 600, 32)
     ann.add_many([hex_id(i) for i in range(600)], x)
     graph, q = ann._graph, x[5]
     with pytest.raises((AttributeError, AssertionError)):
-        index_module._search_one(graph, list(q), 4)  # not an array: usearch refuses too
-    assert index_module._COMPILED_SEARCH is True
-    keys, dists = index_module._search_one(graph, q, 4)
+        index_module.search_one(graph, list(q), 4)  # not an array: usearch refuses too
+    assert index_module.COMPILED_SEARCH is True
+    keys, dists = index_module.search_one(graph, q, 4)
 
     class OtherUsearch:
         """A graph whose compiled search has another signature."""
@@ -494,9 +500,9 @@ def test_a_compiled_search_that_refuses_its_call_falls_back_once_a_bad_query_doe
         def search(self, query: np.ndarray, k: int, threads: int) -> Any:
             return graph.search(query, k, threads=threads)
 
-    with caplog.at_level("WARNING", logger="zerda_cache.replica.index"):
-        keys2, dists2 = index_module._search_one(OtherUsearch(), q, 4)
-    assert index_module._COMPILED_SEARCH is False
+    with caplog.at_level("WARNING", logger="zerda_cache.replica.kernels"):
+        keys2, dists2 = index_module.search_one(OtherUsearch(), q, 4)
+    assert index_module.COMPILED_SEARCH is False
     assert "Index.search from now on" in caplog.text
     np.testing.assert_array_equal(keys, keys2)
     np.testing.assert_array_equal(dists, dists2)
@@ -508,7 +514,7 @@ def test_numkong_is_used_for_rescoring_only_where_its_sums_are_exact_enough(
 ) -> None:
     """numkong picks its kernel by CPU: one that sums in float16 (or differs between a
     row alone and in a batch) is not used, and numpy's product re-scores instead."""
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.kernels as index_module
 
     pytest.importorskip("numkong")
 
@@ -522,13 +528,13 @@ def test_numkong_is_used_for_rescoring_only_where_its_sums_are_exact_enough(
                 out += a[:, j] * b[j]
             return out
 
-    monkeypatch.setattr(index_module, "_NUMKONG_FIT", None)
-    assert index_module._numkong_fit() is True  # this machine's numkong
-    monkeypatch.setattr(index_module, "_NUMKONG_FIT", None)
-    monkeypatch.setattr(index_module, "_numkong", HalfSums)
-    assert index_module._numkong_fit() is False
+    monkeypatch.setattr(index_module, "NUMKONG_FIT", None)
+    assert index_module.numkong_fit() is True  # this machine's numkong
+    monkeypatch.setattr(index_module, "NUMKONG_FIT", None)
+    monkeypatch.setattr(index_module, "NUMKONG", HalfSums)
+    assert index_module.numkong_fit() is False
     x = clustered(np.random.default_rng(5), 800, 32)
-    from zerda_cache.replica.index import UsearchIndex
+    from zerda_cache.replica.usearch_index import UsearchIndex
 
     ann = UsearchIndex(32, capacity=1024, dtype="i8")
     ann.add_many([hex_id(i) for i in range(800)], x)

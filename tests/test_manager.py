@@ -224,6 +224,7 @@ def test_invalidate_and_clear(manager: Any) -> None:
 
 
 # --- learning ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_liked_candidate_wins_and_seeded_lookups_reproduce(
     redis_client: redis.Redis, make_manager: Any
 ) -> None:
@@ -436,6 +437,7 @@ def test_fail_open_and_recovery(
     assert m.clear("t") == 1
 
 
+@pytest.mark.slow
 def test_fail_open_when_redis_is_slow(
     redis_server_factory: Any, make_manager: Any, registry: CollectorRegistry
 ) -> None:
@@ -768,7 +770,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
 ) -> None:
     """A built HNSW index measures the width it needs before lookups use it, and a
     lookup then finds near copies at that width (``index.CALIBRATE_FROM``)."""
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
@@ -778,7 +780,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
         writer.put(f"q{i}", f"a{i}", tenant="big", embedding=unit(2000 + i))
     with caplog.at_level(logging.INFO, logger="zerda_cache"):
         reader.sync_index("big")
-    sub = reader.indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = reader.indexes["big"].index.sub("")  # type: ignore[union-attr]
     assert sub.calibrated is not None and sub.calibrated[0] == 300
     assert sub.search_width() == sub.calibrated[1] == cfg.ann_ef_search  # enough here
     assert any("search width" in r.getMessage() for r in caplog.records)
@@ -789,7 +791,7 @@ def test_a_replica_calibrates_the_search_width_of_the_index_it_builds(
 def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
     make_manager: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.scoped as index_module
 
     def broken(self: Any, k: int) -> Any:
         raise RuntimeError("calibration broke")
@@ -802,7 +804,7 @@ def test_a_failed_calibration_leaves_the_index_in_use_at_the_configured_width(
     with caplog.at_level(logging.WARNING, logger="zerda_cache"):
         assert reader.sync_index("big") == 300
     assert "calibrating the index's search width failed" in caplog.text
-    sub = reader.indexes["big"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = reader.indexes["big"].index.sub("")  # type: ignore[union-attr]
     assert sub.calibrated is None and sub.search_width() == cfg.ann_ef_search
     hit = reader.lookup("q9 again", tenant="big", embedding=near(unit(3009), 0.97))
     assert hit is not None and hit.response == "a9"

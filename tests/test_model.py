@@ -290,6 +290,7 @@ def model_server(server_kind: str) -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_two_replicas_and_a_worker_agree_with_the_model(model_server: RedisServer) -> None:
     TwoReplicasAndAWorker.url = model_server.url
     run_state_machine_as_test(

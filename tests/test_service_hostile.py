@@ -192,6 +192,7 @@ def check(resp: httpx.Response, what: str) -> None:
         assert err["message"] and err["type"] and err["code"], (what, data)
 
 
+@pytest.mark.slow
 def test_hostile_text_in_every_field_of_every_endpoint(
     service: Service, redis_client: redis.Redis
 ) -> None:

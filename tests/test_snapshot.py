@@ -15,17 +15,11 @@ import pytest
 import redis
 from conftest import near
 
-import zerda_cache.replica.index as index_module
+import zerda_cache.replica.usearch_index as usearch_module
 from zerda_cache import CacheConfig, EvictionConfig
-from zerda_cache.replica.index import (
-    CALIBRATION_METHOD,
-    CENTRE_FROM,
-    SNAPSHOT_MAGIC,
-    IndexPolicy,
-    ScopedIndex,
-    UsearchIndex,
-    dump_format,
-)
+from zerda_cache.replica.ann import CALIBRATION_METHOD, CENTRE_FROM, IndexPolicy
+from zerda_cache.replica.scoped import SNAPSHOT_MAGIC, ScopedIndex, dump_format
+from zerda_cache.replica.usearch_index import UsearchIndex
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.worker.snapshot import Snapshotter
@@ -102,7 +96,7 @@ def restored_view(
     blob = ix.dump()
     assert blob is not None and blob.startswith(SNAPSHOT_MAGIC)
     back = ScopedIndex.restore(buffer(blob), WIDE)
-    sub = back._by_scope[""]
+    sub = back.sub("")
     assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == dtype
     return back, {ids[i]: x[i] for i in range(n)}
 
@@ -147,7 +141,7 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change(
     graph's float16 rows are read where they lie in writable memory (a reused slot
     writes there), and copied from read-only memory."""
     back, live = restored_view(dtype=dtype, buffer=buffer)
-    sub = back._by_scope[""]
+    sub = back.sub("")
     assert isinstance(sub, UsearchIndex)
     if dtype != "f16":
         in_place = np.shares_memory(sub._base_rows, np.frombuffer(sub._base_buffer.obj, np.uint8))
@@ -170,7 +164,7 @@ def test_a_restored_graph_is_served_in_place_and_takes_every_change(
             back.add(eid, live[eid], "")
             ids.append(eid)
     assert back.ids() == set(live) and len(back) == len(live)
-    sub = back._by_scope[""]
+    sub = back.sub("")
     assert isinstance(sub, UsearchIndex) and sub.viewed and sub._base_dead > 300
     for eid in list(live)[::7]:  # every live vector finds itself; no removed one is served
         got = back.search(live[eid], "", 3, -1.0)
@@ -196,7 +190,7 @@ def test_a_view_searches_right_in_each_state_its_shortcuts_cover(
     # A search of the view skips what has nothing to do: the removed-vector filter
     # until one is removed, the merge until one is added. Each state, against brute force.
     back, live = restored_view(seed=3, dtype=dtype, buffer=in_mmap)
-    sub = back._by_scope[""]
+    sub = back.sub("")
     assert isinstance(sub, UsearchIndex)
     queries = vectors(8, 123)
 
@@ -235,20 +229,20 @@ def test_removing_a_querys_nearest_snapshot_vectors_still_finds_k_live_ones(dtyp
 def test_an_unchanged_view_dumps_its_own_bytes_and_formats_1_and_2_are_still_read() -> None:
     back, live = restored_view(seed=3, dtype="f16")
     first = back.dump()
-    assert first is not None and back._by_scope[""].viewed  # no fold was needed
+    assert first is not None and back.sub("").viewed  # no fold was needed
     assert ScopedIndex.restore(first).ids() == set(live)
     # Format 2 (float16 graphs, no dtype): served in place as before.
     v2 = ScopedIndex.restore(as_format_2(first), IndexPolicy(ann_threshold=300))
-    sub = v2._by_scope[""]
+    sub = v2.sub("")
     assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == "f16"
     eid = next(iter(live))
     assert v2.ids() == set(live) and v2.search(live[eid], "", 1, 0.99)[0][0] == eid
     # A snapshot from an earlier version: one msgpack document, the graph inside.
     ix = ScopedIndex.restore(first, IndexPolicy(ann_threshold=300))
-    scopes = {scope: sub.dump() for scope, sub in ix._by_scope.items()}
+    scopes = {scope: sub.dump() for scope, sub in ix.subs().items()}
     old = msgpack.packb({"v": 1, "dim": DIM, "scopes": scopes}, use_bin_type=True)
     v1 = ScopedIndex.restore(old, IndexPolicy(ann_threshold=300))
-    assert v1.ids() == set(live) and not v1._by_scope[""].viewed
+    assert v1.ids() == set(live) and not v1.sub("").viewed
     eid = next(iter(live))
     assert v1.search(live[eid], "", 1, 0.99)[0][0] == eid
 
@@ -258,14 +252,14 @@ def test_an_int8_view_dumps_its_own_rows_and_grows_past_its_capacity() -> None:
     restores again; then new slots past the snapshot's (the rows' own matrix grows) and
     a reused snapshot slot (its row written where the snapshot lies) keep every vector."""
     back, live = restored_view(seed=6, buffer=in_mmap)
-    sub = back._by_scope[""]
+    sub = back.sub("")
     assert isinstance(sub, UsearchIndex)
     first = back.dump()
     assert first is not None and sub.viewed
     assert np.shares_memory(np.frombuffer(sub.rows_bytes(), np.uint8), sub._base_rows)
     again = ScopedIndex.restore(first, IndexPolicy(ann_threshold=300))
     assert again.ids() == set(live)
-    snapshot_slots = sub._next
+    snapshot_slots = sub.next_slot
     gone = next(iter(live))
     assert back.remove(gone)
     del live[gone]
@@ -273,7 +267,7 @@ def test_an_int8_view_dumps_its_own_rows_and_grows_past_its_capacity() -> None:
         eid = f"{50_000 + j:032x}"
         live[eid] = vectors(1, 30_000 + j)[0]
         back.add(eid, live[eid], "")
-    assert sub._next > snapshot_slots and sub._cap > snapshot_slots
+    assert sub.next_slot > snapshot_slots and sub.slot_capacity > snapshot_slots
     for eid, vec in live.items():
         np.testing.assert_allclose(sub.vector(eid), vec, atol=2e-3)
         assert back.search(vec, "", 1, 0.99)[0][0] == eid
@@ -303,7 +297,7 @@ def with_scope_fields(blob: bytes, **fields: Any) -> bytes:
 
 def graph_int8(sub: UsearchIndex, eid: str) -> np.ndarray:
     """The int8 vector ``sub``'s graph holds for ``eid`` (the base's, if viewed)."""
-    key = np.array([sub._slot[int(eid, 16)]], dtype=np.uint64)
+    key = np.array([sub.slots[int(eid, 16)]], dtype=np.uint64)
     graph = sub._graph if sub._graph.contains(key[0]) else sub._base
     return np.asarray(graph.get(key, dtype="i8")).reshape(-1).astype(np.int64)
 
@@ -321,17 +315,17 @@ def test_an_int8_graph_holds_its_vectors_scaled_to_the_int8_range_through_a_snap
     ix = ScopedIndex(dim, IndexPolicy(ann_threshold=300))
     ids = [f"{i:032x}" for i in range(len(x))]
     ix.add_many({ids[i]: (x[i], "") for i in range(1_000)})
-    sub = ix._by_scope[""]
+    sub = ix.sub("")
     assert isinstance(sub, UsearchIndex) and sub.quant is not None
     assert sub.quant == pytest.approx(127 / (1.25 * float(np.abs(x[:1_000]).max())))
     assert sub.quant > 2 * 127  # the range usearch's own conversion would leave unused
     np.testing.assert_array_equal(graph_int8(sub, ids[3]), np.rint(x[3] * sub.quant))
     assert max(int(np.abs(graph_int8(sub, e)).max()) for e in ids[:1_000]) == round(127 / 1.25)
     asked: list[np.ndarray] = []
-    search_one = index_module._search_one
+    search_one = usearch_module.search_one
     monkeypatch.setattr(
-        index_module,
-        "_search_one",
+        usearch_module,
+        "search_one",
         lambda graph, q, k: asked.append(q) or search_one(graph, q, k),
     )
     assert ix.search(x[7], "", 1, 0.99)[0][0] == ids[7]
@@ -339,7 +333,7 @@ def test_an_int8_graph_holds_its_vectors_scaled_to_the_int8_range_through_a_snap
     blob = ix.dump()
     assert blob is not None and dump_head(blob)["v"] == 4 and dump_format(blob) == "4"
     back = ScopedIndex.restore(in_mmap(blob), IndexPolicy(ann_threshold=300, ef_search=64))
-    view = back._by_scope[""]
+    view = back.sub("")
     assert isinstance(view, UsearchIndex) and view.viewed and view.quant == sub.quant
     for i in range(1_000, 1_200):  # into the view's own graph, scaled as the base
         back.add(ids[i], x[i], "")
@@ -347,7 +341,7 @@ def test_an_int8_graph_holds_its_vectors_scaled_to_the_int8_range_through_a_snap
     for i in (3, 500, 1_050, 1_199):
         assert back.search(x[i], "", 1, 0.99)[0][0] == ids[i]
     folded = ScopedIndex.restore(back.dump(), WIDE)  # the view and its graph made one
-    whole = folded._by_scope[""]
+    whole = folded.sub("")
     assert isinstance(whole, UsearchIndex) and whole.quant == sub.quant
     np.testing.assert_array_equal(graph_int8(whole, ids[1_150]), graph_int8(view, ids[1_150]))
     for i in (3, 1_150):
@@ -379,7 +373,7 @@ def test_an_int8_snapshot_from_before_quant_is_served_then_rebuilt_scaled_when_d
     old.add_many(ids[:800], x[:800])
     np.testing.assert_array_equal(graph_int8(old, ids[1]), np.trunc(127 * x[1]))
     ix = ScopedIndex(DIM, IndexPolicy(ann_threshold=300))
-    ix._by_scope[""] = old
+    ix.set_sub("", old)
     blob = ix.dump()  # rebuilt scaled already: the earlier version's dump is made by hand
     assert blob is not None and old.quant
     head = dump_head(blob)
@@ -402,7 +396,7 @@ def test_an_int8_snapshot_from_before_quant_is_served_then_rebuilt_scaled_when_d
     earlier = lead + bytes(body)
     assert dump_format(earlier) == "3"
     back = ScopedIndex.restore(earlier, WIDE)
-    view = back._by_scope[""]
+    view = back.sub("")
     assert isinstance(view, UsearchIndex) and view.viewed and view.quant == 0.0
     np.testing.assert_array_equal(graph_int8(view, ids[1]), np.trunc(127 * x[1]))
     for i in range(800, 900):
@@ -435,7 +429,7 @@ def test_a_binary_graph_keeps_its_centre_and_a_dump_without_a_fitting_one_is_ref
     assert first is not None
     back = ScopedIndex.restore(first, WIDE)
     live = dict(zip(ids, x, strict=True))
-    sub = back._by_scope[""]
+    sub = back.sub("")
     assert isinstance(sub, UsearchIndex) and sub.viewed and sub.centre is not None
     np.testing.assert_allclose(sub.centre, x.mean(axis=0), atol=1e-6)
     assert np.abs(sub.centre).min() > 0.1  # fitted, not the zero of a graph begun small
@@ -481,7 +475,7 @@ def test_a_scope_made_hnsw_by_a_bulk_load_fits_its_centre_on_the_whole_batch() -
     ids = [f"{i:032x}" for i in range(len(x))]
     ix.add_many({ids[i]: (x[i], "") for i in range(10)})  # exact, under the threshold
     ix.add_many({ids[i]: (x[i], "") for i in range(10, len(x))})
-    sub = ix._by_scope[""]
+    sub = ix.sub("")
     assert isinstance(sub, UsearchIndex) and sub.centre is not None
     np.testing.assert_allclose(sub.centre, x.mean(axis=0), atol=1e-6)
 
@@ -523,7 +517,7 @@ def test_a_format_3_dump_that_does_not_check_out_is_refused() -> None:
 def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     make_manager: Any, redis_client: redis.Redis, caplog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)  # the load calibrates too
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 100)
@@ -534,7 +528,7 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
     report = snap.snapshot_tenant("t")
     assert report is not None and report.published and report.entries == N
     assert snap.snapshot_tenant("t") is None  # not due: the log has not moved
-    source = snap.manager().indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
+    source = snap.manager().indexes["t"].index.sub("")  # type: ignore[union-attr]
     # The worker measured the width before the dump, for the replicas that load it.
     assert source.calibrated is not None and source.calibrated[0] == N - N // 10
     assert source.calibrated_for == (CONFIG.top_k, CONFIG.ann_ef_search)
@@ -548,7 +542,7 @@ def test_a_new_replica_loads_the_snapshot_and_replays_the_log_after_it(
         assert fresh.sync_index("t") == N + 50 - 1
     assert "index loaded from snapshot" in caplog.text
     assert zscans(redis_client) == scans  # the ids were not scanned
-    hnsw = fresh.indexes["t"].index._by_scope[""]
+    hnsw = fresh.indexes["t"].index.sub("")
     assert hnsw.calibrated == source.calibrated  # taken from the snapshot, not measured
     assert "calibrated by the worker" in caplog.text
     hit = fresh.lookup("late?", tenant="t", embedding=near(x[N + 7], 0.97))
@@ -787,7 +781,7 @@ def test_a_snapshot_names_its_dumps_format(
     assert "index loaded from snapshot" in caplog.text
     ti = replica.indexes["t"]
     assert ti.snapshot == info.generation
-    sub = ti.index._by_scope[""]
+    sub = ti.index.sub("")
     assert isinstance(sub, UsearchIndex) and sub.viewed and sub.dtype == dtype
     hit = replica.lookup("q7?", tenant="t", embedding=near(x[7], 0.97))
     assert hit is not None and hit.entry_id == ids[7]
@@ -810,7 +804,7 @@ def test_the_worker_builds_the_snapshots_graphs_at_their_own_construction_width(
     assert snap.snapshot_tenant("t", force=True) is not None
     index = snap.manager().indexes["t"].index
     assert index is not None
-    sub = index._by_scope[""]
+    sub = index.sub("")
     assert isinstance(sub, UsearchIndex) and sub._ef_construction == built_at
     assert sub._graph.expansion_add == built_at
     snap.close()
@@ -845,7 +839,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
     replica measures its own before it serves."""
     import dataclasses
 
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
@@ -857,7 +851,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
     with caplog.at_level(logging.INFO, logger="zerda_cache"):
         fresh = make_manager(cfg)
         assert fresh.sync_index("t") == N
-    hnsw = fresh.indexes["t"].index._by_scope[""]
+    hnsw = fresh.indexes["t"].index.sub("")
     assert hnsw.calibrated_for == (cfg.top_k, cfg.ann_ef_search)
     widths = [r.getMessage() for r in caplog.records if r.name == "zerda_cache.replica.indexes"]
     widths = [m for m in widths if "HNSW search width" in m]
@@ -869,7 +863,7 @@ def test_a_replica_measures_the_search_width_the_snapshot_was_not_calibrated_for
 def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
@@ -883,10 +877,10 @@ def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
     blob = ix.dump()
     assert blob is not None
     back = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300))
-    sub = back._by_scope[""]
+    sub = back.sub("")
     assert sub.calibrated == (600, width) and sub.calibrated_for == (5, 16)
     floor64 = ScopedIndex.restore(blob, IndexPolicy(ann_threshold=300, ef_search=64))
-    assert floor64._by_scope[""].calibrated is None  # measured from another floor
+    assert floor64.sub("").calibrated is None  # measured from another floor
     n = int.from_bytes(blob[len(SNAPSHOT_MAGIC) : len(SNAPSHOT_MAGIC) + 8], "little")
     lead = len(SNAPSHOT_MAGIC) + 8
     head = msgpack.unpackb(blob[lead : lead + n], raw=False)
@@ -902,7 +896,7 @@ def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
 
     # The header re-assembled as it was restores with the width (the control for below).
     control = with_calibrated([600, width, 5, 16, CALIBRATION_METHOD])
-    assert control._by_scope[""].calibrated == (600, width)
+    assert control.sub("").calibrated == (600, width)
     for bad in (
         [600, 0, 5, 16, CALIBRATION_METHOD],
         [600, 16],
@@ -920,7 +914,7 @@ def test_a_snapshot_carries_the_calibrated_width_and_refuses_a_bad_one(
         [600, width, 5, 16, CALIBRATION_METHOD - 1],  # measured as an older version measures
         [600, width, 5, 16, CALIBRATION_METHOD + 1],
     ):
-        assert with_calibrated(other)._by_scope[""].calibrated is None, other
+        assert with_calibrated(other).sub("").calibrated is None, other
     # A changed graph is measured again, whatever its size.
     ix.remove(f"{0:032x}")
     ix.add(f"{600:032x}", x[600], "")
@@ -933,7 +927,7 @@ def test_the_worker_measures_the_graph_it_dumps(
     """A worker that took over from another serves the last snapshot's graph in place,
     with what changed since in a second graph; it folds them into the one graph the dump
     will hold before it measures the width that replicas will take."""
-    import zerda_cache.replica.index as index_module
+    import zerda_cache.replica.ann as index_module
 
     monkeypatch.setattr(index_module, "CALIBRATE_FROM", 200)
     monkeypatch.setattr(index_module, "CALIBRATION_PROBES", 50)
@@ -943,7 +937,7 @@ def test_the_worker_measures_the_graph_it_dumps(
     assert Snapshotter(st).snapshot_tenant("t") is not None
     later = Snapshotter(st)  # the next leader: its index is the snapshot's, viewed
     assert later.manager().sync_index("t") == N
-    sub = later.manager().indexes["t"].index._by_scope[""]  # type: ignore[union-attr]
+    sub = later.manager().indexes["t"].index.sub("")  # type: ignore[union-attr]
     assert isinstance(sub, UsearchIndex) and sub.viewed
     pipe = redis_client.pipeline(transaction=False)
     for i in range(N, N + 200):

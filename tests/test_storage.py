@@ -727,6 +727,7 @@ def test_server_clock_is_used_without_injection(redis_client: redis.Redis) -> No
     assert abs(created - server_now) < 5.0
 
 
+@pytest.mark.slow
 def test_connection_failure_is_storage_error() -> None:
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
     st = RedisStorage(dead)

@@ -100,6 +100,7 @@ def test_bad_tags_are_refused_and_nothing_is_written(
         m.invalidate_tag("has space", tenant="t")
 
 
+@pytest.mark.slow
 def test_a_tag_of_1000_entries_goes_in_one_call_touching_only_them(
     redis_client: redis.Redis,
 ) -> None:

@@ -15,16 +15,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from cluster_support import RedisClusterServer
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from zerda_cache.testing import (
-    FORBIDDEN_PORT,
-    RedisClusterServer,
-    RedisServer,
-    find_server_binary,
-)
+from zerda_cache.testing import FORBIDDEN_PORT, RedisServer, find_server_binary
 
 
 def _connection_refused(port: int) -> bool:

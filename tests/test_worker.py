@@ -627,6 +627,7 @@ def test_sigterm_stops_cleanly_and_releases_the_lease(
             proc.kill()
 
 
+@pytest.mark.slow
 def test_check_flag(tmp_path: Path) -> None:
     health = tmp_path / "h"
     run = [

@@ -18,13 +18,10 @@ import json
 import re
 import secrets
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from zerda_cache.core.errors import ZerdaError
 from zerda_cache.core.validation import validate_tenant
-
-if TYPE_CHECKING:
-    from zerda_cache.storage.store import RedisStorage
 
 TOKEN_PREFIX = "zk_"
 #: What a token looks like; anything else is refused without a Redis round trip.
@@ -100,7 +97,16 @@ def new_record(tenant: str, name: str, now: float) -> tuple[str, str, ApiKey]:
     return token, digest, ApiKey(id=key_id(digest), tenant=tenant, name=name, created=now)
 
 
-def create_key(storage: RedisStorage, tenant: str, name: str = "") -> tuple[str, ApiKey]:
+class KeyStore(Protocol):
+    """What ``create_key`` needs of storage (``RedisStorage`` is one): this module
+    stays pure and below storage, which imports ``ApiKey`` from here."""
+
+    def now(self) -> float: ...
+
+    def add_api_key(self, digest: str, record: ApiKey) -> bool: ...
+
+
+def create_key(storage: KeyStore, tenant: str, name: str = "") -> tuple[str, ApiKey]:
     """Make a key for ``tenant`` and store its record: ``(token, record)``. What
     ``zerda-cache keys create`` does; the token is not stored anywhere, so show it once.
 
@@ -117,6 +123,7 @@ def create_key(storage: RedisStorage, tenant: str, name: str = "") -> tuple[str,
 __all__ = [
     "TOKEN_PREFIX",
     "ApiKey",
+    "KeyStore",
     "create_key",
     "key_id",
     "looks_like_token",

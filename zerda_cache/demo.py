@@ -21,7 +21,7 @@ which never receives feedback, so it serves the closest cached question above th
 similarity threshold, with the same embedder, capacity and TTL, and learns nothing. The
 report sets its wrong-answer rate beside zerda-cache's.
 
-Embeddings come from the built-in ``HashingEmbedder`` (lexical; see ``embedders.py``), so
+Embeddings come from the built-in ``HashingEmbedder`` (lexical; see ``embedders/hashing.py``), so
 the demo needs no model download; ``--embedder minilm`` uses all-MiniLM-L6-v2 offline
 (``make minilm`` installs it).
 """

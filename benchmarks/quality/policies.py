@@ -326,9 +326,9 @@ class VectorRows:
     def __init__(self, dim: int, reserve: int, *, ann: bool = False) -> None:
         self.ann = None
         if ann:
-            from zerda_cache.replica.index import _import_usearch
+            from zerda_cache.replica.kernels import import_usearch
 
-            self.ann = _import_usearch().Index(ndim=dim, metric="cos", dtype="f32")
+            self.ann = import_usearch().Index(ndim=dim, metric="cos", dtype="f32")
         self.mat = np.zeros((16 if ann else max(16, reserve), dim), dtype=np.float32)
         self.keys = np.full(len(self.mat), -1, dtype=np.int64)
         self.n = 0

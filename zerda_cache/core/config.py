@@ -135,7 +135,7 @@ DEFAULT_EMBEDDING_CACHE_TTL_S = 3_600.0
 #: Metrics label this many tenants by name; the rest are "other".
 DEFAULT_MAX_TENANT_LABELS = 50
 #: A scope's local index switches from exact search to HNSW at this many entries. Exact
-#: search costs N x d multiply-adds per lookup, on one thread (index.py says why): at a
+#: search costs N x d multiply-adds per lookup, on one thread (replica/exact.py says why): at a
 #: few thousand entries a whole lookup takes about as long exact as with HNSW, and past
 #: that exact search falls behind, while HNSW's recall@1 stays near 1. Lower trades an
 #: exact answer and a cheap insert for HNSW's search time sooner; bench_lookup times

@@ -41,7 +41,9 @@ from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.errors import DimensionMismatchError, StorageError
 from zerda_cache.core.validation import validate_tenant
 from zerda_cache.metrics import ReplicaMetrics
-from zerda_cache.replica.index import IndexPolicy, ScopedIndex, Vector
+from zerda_cache.replica.ann import IndexPolicy
+from zerda_cache.replica.exact import Vector
+from zerda_cache.replica.scoped import ScopedIndex
 from zerda_cache.storage.driver import Flow, Job, Step, locked
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import LogDelta, LogInfo

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from zerda_cache.embedders import HashingEmbedder
-from zerda_cache.openai_embedder import EmbedderError, OpenAIEmbedder
+from zerda_cache.embedders.openai_compatible import EmbedderError, OpenAIEmbedder
 
 #: An embedder the service awaits: text -> vector.
 AsyncEmbedFn = Callable[[str], Awaitable[Any]]
@@ -57,7 +57,7 @@ def make_embedder(
     if name == "sentence-transformers":
         if not arg:
             raise ValueError("sentence-transformers:MODEL needs a model name or directory")
-        from zerda_cache.st_embedder import SentenceTransformerEmbedder
+        from zerda_cache.embedders.sentence_transformer import SentenceTransformerEmbedder
 
         return in_thread(SentenceTransformerEmbedder(arg))
     if spec.startswith(("http://", "https://")):

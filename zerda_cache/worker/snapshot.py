@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry
 
 from zerda_cache.manager import CacheManager
 from zerda_cache.metrics import ReplicaMetrics
-from zerda_cache.replica.index import ScopedIndex, dump_format
+from zerda_cache.replica.scoped import ScopedIndex, dump_format
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.driver import run_sync
 

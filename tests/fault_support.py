@@ -1,12 +1,12 @@
 """Fault campaigns against real processes: app replicas and workers under a fault.
 
-Test tooling beside ``zerda_cache/testing.py`` (the throwaway servers), not part of the
-cache: it reads and checks raw Redis state on purpose, to judge what the library did.
+Test tooling beside ``zerda_cache/testing.py`` (the throwaway servers), not shipped with
+the package: it reads and checks raw Redis state on purpose, to judge what the library did.
 The fault-injection tests (``tests/test_fault_campaign.py``) and the fault benchmark
 (``benchmarks/bench_faults.py``) share this module, so the figures the benchmark reports
 come from the very runs the tests assert on.
 
-**Replica processes.** ``python -m zerda_cache.testing_faults replica ...`` is one app replica:
+**Replica processes.** ``python tests/fault_support.py replica ...`` is one app replica:
 a ``CacheManager`` in its own OS process doing puts, lookups (the exact question, or a
 near copy of its embedding) and feedback against one tenant, until a stop file appears.
 It appends one JSON line per call to its record file (flushed at once, so a record
@@ -258,7 +258,7 @@ class ReplicaFleet:
         self.stop_file.with_name(self.stop_file.name + ".sync").unlink(missing_ok=True)
         for i in range(self.count):
             cmd = [
-                sys.executable, "-m", "zerda_cache.testing_faults", "replica",
+                sys.executable, str(Path(__file__).resolve()), "replica",
                 "--url", self.url,
                 "--tenant", self.tenant,
                 "--replica", str(i),
@@ -721,7 +721,7 @@ def redis_full(server: Any, fleet: ReplicaFleet, *, lookups: int = 10) -> FaultR
 
 
 def sentinel_failover(group: Any, fleet: ReplicaFleet) -> FaultResult:
-    """SIGKILL of a Sentinel group's primary (``testing.RedisSentinelGroup``, the fleet
+    """SIGKILL of a Sentinel group's primary (``cluster_support.RedisSentinelGroup``, the fleet
     on its ``redis+sentinel://`` URL) until the sentinels promote the replica. Counted
     as if Redis had to keep every acknowledged write: replication is asynchronous, so
     a failover may lose the last ones (docs/operations.md)."""
@@ -1107,7 +1107,7 @@ def _log(workdir: Path, worker_id: str) -> str:
 
 
 def _main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m zerda_cache.testing_faults")
+    parser = argparse.ArgumentParser(prog="python tests/fault_support.py")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("replica", help="one replica process of a fault campaign")
     rep.add_argument("--url", required=True)
