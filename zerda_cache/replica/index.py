@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from zerda_cache.core.config import ANN_DTYPES as POLICY_DTYPES
 from zerda_cache.core.config import USEARCH_DTYPES
+from zerda_cache.core.validation import check_dim
 
 Vector = npt.NDArray[np.float32]
 log = logging.getLogger(__name__)
@@ -1524,7 +1525,7 @@ class ScopedIndex:
     def _restore_scopes(
         cls, body: dict[str, Any], policy: IndexPolicy | None, graphs: memoryview | None
     ) -> ScopedIndex:
-        dim = int(body["dim"])
+        dim = check_dim(body["dim"], "the index dump's dim")  # int(inf): an OverflowError
         out = cls(dim, policy)
         if graphs is not None:
             _check_sections(body["scopes"])
