@@ -329,3 +329,19 @@ def test_a_near_match_whose_numbers_differ_is_verified_not_served(
     # a candidate's question, read when no hit script runs (or None: gone)
     assert st.read(st.read_question(tenant, cached.entry_id)) == cached_question
     assert st.read(st.read_question(tenant, "no-such-entry")) is None
+
+
+def test_a_level_field_of_superscript_digits_is_skipped_not_a_crash() -> None:
+    """``"e\\xb2"[1:].isdigit()`` is true and ``int("\\xb2")`` raises: a calibration field
+    or a lookup sample written by hand with a superscript level stopped the tenant's
+    calibration from reading (a ValueError on every refresh). It is skipped, as any
+    field that does not parse."""
+    import msgpack
+
+    from zerda_cache.learning.calibration import LabelLogs
+
+    cal = Calibration.parse({"r:e\xb2".encode(): b"5", b"r:e2": b"3"}, None)
+    assert sum(cal.level_right) == 3.0
+    blob = msgpack.packb(["e\xb2", "e2"])
+    logs = LabelLogs.parse([], [blob], [b"inf", b"1e400", b"0"])  # counters: unparsable, 0
+    assert logs.seen_exact == 2 and sum(logs.seen_levels) == 1

@@ -23,6 +23,8 @@ from service_support import (
 )
 
 from zerda_cache import CacheManager
+from zerda_cache.service.control import request_control
+from zerda_cache.service.errors import ApiError
 
 QUESTION = "How do I reset my password?"
 NEAR = "How do I reset my password now?"
@@ -274,3 +276,35 @@ def test_tags_on_stored_answers_and_invalidation_by_tag(
     assert resp.status_code == 422
     assert api(service, "/v1/invalidate/tag", {"tag": ""}).status_code == 422
     assert state.chat_calls() == calls + 2
+
+
+@pytest.mark.parametrize("arg", ["\xb2", "\xb9", "1\xb3", "\u0661", "\uff17", "1_0"])
+def test_a_max_age_of_other_than_ascii_digits_is_refused(arg: str) -> None:
+    """``"\\xb2".isdigit()`` is true and ``int("\\xb2")`` raises: a superscript digit in
+    ``max-age`` was a 500. Only ASCII digits are whole seconds (``int`` also took
+    Arabic-Indic and full-width digits)."""
+    with pytest.raises(ApiError) as raised:
+        request_control({"cache-control": f"max-age={arg}"})
+    assert raised.value.status == 422 and raised.value.code == "invalid_cache_control"
+    assert request_control({"cache-control": "max-age=17"}).ttl_s == 17.0
+
+
+def test_a_superscript_max_age_is_a_422_on_every_route(service: Service) -> None:
+    """Over HTTP (the header's bytes as latin-1, as servers decode them): the proxy,
+    ``/v1/put`` and ``/v1/lookup`` answered 500."""
+    routes = [
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "q"}]}),
+        ("/v1/put", {"query": "q", "response": "a"}),
+        ("/v1/lookup", {"query": "q"}),
+    ]
+    for path, body in routes:
+        for value in (b"max-age=\xb2", b"max-age=1\xb3"):
+            headers = {**service.headers("acme"), "Cache-Control": value.decode("latin-1")}
+            resp = httpx.post(
+                service.url + path,
+                json=body,
+                headers={k: v.encode("latin-1") for k, v in headers.items()},
+                timeout=30,
+            )
+            assert resp.status_code == 422, (path, resp.status_code, resp.text)
+            assert resp.json()["error"]["code"] == "invalid_cache_control"

@@ -958,3 +958,12 @@ def test_the_worker_measures_the_graph_it_dumps(
     # The HNSW scope's entries (q0 is in the exact scope "other"), the graph measured whole.
     assert (at, k, floor) == (N + 199, CONFIG.top_k, CONFIG.ann_ef_search)
     assert sub.calibrated == (at, width)
+
+
+@pytest.mark.parametrize("dim", [float("inf"), 1e300, 2.5, "16", 0])
+def test_a_dump_whose_dim_is_no_dimension_is_not_an_index_dump(dim: Any) -> None:
+    """``int(inf)`` raised OverflowError, which is no ValueError (what a caller of
+    ``restore`` catches for "not an index dump"), and ``int(2.5)`` was 2."""
+    blob = msgpack.packb({"v": 1, "dim": dim, "scopes": {}}, use_bin_type=True)
+    with pytest.raises(ValueError, match="dim"):
+        ScopedIndex.restore(blob)

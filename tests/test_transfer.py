@@ -3,19 +3,29 @@ arms, uses, expiry and tags come back as they were, and lookups serve the same a
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import struct
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 import redis
 from conftest import Clock, near
 
-from zerda_cache import CacheConfig, CacheManager, DimensionMismatchError, FeedbackSignal
+from zerda_cache import (
+    CacheConfig,
+    CacheManager,
+    DimensionMismatchError,
+    EntryNotFoundError,
+    FeedbackSignal,
+)
 from zerda_cache.core.errors import InvalidEntryError
 from zerda_cache.flows.transfer import export_tenant, import_tenant
 from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import tenant_keys
 
 DIM = 32
 
@@ -157,3 +167,139 @@ def test_tags_and_a_round_trip_on_redis_cluster(cluster_client: Any) -> None:
     assert report.stored == 30 and st.tags("dst") == {"even": 15, "odd": 15}
     assert st.invalidate_tag("dst", "even") == 15
     assert st.count("dst") == 15 and st.count("src") == 30
+
+
+# --- an import checks its file as a put checks its input (issue: "import trusts its file") ---
+def _export(m: CacheManager, n: int = 6, **put: Any) -> list[str]:
+    for i, v in enumerate(_vectors(n)):
+        m.put(f"question {i}", f"answer {i}", tenant="src", embedding=v, **put)
+    out = io.StringIO()
+    export_tenant(m.storage, "src", out)
+    return out.getvalue().splitlines()
+
+
+def _edit(line: str, **change: Any) -> str:
+    """One exported line with a stored value (``doc``, ``meta``, ``state``: a function
+    of the decoded value) or a readable field (``expires_at``) changed."""
+    row = json.loads(line)
+    raw = {name: base64.b64decode(row[name]) for name in ("doc", "vec", "meta", "state")}
+    for name, how in change.items():
+        if name == "meta":
+            raw["meta"] = msgpack.packb(how(msgpack.unpackb(raw["meta"])))
+        elif name == "doc":
+            raw["doc"] = msgpack.packb(how(msgpack.unpackb(raw["doc"])), use_bin_type=True)
+        elif name == "state":
+            values = list(struct.unpack("<15d", raw["state"]))
+            raw["state"] = struct.pack("<15d", *how(values))
+        elif name == "vec":
+            raw["vec"] = how(raw["vec"])
+        else:
+            row[name] = how
+    row.update({name: base64.b64encode(v).decode() for name, v in raw.items()})
+    return json.dumps(row)
+
+
+def _sized(sz: float) -> Any:
+    return lambda values: [*values[:-1], sz]
+
+
+def test_an_import_refuses_what_a_put_would_and_writes_nothing_of_it(
+    redis_client: redis.Redis,
+) -> None:
+    """Untyped crashes (a 401-digit ``expires_at``, ``meta.us`` with inf), and the limits
+    a put enforces did not apply (a 37 MB answer, a 100,000-character scope were
+    imported and served). Each such line is refused with its line number, and nothing
+    of it is written; the lines around it are imported."""
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 12)
+    q = {"v": 1, "q": "question 0", "r": "an answer", "m": {}}
+    bad = {
+        "expires_at of 401 digits": _edit(rows[0], expires_at=10**400),
+        "expires_at NaN": rows[0].replace('"expires_at": null', '"expires_at": NaN'),
+        "meta.us inf": _edit(rows[0], meta=lambda d: {**d, "us": ["m", float("inf"), 3]}),
+        "answer over max_response_bytes": _edit(rows[0], doc=lambda d: {**q, "r": "x" * 300_000}),
+        "query over max_query_chars": _edit(rows[0], doc=lambda d: {**q, "q": "y" * 9_000}),
+        "empty query": _edit(rows[0], doc=lambda d: {**q, "q": " "}),
+        "metadata over max_metadata_bytes": _edit(
+            rows[0], doc=lambda d: {**q, "m": {"blob": "z" * 20_000}}
+        ),
+        "scope of 100,000 characters": _edit(rows[0], meta=lambda d: {**d, "sc": "s" * 100_000}),
+        "17 tags": _edit(rows[0], meta=lambda d: {**d, "tg": [f"t{i}" for i in range(17)]}),
+        "a tag with a space": _edit(rows[0], meta=lambda d: {**d, "tg": ["a b"]}),
+        "a NaN in the vector": _edit(rows[0], vec=lambda v: np.full(DIM, np.nan, "<f4").tobytes()),
+        "a vector of another dimension": _edit(rows[0], vec=lambda v: v[:-4]),
+        "state sz inf": _edit(rows[0], state=_sized(float("inf"))),
+    }
+    lines = [header, rows[1], *bad.values(), *rows[2:]]
+    report = import_tenant(m.storage, "dst", lines)
+    refused = dict(report.refused)
+    assert sorted(refused) == list(range(3, 3 + len(bad))), report.refused
+    for number, why in refused.items():
+        assert why and "\n" not in why, (number, why)
+    assert report.stored == len(rows) - 1
+    st = m.storage
+    assert st.count("dst") == len(rows) - 1
+    with pytest.raises(EntryNotFoundError):  # the refused id: nothing of it written
+        st.get_entry("dst", json.loads(rows[0])["id"])
+    assert not redis_client.exists(tenant_keys("dst").entry(json.loads(rows[0])["id"]))
+    assert st.stats("dst")["bytes"] == st.stats("src")["bytes"] - _size(st, "src", rows[0])
+
+
+def _size(st: RedisStorage, tenant: str, line: str) -> int:
+    return st.get_entry(tenant, json.loads(line)["id"]).size_bytes
+
+
+def test_an_import_computes_sizes_itself(redis_client: redis.Redis) -> None:
+    """``sz`` was taken from the file: ``sz = 1e300`` failed the script halfway (the entry
+    written, not counted; "Redis unreachable", exit 3; the rest skipped) and ``sz = 2**53``
+    broke the tenant's byte count for ever. The size is what a put computes."""
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 4)
+    lines = [header, _edit(rows[0], state=_sized(1e300)), _edit(rows[1], state=_sized(2.0**53))]
+    report = import_tenant(m.storage, "dst", [*lines, *rows[2:]])
+    assert (report.stored, report.refused) == (4, [])
+    st = m.storage
+    assert st.stats("dst")["bytes"] == st.stats("src")["bytes"]
+    for line in rows:
+        assert _size(st, "dst", line) == _size(st, "src", line)
+    assert m.clear("dst") == 4
+    assert st.stats("dst").get("bytes", 0) == 0
+
+
+@pytest.mark.parametrize("dim", ["abc", 1e400, 2.5, True, -3, 0])
+def test_a_header_of_no_dimension_is_a_clear_error(redis_client: redis.Redis, dim: Any) -> None:
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 2)
+    bad = json.dumps({**json.loads(header), "dim": dim})
+    with pytest.raises(InvalidEntryError, match="header's dim"):
+        import_tenant(m.storage, "dst", [bad, *rows])
+    assert m.storage.count("dst") == 0
+
+
+def test_the_cli_import_says_refused_lines_by_its_exit_code(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Any
+) -> None:
+    """``import`` exited 0 when it refused lines (a script had to parse ``--json``); a bad
+    header was a traceback (``dim: 1e400``) or a plain ValueError (``dim: "abc"``)."""
+    from click.testing import CliRunner
+
+    from zerda_cache.cli import EXIT_REFUSED, EXIT_USAGE, cli
+
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 3)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([header, _edit(rows[0], expires_at=10**400), *rows[1:]]) + "\n")
+    args = ["--redis-url", redis_url, "import", "--tenant", "dst", str(path)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == EXIT_REFUSED == 4, result.output
+    assert "2 stored" in result.stdout and "1 refused" in result.stdout
+    assert "line 2: expires_at must be a finite number" in result.stdout
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == EXIT_REFUSED
+    assert json.loads(result.stdout)["refused"][0]["line"] == 2
+    for dim in ("1e400", '"abc"'):
+        path.write_text(header.replace(f'"dim": {DIM}', f'"dim": {dim}') + "\n" + rows[0] + "\n")
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == EXIT_USAGE, result.output
+        assert "header's dim must be a whole number" in result.stderr
+        assert "Traceback" not in result.output

@@ -10,7 +10,7 @@ for: they log every job run).
 
 Exit codes (``EXIT_CODES``, printed by ``--help``): 0 ok; 1 not found (an entry, a
 tenant) or unhealthy; 2 bad usage or bad input; 3 Redis unreachable or a Redis call
-failed.
+failed; 4 an import refused some lines (the others were imported).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import click
 import redis.exceptions
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -60,10 +61,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 #: Exit codes of every command (documented in ``--help`` and the README).
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_REDIS = 0, 1, 2, 3
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_REDIS, EXIT_REFUSED = 0, 1, 2, 3, 4
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 not found (an entry, a tenant) or unhealthy; 2 bad usage or bad "
-    "input; 3 Redis unreachable or a Redis call failed."
+    "input; 3 Redis unreachable or a Redis call failed; 4 an import refused some lines "
+    "(the others were imported)."
 )
 
 #: Loggers too chatty at INFO: APScheduler logs every job it adds and runs (the worker's
@@ -737,8 +739,18 @@ def export_cmd(state: CliState, tenant: str, output: str) -> None:
             def advance(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
 
-            written = export_tenant(st, tenant, out, progress=advance)
+            def left_out(entry_id: str, why: str) -> None:
+                corrupt.append(entry_id)
+                err.print(f"[yellow]warning:[/yellow] left out {escape(why)}", soft_wrap=True)
+
+            corrupt: list[str] = []
+            written = export_tenant(st, tenant, out, progress=advance, corrupt=left_out)
         err.print(f"exported {written:,} entries of tenant {tenant}")
+        if corrupt:
+            err.print(
+                f"left out {len(corrupt):,} corrupt entries (reported: the worker evicts "
+                "them; `zerda-cache evict --tenant` does now)"
+            )
 
 
 @cli.command("import")
@@ -749,8 +761,11 @@ def export_cmd(state: CliState, tenant: str, output: str) -> None:
 @pass_state
 def import_cmd(state: CliState, tenant: str, source: str, as_json: bool) -> None:
     """Write the entries of an export (SOURCE, '-' for standard input) into TENANT. An id
-    already there is skipped, so an import run again resumes where it stopped; lines
-    that do not check out are refused and listed."""
+    already there is skipped, so an import run again resumes where it stopped. Each line
+    is checked as a put checks its input (the configuration's size limits included);
+    lines that do not check out are refused, listed with their line numbers, and
+    nothing of them is written: the exit code is then 4. A file whose header is not an
+    export's, or of another dimension than the tenant's, is refused whole (exit 2)."""
     from zerda_cache.flows.transfer import ImportReport, import_tenant
 
     with errors():
@@ -771,13 +786,17 @@ def import_cmd(state: CliState, tenant: str, source: str, as_json: bool) -> None
         }
         if as_json:
             _print_json(summary)
-            return
-        console.print(
-            f"imported into {tenant}: {report.stored:,} stored, {report.skipped:,} already "
-            f"there, {report.expired:,} expired, {len(report.refused):,} refused"
-        )
-        for n, why in report.refused[:20]:
-            console.print(f"  line {n}: {why}")
+        else:
+            console.print(
+                f"imported into {tenant}: {report.stored:,} stored, {report.skipped:,} "
+                f"already there, {report.expired:,} expired, {len(report.refused):,} refused"
+            )
+            for n, why in report.refused[:20]:
+                console.print(f"  line {n}: {escape(why)}", soft_wrap=True)
+            if len(report.refused) > 20:
+                console.print(f"  ... and {len(report.refused) - 20:,} more (--json lists all)")
+    if report.refused:
+        sys.exit(EXIT_REFUSED)
 
 
 # -- evict ----------------------------------------------------------------------------------------

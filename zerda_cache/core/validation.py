@@ -79,6 +79,51 @@ def finite_number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def whole_number(value: object, low: int = 0, high: int = 2**53) -> int | None:
+    """``value`` as an int if it is a whole number in ``[low, high]`` (an int, or a float
+    without a fraction: msgpack and JSON may carry either; not a bool), else ``None``.
+    Never ``int()`` of an unchecked float: ``int(inf)`` raises ``OverflowError``."""
+    if type(value) is int:
+        return value if low <= value <= high else None
+    number = finite_number(value)
+    if number is None or number != math.floor(number) or not low <= number <= high:
+        return None
+    return int(number)
+
+
+def parse_digits(text: str, max_digits: int) -> int | None:
+    """``text`` as an int if it is 1 to ``max_digits`` ASCII digits, else ``None``.
+
+    ``str.isdigit`` (and ``isdecimal``) alone is no check for outside text:
+    ``"\u00b2".isdigit()`` is true and ``int("\u00b2")`` raises, while ``int`` takes
+    ``" 7"``, ``"1_0"`` and Arabic-Indic digits, which no header or field of ours holds."""
+    if not 0 < len(text) <= max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
+def check_expiry(value: object, what: str = "expires_at") -> float:
+    """An expiry in unix seconds (``None``: none, read as ``inf``): a finite number,
+    else ``InvalidEntryError`` (an int of 401 digits does not fit a float)."""
+    if value is None:
+        return math.inf
+    number = finite_number(value)
+    if number is None:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise InvalidEntryError(f"{what} must be a finite number or null, got {shown}")
+    return number
+
+
+def check_dim(value: object, what: str = "dim") -> int:
+    """An embedding dimension: a whole number in [1, 2**31), else ``InvalidEntryError``
+    (``"abc"``, ``1e400``, ``2.5`` and ``True`` are not)."""
+    dim = whole_number(value, 1, 2**31 - 1)
+    if dim is None:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise InvalidEntryError(f"{what} must be a whole number >= 1, got {shown}")
+    return dim
+
+
 def validate_prefix(prefix: object) -> str:
     """Return ``prefix`` if it is a valid key prefix, else raise ``ValueError``."""
     if not isinstance(prefix, str) or not PREFIX_RE.fullmatch(prefix):

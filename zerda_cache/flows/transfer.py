@@ -28,8 +28,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from zerda_cache.core.errors import CorruptEntryError, DimensionMismatchError, InvalidEntryError
-from zerda_cache.core.validation import check_tags, validate_entry_id
+from zerda_cache.core.errors import (
+    CorruptEntryError,
+    DimensionMismatchError,
+    InvalidEntryError,
+    ZerdaError,
+)
+from zerda_cache.core.validation import (
+    check_dim,
+    check_expiry,
+    check_query,
+    check_response,
+    check_scope,
+    check_tags,
+    validate_entry_id,
+)
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.plans import ScriptCall, StoredEntry
 
@@ -57,9 +70,14 @@ def export_tenant(
     out: IO[str],
     *,
     progress: Callable[[int, int], None] | None = None,
+    corrupt: Callable[[str, str], None] | None = None,
 ) -> int:
     """Write ``tenant``'s live entries to ``out`` as JSON lines; returns how many.
-    ``progress(done, total)`` is called after each batch."""
+    ``progress(done, total)`` is called after each batch.
+
+    An entry that does not read (a corrupt field) is left out and the export goes on:
+    ``corrupt(entry_id, why)`` is called for it, and it is reported to the tenant's
+    ``bad`` set, where the worker finds and evicts it."""
     total = storage.count(tenant)
     now = storage.now()
     header = {
@@ -76,7 +94,13 @@ def export_tenant(
     for batch in storage.iter_ids(tenant, EXPORT_BATCH):
         live = {eid: exp for eid, exp in batch if exp > now and eid not in emitted}
         for stored in storage.export_batch(tenant, list(live)):
-            line = _line(stored, live[stored.entry_id])
+            try:
+                line = _line(stored, live[stored.entry_id], storage.keys(tenant).entry)
+            except CorruptEntryError as exc:
+                storage.suspect(tenant, stored.entry_id, exc)
+                if corrupt is not None:
+                    corrupt(stored.entry_id, str(exc))
+                continue
             if line is not None:
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
                 emitted.add(stored.entry_id)
@@ -84,21 +108,31 @@ def export_tenant(
         seen += len(batch)
         if progress is not None:
             progress(min(seen, total), total)
+    report = storage.report_suspects(tenant)
+    if report is not None:
+        storage.read(report)
     return written
 
 
-def _line(stored: StoredEntry, expires_at: float) -> dict[str, Any] | None:
-    """One entry's line, or None when it is gone or does not read (the worker evicts it)."""
-    key = stored.entry_id
-    try:
-        if None in (stored.doc, stored.vec, stored.meta, stored.state):
-            return None
-        query, _, _ = codec.unpack_doc(stored.doc, key=key)
-        meta = codec.unpack_meta(stored.meta, key=key)
-        codec.decode_vector(stored.vec, key=key, dim=int(meta["dim"]))  # type: ignore[arg-type]
-        codec.unpack_state(stored.state, key=key)
-    except CorruptEntryError:
+def _line(
+    stored: StoredEntry, expires_at: float, key_of: Callable[[str], str]
+) -> dict[str, Any] | None:
+    """One entry's line; None when it is gone (removed since its id was read).
+
+    Raises:
+        CorruptEntryError: a field is missing (the entry's hash is partly there) or does
+            not read.
+    """
+    fields = (stored.doc, stored.vec, stored.meta, stored.state)
+    if all(f is None for f in fields):
         return None
+    key = key_of(stored.entry_id)
+    if None in fields:
+        raise CorruptEntryError(key, "doc, vec, meta or state is missing")
+    query, _, _ = codec.unpack_doc(stored.doc, key=key)
+    meta = codec.unpack_meta(stored.meta, key=key)
+    codec.decode_vector(stored.vec, key=key, dim=meta["dim"])  # type: ignore[arg-type]
+    codec.unpack_state(stored.state, key=key)
     return {
         "id": stored.entry_id,
         "query": query,
@@ -124,16 +158,21 @@ def import_tenant(
     may differ from the exported one. ``progress(report)`` is called every ``every``
     entries.
 
+    Every line is checked as a put checks its input (``check_line``), with the limits
+    of ``storage``'s configuration, before anything of it is written: a line that does
+    not check out is refused (``ImportReport.refused``, with its line number) and
+    nothing of it is written.
+
     Raises:
-        InvalidEntryError: the first line is not an export's header, or of a format
-            version this library does not read.
+        InvalidEntryError: the first line is not an export's header, is of a format
+            version this library does not read, or its ``dim`` is not a dimension.
         DimensionMismatchError: the export's vectors are not of the tenant's dimension.
     """
     it = iter(lines)
     header = _header(next(it, ""))
     dim = storage.tenant_dim(tenant)
-    if dim is not None and header.get("dim") not in (None, dim):
-        raise DimensionMismatchError(tenant, dim, int(header["dim"]))
+    if dim is not None and header["dim"] not in (None, dim):
+        raise DimensionMismatchError(tenant, dim, header["dim"])
     report = ImportReport()
     now = storage.now()
     # Scripts ride in pipelines (IMPORT_BATCH calls a round trip), except on Redis
@@ -162,20 +201,18 @@ def import_tenant(
         if not line.strip():
             continue
         try:
-            stored, fields = _entry(line, dim if dim is not None else header.get("dim"))
-        except (ValueError, KeyError, TypeError, CorruptEntryError, InvalidEntryError) as exc:
-            report.refused.append((number, str(exc)))
+            stored, fields = check_line(line, dim if dim is not None else header["dim"], storage)
+        except (ValueError, KeyError, TypeError, RecursionError, ZerdaError) as exc:
+            report.refused.append((number, _why(exc)))
             continue
         if fields["expires_at"] <= now:
             report.expired += 1
             continue
+        pending.append(storage.plan_restore_entry(tenant, stored, **fields))
         if dim is None:  # the tenant's first entry fixes its dimension: sent alone
             dim = fields["dim"]
-            pending.append(storage.plan_restore_entry(tenant, stored, **fields))
             send()
-            continue
-        pending.append(storage.plan_restore_entry(tenant, stored, **fields))
-        if len(pending) >= size:
+        elif len(pending) >= size:
             send()
     if pending:
         send()
@@ -184,10 +221,21 @@ def import_tenant(
     return report
 
 
+def _why(exc: BaseException) -> str:
+    """A refused line's reason, on one line of at most 300 characters."""
+    if isinstance(exc, KeyError):
+        text = f"a line lacks the field {exc.args[0]!r}"
+    elif isinstance(exc, RecursionError):
+        text = "a line nests too deep"
+    else:
+        text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _header(line: str) -> dict[str, Any]:
     try:
         header = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise InvalidEntryError("not a zerda-cache export: its first line is not the header")
@@ -195,42 +243,56 @@ def _header(line: str) -> dict[str, Any]:
         raise InvalidEntryError(
             f"export format version {header.get('version')!r}; this library reads {VERSION}"
         )
+    dim = header.get("dim")
+    header["dim"] = None if dim is None else check_dim(dim, "the export header's dim")
     return header
 
 
-def _entry(line: str, dim: Any) -> tuple[StoredEntry, dict[str, Any]]:
-    """One line, checked as an entry is read: the stored values decode, the vector is of
-    its meta's (and the tenant's) dimension and of unit length, the tags are valid."""
-    row = json.loads(line)
+def check_line(
+    line: str, dim: int | None, storage: RedisStorage
+) -> tuple[StoredEntry, dict[str, Any]]:
+    """One line of an export, checked as an entry is read (the stored values decode,
+    the vector is of the tenant's dimension and of unit length) and as a put checks its
+    input, with ``storage``'s limits (``max_query_chars``, ``max_response_bytes``,
+    ``max_metadata_bytes``, the scope's length, the tags, the usage): what is written is
+    what a put could have written. The doc is packed again (as a put packs it) and the
+    size (``#doc + #vec``, the tenant's byte count) is computed, never read from the
+    file. ``ValueError`` (``InvalidEntryError``, ``CorruptEntryError``...) when not."""
+    row = json.loads(line, parse_constant=_no_constant)
     if not isinstance(row, dict):
-        raise ValueError("a line is not a JSON object")
+        raise InvalidEntryError("a line is not a JSON object")
     eid = validate_entry_id(row["id"], InvalidEntryError)
-    stored = StoredEntry(
-        eid, _unb64(row["doc"]), _unb64(row["vec"]), _unb64(row["meta"]), _unb64(row["state"])
-    )
+    raw_doc, vec, raw_meta, state = (_unb64(row[f]) for f in ("doc", "vec", "meta", "state"))
     key = f"line of {eid}"
-    query, _, _ = codec.unpack_doc(stored.doc, key=key)
-    meta = codec.unpack_meta(stored.meta, key=key)
-    want = int(dim) if dim is not None else int(meta["dim"])
-    codec.decode_vector(stored.vec, key=key, dim=want)  # type: ignore[arg-type]
-    if int(meta["dim"]) != want:
+    cfg = storage.config
+    query, response, metadata = codec.unpack_doc(raw_doc, key=key)
+    query = check_query(query, cfg.max_query_chars)
+    response = check_response(response, cfg.max_response_bytes)
+    doc = codec.pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
+    meta = codec.unpack_meta(raw_meta, key=key)
+    want = dim if dim is not None else meta["dim"]
+    codec.decode_vector(vec, key=key, dim=want)
+    if meta["dim"] != want:
         raise CorruptEntryError(key, f"meta.dim is {meta['dim']}, the tenant's {want}")
-    arm, _, size = codec.unpack_state(stored.state, key=key)
+    scope = check_scope(meta["sc"])
     tags = check_tags(list(meta["tg"]))
-    expires = row.get("expires_at")
-    expires_at = math.inf if expires is None else float(expires)
-    if math.isnan(expires_at):
-        raise ValueError("expires_at is NaN")
+    arm, _, _ = codec.unpack_state(state, key=key)
+    size = len(doc) + len(vec)
+    stored = StoredEntry(eid, doc, vec, raw_meta, codec.state_with_size(state, size))
     fields = {
-        "digest": codec.query_digest(query, meta["sc"]),
-        "scope": meta["sc"],
+        "digest": codec.query_digest(query, scope),
+        "scope": scope,
         "dim": want,
-        "expires_at": expires_at,
+        "expires_at": check_expiry(row.get("expires_at")),
         "size": size,
         "evidence": arm.pulls > 0,
         "tags": tags,
     }
     return stored, fields
+
+
+def _no_constant(name: str) -> Any:
+    raise InvalidEntryError(f"{name} is not a JSON number")
 
 
 def _b64(raw: bytes | None) -> str:
@@ -243,4 +305,4 @@ def _unb64(value: object) -> bytes:
     return base64.b64decode(value, validate=True)
 
 
-__all__ = ["FORMAT", "VERSION", "ImportReport", "export_tenant", "import_tenant"]
+__all__ = ["FORMAT", "VERSION", "ImportReport", "check_line", "export_tenant", "import_tenant"]

@@ -65,6 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerda_cache.core.errors import InvalidSettingError
+from zerda_cache.core.validation import parse_digits
 from zerda_cache.learning.match_model import FEATURES, SEARCH_FEATURES, MatchModel
 
 #: Width of a similarity bin.
@@ -224,8 +225,8 @@ class Calibration:
                     continue
                 if index == "e":
                     exact[kind] = value
-                elif index[1:].isdigit() and 1 <= int(index[1:]) < N_LEVELS:
-                    levels[kind][int(index[1:]) - 1] = value
+                elif 1 <= (level := parse_digits(index[1:], 3) or 0) < N_LEVELS:
+                    levels[kind][level - 1] = value
                 continue
             if prefix[1:] != tag:
                 continue
@@ -626,8 +627,8 @@ class LabelLogs:
             for r in batch if isinstance(batch, list) else []:
                 if isinstance(r, str) and r[:1] == "e":
                     exact += 1
-                    if r[1:].isdigit() and 0 < int(r[1:]) < N_LEVELS:
-                        levels[int(r[1:])] += 1
+                    if 0 < (level := parse_digits(r[1:], 3) or 0) < N_LEVELS:
+                        levels[level] += 1
                 elif r is None:
                     looked.append([math.nan] * width)
                 elif isinstance(r, list) and SEARCH_FEATURES <= len(r) <= width:
@@ -651,7 +652,7 @@ class LabelLogs:
 def _count(raw: Any) -> int:
     try:
         return int(float(raw))
-    except (TypeError, ValueError):
+    except (OverflowError, TypeError, ValueError):  # int(inf) is an OverflowError
         return 0
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from zerda_cache.core.validation import check_dim
 from zerda_cache.replica.ann import (
     CALIBRATION_METHOD,
     ROW_DTYPES,
@@ -380,7 +381,7 @@ class ScopedIndex:
     def _restore_scopes(
         cls, body: dict[str, Any], policy: IndexPolicy | None, graphs: memoryview | None
     ) -> ScopedIndex:
-        dim = int(body["dim"])
+        dim = check_dim(body["dim"], "the index dump's dim")  # int(inf): an OverflowError
         out = cls(dim, policy)
         if graphs is not None:
             _check_sections(body["scopes"])

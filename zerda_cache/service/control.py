@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from zerda_cache.core.errors import InvalidEntryError
-from zerda_cache.core.validation import MAX_SCOPE_CHARS, check_tags
+from zerda_cache.core.validation import MAX_SCOPE_CHARS, check_tags, parse_digits
 from zerda_cache.service.errors import ApiError
 
 #: The header naming an extra scope partition.
@@ -97,16 +97,16 @@ def request_control(headers: Mapping[str, str]) -> RequestControl:
             elif name == "no-store":
                 read = write = False
             elif name == "max-age":
-                arg = arg.strip().strip('"')
-                if not arg.isdigit() or len(arg) > 10:
+                seconds = parse_digits(arg.strip().strip('"'), 10)
+                if seconds is None:
                     raise _bad(
-                        f"Cache-Control: max-age must be whole seconds, got {arg!r}",
+                        f"Cache-Control: max-age must be whole seconds, got {arg.strip()!r}",
                         "invalid_cache_control",
                     )
-                if int(arg) == 0:
+                if seconds == 0:
                     read = write = False
                 else:
-                    ttl_s = float(int(arg))
+                    ttl_s = float(seconds)
     partition: str | None = None
     raw = headers.get(SCOPE_HEADER)
     if raw is not None:

@@ -58,7 +58,7 @@ from zerda_cache.core.errors import (
     InvalidEntryError,
     SchemaVersionError,
 )
-from zerda_cache.core.validation import check_text
+from zerda_cache.core.validation import check_text, finite_number, whole_number
 
 SCHEMA_VERSION = 1
 _VEC_DTYPE = np.dtype("<f4")
@@ -255,10 +255,23 @@ def _unpack_map(raw: object, key: str, field: str) -> dict[str, Any]:
 
 
 def _num(value: dict[str, Any], name: str, key: str, field: str) -> float:
-    x = value.get(name)
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-        raise CorruptEntryError(key, f"{field}.{name} is not a finite number: {x!r}")
-    return float(x)
+    """``value[name]`` as a float, if it is one that is finite (``finite_number``: no
+    bool, NaN, infinity, nor an int past a float's range), else ``CorruptEntryError``.
+    Every number a decoder reads goes through here or ``_whole``, so that a number
+    written around the scripts is a corrupt entry, never an ``OverflowError`` later."""
+    x = finite_number(value.get(name))
+    if x is None:
+        raise CorruptEntryError(key, f"{field}.{name} is not a finite number: {value.get(name)!r}")
+    return x
+
+
+def _whole(value: object, what: str, key: str, low: int = 0, high: int = 2**53) -> int:
+    """``value`` as an int, if it is a whole number in ``[low, high]`` (``whole_number``),
+    else ``CorruptEntryError``."""
+    n = whole_number(value, low, high)
+    if n is None:
+        raise CorruptEntryError(key, f"{what} is not a whole number in [{low}, {high}]: {value!r}")
+    return n
 
 
 def unpack_doc(raw: object, *, key: str = "?") -> tuple[str, str, dict[str, Any]]:
@@ -360,6 +373,15 @@ def unpack_state(raw: object, *, key: str = "?") -> tuple[BanditArm, Use, int]:
     return _arm(arm, key), _use(use, key), int(size)
 
 
+def state_with_size(raw: bytes, size: int) -> bytes:
+    """A state (checked by ``unpack_state`` first) with its ``sz`` set to ``size``: an
+    import computes an entry's size itself, as the put script does (``#doc + #vec``),
+    rather than take the one in its file (the tenant's byte count adds it up)."""
+    values = list(_STATE.unpack(raw))
+    values[STATE_FIELDS.index("sz")] = float(size)
+    return _STATE.pack(*values)
+
+
 def trusted_arm(raw: bytes) -> BanditArm:
     """Decode an arm a script has just packed (no shape checks: the hot path)."""
     d = msgpack.unpackb(raw, raw=False)
@@ -445,7 +467,7 @@ def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
     if meta.get("v") != SCHEMA_VERSION:
         raise SchemaVersionError(key, f"meta has unknown schema version {meta.get('v')!r}")
     out: dict[str, Any] = {name: _num(meta, name, key, "meta") for name in ("ct", "ttl")}
-    out["dim"] = int(_num(meta, "dim", key, "meta"))
+    out["dim"] = _whole(meta.get("dim"), "meta.dim", key, 1, 2**31 - 1)
     scope = meta.get("sc", "")
     if not isinstance(scope, str):
         raise CorruptEntryError(key, "meta.sc is not a str")
@@ -457,9 +479,21 @@ def unpack_meta(raw: object, *, key: str = "?") -> dict[str, Any]:
     usage = meta.get("us")
     out["us"] = None
     if usage is not None:
-        try:
-            model, prompt, completion = usage
-            out["us"] = LLMUsage(model, int(prompt), int(completion))
-        except (TypeError, ValueError, InvalidEntryError) as exc:
-            raise CorruptEntryError(key, f"meta.us is not a usage: {exc}") from None
+        out["us"] = _usage(usage, key)
     return out
+
+
+def _usage(usage: object, key: str) -> LLMUsage:
+    """``meta.us``, ``[model, prompt_tokens, completion_tokens]``, as ``LLMUsage`` checks
+    a put's (token counts whole numbers in [0, 2**31): an infinite count is corrupt)."""
+    if not isinstance(usage, list | tuple) or len(usage) != 3:
+        raise CorruptEntryError(key, f"meta.us is not [model, prompt, completion]: {usage!r}")
+    model, prompt, completion = usage
+    try:
+        return LLMUsage(
+            model,
+            _whole(prompt, "meta.us prompt tokens", key, 0, 2**31 - 1),
+            _whole(completion, "meta.us completion tokens", key, 0, 2**31 - 1),
+        )
+    except InvalidEntryError as exc:
+        raise CorruptEntryError(key, f"meta.us is not a usage: {exc}") from None

@@ -438,7 +438,7 @@ class EntryPlans(PlanBase):
                 else:
                     out.append(
                         CorruptEntryError(
-                            k.entry(sig.entry_id), "arm or use does not decode; not applied"
+                            k.entry(sig.entry_id), "arm, use or meta does not decode; not applied"
                         )
                     )
             return out

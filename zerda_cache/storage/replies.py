@@ -425,7 +425,7 @@ def level_bin(bin_: int | str) -> bool:
 def as_int(raw: Any) -> int:
     try:
         return int(float(raw))
-    except (TypeError, ValueError):
+    except (OverflowError, TypeError, ValueError):  # int(inf) is an OverflowError
         return 0
 
 

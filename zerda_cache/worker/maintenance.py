@@ -295,12 +295,22 @@ class Maintenance:
             return self._each(tenants, work)
 
     def _each(self, tenants: list[str], work: Callable[[str], R]) -> list[R]:
-        """``work`` on each tenant in turn, until the cycle is halted."""
+        """``work`` on each tenant in turn, until the cycle is halted.
+
+        One tenant's failure is that tenant's: it is logged and the cycle goes on with
+        the others (a value that does not decode stopped every cycle before the tenants
+        that sort after it were evicted or fitted). Redis failing (``StorageError``,
+        fencing included) ends the cycle: the next tenant would fail the same way."""
         reports = []
         for tenant in tenants:
             if self.halted():
                 break
-            reports.append(work(tenant))
+            try:
+                reports.append(work(tenant))
+            except StorageError:
+                raise
+            except Exception:
+                log.exception("tenant %s: its part of the cycle failed; the cycle goes on", tenant)
         return reports
 
     def cycle(self, job: str) -> _Cycle:

@@ -55,7 +55,7 @@ from zerda_cache.core.config import (
     CacheConfig,
     EvictionConfig,
 )
-from zerda_cache.core.errors import ZerdaError
+from zerda_cache.core.errors import StorageError, ZerdaError
 from zerda_cache.metrics import TenantSnapshot, WorkerMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import leader_key
@@ -169,10 +169,14 @@ class Worker:
                 log.warning("cannot touch health file %s: %s", self.health_file, exc)
 
     def _cycle(self, job: Job) -> None:
-        if self.stop_event.is_set() or not self.lease.acquire_or_renew():
-            return
+        """One decay or eviction cycle. Redis failing (``StorageError``, from the lease
+        or from the cycle) is an outage, not a bug: one WARNING line a tick, as the
+        lease tick logs it, and the next tick tries again. Anything else is logged with
+        its traceback."""
         started = time.perf_counter()
         try:
+            if self.stop_event.is_set() or not self.lease.acquire_or_renew():
+                return
             if job == "decay":
                 reports = self.maintenance.run_decay()
                 self.metrics.decayed.inc(sum(r.decayed for r in reports))
@@ -182,6 +186,11 @@ class Worker:
                         self.metrics.evicted.labels(reason).inc(n)
                 self._maybe_sweep()
                 self.maintenance.run_calibration()
+        except StorageError as exc:
+            self.metrics.errors.labels(job).inc()
+            self.metrics.cycles.labels(job, "error").inc()
+            log.warning("%s cycle skipped: Redis failed: %s", job, _one_line(exc))
+            return
         except Exception:
             self.metrics.errors.labels(job).inc()
             self.metrics.cycles.labels(job, "error").inc()
@@ -331,6 +340,16 @@ class Worker:
         except ZerdaError as exc:
             log.warning("could not release the lease: %s", exc)
         self.metrics.leader.set(0)
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error's message and its cause's, on one line of at most ``limit`` characters
+    (a StorageError chains the client's exception)."""
+    text = str(exc)
+    if exc.__cause__ is not None and str(exc.__cause__) not in text:
+        text += f" ({type(exc.__cause__).__name__}: {exc.__cause__})"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _now_dt() -> Any:

@@ -71,6 +71,27 @@ local function zc_valid_streak(ns)
   return ns == nil or (type(ns) == 'number' and ns >= 0 and ns < 1e9 and ns % 1 == 0)
 end
 
+-- An entry's meta, decoded, if its numbers are what codec.unpack_meta reads (ct and ttl
+-- finite; dim a whole number >= 1; us absent or {model, prompt, completion} with whole
+-- token counts in [0, 2^31)); nil otherwise. A script that would write an arm because
+-- of an entry (feedback) refuses one whose meta the replicas call corrupt.
+local function zc_whole(x, low, high)
+  return type(x) == 'number' and x == x and x >= low and x <= high and x % 1 == 0
+end
+local function zc_sound_meta(raw)
+  local meta = zc_unpack(raw)
+  if not meta or not zc_all_numbers(meta, {'ct', 'ttl'}) or not zc_whole(meta.dim, 1, 2^31 - 1)
+  then
+    return nil
+  end
+  local us = meta.us
+  if us ~= nil and not (type(us) == 'table' and type(us[1]) == 'string'
+      and zc_whole(us[2], 0, 2^31 - 1) and zc_whole(us[3], 0, 2^31 - 1)) then
+    return nil
+  end
+  return meta
+end
+
 -- An entry's learning state is one field of the tenant's state hash (`st`, field: the
 -- entry id): 15 little-endian float64, 120 bytes (ZC_STATE):
 --   arm: a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at

@@ -10,8 +10,8 @@
 -- then six per signal: entry id, positive (1/0), magnitude, source, caller's timestamp,
 -- the similarity the entry was served at ('' = unknown)
 -- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
--- {-3} corrupt (its arm, use or meta missing or undecodable, as when its hash was lost
--- while its state remains: nothing written for it).
+-- {-3} corrupt (its arm, use or meta missing or undecodable: zc_state, zc_sound_meta; as
+-- when its hash was lost while its state remains: nothing written for it).
 -- CachePolicyLearner.record_feedback, applied where the arm lives, for a batch of signals
 -- of one tenant: one call amortises the script overhead over the batch.
 local now = zc_now(ARGV[1])
@@ -30,7 +30,7 @@ for i = 5, #KEYS do
     out[#out + 1] = {0}
   else
     local arm, use, size = zc_state(state)
-    if not arm or not zc_unpack(redis.call('HGET', KEYS[i], 'meta')) then
+    if not arm or not zc_sound_meta(redis.call('HGET', KEYS[i], 'meta')) then
       out[#out + 1] = {-3}
     else
       local positive = ARGV[base + 2] == '1'

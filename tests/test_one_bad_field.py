@@ -1,0 +1,202 @@
+"""One entry with a corrupt field, written into a real Redis by hand: it affects that
+entry only. It is never served, never indexed, never exported, reported, and evicted by
+the worker; every other entry and tenant is served, indexed, exported, evicted and
+fitted as usual (issue: "a corrupt field that stops the worker").
+
+The field: ``meta.us = [model, inf, 3]`` (an infinite token count), which msgpack holds
+and the put script never writes. ``codec.unpack_meta`` raised an untyped
+``OverflowError`` on it (``int(inf)``), which no path caught."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import redis
+from click.testing import CliRunner
+from conftest import near
+from conftest import unit as _unit
+from test_match_model import synthetic, teach
+
+from zerda_cache import CacheConfig, CacheManager, CorruptEntryError, FeedbackSignal
+from zerda_cache.cli import cli
+from zerda_cache.flows.transfer import export_tenant
+from zerda_cache.learning.match_model import MIN_FIT_LABELS
+from zerda_cache.storage import RedisStorage, codec, connect
+from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.worker.maintenance import Maintenance
+from zerda_cache.worker.scheduler import Worker
+
+DIM = 32
+USAGE = {"model": "gpt-x", "prompt_tokens": 12, "completion_tokens": 30}
+#: Fields of meta that do not read, each as the replicas must see it: corrupt.
+BAD_META: list[tuple[str, Any]] = [
+    ("us", ["gpt-x", float("inf"), 3]),  # OverflowError: int(inf)
+    ("us", ["gpt-x", 12, float("-inf")]),
+    ("us", ["gpt-x", 2.5, 3]),  # not a whole count
+    ("ct", float("inf")),
+    ("dim", 1e300),  # int() of it is a 301-digit int
+    ("dim", 31.5),  # int() of it was 31
+]
+
+
+def unit(seed: int) -> np.ndarray:
+    return _unit(seed, DIM)
+
+
+def damage(client: redis.Redis, tenant: str, entry_id: str, field: str, value: Any) -> None:
+    """Rewrite one field of the entry's stored meta, as a hand or another program would."""
+    key = tenant_keys(tenant).entry(entry_id)
+    meta = msgpack.unpackb(client.hget(key, "meta"))
+    meta[field] = value
+    client.hset(key, "meta", msgpack.packb(meta))
+
+
+def fill(put: Any, tenant: str = "t", n: int = 20) -> list[str]:
+    return [
+        put(f"question {i}", f"answer {i}", tenant=tenant, embedding=unit(i), usage=USAGE).entry_id
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_META)
+def test_the_decoder_calls_every_bad_number_corrupt(field: str, value: Any) -> None:
+    meta = {"v": 1, "ct": 1.0, "ttl": 0, "sc": "", "dim": DIM, "us": ["gpt-x", 1, 2]}
+    assert codec.unpack_meta(msgpack.packb(meta))["us"].completion_tokens == 2
+    with pytest.raises(CorruptEntryError):
+        codec.unpack_meta(msgpack.packb({**meta, field: value}))
+
+
+def test_a_bad_meta_is_a_miss_a_typed_feedback_error_and_no_index_entry(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The exact lookup raised OverflowError, a fresh replica's build crashed and retried
+    every second (no near match for the tenant's other entries), and feedback on it was
+    applied. Now: a miss, reported; feedback refused as corrupt; the build skips it."""
+    m = make_manager()
+    ids = fill(m.put)
+    bad = ids[3]
+    damage(redis_client, "t", bad, "us", ["gpt-x", float("inf"), 3])
+    assert m.lookup("question 3", tenant="t", embedding=unit(3)) is None
+    with pytest.raises(CorruptEntryError):
+        m.feedback(FeedbackSignal(bad, "t", True))
+    fresh = make_manager()
+    assert fresh.sync_index("t") == len(ids) - 1
+    served = 0
+    for i, eid in enumerate(ids):
+        hit = fresh.lookup(f"asked another way {i}", tenant="t", embedding=near(unit(i), 0.97))
+        served += hit is not None and hit.entry_id == eid
+        assert hit is None or hit.entry_id != bad
+    assert served == len(ids) - 1
+    bad_set = {e.decode() for e in redis_client.smembers(tenant_keys("t").bad)}
+    assert bad_set == {bad}  # reported by the lookups, for the worker
+    assert Maintenance(RedisStorage(redis_client)).evict_tenant("t").removed == {"corrupt": 1}
+    assert RedisStorage(redis_client).count("t") == len(ids) - 1
+
+
+def test_export_leaves_it_out_and_reports_it_and_the_cli_goes_on(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Any
+) -> None:
+    """``export`` and ``evict --tenant`` exited 1 with a traceback. Now the export leaves
+    the entry out, says so and reports it; ``evict --tenant`` evicts it as corrupt."""
+    m = CacheManager(redis_client)
+    st = m.storage
+    ids = fill(m.put)
+    damage(redis_client, "t", ids[0], "us", ["gpt-x", float("inf"), 3])
+    damage(redis_client, "t", ids[1], "dim", 31.5)
+    seen: list[str] = []
+    out = io.StringIO()
+    assert export_tenant(st, "t", out, corrupt=lambda eid, why: seen.append(eid)) == len(ids) - 2
+    assert sorted(seen) == sorted(ids[:2])
+    assert {e.decode() for e in redis_client.smembers(tenant_keys("t").bad)} == set(ids[:2])
+    redis_client.delete(tenant_keys("t").bad)  # the CLI reports them again
+    path = tmp_path / "t.jsonl"
+    run = CliRunner().invoke(cli, ["--redis-url", redis_url, "export", "--tenant", "t", "-o", path])
+    assert run.exit_code == 0, run.output
+    assert "left out 2 corrupt entries" in run.stderr
+    exported = [json.loads(line)["id"] for line in path.read_text().splitlines()[1:]]
+    assert sorted(exported) == sorted(ids[2:])
+    assert redis_client.scard(tenant_keys("t").bad) == 2
+    run = CliRunner().invoke(cli, ["--redis-url", redis_url, "evict", "--tenant", "t", "--json"])
+    assert run.exit_code == 0, run.output
+    row = json.loads(run.stdout)["tenants"][0]
+    assert row["planned"]["corrupt"] == 2 and row["removed"] == 2
+    assert st.count("t") == len(ids) - 2
+
+
+def test_the_worker_evicts_it_and_goes_on_with_the_other_tenants(
+    redis_client: redis.Redis,
+) -> None:
+    """The worker's whole evict cycle failed on it every time: tenants that sort after
+    it were never evicted, and no tenant's match model was fitted. Now it is evicted
+    as corrupt, the next tenant's expired entry is evicted, and both models fitted."""
+    m = CacheManager(redis_client)
+    st = m.storage
+    a, b = fill(m.put, "a", 10), fill(m.put, "b", 10)
+    damage(redis_client, "a", a[4], "us", ["gpt-x", float("inf"), 3])
+    redis_client.zadd(tenant_keys("b").ids, {b[0]: 1.0})  # expired long ago
+    x, y = synthetic(MIN_FIT_LABELS * 2)
+    for tenant in ("a", "b"):
+        teach(st, tenant, x, y)
+    w = Worker(redis_client, CacheConfig(), health_file=None)
+    w.lease_tick()
+    assert w.lease.held
+    w.evict_job()
+    assert w.metrics.errors.labels("evict")._value.get() == 0.0
+    assert redis_client.zscore(tenant_keys("a").ids, a[4]) is None
+    assert redis_client.zscore(tenant_keys("b").ids, b[0]) is None
+    assert st.count("a") == 9 and st.count("b") == 9
+    for tenant in ("a", "b"):
+        assert redis_client.hget(tenant_keys(tenant).cal, "model") is not None, tenant
+    w.close()
+
+
+def test_one_tenants_failure_does_not_stop_the_cycle(
+    redis_client: redis.Redis, monkeypatch: Any, caplog: Any
+) -> None:
+    """Whatever fails in one tenant (here a bug, raised by hand) is logged with that
+    tenant's name, and the cycle goes on with the others."""
+    m = CacheManager(redis_client)
+    st = m.storage
+    fill(m.put, "a", 3)
+    b = fill(m.put, "b", 3)
+    redis_client.zadd(tenant_keys("b").ids, {b[0]: 1.0})
+    maint = Maintenance(st)
+    real = maint.evict_tenant
+
+    def evict(tenant: str) -> Any:
+        if tenant == "a":
+            raise RuntimeError("a bug in tenant a's part")
+        return real(tenant)
+
+    monkeypatch.setattr(maint, "evict_tenant", evict)
+    with caplog.at_level(logging.ERROR, logger="zerda_cache.worker"):
+        reports = maint.run_eviction()
+    assert [r.tenant for r in reports] == ["b"] and reports[0].removed == {"expired": 1}
+    assert "tenant a" in caplog.text and "a bug in tenant a's part" in caplog.text
+
+
+def test_an_outage_is_one_warning_line_a_tick(redis_server_factory: Any, caplog: Any) -> None:
+    """During a Redis outage ``evict_job`` let a StorageError out to APScheduler, which
+    logged ERROR with three chained tracebacks every tick. Now each job logs one
+    WARNING line, without a traceback, and the next tick tries again."""
+    server = redis_server_factory()
+    cfg = CacheConfig(redis_timeout_s=0.2)
+    w = Worker(connect(server.url, cfg), cfg, health_file=None)
+    w.lease_tick()
+    assert w.lease.held
+    server.stop()
+    with caplog.at_level(logging.DEBUG, logger="zerda_cache.worker.scheduler"):
+        w.evict_job()
+        w.decay_job()
+    records = [r for r in caplog.records if r.name == "zerda_cache.worker.scheduler"]
+    assert [r.levelno for r in records] == [logging.WARNING, logging.WARNING]
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in records)
+    assert "evict cycle skipped: Redis failed" in records[0].getMessage()
+    assert w.metrics.errors.labels("evict")._value.get() == 1.0
+    w.close()
