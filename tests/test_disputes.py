@@ -146,3 +146,31 @@ def test_feedback_by_the_completion_id_of_a_disputed_answer_settles_the_dispute(
         state.reply = None
         again, h = ask(c, ASKED)  # approved: stored, confirmed by the reaction
         assert again.choices[0].message.content == "No, never."
+
+
+def test_the_json_api_takes_a_reaction_to_a_disputed_answer(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """``/v1/put`` says an answer is ``disputed``; feedback with ``disputed: true`` on
+    the entry it disputes settles the dispute (a negative one here: the cached answer
+    stays, its label turns right) and leaves the cached arm alone."""
+    config = CacheConfig(max_error_rate=0.02, verify_rate=0.0)
+    with running_service(redis_client, redis_url, config=config) as svc:
+
+        def post(path: str, body: dict[str, Any]) -> Any:
+            resp = httpx.post(svc.url + path, json=body, headers=svc.headers("acme"))
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+        first = post("/v1/put", {"query": ASKED, "response": "Yes, once."})["entry_id"]
+        held = post("/v1/lookup", {"query": ASKED})
+        assert held["decision"] == "verify"
+        body = {"query": ASKED, "response": "No, never.", "verify_token": held["verify_token"]}
+        put = post("/v1/put", body)
+        assert put["disputed"] and not put["stored"] and put["compared_id"] == first
+        key = tenant_keys("acme").entry(first)
+        arm = redis_client.hget(tenant_keys("acme").st, first)
+        reaction = {"entry_id": first, "disputed": True, "positive": False}
+        assert post("/v1/feedback", reaction)["entry_id"] == first
+        assert not redis_client.hexists(key, "dsp")
+        assert redis_client.hget(tenant_keys("acme").st, first) == arm

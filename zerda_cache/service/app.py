@@ -184,6 +184,7 @@ class CacheRoutes:
             replaced_id=result.replaced_id,
             verified=result.verified,
             compared_id=result.compared_id,
+            disputed=result.disputed,
         )
 
     async def feedback(self, body: FeedbackRequest, tenant: Tenant) -> FeedbackResponse:
@@ -209,6 +210,7 @@ class CacheRoutes:
                 similarity = served.similarity
         else:
             entry_id = validate_entry_id(body.entry_id)
+            kind = DisputeSignal if body.disputed else FeedbackSignal
         signal = kind(
             entry_id=entry_id,
             tenant_id=tenant,
