@@ -301,6 +301,22 @@ def test_keys_missing_malformed_unknown_or_revoked_are_refused(
     assert resp.status_code == 401
 
 
+def test_an_emptied_key_store_is_said_in_the_401(
+    service: Service, http: httpx.Client, redis_client: redis.Redis
+) -> None:
+    """Keys live in the cache's Redis: after an empty restart (here a FLUSHALL) every
+    key is unknown, and the 401 says why rather than blaming the client's key."""
+    redis_client.flushall()
+    resp = post(http, service, "acme", "/v1/put", {"query": "q", "response": "a"})
+    assert resp.status_code == 401
+    err = error_of(resp)
+    assert err["type"] == "invalid_api_key" and err["code"] == "no_api_keys"
+    assert "key store" in err["message"] and "keys create" in err["message"]
+    add_key(service.storage, "globex")  # a key again: an unknown one is just unknown
+    resp = post(http, service, "acme", "/v1/put", {"query": "q", "response": "a"})
+    assert resp.status_code == 401 and error_of(resp)["code"] == "invalid_api_key"
+
+
 def test_bad_input_is_a_clear_4xx_and_writes_nothing(
     service: Service, http: httpx.Client, redis_client: redis.Redis
 ) -> None:

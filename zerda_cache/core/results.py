@@ -113,8 +113,11 @@ class PutResult:
             verification).
         compared_id: the cached entry this answer was compared with (``verified``).
             Under an error bound, a fresh answer that disagrees with the question's own
-            entry is not stored the first time (``reason`` says so): that entry stays,
-            held out until the next answer settles which of the two is right.
+            entry is not stored the first time (``disputed``; ``reason`` says so): that
+            entry stays, held out until the next answer settles which of the two is
+            right, or the user's reaction to this one (``feedback``).
+        disputed: this answer was not stored but recorded as a dispute on the entry
+            ``compared_id`` names.
     """
 
     stored: bool
@@ -125,6 +128,7 @@ class PutResult:
     tenant: str = ""
     verified: bool | None = None
     compared_id: str | None = None
+    disputed: bool = False
 
     def __bool__(self) -> bool:
         return self.stored
@@ -137,12 +141,28 @@ class PutResult:
         before it is ever served from the cache. It is about the entry's own question,
         so it carries similarity 1.0 (it never moves the entry's similarity bar).
 
+        A disputed answer (``disputed``) was not stored: its reaction is a
+        ``DisputeSignal`` about the entry it disputes, and settles that dispute (turned
+        down, the cached answer stays; approved, this answer replaces it).
+
         Raises:
-            ValueError: nothing was stored.
+            ValueError: nothing was stored, nor disputed.
         """
+        if self.disputed and self.compared_id is not None:
+            return DisputeSignal(
+                self.compared_id, self.tenant, positive, magnitude, source, similarity=1.0
+            )
         if not self.stored or self.entry_id is None:
             raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
         return feedback_signal(self.entry_id, self.tenant, positive, magnitude, source, 1.0, False)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class DisputeSignal(FeedbackSignal):
+    """A reaction to the fresh answer a dispute on ``entry_id`` recorded, not to the
+    entry's own answer (``PutResult.feedback`` of a disputed put; the proxy's completion
+    id of one): ``CacheManager.feedback`` settles the dispute with it instead of putting
+    it on the entry's arm (``PutSteps.react_flow``)."""
 
 
 def feedback_signal(
@@ -168,4 +188,4 @@ def feedback_signal(
     )
 
 
-__all__ = ["CacheHit", "Decision", "PutResult", "feedback_signal"]
+__all__ = ["CacheHit", "Decision", "DisputeSignal", "PutResult", "feedback_signal"]

@@ -362,7 +362,7 @@ class CacheEngine:
 
     # -- feedback and management -----------------------------------------------------------
     def feedback_flow(self, signal: FeedbackSignal) -> Flow[None]:
-        """Apply one feedback signal to the entry's arm, atomically in Redis.
+        """Apply one signal to the entry's arm (a ``DisputeSignal`` settles a dispute).
 
         Raises:
             EntryNotFoundError: the entry does not exist in ``signal.tenant_id``.
@@ -373,7 +373,7 @@ class CacheEngine:
                 f"feedback expects a FeedbackSignal, got {type(signal).__name__}"
             )
         with self._counting("feedback"):
-            yield from self.verifier.learn_flow(signal)
+            yield from self.put_steps.feedback_flow(signal)
             if signal.served and not signal.positive:
                 # A hit judged wrong: its answer's call was bought after all.
                 st = self.storage

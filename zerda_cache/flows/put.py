@@ -15,14 +15,15 @@ question, a near duplicate under ``dedup_threshold``) are evicted.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from zerda_cache.companions.context import AdaptiveLearningSystem
-from zerda_cache.core.entry import LLMUsage
+from zerda_cache.core.entry import FeedbackSignal, LLMUsage
 from zerda_cache.core.errors import InvalidEmbeddingError, StorageError
-from zerda_cache.core.results import PutResult
+from zerda_cache.core.results import DisputeSignal, PutResult
 from zerda_cache.core.validation import check_query, check_response, check_scope, check_tags
 from zerda_cache.flows.admission import AdmissionCheck
 from zerda_cache.flows.counting import record_window
@@ -43,6 +44,8 @@ from zerda_cache.storage.driver import Flow
 from zerda_cache.storage.keys import TenantKeys
 from zerda_cache.storage.plans import PutOutcome
 from zerda_cache.storage.store import Storage
+
+log = logging.getLogger(__name__)
 
 
 class PutSteps:
@@ -126,9 +129,9 @@ class PutSteps:
             held = token if token is not None else mine
             own: Comparison | None = None
             if held is not None and held.exact:
-                plain = (ttl_s, quality, metadata, cost_of) == (None,) * 4 and not tag_names
+                settings = put_settings(ttl_s, quality, metadata, tag_names, cost_of)
                 own, settled = yield from self.settle_own_flow(
-                    tenant, held, response, plain, warnings
+                    tenant, held, response, settings, warnings
                 )
                 if settled is not None:
                     return settled
@@ -181,7 +184,12 @@ class PutSteps:
         return passed, list(warnings)
 
     def settle_own_flow(
-        self, tenant: str, held: Ticket, response: str, plain: bool, warnings: list[str]
+        self,
+        tenant: str,
+        held: Ticket,
+        response: str,
+        settings: dict[str, Any],
+        warnings: list[str],
     ) -> Flow[tuple[Comparison, PutResult | None]]:
         """Verify the question's own entry, which the lookup before held back, against
         the fresh answer: ``(the comparison, the result when the put ends here)``.
@@ -189,20 +197,23 @@ class PutSteps:
         The same answer keeps the entry, with this verification's positive signal on top
         of its evidence (replaced by the fresh entry, its arm would start again from one
         signal, and its exact repeats' level with it), unless it has expired or the put
-        sets a TTL, quality, metadata, tags or usage of its own (not ``plain``).
+        sets a TTL, quality, metadata, tags or usage of its own (``settings``,
+        ``put_settings``).
 
         A different answer is not a verdict on its own (an LLM errs too): the first
         disagreement keeps the cached entry and records the fresh answer on it as a
-        dispute (``Verifier.dispute_flow``); the fresh answer is not stored, and the
-        entry is held out until its next verification. That one settles it: the same as
-        the cached answer, the entry stays; a different one replaces it (confirmed when
-        it agrees with the disputed answer)."""
+        dispute (``Verifier.dispute_flow``), with the put's ``settings``; the fresh
+        answer is not stored (the result's ``disputed`` says so), and the entry is held
+        out until its next verification. That one settles it: the same as the cached
+        answer, the entry stays; a different one replaces it (confirmed when it agrees
+        with the disputed answer). The user's reaction to the disputed answer settles it
+        too (``react_flow``)."""
         own = yield from self.verifier.verify_flow(tenant, held, response)
         cached, label = own.cached, self.metrics.tenant(tenant)
         if cached is None or own.same is None:
             return own, None
         if own.same:
-            if not plain:
+            if settings:
                 return own, None
             now = yield from self.clock.now_flow()
             if cached.is_expired(now):
@@ -219,7 +230,8 @@ class PutSteps:
             return own, kept
         if own.settled:  # the second disagreement: the fresh answer replaces it
             return own, None
-        if not (yield from self.verifier.dispute_flow(tenant, held.entry_id, held.level, response)):
+        dispute = self.verifier.dispute_flow(tenant, held.entry_id, held.level, response, settings)
+        if not (yield from dispute):
             return own, None
         self.metrics.puts.labels(label, "disputed").inc()
         disputed = PutResult(
@@ -229,6 +241,7 @@ class PutSteps:
             tenant=tenant,
             verified=False,
             compared_id=held.entry_id,
+            disputed=True,
         )
         return own, disputed
 
@@ -255,6 +268,65 @@ class PutSteps:
         if agree and result.entry_id != ticket.entry_id and result.entry_id is not None:
             yield from self.verifier.confirm_flow(tenant, result.entry_id, policy)
         return dataclasses.replace(result, verified=own.same, compared_id=ticket.entry_id)
+
+    def feedback_flow(self, signal: FeedbackSignal) -> Flow[None]:
+        """``CacheEngine.feedback``: a signal about an entry's answer goes on its arm
+        (``Verifier.learn_flow``); one about the answer a dispute on it recorded
+        (``DisputeSignal``, from a disputed put's ``PutResult.feedback``) settles that
+        dispute (``react_flow``)."""
+        if isinstance(signal, DisputeSignal):
+            yield from self.react_flow(signal)
+        else:
+            yield from self.verifier.learn_flow(signal)
+
+    def react_flow(self, signal: DisputeSignal) -> Flow[None]:
+        """The user's reaction to a disputed fresh answer settles the dispute, as the
+        question's next verification would (``resolve.lua``, atomically, once): turned
+        down, the fresh answer was the one that erred, so the cached entry stays and the
+        wrong label its verification was counted as turns right; approved, the cached
+        answer stands wrong and the fresh one is stored in its place (with the disputed
+        put's own settings), the reaction the positive signal on its arm. A dispute
+        settled meanwhile leaves the reaction noted only.
+
+        Raises:
+            EntryNotFoundError: the disputed entry is gone.
+        """
+        tenant, entry_id, st = signal.tenant_id, signal.entry_id, self.storage
+        cached = yield from st.read_flow(st.read_entry(tenant, entry_id, with_vector=True))
+        self.verifier.learner.note_feedback(signal)
+        if signal.positive and cached.embedding is None:
+            log.warning("tenant %s: %s has no vector: its dispute stays", tenant, entry_id)
+            return
+        dispute = yield from st.run_flow(st.plan_settle(tenant, entry_id, not signal.positive))
+        if dispute is None:
+            log.debug("tenant %s: the dispute on %s was settled already", tenant, entry_id)
+            return
+        if not signal.positive:
+            return
+        policy = yield from self.policies.policy_flow(tenant)
+        indexed = self.indexes.get(tenant)
+        put = dispute.put
+        out = yield from st.put_flow(
+            tenant,
+            cached.query,
+            dispute.answer,
+            cached.embedding,
+            scope=cached.scope,
+            ttl_s=put.get("ttl_s"),
+            quality=put.get("quality"),
+            metadata=put.get("metadata"),
+            index_dim=indexed.dim if indexed is not None and indexed.usable else None,
+            rl=policy.rl,
+            tags=tuple(put.get("tags") or ()),
+            usage=LLMUsage(*put["usage"]) if put.get("usage") else None,
+        )
+        replaced, _ = self.stored(tenant, [], out, entry_id)
+        approved = FeedbackSignal(
+            out.entry_id, tenant, True, signal.magnitude, signal.source, similarity=1.0
+        )
+        yield from self.verifier.learn_flow(approved)
+        if replaced:
+            yield from st.evict_flow(tenant, [(e, None) for e in replaced], "replaced")
 
     def near_duplicate_flow(
         self, keys: TenantKeys, vec: Vector, scope: str, dedup: float
@@ -290,6 +362,25 @@ class PutSteps:
         return replaced, result
 
 
+def put_settings(
+    ttl_s: float | None,
+    quality: float | None,
+    metadata: Mapping[str, Any] | None,
+    tags: Sequence[str],
+    usage: LLMUsage | None,
+) -> dict[str, Any]:
+    """The settings a put gives of its own (empty: none), as a dispute keeps them
+    (``Dispute.put``) for storing its answer should a reaction approve it."""
+    given: dict[str, Any] = {"ttl_s": ttl_s, "quality": quality}
+    if metadata is not None:
+        given["metadata"] = dict(metadata)
+    if tags:
+        given["tags"] = list(tags)
+    if usage is not None:
+        given["usage"] = [usage.model, usage.prompt_tokens, usage.completion_tokens]
+    return {k: v for k, v in given.items() if v is not None}
+
+
 #: Why a put whose answer disagreed with the question's own cached entry did not store it.
 DISPUTED = (
     "disputed: the cached answer disagrees with this one; it stays, held out until the "
@@ -306,4 +397,4 @@ def reason_label(reason: str) -> str:
     return "_".join(words[:4]) or "unknown"
 
 
-__all__ = ["DISPUTED", "NO_EMBEDDING", "PutSteps", "reason_label"]
+__all__ = ["DISPUTED", "NO_EMBEDDING", "PutSteps", "put_settings", "reason_label"]

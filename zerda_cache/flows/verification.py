@@ -41,6 +41,7 @@ from zerda_cache.storage import codec
 from zerda_cache.storage.driver import Flow, call
 from zerda_cache.storage.plans import ReadPlan
 from zerda_cache.storage.store import Storage
+from zerda_cache.storage.tenant_plans import Dispute
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class Verifier:
                 parts.append(st.claim_ticket(tenant, nonce, TICKET_TTL_S))
             replies = yield from st.read_flow(st.batch("verify", parts))
             cached: IntelligentCacheEntry = replies[0]
-            dispute: tuple[int, str] | None = replies[1] if exact else None
+            dispute: Dispute | None = replies[1] if exact else None
             if nonce and not replies[-1]:  # settled already, by another put
                 log.debug("tenant %s: verification of %s settled already", tenant, entry_id)
                 return Comparison(None, None)
@@ -235,7 +236,7 @@ class Verifier:
             right = bool((yield call(self.same_answer, cached.response, fresh)))
             agrees = False
             if dispute is not None and not right:
-                agrees = bool((yield call(self.same_answer, dispute[1], fresh)))
+                agrees = bool((yield call(self.same_answer, dispute.answer, fresh)))
         except Exception as exc:  # the answer is stored: a failing judge labels nothing
             log.warning("tenant %s: same_answer failed, no label: %r", tenant, exc)
             return Comparison(None, cached)
@@ -249,17 +250,26 @@ class Verifier:
                 features = with_text(features, text_match.differences(asked, theirs))
         yield from self.learn_flow(signal, label=True, features=features, level=level)
         if dispute is not None:
-            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute[0], right))
+            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute.level, right))
         return Comparison(right, cached, dispute is not None, agrees)
 
-    def dispute_flow(self, tenant: str, entry_id: str, level: int, fresh: str) -> Flow[bool]:
+    def dispute_flow(
+        self,
+        tenant: str,
+        entry_id: str,
+        level: int,
+        fresh: str,
+        settings: dict[str, Any] | None = None,
+    ) -> Flow[bool]:
         """Record on the question's own entry ``entry_id`` (at ``level``) the fresh answer
-        that disagreed with it: one disagreement is not a verdict (an LLM errs too), so
-        the entry stays, counted wrong meanwhile, and under a bound it is held out (its
-        next exact repeat is verified) until the next verification settles it
-        (``verify_flow``). False when it could not be recorded (the entry is gone, or a
-        full server refused it): the fresh answer is then stored as usual."""
-        plan = self.storage.plan_dispute(tenant, entry_id, level, fresh)
+        that disagreed with it, and the put's own ``settings`` (``put.put_settings``):
+        one disagreement is not a verdict (an LLM errs too), so the entry stays, counted
+        wrong meanwhile, and it is held out (under a bound its next exact repeat is
+        verified) until the next verification settles it (``verify_flow``), or the
+        user's reaction to the fresh answer (``PutSteps.react_flow``). False when it
+        could not be recorded (the entry is gone, or a full server refused it): the
+        fresh answer is then stored as usual."""
+        plan = self.storage.plan_dispute(tenant, entry_id, level, fresh, settings)
         try:
             return bool((yield from self.storage.run_flow(plan)))
         except StorageError as exc:

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from zerda_cache.aio import AsyncCacheManager
 from zerda_cache.core.entry import FeedbackSignal
 from zerda_cache.core.errors import StorageError
+from zerda_cache.core.results import DisputeSignal
 from zerda_cache.core.validation import validate_entry_id
 from zerda_cache.service.auth import Tenant
 from zerda_cache.service.body import JsonBody
@@ -183,6 +184,7 @@ class CacheRoutes:
             replaced_id=result.replaced_id,
             verified=result.verified,
             compared_id=result.compared_id,
+            disputed=result.disputed,
         )
 
     async def feedback(self, body: FeedbackRequest, tenant: Tenant) -> FeedbackResponse:
@@ -198,15 +200,18 @@ class CacheRoutes:
             )
         similarity = body.similarity
         served_hit = False
+        kind: type[FeedbackSignal] = FeedbackSignal
         if body.completion_id is not None:
             served = await self.served(tenant, body.completion_id)
             entry_id = served.entry_id
             served_hit = served.hit
+            kind = DisputeSignal if served.disputed else FeedbackSignal
             if similarity is None:
                 similarity = served.similarity
         else:
             entry_id = validate_entry_id(body.entry_id)
-        signal = FeedbackSignal(
+            kind = DisputeSignal if body.disputed else FeedbackSignal
+        signal = kind(
             entry_id=entry_id,
             tenant_id=tenant,
             positive=body.positive,

@@ -3,7 +3,8 @@
 A route declares ``tenant: Tenant``; FastAPI then reads ``Authorization: Bearer <key>``,
 and ``tenant_of`` looks the key's digest up in the key store of the app's
 ``ServiceContext``: a 401 for a missing, malformed, unknown or revoked key (counted by
-reason in ``zerda_cache_http_auth_failures_total``).
+reason in ``zerda_cache_http_auth_failures_total``), and one that says so when the key
+store is empty (``no_api_keys``: the Redis it lives in lost it).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the dependency's annotations at
@@ -39,13 +40,23 @@ async def tenant_of(
         raise refusal(ctx, "invalid_api_key", "malformed API key: expected zk_ and 43 characters")
     record = await ctx.keys.api_key(token_digest(token))
     if record is None:
+        if not await ctx.keys.has_api_keys():  # asked only of a key not found
+            raise refusal(ctx, "no_api_keys", NO_KEYS)
         raise refusal(ctx, "invalid_api_key", "unknown API key")
     if not record.active:
         raise refusal(ctx, "revoked_api_key", "this API key was revoked")
     return record.tenant
 
 
+#: The 401 when the key store is empty: every key is unknown then.
+NO_KEYS = (
+    "unknown API key: the service's key store in Redis holds no key at all (an empty "
+    "restart, a flush, or a Redis other than the one the keys were created on?). Keys "
+    "live in the cache's Redis: restore it from a backup that holds them, or create new "
+    "ones with `zerda-cache keys create`"
+)
+
 #: The annotation of a route's ``tenant`` parameter.
 Tenant = Annotated[str, Depends(tenant_of)]
 
-__all__ = ["Tenant", "bearer", "tenant_of"]
+__all__ = ["NO_KEYS", "Tenant", "bearer", "tenant_of"]

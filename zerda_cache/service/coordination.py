@@ -61,6 +61,9 @@ class Served:
     similarity: float
     #: the answer came from the cache (a hit), not from the upstream (a miss)
     hit: bool = False
+    #: the upstream's answer was not cached but disputes the entry (``PutResult.disputed``):
+    #: feedback on it is a ``DisputeSignal``
+    disputed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +156,13 @@ class Coordination:
         similarity: float,
         *,
         hit: bool = False,
+        disputed: bool = False,
     ) -> bool:
-        """Map ``completion_id`` to the entry it was answered with (expires). A Redis
-        failure only logs: the response is served all the same."""
-        value = json.dumps(
-            {"t": tenant, "e": entry_id, "s": round(similarity, 6), "h": 1 if hit else 0}
-        )
+        """Map ``completion_id`` to the entry it was answered with (expires), or, for an
+        answer ``disputed``, to the entry it disputes. A Redis failure only logs: the
+        response is served all the same."""
+        fields = {"t": tenant, "e": entry_id, "s": round(similarity, 6), "h": 1 if hit else 0}
+        value = json.dumps({**fields, "d": 1} if disputed else fields)
         try:
             await self.storage.remember_completion(
                 tenant, completion_id, value, self.completion_ttl_s
@@ -182,7 +186,8 @@ class Coordination:
             value = json.loads(raw)
             if value["t"] != tenant:
                 return None
-            return Served(str(value["e"]), float(value["s"]), bool(value.get("h")))
+            e, s, h, d = str(value["e"]), float(value["s"]), value.get("h"), value.get("d")
+            return Served(e, s, bool(h), bool(d))
         except (ValueError, KeyError, TypeError):
             log.warning("tenant %s: completion id %s maps to %r", tenant, completion_id, raw)
             return None

@@ -132,6 +132,12 @@ class PutResponse(BaseModel):
     compared_id: str | None = Field(
         default=None, description="The cached entry this answer was compared with (``verified``)."
     )
+    disputed: bool = Field(
+        default=False,
+        description="Not stored: the answer disputes the cached entry ``compared_id`` (held "
+        'out until settled). Feedback on it, ``{"entry_id": compared_id, "disputed": '
+        "true, ...}``, settles the dispute.",
+    )
 
 
 class FeedbackRequest(_Strict):
@@ -143,6 +149,12 @@ class FeedbackRequest(_Strict):
         "with, and the similarity it was served at.",
     )
     positive: bool
+    disputed: bool = Field(
+        False,
+        description="With ``entry_id``: the reaction is to the answer a ``/v1/put`` found "
+        "disputing that entry (its ``disputed``), not to the entry's own; it settles the "
+        "dispute (negative: the cached answer stays; positive: the disputed one replaces it).",
+    )
     magnitude: float = 1.0
     source: str = "user"
     similarity: float | None = Field(

@@ -101,16 +101,17 @@ def feedback_headers(completion_id: str) -> dict[str, str]:
 
 
 def stored_headers(
-    entry_id: str | None, verified: bool | None, completion_id: str
+    entry_id: str | None, verified: bool | None, completion_id: str, mapped: bool
 ) -> dict[str, str]:
     """What a response says of the upstream answer it cached: its entry, the verdict on a
-    held-back near match (a ``verify``), and how to send feedback."""
+    held-back near match (a ``verify``), and how to send feedback (``mapped``: its
+    completion id is known, for a cached answer or one that disputes an entry)."""
     headers = {}
     if entry_id is not None:
         headers.update({"x-zerda-entry-id": entry_id, "x-zerda-similarity": "1.000000"})
     if verified is not None:
         headers.update({"x-zerda-cache": "verify", "x-zerda-verified": str(verified).lower()})
-    if entry_id is not None:
+    if mapped:
         headers.update(feedback_headers(completion_id))
     return headers
 
@@ -345,11 +346,11 @@ class ProxyRoutes:
             if answer is not None:
                 usage = usage_of(data.get("model"), data.get("usage"))
                 data["id"] = completion_id = new_completion_id()
-                entry_id, verified = await self.cache_answer(
+                entry_id, verified, mapped = await self.cache_answer(
                     chat, key, answer, data.get("model"), usage, completion_id
                 )
                 stored = entry_id is not None
-                headers.update(stored_headers(entry_id, verified, completion_id))
+                headers.update(stored_headers(entry_id, verified, completion_id, mapped))
         finally:
             await chat.finish(stored)
         self.count(CHAT, headers["x-zerda-cache"])
@@ -400,7 +401,7 @@ class ProxyRoutes:
             answer = collector.answer
             if key is not None and stream.completion_id is not None and answer is not None:
                 usage = usage_of(collector.model, collector.usage)
-                entry_id, _ = await self.cache_answer(
+                entry_id, _, _ = await self.cache_answer(
                     chat, key, answer, chat.body.get("model"), usage, stream.completion_id
                 )
                 stored = entry_id is not None
@@ -417,12 +418,13 @@ class ProxyRoutes:
         model: object,
         usage: LLMUsage | None,
         completion_id: str,
-    ) -> tuple[str | None, bool | None]:
+    ) -> tuple[str | None, bool | None, bool]:
         """Cache an upstream answer (with the request's TTL and tags, the upstream's
         usage: what each later hit saves, and the lookup's verify token, so the
         verification holds whichever replica's put runs) and map ``completion_id`` to
-        its entry: ``(entry id, verified)``; a failure only logs (the client still gets
-        its answer)."""
+        its entry, or to the entry a disputed answer disputes (its feedback settles the
+        dispute): ``(entry id, verified, mapped)``; a failure only logs (the client still
+        gets its answer)."""
         meta = {"model": model} if isinstance(model, str) else {}
         try:
             result = await self.ctx.manager.put(
@@ -438,12 +440,16 @@ class ProxyRoutes:
             )
         except (ZerdaError, EmbedderError) as exc:
             log.warning("tenant %s: proxy answer not cached: %s", chat.tenant, exc)
-            return None, None
+            return None, None, False
         if not result.stored:
             log.info("tenant %s: proxy answer not cached: %s", chat.tenant, result.reason)
+        co, mapped = self.ctx.coordination, result.entry_id is not None
         if result.entry_id is not None:
-            await self.ctx.coordination.remember(chat.tenant, completion_id, result.entry_id, 1.0)
-        return result.entry_id, result.verified
+            await co.remember(chat.tenant, completion_id, result.entry_id, 1.0)
+        elif result.disputed and result.compared_id is not None:  # its feedback settles it
+            mapped = True
+            await co.remember(chat.tenant, completion_id, result.compared_id, 1.0, disputed=True)
+        return result.entry_id, result.verified, mapped
 
     async def look_up(self, tenant: str, key: ChatKey) -> CacheHit | None:
         """The lookup of a request that waits for another's upstream call."""

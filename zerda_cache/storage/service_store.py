@@ -85,6 +85,12 @@ class ServiceStore(StorageCore):
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(key, f"record of {digest[:12]}: {exc}") from exc
 
+    def has_api_keys_flow(self) -> Flow[bool]:
+        """Whether the key store holds any record (revoked ones included): none after an
+        empty restart or a flush of the Redis it lives in."""
+        key = api_keys_key(self.config.key_prefix)
+        return bool((yield from self.command_flow("api keys", "exists", key)))
+
     def api_keys_flow(self) -> Flow[list[ApiKey]]:
         """Every key's record (undecodable ones are logged and skipped), by tenant."""
         key = api_keys_key(self.config.key_prefix)
@@ -122,6 +128,7 @@ class ServiceStore(StorageCore):
     finish_flight = op(finish_flight_flow)
     add_api_key = op(add_api_key_flow)
     api_key = op(api_key_flow)
+    has_api_keys = op(has_api_keys_flow)
     api_keys = op(api_keys_flow)
     revoke_api_keys = op(revoke_api_keys_flow)
     ping = op(ping_flow)

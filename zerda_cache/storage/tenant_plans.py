@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -47,6 +47,34 @@ from zerda_cache.storage.replies import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class Dispute(NamedTuple):
+    """A dispute an entry carries (``TenantPlans.plan_dispute``, ``dispute.lua``)."""
+
+    #: the entry's exact-repeat level when the verification that disagreed labelled it
+    level: int
+    #: the fresh answer that disagreed with the entry's
+    answer: str
+    #: the disputed put's own settings, for storing its answer should a reaction settle
+    #: the dispute for it: any of ``ttl_s``, ``quality``, ``metadata``, ``tags`` and
+    #: ``usage`` (``[model, prompt_tokens, completion_tokens]``) the put gave
+    put: dict[str, Any]
+
+
+def dispute_of(raw: bytes | None, key: str) -> Dispute | None:
+    """A dispute as ``dispute.lua`` stored it (``None``: none, or undecodable)."""
+    if raw is None:
+        return None
+    try:
+        level, answer, *rest = msgpack.unpackb(raw)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        log.warning("undecodable dispute on %s ignored", key)
+        return None
+    put = rest[0] if rest and isinstance(rest[0], dict) else {}
+    if isinstance(level, bool) or not isinstance(level, int) or not isinstance(answer, str):
+        return None
+    return Dispute(level, answer, put)
 
 
 class TenantPlans(PlanBase):
@@ -337,34 +365,30 @@ class TenantPlans(PlanBase):
         keys = [self.keys(tenant).cal, self.keys(tenant).lab]
         return ScriptCall("label", keys, args, lambda res: float(res))
 
-    def plan_dispute(self, tenant: str, entry_id: str, level: int, fresh: str) -> ScriptCall[bool]:
+    def plan_dispute(
+        self,
+        tenant: str,
+        entry_id: str,
+        level: int,
+        fresh: str,
+        put: Mapping[str, Any] | None = None,
+    ) -> ScriptCall[bool]:
         """Plan recording on ``entry_id`` (a question's own entry at exact-repeat
-        ``level``) the fresh answer ``fresh`` that disagreed with it; its wrong label
-        the entry's next verification may take back (``dispute.lua``)."""
-        payload = msgpack.packb([int(level), fresh])
+        ``level``) the fresh answer ``fresh`` that disagreed with it, with the disputed
+        put's own settings ``put`` (``Dispute.put``); its wrong label the entry's next
+        verification may take back (``dispute.lua``)."""
+        payload = msgpack.packb([int(level), fresh, dict(put or {})])
         keys = [self.keys(tenant).entry(entry_id)]
         return ScriptCall("dispute", keys, [payload], lambda res: bool(int(res)))
 
-    def read_dispute(self, tenant: str, entry_id: str) -> ReadPlan[tuple[int, str] | None]:
-        """The dispute an entry carries (``plan_dispute``): (level, the fresh answer)."""
+    def read_dispute(self, tenant: str, entry_id: str) -> ReadPlan[Dispute | None]:
+        """The dispute an entry carries (``plan_dispute``)."""
         key = self.keys(tenant).entry(entry_id)
 
         def queue(pipe: Any) -> None:
             pipe.hget(key, "dsp")
 
-        def parse(res: list[Any]) -> tuple[int, str] | None:
-            if res[0] is None:
-                return None
-            try:
-                level, replaced = msgpack.unpackb(res[0])
-            except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError):
-                log.warning("undecodable dispute on %s ignored", key)
-                return None
-            if not isinstance(level, int) or not isinstance(replaced, str):
-                return None
-            return level, replaced
-
-        return ReadPlan("read dispute", queue, parse, 1)
+        return ReadPlan("read dispute", queue, lambda res: dispute_of(res[0], key), 1)
 
     def plan_resolve(
         self, tenant: str, entry_id: str, level: int, was_right: bool
@@ -375,6 +399,15 @@ class TenantPlans(PlanBase):
         suffix = f"e{level}" if level else "e"
         args = ["1" if was_right else "0", suffix]
         return ScriptCall("resolve", [k.entry(entry_id), k.cal], args, lambda r: bool(int(r)))
+
+    def plan_settle(
+        self, tenant: str, entry_id: str, was_right: bool
+    ) -> ScriptCall[Dispute | None]:
+        """``plan_resolve`` at the level the dispute recorded, returning the dispute taken
+        away (``None``: none, settled meanwhile): a reaction settles it (``react_flow``)."""
+        k = self.keys(tenant)
+        key, args = k.entry(entry_id), ["1" if was_right else "0", "", "1"]
+        return ScriptCall("resolve", [key, k.cal], args, lambda r: dispute_of(r or None, key))
 
     def plan_calibrate(
         self,

@@ -21,9 +21,9 @@
 -- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
 -- {-4, expected reward at now} expected reward below the bar; {-5} similarity below the
 -- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
--- {-7} a tie it may not win; {-8, expected reward at now} the question's own entry under
--- an error bound carries a dispute (dispute.lua): held out until a verification settles
--- it; {-9, the combination of text differences} its question differs from the one asked
+-- {-7} a tie it may not win; {-8, expected reward at now} the entry carries a dispute
+-- (dispute.lua): held out until a verification (or a reaction) settles it, as a near
+-- match to another question always, as the question's own entry under an error bound; {-9, the combination of text differences} its question differs from the one asked
 -- in a way the guard (ARGV[14]) does not let through (nothing written, not served, for
 -- -4 to -9).
 -- With a digest (a lookup serving its best near match before it knows whether the
@@ -150,7 +150,10 @@ local function serve()
   end
   zc_decay(arm, now, prior_a, prior_b, decay, interval)
   local reward = arm.a / (arm.a + arm.b)
-  if held and raw[3] then  -- a dispute first: whatever its level, the next answer decides
+  -- A dispute first: whatever its level, the next answer (or the user's reaction to the
+  -- disputed one) decides. Held out of near matches to other questions; the question's
+  -- own entry (named by the digest, or matched at similarity 1) only under a bound.
+  if raw[3] and (held or not (own or (not asked and similarity and similarity >= 1))) then
     return {-8, string.format('%.17g', reward)}
   end
   if bar and reward < bar then

@@ -1,0 +1,176 @@
+"""Disputes (design.md, "Disputes"): a verification whose fresh answer disagrees with the
+question's own entry keeps that entry and records the fresh answer on it. The entry is
+held out until the dispute is settled, and the user's reaction to the disputed answer
+is kept: it settles the dispute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from conftest import near, unit
+from service_support import UpstreamState, ask, openai_client, running_service
+from state_support import tenant_state
+
+from zerda_cache import CacheConfig
+from zerda_cache.storage import RedisStorage, codec
+from zerda_cache.storage.keys import tenant_keys
+
+ASKED = "Do I need to verify my identity?"
+OTHER = "Do I have to verify my identity?"
+
+
+def teach_near(redis_client: redis.Redis, tenant: str) -> None:
+    """Near matches at 0.96 proven safe, as if earlier verifications had labelled them."""
+    st = RedisStorage(redis_client)
+    for _ in range(400):
+        tenant_state(st).label(tenant, 0.96, True)
+
+
+def disputed(m: Any, v: Any) -> Any:
+    """An entry of ``ASKED`` and the put whose fresh answer disputes it."""
+    first = m.put(ASKED, "Yes, once.", tenant="t", embedding=v)
+    assert m.lookup(ASKED, tenant="t", embedding=v) is None  # unconfirmed: verified
+    slip = m.put(ASKED, "No, never.", tenant="t", embedding=v)
+    assert not slip.stored and slip.compared_id == first.entry_id
+    return first, slip
+
+
+@pytest.mark.parametrize("speculate", [True, False])
+def test_a_disputed_entry_is_not_served_to_another_question(
+    make_manager: Any, redis_client: redis.Redis, speculate: bool
+) -> None:
+    """Held out of near matches too, in the lookup's first round trip (the hit script
+    on its leading candidate) and in a ranked one (as on Redis Cluster)."""
+    teach_near(redis_client, "t")
+    m = make_manager(CacheConfig(max_error_rate=0.05, verify_rate=0.0))
+    m.lookup_steps.speculate = speculate
+    v = unit(80)
+    first, _ = disputed(m, v)
+    close = near(v, 0.97, 81)
+    assert m.decide(OTHER, tenant="t", embedding=close).hit is None
+    assert m.lookup(OTHER, tenant="t", embedding=close) is None
+    # Settled (the next answer agrees with the cached one): a near match again.
+    assert m.decide(ASKED, tenant="t", embedding=v).reason == "disputed"
+    assert m.put(ASKED, "Yes, once.", tenant="t", embedding=v).entry_id == first.entry_id
+    hit = m.lookup(OTHER, tenant="t", embedding=close)
+    assert hit is not None and hit.entry_id == first.entry_id and not hit.exact
+
+
+def test_without_a_bound_a_disputed_entry_serves_its_own_question(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The docs hold a disputed entry out as the question's own only under a bound
+    (nothing else would verify it): a lookup without one serves it, exactly, and still
+    no other question."""
+    m = make_manager(CacheConfig(max_error_rate=0.05, verify_rate=0.0))
+    v = unit(82)
+    first, _ = disputed(m, v)
+    assert redis_client.hexists(tenant_keys("t").entry(first.entry_id), "dsp")
+    plain = make_manager(CacheConfig(similarity_threshold=0.9))  # a replica without one
+    assert plain.lookup(OTHER, tenant="t", embedding=near(v, 0.97, 83)) is None
+    hit = plain.lookup(ASKED, tenant="t", embedding=v)
+    assert hit is not None and hit.entry_id == first.entry_id and hit.exact
+
+
+def test_turning_the_disputed_answer_down_settles_for_the_cached_one(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The disputed put's feedback is accepted: a negative reaction says the fresh
+    answer was the one that erred, as a next answer agreeing with the cached one would:
+    the dispute goes and the wrong label it was counted as turns right."""
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(84)
+    first, slip = disputed(m, v)
+    assert slip.disputed and slip.compared_id == first.entry_id
+    m.feedback(slip.feedback(False))
+    assert not redis_client.hexists(tenant_keys("t").entry(first.entry_id), "dsp")
+    cal = tenant_state(m.storage).calibration("t")
+    assert cal.exact_wrong == 0.0 and cal.exact_right == 1.0
+    assert m.decide(ASKED, tenant="t", embedding=v).reason != "disputed"
+    got = m.storage.get_entry("t", first.entry_id)
+    assert got.response == "Yes, once." and got.bandit_arm.beta == 2.0  # only the verify's
+    # Settled once: a second reaction changes nothing.
+    m.feedback(slip.feedback(True))
+    assert m.storage.get_entry("t", first.entry_id).response == "Yes, once."
+
+
+def test_approving_the_disputed_answer_stores_it_in_place_of_the_cached_one(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """A positive reaction: the cached answer stands wrong, and the fresh one is stored
+    as the question's entry, with its put's own settings and the reaction as its first
+    positive signal; the replaced entry is gone."""
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(85)
+    first = m.put(ASKED, "Yes, once.", tenant="t", embedding=v)
+    assert m.lookup(ASKED, tenant="t", embedding=v) is None
+    usage = {"model": "m1", "prompt_tokens": 7, "completion_tokens": 3}
+    slip = m.put(ASKED, "No, never.", tenant="t", embedding=v, metadata={"k": 1}, usage=usage)
+    assert slip.disputed
+    m.feedback(slip.feedback(True, magnitude=2.0))
+    assert not redis_client.exists(tenant_keys("t").entry(first.entry_id))
+    cal = tenant_state(m.storage).calibration("t")
+    assert (cal.exact_right, cal.exact_wrong) == (0.0, 1.0)  # the cached answer was wrong
+    own = redis_client.hget(tenant_keys("t").q, codec.query_digest(ASKED, ""))
+    assert own is not None and own.decode() != first.entry_id
+    entry = m.storage.get_entry("t", own.decode())
+    assert entry.response == "No, never." and entry.metadata == {"k": 1}
+    assert entry.usage is not None and entry.usage.prompt_tokens == 7
+    assert entry.bandit_arm.alpha == 3.0  # the prior's 1 and the reaction's 2
+    assert m.stats("t")["entries"] == 1
+
+
+def test_feedback_by_the_completion_id_of_a_disputed_answer_settles_the_dispute(
+    redis_client: redis.Redis, redis_url: str, upstream: tuple[str, UpstreamState]
+) -> None:
+    """The proxy's answer that disputes the cached one is not cached, but its completion
+    id is mapped to the dispute: feedback by it is accepted and settles it."""
+    config = CacheConfig(max_error_rate=0.02, verify_rate=0.0)
+    url, state = upstream
+    with running_service(redis_client, redis_url, upstream_url=url, config=config) as svc:
+        c = openai_client(svc)
+        _, h = ask(c, ASKED)
+        first = h["x-zerda-entry-id"]
+        state.reply = "No, never."  # the LLM answers otherwise when verified
+        reply, h = ask(c, ASKED)
+        assert reply.choices[0].message.content == "No, never."
+        assert h["x-zerda-cache"] == "verify" and h["x-zerda-verified"] == "false"
+        assert "x-zerda-entry-id" not in h  # not cached: it disputes the cached answer
+        body = {"completion_id": h["x-zerda-completion-id"], "positive": True}
+        resp = httpx.post(svc.url + "/v1/feedback", json=body, headers=svc.headers("acme"))
+        assert resp.status_code == 200, resp.text
+        assert not redis_client.exists(tenant_keys("acme").entry(first))
+        state.reply = None
+        again, h = ask(c, ASKED)  # approved: stored, confirmed by the reaction
+        assert again.choices[0].message.content == "No, never."
+
+
+def test_the_json_api_takes_a_reaction_to_a_disputed_answer(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """``/v1/put`` says an answer is ``disputed``; feedback with ``disputed: true`` on
+    the entry it disputes settles the dispute (a negative one here: the cached answer
+    stays, its label turns right) and leaves the cached arm alone."""
+    config = CacheConfig(max_error_rate=0.02, verify_rate=0.0)
+    with running_service(redis_client, redis_url, config=config) as svc:
+
+        def post(path: str, body: dict[str, Any]) -> Any:
+            resp = httpx.post(svc.url + path, json=body, headers=svc.headers("acme"))
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+        first = post("/v1/put", {"query": ASKED, "response": "Yes, once."})["entry_id"]
+        held = post("/v1/lookup", {"query": ASKED})
+        assert held["decision"] == "verify"
+        body = {"query": ASKED, "response": "No, never.", "verify_token": held["verify_token"]}
+        put = post("/v1/put", body)
+        assert put["disputed"] and not put["stored"] and put["compared_id"] == first
+        key = tenant_keys("acme").entry(first)
+        arm = redis_client.hget(tenant_keys("acme").st, first)
+        reaction = {"entry_id": first, "disputed": True, "positive": False}
+        assert post("/v1/feedback", reaction)["entry_id"] == first
+        assert not redis_client.hexists(key, "dsp")
+        assert redis_client.hget(tenant_keys("acme").st, first) == arm
