@@ -487,3 +487,21 @@ def test_serve_takes_its_settings_from_the_environment(
         finally:
             proc.terminate()
             proc.communicate(timeout=30)
+
+
+def test_keys_create_under_command_substitution_says_where_the_token_went(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """`TOKEN=$(zerda-cache keys create ...)` left the user looking at a stderr line
+    ending in "the token is shown only this once:" with nothing after it: the token had
+    gone to $TOKEN. The line says where the token is printed, whole on its own."""
+    proc = subprocess.run(
+        [*ZERDA_CACHE, "--redis-url", redis_url, "keys", "create", "--tenant", "acme"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    token = proc.stdout.strip()
+    assert token.startswith("zk_") and proc.stdout.count("\n") == 1, proc.stdout
+    said = " ".join(proc.stderr.split())
+    assert not said.endswith(":"), said
+    assert "for tenant acme" in said and "printed on stdout, only this once" in said, said
+    assert token not in proc.stderr

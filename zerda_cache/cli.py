@@ -1480,7 +1480,12 @@ def keys_create(state: CliState, tenant: str, name: str) -> None:
 
     with errors():
         token, record = create_key(state.storage(), tenant, name)
-        err.print(f"key {record.id} for tenant {tenant}; the token is shown only this once:")
+        # Said whole on its own line: under TOKEN=$(...) the token goes to the variable
+        # and only this line is seen, so it must not end where the token would follow.
+        err.print(
+            f"created key {record.id} for tenant {tenant}: its token is printed on stdout, "
+            "only this once (it cannot be shown again)"
+        )
         click.echo(token)
 
 
