@@ -227,3 +227,13 @@ def test_the_size_check_sees_a_long_function() -> None:
         f"m.py: def f is {MAX_FUNCTION_LINES + 1} lines"
     ]
     assert oversized("def g():\n    return 1\n", "m.py") == []
+
+
+#: The README is a newcomer's first page: what it is, how to install it, one example a
+#: way in; the detail is in docs/ (each example's home), so that it stays read whole.
+MAX_README_LINES = 250
+
+
+def test_the_readme_stays_a_first_page() -> None:
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines (at most {MAX_README_LINES})"
