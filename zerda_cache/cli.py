@@ -965,7 +965,9 @@ def tenant_settings_list(as_json: bool) -> None:
 @json_option
 @pass_state
 def tenant_show(state: CliState, name: str, as_json: bool) -> None:
-    """Show a tenant's effective policy: its stored settings over the defaults. Exit 1
+    """Show a tenant's effective policy: its stored settings, and where it stored none,
+    what the replicas and the worker that read its policy in the last minute report they
+    apply (or their disagreement; this command's defaults when none reported). Exit 1
     for a tenant that was never put to, configured or given an API key."""
     from zerda_cache.core.validation import validate_tenant
 
