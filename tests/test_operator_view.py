@@ -143,8 +143,9 @@ def test_a_replica_on_a_cluster_reports_too(
     replica = make_manager(
         CacheConfig(redis_timeout_s=5.0, max_error_rate=0.05), url=redis_cluster.url, cluster=True
     )
+    writer = make_manager(url=redis_cluster.url, cluster=True)
     for tenant in ("t1", "tenant-three"):
-        replica.put("q", "a", tenant=tenant, embedding=unit(1, 8))
+        writer.put("q", "a", tenant=tenant, embedding=unit(1, 8))
         replica.lookup("q", tenant=tenant, embedding=unit(1, 8))
         reports = RedisStorage(cluster_client).settings_reports(tenant)
         assert [r.process for r in reports] == [replica.storage.reporter.process], tenant
