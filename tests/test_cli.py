@@ -7,6 +7,7 @@ import logging
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from zerda_cache.cli import cli
 from zerda_cache.storage import RedisStorage
 
 ROOT = Path(__file__).resolve().parents[1]
+#: ``zerda-cache`` as its own process, run by the interpreter running the tests: the
+#: checkout may have no .venv (or not yet, when this runs before the test that makes one).
+ZERDA_CACHE = [sys.executable, "-m", "zerda_cache.cli"]
 
 
 def run(url: str, *args: str) -> tuple[int, str]:
@@ -120,6 +124,21 @@ def test_make_never_ends_processes_by_name() -> None:
     assert "pkill" not in dry.stdout and "killall" not in dry.stdout
 
 
+def test_no_test_runs_the_checkouts_venv() -> None:
+    """test_piped_output ran ROOT/.venv/bin/zerda-cache, so it failed in a checkout
+    without .venv, or when it ran before the test that makes one. Tests run what the
+    running interpreter runs (sys.executable, or the bin directory beside it)."""
+    venv = re.escape(".venv")  # joined onto a path, or a path to a program in its bin/
+    joined = re.compile(rf"/\s*[\"']{venv}[\"']|[\"']{venv}/bin/(?!python benchmarks/)")
+    found = [
+        f"{path.name}:{n}"
+        for path in sorted((ROOT / "tests").glob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if joined.search(line)
+    ]
+    assert found == [], found
+
+
 def test_entries_list_and_json_output(redis_client: redis.Redis, redis_url: str) -> None:
     st = RedisStorage(redis_client)
     rng = np.random.default_rng(1)
@@ -173,7 +192,7 @@ def test_piped_output_is_not_cut_to_80_columns(redis_client: redis.Redis, redis_
     name = "a-tenant-with-a-rather-long-name-" + "x" * 30
     RedisStorage(redis_client).put(name, "q", "a", np.ones(8))
     out = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "zerda-cache"), "--redis-url", redis_url, "stats"],
+        [*ZERDA_CACHE, "--redis-url", redis_url, "stats"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert name in out and "10,000" in out and "…" not in out
@@ -468,3 +487,21 @@ def test_serve_takes_its_settings_from_the_environment(
         finally:
             proc.terminate()
             proc.communicate(timeout=30)
+
+
+def test_keys_create_under_command_substitution_says_where_the_token_went(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """`TOKEN=$(zerda-cache keys create ...)` left the user looking at a stderr line
+    ending in "the token is shown only this once:" with nothing after it: the token had
+    gone to $TOKEN. The line says where the token is printed, whole on its own."""
+    proc = subprocess.run(
+        [*ZERDA_CACHE, "--redis-url", redis_url, "keys", "create", "--tenant", "acme"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    token = proc.stdout.strip()
+    assert token.startswith("zk_") and proc.stdout.count("\n") == 1, proc.stdout
+    said = " ".join(proc.stderr.split())
+    assert not said.endswith(":"), said
+    assert "for tenant acme" in said and "printed on stdout, only this once" in said, said
+    assert token not in proc.stderr

@@ -4,6 +4,7 @@ zerda-cache, and the learning curve's empty windows left as gaps."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -12,8 +13,17 @@ from pathlib import Path
 
 import pytest
 import redis
+from rich.console import Console
 
-from zerda_cache.demo import _by_reason, _chart, _nan, _windows
+from zerda_cache.demo import (
+    DemoOptions,
+    _by_reason,
+    _chart,
+    _nan,
+    _recent_rates,
+    _run_replicas,
+    _windows,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,3 +133,20 @@ def test_evictions_read_as_words() -> None:
     assert _by_reason({"expired": 3, "capacity": 12, "low_reward": 3}) == (
         "capacity 12, expired 3, low reward 3"
     )
+
+
+def test_a_replica_that_answered_nothing_yet_does_not_stop_the_run(redis_url: str) -> None:
+    """A loaded machine's replica that answered no request in its first window sent an
+    empty batch, and the progress bar's rates divided by zero: the demo (and a fresh
+    clone's ``make test``) died in ZeroDivisionError. A run of no time at all makes that
+    first window empty on any machine."""
+    assert _recent_rates([]) == {}
+    assert _recent_rates([(0.1, 1, 0, 1, 1, 1), (0.2, 0, 0, 1, 0, 0)]) == {
+        "hit": 0.5,
+        "wrong": 0.0,
+        "base_wrong": 0.5,
+    }
+    out = io.StringIO()
+    opts = DemoOptions(duration_s=0.0, replicas=1, redis_url=redis_url)
+    assert _run_replicas(Console(file=out), opts, redis_url) == []
+    assert "stopped answering" not in out.getvalue()

@@ -182,6 +182,38 @@ def test_readme_curl_example_runs_as_written(
     assert any(k.startswith(b"zc:{acme}:e:") for k in redis_client.scan_iter("zc:{acme}:*"))
 
 
+def test_readme_curl_example_stops_when_serve_does(redis_url: str, tmp_path: Path) -> None:
+    """A newcomer without the minilm extra: `serve --embedder minilm` exited 2 and the
+    block's `until curl ... readyz` loop waited for ever. The wait ends when serve has
+    stopped: here serve is given an embedder that does not exist, and the block ends
+    (in error: the curls after it fail) with serve's message on stderr."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    assert "--embedder minilm" in SHELL
+    script = SHELL.replace(README_REDIS_URL, redis_url).replace(README_PORT, str(free_port()))
+    script = script.replace("--embedder minilm", "--embedder no-such-embedder")
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    with (tmp_path / "err").open("w") as err:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-c", script],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            stop_group(proc.pid)
+            proc.wait()
+    said = (tmp_path / "err").read_text()
+    assert code is not None, "the wait loop outlived serve: " + said[-2000:]
+    assert code != 0 and "no-such-embedder" in said, said[-2000:]
+
+
 def stop_group(pgid: int) -> None:
     """Stop the process group this test started (bash and the `serve` it left running)."""
     try:

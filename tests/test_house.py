@@ -290,3 +290,13 @@ def test_the_circle_check_sees_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert import_circles(graph) == [["a", "b", "c"]]
     assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+#: The README is a newcomer's first page: what it is, how to install it, one example a
+#: way in; the detail is in docs/ (each example's home), so that it stays read whole.
+MAX_README_LINES = 250
+
+
+def test_the_readme_stays_a_first_page() -> None:
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines (at most {MAX_README_LINES})"

@@ -52,6 +52,7 @@ from zerda_cache.learning.match_model import FEATURES
 from zerda_cache.learning.tenant_policy import POLICY_FIELDS, TenantPolicy, flatten
 from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.storage import RedisStorage, connect
+from zerda_cache.storage.reports import REPORT_TTL_S, ProcessReport, said
 from zerda_cache.worker.maintenance import Maintenance
 
 # Piped output (a file, grep, a CI log) is not cut to 80 columns as rich does by default.
@@ -983,7 +984,9 @@ def tenant_settings_list(as_json: bool) -> None:
 @json_option
 @pass_state
 def tenant_show(state: CliState, name: str, as_json: bool) -> None:
-    """Show a tenant's effective policy: its stored settings over the defaults. Exit 1
+    """Show a tenant's effective policy: its stored settings, and where it stored none,
+    what the replicas and the worker that read its policy in the last minute report they
+    apply (or their disagreement; this command's defaults when none reported). Exit 1
     for a tenant that was never put to, configured or given an API key."""
     from zerda_cache.core.validation import validate_tenant
 
@@ -1021,15 +1024,86 @@ def _exact_bar_text(bar: float | None) -> str:
 
 def _show_tenant(state: CliState, name: str, as_json: bool = False) -> None:
     st = state.storage()
-    policy = TenantState(st).policy(name)
+    reports = st.settings_reports(name)
+    policy = _as_applied(TenantState(st).policy(name), reports)
     if as_json:
-        _print_json(_tenant_json(st, name, policy))
+        _print_json(_tenant_json(st, name, policy, reports))
     else:
-        console.print(_tenant_table(st, name, policy))
+        console.print(_tenant_table(st, name, policy, reports))
 
 
-def _tenant_json(st: RedisStorage, name: str, policy: TenantPolicy) -> dict[str, Any]:
-    """``tenant show --json``: the effective policy and what the tenant learnt."""
+#: The settings ``tenant show`` leads with, and how it writes their values.
+_LIMITS: dict[str, Callable[[Any], str]] = {
+    "max_entries": lambda v: f"{v:,}",
+    "max_bytes": lambda v: "none" if v is None else _fmt_bytes(v),
+    "ttl": lambda v: "none" if v is None else f"{v:,.0f} s",
+    "max_error_rate": lambda v: "none (no bound)" if v is None else f"{v:.2%}",
+}
+
+
+def _as_applied(policy: TenantPolicy, reports: Sequence[ProcessReport]) -> TenantPolicy:
+    """``policy`` (this command's configuration with the tenant's stored settings) with
+    each leading setting the tenant did not store as the processes that apply it
+    reported it, where they agree (``storage/reports.py``): so that the bound and what
+    it serves are the replicas', the capacity the worker's."""
+    changes: dict[str, Any] = {}
+    for setting in _LIMITS:
+        groups = said(reports, setting)
+        if setting not in policy.stored and len(groups) == 1:
+            changes[setting] = groups[0][0]
+    if not changes:
+        return policy
+    cfg = policy.config
+    ev = replace(
+        cfg.eviction,
+        max_entries=changes.get("max_entries", cfg.eviction.max_entries),
+        max_bytes=changes.get("max_bytes", cfg.eviction.max_bytes),
+    )
+    config = replace(
+        cfg,
+        eviction=ev,
+        default_ttl_s=changes.get("ttl", cfg.default_ttl_s),
+        max_error_rate=changes.get("max_error_rate", cfg.max_error_rate),
+    )
+    return replace(policy, config=config)
+
+
+def _applied_text(
+    setting: str, value: Any, policy: TenantPolicy, reports: Sequence[ProcessReport]
+) -> str:
+    """A leading setting's value in ``tenant show``, and whose it is: stored for the
+    tenant, the configuration of the processes that reported it (or their
+    disagreement), or this command's default when none of them reported."""
+    fmt = _LIMITS[setting]
+    if setting in policy.stored:
+        return fmt(value)
+    who = "worker" if POLICY_FIELDS[setting].section == "eviction" else "replica"
+    groups = said(reports, setting)
+    if not groups:
+        return f"{fmt(value)} (default: no {who} reported its settings)"
+    if len(groups) == 1:
+        return f"{fmt(groups[0][0])} (configuration of {_plural(len(groups[0][1]), who)})"
+    each = ", ".join(f"{fmt(v)} ({_plural(len(procs), who)})" for v, procs in groups)
+    return f"[yellow]{who}s disagree: {each}[/yellow]"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _reports_text(reports: Sequence[ProcessReport]) -> str:
+    """Who reported the settings they apply to the tenant (``tenant show``)."""
+    if not reports:
+        return f"no replica or worker in the last {REPORT_TTL_S:.0f} s"
+    roles = sorted({r.role for r in reports})
+    return ", ".join(_plural(sum(r.role == role for r in reports), role) for role in roles)
+
+
+def _tenant_json(
+    st: RedisStorage, name: str, policy: TenantPolicy, reports: Sequence[ProcessReport]
+) -> dict[str, Any]:
+    """``tenant show --json``: the effective policy and what the tenant learnt; the
+    leading settings as the processes that apply them reported them."""
     settings = st.tenant_settings(name)
     cfg, ev, cal = policy.config, policy.eviction, policy.calibration
     threshold = policy.threshold()
@@ -1038,6 +1112,11 @@ def _tenant_json(st: RedisStorage, name: str, policy: TenantPolicy) -> dict[str,
         "version": policy.version,
         "stored": dict(policy.stored),
         "rejected": dict(policy.rejected),
+        "reports": [dataclasses.asdict(r) for r in reports],
+        "applied": {
+            setting: [{"value": v, "processes": procs} for v, procs in said(reports, setting)]
+            for setting in _LIMITS
+        },
         "max_entries": ev.max_entries,
         "max_bytes": ev.max_bytes,
         "ttl": cfg.default_ttl_s,
@@ -1058,28 +1137,24 @@ def _tenant_json(st: RedisStorage, name: str, policy: TenantPolicy) -> dict[str,
     }
 
 
-def _tenant_table(st: RedisStorage, name: str, policy: TenantPolicy) -> Table:
-    """``tenant show``: the limits (each marked when a default), what the error bound
-    serves, what the tenant learnt, the other stored settings and those left out."""
+def _tenant_table(
+    st: RedisStorage, name: str, policy: TenantPolicy, reports: Sequence[ProcessReport]
+) -> Table:
+    """``tenant show``: the limits (stored, or as the processes that apply them
+    reported them), what the error bound serves, what the tenant learnt, the other
+    stored settings and those left out."""
     settings = st.tenant_settings(name)
     cfg, ev, cal = policy.config, policy.eviction, policy.calibration
-    bound = cfg.max_error_rate
 
-    def mark(setting: str) -> str:
-        return "" if setting in policy.stored else " (default)"
+    def applied(setting: str, value: Any) -> str:
+        return _applied_text(setting, value, policy, reports)
 
     table = Table(title=f"tenant {name} (policy version {policy.version})", show_header=False)
-    table.add_row("max entries", f"{ev.max_entries:,}" + mark("max_entries"))
-    table.add_row(
-        "max bytes",
-        "none" if ev.max_bytes is None else _fmt_bytes(ev.max_bytes) + mark("max_bytes"),
-    )
-    ttl = cfg.default_ttl_s
-    table.add_row("default ttl", "none" if ttl is None else f"{ttl:,.0f} s" + mark("ttl"))
-    table.add_row(
-        "max error rate",
-        "none (no bound)" if bound is None else f"{bound:.2%}" + mark("max_error_rate"),
-    )
+    table.add_row("settings reported by", _reports_text(reports))
+    table.add_row("max entries", applied("max_entries", ev.max_entries))
+    table.add_row("max bytes", applied("max_bytes", ev.max_bytes))
+    table.add_row("default ttl", applied("ttl", cfg.default_ttl_s))
+    table.add_row("max error rate", applied("max_error_rate", cfg.max_error_rate))
     serving = policy.serving()
     if serving is not None:
         _add_bound_rows(table, policy, serving)
@@ -1426,7 +1501,12 @@ def keys_create(state: CliState, tenant: str, name: str) -> None:
 
     with errors():
         token, record = create_key(state.storage(), tenant, name)
-        err.print(f"key {record.id} for tenant {tenant}; the token is shown only this once:")
+        # Said whole on its own line: under TOKEN=$(...) the token goes to the variable
+        # and only this line is seen, so it must not end where the token would follow.
+        err.print(
+            f"created key {record.id} for tenant {tenant}: its token is printed on stdout, "
+            "only this once (it cannot be shown again)"
+        )
         click.echo(token)
 
 

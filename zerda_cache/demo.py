@@ -256,7 +256,8 @@ def _replica(url: str, index: int, opts: DemoOptions, started_at: float, queue: 
             batch = []
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
-    queue.put(batch)
+    if batch:
+        queue.put(batch)
     queue.put(None)
     manager.close()
 
@@ -509,6 +510,19 @@ def _progress(console: Console) -> Progress:
     )
 
 
+def _recent_rates(rows: list[Row]) -> dict[str, Any]:
+    """The progress bar's rates over the last 300 requests; none (the bar keeps what it
+    shows) before the first request, as when a loaded machine answered nothing yet."""
+    recent = rows[-300:]
+    if not recent:
+        return {}
+    return {
+        "hit": sum(r[1] for r in recent) / len(recent),
+        "wrong": sum(r[2] for r in recent) / len(recent),
+        "base_wrong": sum(r[5] for r in recent) / len(recent),
+    }
+
+
 def _run_replicas(console: Console, opts: DemoOptions, url: str) -> list[Row] | None:
     """Start the replicas, each its own process, and gather their rows until every one
     is done, showing the progress; ``None`` when one stops answering."""
@@ -538,14 +552,7 @@ def _run_replicas(console: Console, opts: DemoOptions, url: str) -> list[Row] | 
                 done += 1
                 continue
             rows += batch
-            recent = rows[-300:]
-            progress.update(
-                task,
-                completed=min(len(rows), expected),
-                hit=sum(r[1] for r in recent) / len(recent),
-                wrong=sum(r[2] for r in recent) / len(recent),
-                base_wrong=sum(r[5] for r in recent) / len(recent),
-            )
+            progress.update(task, completed=min(len(rows), expected), **_recent_rates(rows))
     for p in procs:
         p.join(10)
     return rows

@@ -1,8 +1,9 @@
 """A cache entry and its bandit arm: the state, and every formula applied to it.
 
-The formulas here are the reference. The Lua scripts in ``zerda_cache/lua/`` implement the
-same ones (``arm.lua`` is shared by the scripts), and ``tests/test_parity.py`` holds the
-two equal on random sequences of feedback, hits and decay.
+The formulas here are the reference. The Lua scripts in ``zerda_cache/storage/lua/``
+implement the same ones (``_lib.lua`` is shared by the scripts), and
+``tests/test_parity.py`` holds the two equal on random sequences of feedback, hits and
+decay.
 
 Time: an arm stores its values *as of* ``decayed_at``. Its value at a later time ``now`` is
 the excess over the prior shrunk by ``usage_decay ** ((now - decayed_at) / interval)``.

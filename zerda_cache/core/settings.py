@@ -5,8 +5,9 @@ field each, by the names of ``POLICY_FIELDS``: ``similarity_threshold``,
 ``rl.min_reward_to_serve``, ``eviction.reward_weight``, ... (the four older settings
 keep their short names: ``max_entries``, ``max_bytes``, ``ttl``, ``max_error_rate``).
 This module is the schema of that hash, beside ``config.py``: storage validates a change
-with ``check_changes`` before its script writes it, and ``policy.TenantPolicy`` applies
-the stored overrides with ``resolve``.
+with ``check_changes`` before its script writes it, and
+``zerda_cache.learning.tenant_policy.TenantPolicy`` applies the stored overrides with
+``resolve``.
 """
 
 from __future__ import annotations

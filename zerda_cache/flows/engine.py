@@ -33,11 +33,7 @@ from zerda_cache.core.entry import LLMUsage
 from zerda_cache.core.errors import InvalidFeedbackError, StorageError
 from zerda_cache.core.results import CacheHit, Decision, PutResult
 from zerda_cache.core.savings import cost, from_stats, price_table, stat_fields
-from zerda_cache.core.validation import (
-    check_query,
-    check_scope,
-    validate_tenant,
-)
+from zerda_cache.core.validation import check_query, check_scope, validate_tenant
 from zerda_cache.flows.admission import AdmissionCheck, default_admission
 from zerda_cache.flows.counting import LookupCounts, record_window
 from zerda_cache.flows.lookup import Found, LookupSteps
@@ -60,6 +56,7 @@ from zerda_cache.storage import codec
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.connect import connect
 from zerda_cache.storage.driver import Flow, Job, Step, call, op, run_sync
+from zerda_cache.storage.reports import SettingsReporter
 from zerda_cache.storage.store import Storage
 
 log = logging.getLogger(__name__)
@@ -115,6 +112,9 @@ class CacheEngine:
         self.storage = self.storage_class(client, config, clock=clock)
         self.client = client
         self.config: CacheConfig = self.storage.config
+        #: The settings this replica applies, reported to each tenant it serves (with
+        #: policy refreshes: ``storage/reports.py``) for ``zerda-cache tenant show``.
+        self.storage.reporter = SettingsReporter(self.config, "replica")
         self.embed_fn = embed_fn
         self.admission = admission if admission is not None else default_admission(self.config)
         rl, eviction = self.config.rl, self.config.eviction

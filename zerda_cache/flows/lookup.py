@@ -455,6 +455,9 @@ class LookupSteps:
         if refresh:  # read the policy again for the next lookups, in this round trip
             trip.read_policy(read_policy(st, tenant))
             trip.send(st.register(tenant))
+            said = st.report_settings(tenant)  # the settings this replica applies
+            if said is not None:
+                trip.send(said)
         if lookup.plan is not None:
             trip.try_hit(lookup.plan)
         else:

@@ -160,16 +160,20 @@ class PolicyCache:
         """The tenant's policy: the configuration with the tenant's stored settings on
         top (``zerda_cache.learning.tenant_policy``), read from Redis when the cached one
         is older than ``policy_refresh_s`` (or ``fresh``). ``register``: add the tenant to
-        the registry in the same round trip (lookups do; a refused put must not)."""
+        the registry in the same round trip, and report this process's settings to it when
+        due (lookups do; a refused put or feedback must write nothing)."""
         validate_tenant(tenant)
         cached = self.cached.get(tenant)
         mono = time.monotonic()
         if not fresh and cached is not None and mono - cached[0] <= self.config.policy_refresh_s:
             return cached[1]
         st = self.storage
-        parts: list[ReadPlan[Any]] = [read_policy(st, tenant)]
-        if register:
+        parts: list[ReadPlan[Any] | ScriptCall[Any]] = [read_policy(st, tenant)]
+        if register:  # with the settings this process applies, when due
             parts.append(st.register(tenant))
+            report = st.report_settings(tenant)
+            if report is not None:
+                parts.append(report)
         replies = yield from st.read_flow(st.batch("policy", parts))
         policy: TenantPolicy = replies[0]
         self.cached[tenant] = (mono, policy)

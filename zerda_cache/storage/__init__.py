@@ -4,11 +4,23 @@
 module             holds
 =================  ===========================================================================
 ``keys``           the only place key strings are built
-``codec``          msgpack maps and raw float32 vectors: every value stored or read
+``codec``          msgpack maps and vectors (by default ``h`` then float16 bytes, or float32
+                   bytes): every value stored or read
 ``scripts``        the Lua scripts (``lua/*.lua``), registered once per client
-``plans``          script arguments, read commands and reply parsing, without I/O
+``plan_base``      what every plan shares: configuration, keys, the bandit's script arguments
+``entry_plans``    the plans that write entries (put, hit, feedback, decay, evict, restore)
+``tenant_plans``   the plans that read a tenant (entries, states, log, labels, settings)
+``plans``          ``StoragePlans``: both, without I/O
+``replies``        what plans return (``ScriptCall``, ``ReadPlan``) and reply parsing
 ``driver``         runs flows over sync or asyncio clients; error wrapping
+``executor``       how a plan is sent: one script call, one pipeline, one command
+``wire``           the lookup's round trip on the wire, without redis-py's per-command layers
 ``store``          ``RedisStorage`` / ``AsyncRedisStorage``: every command, written once
+``entry_store``    storage's operations on entries
+``tenant_store``   storage's operations on a tenant as a whole, and the worker's keys
+``snapshots``      the worker's index snapshots, written in chunks and published at once
+``service_store``  the HTTP service's API keys, completion ids and coalescing leases
+``reports``        the settings each replica and worker applies, reported to each tenant
 ``connect``        clients for a URL with zerda-cache's timeouts
 ``lease``          the worker's token-checked lease
 =================  ===========================================================================

@@ -28,6 +28,8 @@ key                    type     holds
 ``p:{t}:seen``         list     under a bound: lookups' features in batches (msgpack), for
                                 rescoring the lookup counts under a new model (capped)
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
+``p:{t}:rep``          hash     process id -> the settings that replica or worker applies
+                                to the tenant, with its time (reports.py; expires)
 ``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
 ``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size
 ``p:{t}:snap:<g>:<i>`` string   chunk ``i`` of snapshot generation ``g``
@@ -70,6 +72,7 @@ class TenantKeys:
     lab: str
     seen: str
     bad: str
+    rep: str
     ev: str
     snap: str
     tags: str
@@ -117,6 +120,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         lab=base + "lab",
         seen=base + "seen",
         bad=base + "bad",
+        rep=base + "rep",
         ev=base + "ev",
         snap=base + "snap",
         tags=base + "tags",

@@ -411,7 +411,7 @@ class LabelLogRows(NamedTuple):
 
 class TenantHashes(NamedTuple):
     """A tenant's settings hash and its calibration hash, as ``HGETALL`` returns them
-    (``policy.TenantPolicy.parse`` applies them)."""
+    (``tenant_policy.TenantPolicy.parse`` applies them)."""
 
     settings: dict[Any, Any]
     labels: dict[Any, Any]

@@ -64,6 +64,9 @@ FLAGS = {
     # wrong, the conservative side). Resolving one frees it.
     "dispute": "",
     "resolve": "allow-oom",
+    # A process's report of its settings: a few hundred bytes that it rewrites, and its
+    # own pcalls; a full server must not refuse the lookup that carries it.
+    "report": "allow-oom",
 }
 SCRIPT_NAMES = (
     "put",
@@ -89,6 +92,7 @@ SCRIPT_NAMES = (
     "dim",
     "tag_sweep",
     "restore_entry",
+    "report",
 )
 
 
@@ -135,6 +139,7 @@ class Scripts:
     dim: Any
     tag_sweep: Any
     restore_entry: Any
+    report: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

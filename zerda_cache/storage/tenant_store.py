@@ -22,7 +22,9 @@ from zerda_cache.storage.plans import (
     LogDelta,
     LogInfo,
     ReadPlan,
+    ScriptCall,
 )
+from zerda_cache.storage.reports import ProcessReport, SettingsReporter, parse_reports
 from zerda_cache.storage.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,26 @@ TENANT_SETTINGS = tuple(POLICY_FIELDS)
 
 class TenantStore(SnapshotStore):
     """A tenant's counters, settings, logs and registry, and the worker's keys."""
+
+    #: Set by a replica (``CacheEngine``) and by the worker: the settings this process
+    #: applies, reported to each tenant whose policy it reads (``storage/reports.py``).
+    reporter: SettingsReporter | None = None
+
+    def report_settings(self, tenant: str) -> ScriptCall[int] | None:
+        """The report of this process's settings to ``tenant``, when one is due (sent in
+        the round trip that reads the tenant's policy); ``None`` when not, or when this
+        process reports nothing (the CLI)."""
+        reporter = self.reporter
+        if reporter is None or not reporter.due(tenant):
+            return None
+        return reporter.plan(self.keys(tenant), self.now_arg())
+
+    def settings_reports_flow(self, tenant: str) -> Flow[list[ProcessReport]]:
+        """The settings the replicas and workers that read ``tenant``'s policy lately
+        apply to it, one report a process (``storage/reports.py``)."""
+        now = yield from self.now_flow()
+        raw = yield from self.command_flow("settings reports", "hgetall", self.keys(tenant).rep)
+        return parse_reports(raw or {}, now)
 
     def stats_flow(self, tenant: str) -> Flow[dict[str, int]]:
         """The tenant's counters plus ``entries`` (live ids)."""
@@ -230,6 +252,7 @@ class TenantStore(SnapshotStore):
     record_cycle = op(record_cycle_flow)
     recent_cycles = op(recent_cycles_flow)
     leader = op(leader_flow)
+    settings_reports = op(settings_reports_flow)
 
 
 def _ignore(replies: list[Any]) -> None:

@@ -119,6 +119,29 @@ class EvictionReport:
     seconds: float = 0.0
     tags_swept: int = 0  # ids of removed entries dropped from tags' sets
 
+    def summary(self) -> str | None:
+        """What the cycle did, in words, counting only what happened ("evicted 3 entries
+        (capacity 2, expired 1); kept 1 entry that changed since it was scored"), or
+        ``None`` when it removed and kept nothing (a reported id already gone is nothing).
+        """
+        counts = sorted(
+            ((n, reason) for reason, n in self.removed.items() if n), key=lambda c: (-c[0], c[1])
+        )
+        parts = []
+        if counts:
+            total = sum(n for n, _ in counts)
+            why = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for n, reason in counts)
+            parts.append(f"evicted {total:,} {'entry' if total == 1 else 'entries'} ({why})")
+        if self.kept_changed:
+            n = self.kept_changed
+            what = (
+                "entry that changed since it was"
+                if n == 1
+                else "entries that changed since they were"
+            )
+            parts.append(f"kept {n:,} {what} scored")
+        return "; ".join(parts) or None
+
 
 def _with_versions(cols: StateArrays, mask: np.ndarray) -> list[tuple[str, int]]:
     """The ids of ``cols`` where ``mask`` holds, each with the version it was scored at."""

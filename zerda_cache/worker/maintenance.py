@@ -226,14 +226,9 @@ class Maintenance:
             plan = self.plan_eviction(tenant)
         report = self.execute(plan)
         report.tags_swept = self.sweep_tags(tenant)
-        if report.removed or report.kept_changed:
-            log.info(
-                "tenant %s: evicted %s, kept %d changed since scored (%.2fs)",
-                tenant,
-                report.removed,
-                report.kept_changed,
-                report.seconds,
-            )
+        summary = report.summary()
+        if summary:
+            log.info("tenant %s: %s (%.2fs)", tenant, summary, report.seconds)
         return report
 
     def maintain_tenant(self, tenant: str) -> tuple[DecayReport, EvictionReport]:

@@ -60,6 +60,7 @@ from zerda_cache.metrics import TenantSnapshot, WorkerMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import leader_key
 from zerda_cache.storage.lease import Lease
+from zerda_cache.storage.reports import SettingsReporter
 from zerda_cache.worker.maintenance import Maintenance
 from zerda_cache.worker.snapshot import Snapshotter
 
@@ -98,6 +99,8 @@ class Worker:
         self.client = client
         self.storage = RedisStorage(client, self.config)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        # The settings this worker applies, reported to each tenant its passes read.
+        self.storage.reporter = SettingsReporter(self.config, "worker", process=self.worker_id)
         self.lease = Lease(
             client,
             leader_key(self.config.key_prefix),

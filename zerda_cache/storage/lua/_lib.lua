@@ -1,6 +1,6 @@
 -- KEYS: none. ARGV: none. returns: nothing. Not a script: scripts.py prepends this library
--- to put, hit, feedback, decay, evict, label and traffic, so that each formula of zerda_cache/entry.py exists once
--- in Lua. Arms are msgpack maps {a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at}.
+-- to put, hit, feedback, decay, evict, state, label and traffic, so that each formula of
+-- zerda_cache/core/entry.py exists once in Lua. Arms are msgpack maps {a=alpha, b=beta, n=pulls, r=reward_sum, t=decayed_at}.
 
 -- The one clock: the caller's injected time (tests) or the Redis server's TIME.
 local function zc_now(argv_now)

@@ -6,7 +6,8 @@
 -- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists;
 -- {-3} the tenant's dimension is lost and unknown to the caller (see ARGV[15]).
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
--- ARGV[4] vec (float32 bytes)  ARGV[5] dim  ARGV[6] digest of (normalised query, scope)
+-- ARGV[4] vec (codec.encode_vector: by default 'h' then float16 bytes, or float32 bytes)
+-- ARGV[5] dim  ARGV[6] digest of (normalised query, scope)
 -- ARGV[7] scope  ARGV[8] ttl_s from the caller ('' = none given)  ARGV[9] similarity
 -- ARGV[10] quality  ARGV[11] prior_alpha  ARGV[12] prior_beta
 -- ARGV[13] log maxlen (approximate)  ARGV[14] the configured default ttl_s (0 = none)

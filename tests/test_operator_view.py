@@ -1,0 +1,152 @@
+"""What an operator reads: the worker's log lines, and the settings replicas and
+workers serve under as ``zerda-cache tenant show`` reports them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from click.testing import CliRunner
+from conftest import unit
+
+from zerda_cache import CacheConfig, EvictionConfig
+from zerda_cache.cli import cli
+from zerda_cache.storage import RedisStorage
+from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.storage.reports import REPORT_TTL_S, SettingsReporter
+from zerda_cache.worker.eviction import EvictionReport
+from zerda_cache.worker.maintenance import Maintenance
+from zerda_cache.worker.scheduler import Worker
+
+
+def test_the_eviction_log_line_says_what_happened_in_words() -> None:
+    assert EvictionReport("t", removed={"corrupt": 0}).summary() is None
+    assert EvictionReport("t", removed={"corrupt": 0}, already_gone=1).summary() is None
+    report = EvictionReport("t", removed={"expired": 1, "capacity": 2, "corrupt": 0})
+    assert report.summary() == "evicted 3 entries (capacity 2, expired 1)"
+    report = EvictionReport("t", removed={"low_reward": 1}, kept_changed=1)
+    assert report.summary() == (
+        "evicted 1 entry (low reward 1); kept 1 entry that changed since it was scored"
+    )
+    assert EvictionReport("t", kept_changed=2).summary() == (
+        "kept 2 entries that changed since they were scored"
+    )
+
+
+def test_a_cycle_that_removed_nothing_logs_nothing(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica reported an entry corrupt that was gone by the worker's cycle: the worker
+    logged "evicted {'corrupt': 0}, kept 0 changed since scored"."""
+    st = RedisStorage(redis_client)
+    st.put("t", "q", "a", unit(1, 8))
+    redis_client.sadd(tenant_keys("t").bad, "an-entry-gone-meanwhile")
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
+        report = Maintenance(st).evict_tenant("t")
+    assert report.removed == {"corrupt": 0} and report.already_gone == 1
+    assert [r.getMessage() for r in caplog.records if "tenant t:" in r.getMessage()] == []
+    # A cycle that did remove something says how many and why, without zero counts.
+    redis_client.sadd(tenant_keys("t").bad, "an-entry-gone-meanwhile")
+    eid = st.put("t", "q2", "a2", np.ones(8)).entry_id
+    redis_client.hset(tenant_keys("t").entry(eid), "meta", b"\xc1not msgpack")
+    redis_client.sadd(tenant_keys("t").bad, eid)
+    with caplog.at_level(logging.INFO, logger="zerda_cache"):
+        Maintenance(st).evict_tenant("t")
+    lines = [r.getMessage() for r in caplog.records if "tenant t:" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("tenant t: evicted 1 entry (corrupt 1) ("), lines
+
+
+def show(redis_url: str, tenant: str, *flags: str) -> str:
+    result = CliRunner().invoke(cli, ["--redis-url", redis_url, "tenant", "show", tenant, *flags])
+    assert result.exit_code == 0, result.output
+    cells = re.sub("[\u2500-\u257f]", " ", result.output)  # the table's borders
+    return " ".join(cells.split())  # one line: row by row, however a cell wrapped
+
+
+def test_tenant_show_says_the_settings_replicas_and_the_worker_apply(
+    make_manager: Any, redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Replicas ran with max_error_rate in their CacheConfig and the worker with
+    --max-entries 100000, and `tenant show` said "max error rate none (no bound)" and
+    "max entries 10,000 (default)": this command's own configuration, not theirs."""
+    st = RedisStorage(redis_client)
+    st.put("acme", "q", "a", unit(1, 8))
+    out = show(redis_url, "acme")  # nobody reported yet: says so
+    assert "settings reported by no replica or worker in the last 60 s" in out, out
+    assert "max entries 10,000 (default: no worker reported its settings)" in out, out
+    assert "max error rate none (no bound) (default: no replica reported its settings)" in out
+
+    replica = make_manager(CacheConfig(max_error_rate=0.05))
+    replica.lookup("q", tenant="acme", embedding=unit(1, 8))  # reads the policy: reports
+    worker = Worker(redis_client, CacheConfig(eviction=EvictionConfig(max_entries=100_000)))
+    worker.maintenance.evict_tenant("acme")  # its pass reads the policy: reports
+    out = show(redis_url, "acme")
+    assert "settings reported by 1 replica, 1 worker" in out, out
+    assert "max entries 100,000 (configuration of 1 worker)" in out, out
+    assert "max error rate 5.00% (configuration of 1 replica)" in out, out
+    assert "serves near matches from" in out, out  # what the replicas' bound serves
+    shown = json.loads(CliRunner().invoke(
+        cli, ["--redis-url", redis_url, "tenant", "show", "acme", "--json"]
+    ).output)  # fmt: skip
+    assert shown["max_error_rate"] == 0.05 and shown["max_entries"] == 100_000
+    assert shown["applied"]["max_error_rate"] == [
+        {"value": 0.05, "processes": [replica.storage.reporter.process]}
+    ]
+    assert {r["role"] for r in shown["reports"]} == {"replica", "worker"}
+
+    # A replica configured otherwise: they disagree, and tenant show says so.
+    other = make_manager(CacheConfig(max_error_rate=0.02))
+    other.lookup("q", tenant="acme", embedding=unit(1, 8))
+    out = show(redis_url, "acme")
+    assert "replicas disagree: " in out and "5.00% (1 replica)" in out, out
+    assert "2.00% (1 replica)" in out and "serves near matches from" not in out, out
+
+    # A stored setting is what every process applies, whatever their configuration.
+    st.set_tenant_policy("acme", {"max_error_rate": 0.01})
+    out = show(redis_url, "acme")
+    assert "max error rate 1.00% " in out and "disagree" not in out, out
+
+
+def test_a_report_is_said_once_in_a_while_and_a_stopped_process_leaves_no_trace(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """Reports ride on policy refreshes, at most every REPORT_EVERY_S a tenant (never
+    on the hit path); report.lua drops reports older than REPORT_TTL_S and the hash
+    expires when nobody reports."""
+    replica = make_manager()
+    reporter = replica.storage.reporter
+    for _ in range(3):
+        replica.lookup("q", tenant="acme", embedding=unit(1, 8))
+    assert reporter.due("acme") is False  # said by the first lookup, not due again yet
+    rep = tenant_keys("acme").rep
+    assert redis_client.hlen(rep) == 1 and 0 < redis_client.pttl(rep) <= REPORT_TTL_S * 1000
+    st = RedisStorage(redis_client)
+    old = SettingsReporter(CacheConfig(), "replica", process="gone")
+    st.run(old.plan(tenant_keys("acme"), now="1000"))
+    assert [r.process for r in st.settings_reports("acme")] == [reporter.process]  # aged out
+    later = SettingsReporter(CacheConfig(), "worker", process="w")
+    assert st.run(later.plan(tenant_keys("acme"), now=repr(1000 + REPORT_TTL_S + 1))) == 2
+    assert sorted(f.decode() for f in redis_client.hkeys(rep)) == sorted(
+        [reporter.process, "w"]
+    )  # "gone" was dropped by the next report
+
+
+def test_a_replica_on_a_cluster_reports_too(
+    redis_cluster: Any, cluster_client: Any, make_manager: Any
+) -> None:
+    """The report rides in the policy read's pipeline: on Redis Cluster as elsewhere."""
+    replica = make_manager(
+        CacheConfig(redis_timeout_s=5.0, max_error_rate=0.05), url=redis_cluster.url, cluster=True
+    )
+    writer = make_manager(url=redis_cluster.url, cluster=True)
+    for tenant in ("t1", "tenant-three"):
+        writer.put("q", "a", tenant=tenant, embedding=unit(1, 8))
+        replica.lookup("q", tenant=tenant, embedding=unit(1, 8))
+        reports = RedisStorage(cluster_client).settings_reports(tenant)
+        assert [r.process for r in reports] == [replica.storage.reporter.process], tenant
+        assert reports[0].settings["max_error_rate"] == 0.05
