@@ -150,3 +150,18 @@ def test_a_replica_on_a_cluster_reports_too(
         reports = RedisStorage(cluster_client).settings_reports(tenant)
         assert [r.process for r in reports] == [replica.storage.reporter.process], tenant
         assert reports[0].settings["max_error_rate"] == 0.05
+
+
+def test_a_report_written_by_hand_breaks_no_tenant_show(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Fields that do not read are left out; a value no configuration takes is shown as
+    reported, and the policy stays this command's."""
+    RedisStorage(redis_client).put("acme", "q", "a", unit(1, 8))
+    now = float(redis_client.time()[0])
+    bad = json.dumps({"role": "worker", "settings": {"max_entries": -5}})
+    redis_client.hset(
+        tenant_keys("acme").rep, mapping={"w": f"{now} {bad}", "x": "garbage", "y": f"{now} {{"}
+    )
+    out = show(redis_url, "acme")
+    assert "settings reported by 1 worker" in out and "max entries -5 (configuration" in out, out

@@ -1054,17 +1054,20 @@ def _as_applied(policy: TenantPolicy, reports: Sequence[ProcessReport]) -> Tenan
     if not changes:
         return policy
     cfg = policy.config
-    ev = replace(
-        cfg.eviction,
-        max_entries=changes.get("max_entries", cfg.eviction.max_entries),
-        max_bytes=changes.get("max_bytes", cfg.eviction.max_bytes),
-    )
-    config = replace(
-        cfg,
-        eviction=ev,
-        default_ttl_s=changes.get("ttl", cfg.default_ttl_s),
-        max_error_rate=changes.get("max_error_rate", cfg.max_error_rate),
-    )
+    try:  # values a process reported: valid, unless the hash was written by hand
+        ev = replace(
+            cfg.eviction,
+            max_entries=changes.get("max_entries", cfg.eviction.max_entries),
+            max_bytes=changes.get("max_bytes", cfg.eviction.max_bytes),
+        )
+        config = replace(
+            cfg,
+            eviction=ev,
+            default_ttl_s=changes.get("ttl", cfg.default_ttl_s),
+            max_error_rate=changes.get("max_error_rate", cfg.max_error_rate),
+        )
+    except (TypeError, ValueError):
+        return policy
     return replace(policy, config=config)
 
 
