@@ -203,3 +203,35 @@ def test_the_cli_reports_the_savings(redis_url: str, make_manager: Any) -> None:
     assert row["savings"]["gpt-4o"]["calls"] == 4 and "saved:gpt-4o:calls" not in row
     result = CliRunner().invoke(cli, ["--redis-url", redis_url, "stats", "--tenant", "t"])
     assert "hits saved 4 LLM calls" in result.output
+
+
+def test_the_cli_prices_the_savings_as_serve_does(
+    redis_url: str, make_manager: Any, tmp_path: Any
+) -> None:
+    """``stats`` takes ``--token-prices`` and ``ZERDA_TOKEN_PRICES`` as ``serve`` does:
+    a model priced only there is not reported at $0.00."""
+    import json
+
+    from click.testing import CliRunner
+
+    from zerda_cache.cli import cli
+
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("my-model", 1_000_000, 0))
+    for _ in range(2):
+        m.lookup("q", tenant="t", embedding=unit(1))
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"my-model": [3.0, 9.0]}))
+    base = ["--redis-url", redis_url, "stats", "--tenant", "t"]
+    by_option = CliRunner().invoke(cli, [*base, "--json", "--token-prices", str(prices)])
+    row = json.loads(by_option.stdout)["tenants"][0]
+    assert row["savings"]["my-model"]["usd"] == pytest.approx(6.0)
+    by_env = CliRunner().invoke(cli, base, env={"ZERDA_TOKEN_PRICES": str(prices)})
+    assert by_env.exit_code == 0, by_env.output
+    assert "$6.00" in by_env.output
+    unpriced = CliRunner().invoke(cli, base)
+    assert "$0.00" in unpriced.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    refused = CliRunner().invoke(cli, [*base, "--token-prices", str(bad)])
+    assert refused.exit_code == 2 and "token-prices" in refused.output
