@@ -195,3 +195,29 @@ def test_hits_report_the_saved_usage_and_a_wrong_hit_counts_against_the_savings(
     savings = library.stats("acme")["savings"]  # (the hit's saving waits in the service)
     model = entry.usage.model
     assert savings[model]["wrong_calls"] == 1 and savings[model]["wrong_prompt_tokens"] == 5
+
+
+def test_a_wrong_hit_is_counted_once_however_often_its_completion_id_is_sent(
+    service: Service, library: CacheManager
+) -> None:
+    """One hit and four negatives by its completion id: one wrong call, net zero; a
+    second hit judged wrong counts apart. The saving is counted as the hit is served,
+    so the net is never below zero, whichever replica reads it and when."""
+    c = openai_client(service)
+    messages = [{"role": "user", "content": QUESTION}]
+    c.chat.completions.create(model="gpt-test", messages=messages)  # the miss stores it
+    ids = []
+    for _ in range(2):
+        raw = c.chat.completions.with_raw_response.create(model="gpt-test", messages=messages)
+        assert raw.headers["x-zerda-cache"] == "hit"
+        ids.append(raw.headers["x-zerda-completion-id"])
+    for _ in range(4):
+        wrong = feedback(service, {"completion_id": ids[0], "positive": False})
+        assert wrong.status_code == 200, wrong.text
+    (model,) = [m for m in library.stats("acme")["savings"] if m != "*"]
+    savings = library.stats("acme")["savings"][model]
+    assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (2, 1, 1)
+    for _ in range(3):
+        feedback(service, {"completion_id": ids[1], "positive": False})
+    savings = library.stats("acme")["savings"][model]
+    assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (2, 2, 0)

@@ -7,10 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from conftest import near, unit
 from prometheus_client import CollectorRegistry
 
-from zerda_cache import CacheConfig, InvalidEntryError, LLMUsage
+from zerda_cache import (
+    CacheConfig,
+    FeedbackSignal,
+    InvalidEntryError,
+    InvalidFeedbackError,
+    LLMUsage,
+)
 from zerda_cache.core.savings import DEFAULT_PRICES
 from zerda_cache.metrics import ReplicaMetrics
 
@@ -76,14 +83,69 @@ def test_hits_count_saved_calls_tokens_and_dollars_and_wrong_hits_apart(
     )
 
 
-def test_another_replica_sees_the_savings(make_manager: Any) -> None:
+def test_a_hit_is_counted_saved_as_it_is_served_and_another_replica_sees_it_at_once(
+    make_manager: Any,
+) -> None:
+    """The hit script counts the saved call in the step that serves it: nothing waits in
+    the serving replica for its later traffic (an idle replica's hit was unseen), and a
+    wrong hit judged at once never makes the net negative."""
     a, b = make_manager(), make_manager()
     a.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
-    for _ in range(5):
-        assert b.lookup("q", tenant="t", embedding=unit(1)) is not None
-    assert a.stats("t")["savings"] == {}  # b has not written its counts yet
-    b.stats("t")  # flushes b's pending counts (as its next lookups' pipelines would)
-    assert a.stats("t")["savings"]["gpt-4o"]["calls"] == 5
+    hits = [b.lookup("q", tenant="t", embedding=unit(1)) for _ in range(5)]
+    assert all(h is not None for h in hits)
+    saved = a.stats("t")["savings"]["gpt-4o"]  # b never flushed anything
+    assert (saved["calls"], saved["prompt_tokens"], saved["completion_tokens"]) == (5, 50, 100)
+    c = make_manager()
+    hit = c.lookup("q", tenant="t", embedding=unit(1))
+    c.feedback(hit.feedback(False))  # judged wrong at once, on the replica that served it
+    seen = a.stats("t")["savings"]["gpt-4o"]
+    assert (seen["calls"], seen["wrong_calls"], seen["net_calls"]) == (6, 1, 5)
+
+
+def test_a_hit_is_counted_wrong_once_however_often_it_is_judged(make_manager: Any) -> None:
+    """Repeated negatives about one served hit count it wrong once; each hit judged wrong
+    counts once; a verdict on a hit that never happened counts nothing."""
+    m = make_manager()
+    put = m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
+    first = m.lookup("q", tenant="t", embedding=unit(1))
+    for _ in range(10):
+        m.feedback(first.feedback(False))
+    savings = m.stats("t")["savings"]["gpt-4o"]
+    assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (1, 1, 0)
+    assert savings["wrong_prompt_tokens"] == 10
+    second = m.lookup("q", tenant="t", embedding=unit(1))
+    assert second is not None and second.hit_number == first.hit_number + 1
+    for _ in range(3):
+        m.feedback(second.feedback(False))
+        m.feedback(first.feedback(False))
+    # A hit number the entry was never served at (forged, or of a later hit) is no hit.
+    m.feedback(FeedbackSignal(put.entry_id, "t", False, hit=second.hit_number + 5))
+    savings = m.stats("t")["savings"]["gpt-4o"]
+    assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (2, 2, 0)
+    assert m.stats("t")["negative"] == 17  # every signal still teaches the entry's arm
+
+
+def test_wrong_hits_never_outnumber_the_saved_calls(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """An entry whose serves this Redis never counted (imported with its use count, or
+    its tenant's counters reset) cannot push the net below zero."""
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
+    hits = [m.lookup("q", tenant="t", embedding=unit(1)) for _ in range(3)]
+    redis_client.hdel(m.storage.keys("t").stats, "saved:gpt-4o:calls")  # as if never counted
+    redis_client.hincrby(m.storage.keys("t").stats, "saved:gpt-4o:calls", 1)
+    for hit in hits:
+        m.feedback(hit.feedback(False))
+    savings = m.stats("t")["savings"]["gpt-4o"]
+    assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (1, 1, 0)
+
+
+def test_a_served_signal_names_a_real_hit_number() -> None:
+    for bad in (0, -1, True, 1.0, "1", 2**53):
+        with pytest.raises(InvalidFeedbackError, match="hit"):
+            FeedbackSignal("e" * 32, "t", False, hit=bad)
+    assert FeedbackSignal("e" * 32, "t", False, hit=3).served
 
 
 @pytest.mark.parametrize(
@@ -141,3 +203,35 @@ def test_the_cli_reports_the_savings(redis_url: str, make_manager: Any) -> None:
     assert row["savings"]["gpt-4o"]["calls"] == 4 and "saved:gpt-4o:calls" not in row
     result = CliRunner().invoke(cli, ["--redis-url", redis_url, "stats", "--tenant", "t"])
     assert "hits saved 4 LLM calls" in result.output
+
+
+def test_the_cli_prices_the_savings_as_serve_does(
+    redis_url: str, make_manager: Any, tmp_path: Any
+) -> None:
+    """``stats`` takes ``--token-prices`` and ``ZERDA_TOKEN_PRICES`` as ``serve`` does:
+    a model priced only there is not reported at $0.00."""
+    import json
+
+    from click.testing import CliRunner
+
+    from zerda_cache.cli import cli
+
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("my-model", 1_000_000, 0))
+    for _ in range(2):
+        m.lookup("q", tenant="t", embedding=unit(1))
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"my-model": [3.0, 9.0]}))
+    base = ["--redis-url", redis_url, "stats", "--tenant", "t"]
+    by_option = CliRunner().invoke(cli, [*base, "--json", "--token-prices", str(prices)])
+    row = json.loads(by_option.stdout)["tenants"][0]
+    assert row["savings"]["my-model"]["usd"] == pytest.approx(6.0)
+    by_env = CliRunner().invoke(cli, base, env={"ZERDA_TOKEN_PRICES": str(prices)})
+    assert by_env.exit_code == 0, by_env.output
+    assert "$6.00" in by_env.output
+    unpriced = CliRunner().invoke(cli, base)
+    assert "$0.00" in unpriced.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    refused = CliRunner().invoke(cli, [*base, "--token-prices", str(bad)])
+    assert refused.exit_code == 2 and "token-prices" in refused.output

@@ -107,6 +107,45 @@ def test_put_lookup_feedback_stats_invalidate(
     assert again.status_code == 404 and error_of(again)["type"] == "not_found"
 
 
+def test_a_lookup_hit_can_be_judged_wrong_by_its_hit_id_once(
+    service: Service, http: httpx.Client
+) -> None:
+    """``/v1/lookup``'s hit carries a ``hit_id`` that ``/v1/feedback`` takes: a negative
+    verdict counts that hit wrong in the savings, once however often it is sent; by
+    entry id a verdict names no hit, and counts none."""
+    usage = {"model": "gpt-4o", "prompt_tokens": 10, "completion_tokens": 20}
+    body = {"query": "q one", "response": "a one", "embedding": vec(1), "usage": usage}
+    entry_id = post(http, service, "acme", "/v1/put", body).json()["entry_id"]
+    asked = {"query": "q one", "embedding": vec(1)}
+    hits = [post(http, service, "acme", "/v1/lookup", asked).json()["entry"] for _ in range(2)]
+    assert hits[0]["hit_id"] != hits[1]["hit_id"]
+    for _ in range(3):
+        fb = post(
+            http, service, "acme", "/v1/feedback", {"hit_id": hits[0]["hit_id"], "positive": False}
+        )
+        assert fb.status_code == 200 and fb.json() == {"applied": True, "entry_id": entry_id}
+    post(http, service, "acme", "/v1/feedback", {"entry_id": entry_id, "positive": False})
+
+    def savings() -> tuple[int, int, int]:
+        s = http.get("/v1/stats", headers=service.headers("acme")).json()["savings"]["gpt-4o"]
+        return s["calls"], s["wrong_calls"], s["net_calls"]
+
+    assert savings() == (2, 1, 1)
+    post(http, service, "acme", "/v1/feedback", {"hit_id": hits[1]["hit_id"], "positive": False})
+    assert savings() == (2, 2, 0)
+    # Another tenant's hit id reaches no entry of this key's tenant.
+    other = post(
+        http, service, "globex", "/v1/feedback", {"hit_id": hits[1]["hit_id"], "positive": False}
+    )
+    assert other.status_code == 404
+    for bad in ("x", entry_id, f"{entry_id}:0:1.000000", f"{entry_id}:1:2", 7):
+        resp = post(http, service, "acme", "/v1/feedback", {"hit_id": bad, "positive": False})
+        assert resp.status_code == 422, (bad, resp.text)
+    both = {"hit_id": hits[0]["hit_id"], "entry_id": entry_id, "positive": False}
+    assert post(http, service, "acme", "/v1/feedback", both).status_code == 422
+    assert savings() == (2, 2, 0)
+
+
 def test_the_service_embeds_when_no_vector_is_sent(service: Service, http: httpx.Client) -> None:
     put = post(
         http,

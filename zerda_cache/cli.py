@@ -414,18 +414,32 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+#: The prices of the savings, for ``serve`` and ``stats`` alike (``with_prices`` reads them).
+token_prices_option = click.option(
+    "--token-prices",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="ZERDA_TOKEN_PRICES",
+    default=None,
+    help="A JSON file of US dollars per million tokens, {model: [prompt, completion]}, "
+    "over the default table, for the savings (env ZERDA_TOKEN_PRICES).",
+)
+
+
 @cli.command()
 @shared_options
 @any_tenant_option
 @json_option
+@token_prices_option
 @pass_state
-def stats(state: CliState, tenant: str | None, as_json: bool) -> None:
-    """Counters, sizes and capacity per tenant; the worker's leader and last cycles."""
+def stats(state: CliState, tenant: str | None, as_json: bool, token_prices: str | None) -> None:
+    """Counters, sizes and capacity per tenant (savings in dollars at the prices of
+    ``--token-prices``, as ``serve`` takes them); the worker's leader and last cycles."""
     with errors():
         st = state.storage()
         tenants = [tenant] if tenant else st.tenants()
         m = Maintenance(st)
-        prices = price_table({mo: (p, c) for mo, p, c in state.config.token_prices})
+        cfg = with_prices(state.config, token_prices)
+        prices = price_table({mo: (p, c) for mo, p, c in cfg.token_prices})
         if as_json:
             rows = []
             for t in tenants:
@@ -1352,14 +1366,7 @@ def demo_app(state: CliState, metrics_port: int, rate: float, seed: int) -> None
     "that still run a version that cannot read float16, see docs/operations.md) "
     "(env ZERDA_VECTOR_STORAGE).",
 )
-@click.option(
-    "--token-prices",
-    type=click.Path(exists=True, dir_okay=False),
-    envvar="ZERDA_TOKEN_PRICES",
-    default=None,
-    help="A JSON file of US dollars per million tokens, {model: [prompt, completion]}, "
-    "over the default table, for the savings (env ZERDA_TOKEN_PRICES).",
-)
+@token_prices_option
 @click.option(
     "--completion-ttl",
     type=click.FloatRange(min=1),
@@ -1468,9 +1475,14 @@ def _serve_config(
     if redis_timeout is not None:
         cfg = replace(cfg, redis_timeout_s=redis_timeout)
     cfg = replace(cfg, vector_storage=vector_storage)
-    if token_prices is not None:
-        cfg = replace(cfg, token_prices=_read_prices(token_prices))
-    return cfg
+    return with_prices(cfg, token_prices)
+
+
+def with_prices(cfg: CacheConfig, token_prices: str | None) -> CacheConfig:
+    """``cfg`` with the prices of the ``--token-prices`` file (``None``: as it is)."""
+    if token_prices is None:
+        return cfg
+    return replace(cfg, token_prices=_read_prices(token_prices))
 
 
 def _read_prices(path: str) -> dict[str, tuple[float, float]]:

@@ -291,9 +291,12 @@ class FeedbackSignal:
     #: The cosine similarity at which the entry was served (``CacheHit.feedback`` fills
     #: it): lets a negative signal on a near miss teach the entry its own similarity bar.
     similarity: float | None
-    #: The signal is about an answer the cache served (``CacheHit.feedback`` sets it): a
-    #: negative one counts that hit as wrong in the savings (``zerda_cache.core.savings``).
+    #: The signal is about an answer the cache served (``CacheHit.feedback`` sets it).
     served: bool
+    #: Which serve of the entry it judges: the hit's number (``CacheHit.hit_number``;
+    #: given, ``served`` is true). A negative one counts that hit as wrong in the savings
+    #: (``zerda_cache.core.savings``), once however often it is repeated.
+    hit: int | None
 
     def __init__(
         self,
@@ -307,6 +310,7 @@ class FeedbackSignal:
         *,
         tenant: str | None = None,
         served: bool = False,
+        hit: int | None = None,
     ) -> None:
         if tenant is not None and tenant_id is not None and tenant != tenant_id:
             raise InvalidFeedbackError(f"tenant {tenant!r} and tenant_id {tenant_id!r} differ")
@@ -319,7 +323,8 @@ class FeedbackSignal:
         put(self, "source", source)
         put(self, "timestamp", time.time() if timestamp is None else timestamp)
         put(self, "similarity", similarity)
-        put(self, "served", served)
+        put(self, "served", served or hit is not None)
+        put(self, "hit", hit)
         self.__post_init__()
 
     @property
@@ -353,6 +358,13 @@ class FeedbackSignal:
                 )
         if not isinstance(self.served, bool):
             raise InvalidFeedbackError(f"served must be a bool, got {self.served!r}")
+        hit = self.hit
+        if hit is not None and (
+            isinstance(hit, bool) or not isinstance(hit, int) or not 0 < hit < 2**53
+        ):
+            raise InvalidFeedbackError(
+                f"hit must be a hit's number (CacheHit.hit_number, 1 or more), got {_shown(hit)}"
+            )
         if finite_number(self.timestamp) is None:
             raise InvalidFeedbackError(
                 f"timestamp must be a finite number, got {_shown(self.timestamp)}"

@@ -23,6 +23,11 @@ class CacheHit:
         expected_reward: the arm's posterior mean when it was served.
         confidence: the entry's composite confidence.
         exact: matched by the normalised-question digest rather than by vector search.
+        usage: what the LLM call that made the answer cost (when its put said): what
+            this hit saved.
+        hit_number: which serve of the entry this is (1 for its first; the hit script
+            counts them): ``feedback`` names the hit by it, so that a hit judged wrong
+            is counted wrong in the savings once, however often the verdict repeats.
     """
 
     entry_id: str
@@ -36,8 +41,8 @@ class CacheHit:
     metadata: dict[str, Any] = field(default_factory=dict)
     scope: str = ""
     exact: bool = False
-    #: what the LLM call that made the answer cost (when its put said): what this hit saved
     usage: LLMUsage | None = None
+    hit_number: int = 0
 
     def feedback(
         self, positive: bool, *, magnitude: float = 1.0, source: str = "user"
@@ -45,7 +50,14 @@ class CacheHit:
         """A ``FeedbackSignal`` about this hit, ready for ``CacheManager.feedback``."""
         similarity = min(1.0, max(-1.0, self.similarity))
         return feedback_signal(
-            self.entry_id, self.tenant, positive, magnitude, source, similarity, True
+            self.entry_id,
+            self.tenant,
+            positive,
+            magnitude,
+            source,
+            similarity,
+            True,
+            self.hit_number or None,
         )
 
 
@@ -173,10 +185,11 @@ def feedback_signal(
     source: str,
     similarity: float | None,
     served: bool,
+    hit: int | None = None,
 ) -> FeedbackSignal:
     """The ``FeedbackSignal`` about a result: ``entry_id`` of ``tenant``, matched at
     ``similarity`` (``None``: not known); ``served``: the answer was served from the
-    cache (a hit), not just put."""
+    cache (a hit), not just put; ``hit``: that hit's number (``CacheHit.hit_number``)."""
     return FeedbackSignal(
         entry_id=entry_id,
         tenant_id=tenant,
@@ -185,6 +198,7 @@ def feedback_signal(
         source=source,
         similarity=similarity,
         served=served,
+        hit=hit,
     )
 
 

@@ -89,18 +89,10 @@ class Savings:
 
 
 #: The tenant's stats fields (``p:{t}:stats``) that hold the counts, by model:
-#: ``saved:<model>:calls`` and so on; ``wrong:<model>:...`` for hits judged wrong.
+#: ``saved:<model>:calls`` and so on; ``wrong:<model>:...`` for hits judged wrong. The
+#: Lua scripts write them (``_lib.lua``'s ``zc_count_usage``): the hit script a hit's
+#: saved call as it serves it, the feedback script a wrong hit's, once per hit.
 FIELDS = ("calls", "prompt", "completion")
-
-
-def stat_fields(kind: str, usage: LLMUsage) -> dict[str, int]:
-    """The stats hash increments of one hit (``kind`` "saved") or one wrong hit ("wrong")."""
-    m = usage.model
-    return {
-        f"{kind}:{m}:calls": 1,
-        f"{kind}:{m}:prompt": usage.prompt_tokens,
-        f"{kind}:{m}:completion": usage.completion_tokens,
-    }
 
 
 def from_stats(

@@ -3,8 +3,6 @@ lookup's round trip rather than one of their own.
 
 - Misses: at most one count pending per tenant, sent with the tenant's next lookup
   pipeline (``stats()`` and ``close()`` flush it).
-- Savings: each hit of an answer put with its usage adds its call and tokens to the
-  tenant's ``saved:<model>:*`` counters (``zerda_cache.core.savings``), sent with the traffic.
 - Lookup traffic, for the error bound's share of requests (``calibration.py``): every
   lookup is counted under the score bin of its best near candidate ("x": none), or as an
   exact repeat ("e", and "e<level>" for a confirmed level); under a bound, the features
@@ -24,9 +22,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from zerda_cache.companions.context import AdaptiveLearningSystem, QueryAnalysis, QueryComplexity
-from zerda_cache.core.entry import LLMUsage
 from zerda_cache.core.errors import StorageError
-from zerda_cache.core.savings import stat_fields
 from zerda_cache.learning.calibration import bin_of
 from zerda_cache.learning.match_model import Features, score_of
 from zerda_cache.learning.tenant_policy import TenantPolicy
@@ -53,8 +49,6 @@ class LookupCounts:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self._misses: dict[str, int] = {}
-        #: tenant -> the stats hash increments of hits' savings (``savings.stat_fields``)
-        self._savings: dict[str, Counter[str]] = {}
         #: tenant -> (monotonic time of the oldest pending count, counts, sample)
         self._traffic: dict[
             str, tuple[float, Counter[tuple[int, int | str]], list[Features | str | None]]
@@ -64,10 +58,9 @@ class LookupCounts:
         """Forget what is pending (a forked child: the parent's counts are its own)."""
         self._misses = {}
         self._traffic = {}
-        self._savings = {}
 
     def pending_tenants(self) -> list[str]:
-        return sorted({*self._misses, *self._traffic, *self._savings})
+        return sorted({*self._misses, *self._traffic})
 
     # -- counting (no I/O) -----------------------------------------------------------------
     def miss(self, tenant: str) -> None:
@@ -77,15 +70,6 @@ class LookupCounts:
         """The tenant's pending miss count as a plan for the lookup's pipeline, taken."""
         pending = self._misses.pop(tenant, 0)
         return self.storage.count_misses(tenant, pending) if pending else None
-
-    def saved(self, tenant: str, usage: LLMUsage) -> None:
-        """Count one hit of an answer whose LLM call cost ``usage``."""
-        self._savings.setdefault(tenant, Counter()).update(stat_fields("saved", usage))
-
-    def send_savings(self, tenant: str) -> ReadPlan[None] | None:
-        """The tenant's pending savings counts as a plan for a pipeline, taken."""
-        pending = self._savings.pop(tenant, None)
-        return self.storage.count_stats(tenant, pending) if pending else None
 
     def exact(self, tenant: str, level: int, mono: float, sample: bool) -> None:
         """Count one lookup that asked a cached question itself: "e", and "e<level>" for
@@ -157,9 +141,6 @@ class LookupCounts:
         pending = self._traffic.pop(tenant, None)
         if pending is not None:
             yield from self.storage.read_flow(self.storage.count_traffic(tenant, *pending[1:]))
-        savings = self.send_savings(tenant)
-        if savings is not None:
-            yield from self.storage.read_flow(savings)
 
     def halve(self, tenant: str, policy: TenantPolicy) -> Flow[None]:
         """Halve the tenant's lookup counts (old traffic fades, as old labels do)."""

@@ -32,7 +32,7 @@ from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.entry import LLMUsage
 from zerda_cache.core.errors import InvalidFeedbackError, StorageError
 from zerda_cache.core.results import CacheHit, Decision, PutResult
-from zerda_cache.core.savings import cost, from_stats, price_table, stat_fields
+from zerda_cache.core.savings import cost, from_stats, price_table
 from zerda_cache.core.validation import check_query, check_scope, validate_tenant
 from zerda_cache.flows.admission import AdmissionCheck, default_admission
 from zerda_cache.flows.counting import LookupCounts, record_window
@@ -362,7 +362,10 @@ class CacheEngine:
 
     # -- feedback and management -----------------------------------------------------------
     def feedback_flow(self, signal: FeedbackSignal) -> Flow[None]:
-        """Apply one signal to the entry's arm (a ``DisputeSignal`` settles a dispute).
+        """Apply one feedback signal to the entry's arm, atomically in Redis (a
+        ``DisputeSignal`` settles a dispute instead). A negative signal about a served hit
+        (``CacheHit.feedback``, which names the hit) counts it wrong in the savings, once
+        however often it is repeated.
 
         Raises:
             EntryNotFoundError: the entry does not exist in ``signal.tenant_id``.
@@ -373,15 +376,11 @@ class CacheEngine:
                 f"feedback expects a FeedbackSignal, got {type(signal).__name__}"
             )
         with self._counting("feedback"):
-            yield from self.put_steps.feedback_flow(signal)
-            if signal.served and not signal.positive:
-                # A hit judged wrong: its answer's call was bought after all.
-                st = self.storage
-                usage = yield from st.read_flow(st.read_usage(signal.tenant_id, signal.entry_id))
-                if usage is not None:
-                    self._count_savings(signal.tenant_id, "wrong", usage)
-                    increments = stat_fields("wrong", usage)
-                    yield from st.read_flow(st.count_stats(signal.tenant_id, increments))
+            outcome = yield from self.put_steps.feedback_flow(signal)
+        if outcome is not None and outcome.wrong is not None:
+            # A hit judged wrong (the first verdict on it; the script counted it): its
+            # answer's call was bought after all.
+            self._count_savings(signal.tenant_id, "wrong", outcome.wrong)
         polarity = "positive" if signal.positive else "negative"
         self.metrics.feedback.labels(self.metrics.tenant(signal.tenant_id), polarity).inc()
 
@@ -507,10 +506,9 @@ class CacheEngine:
         return vec
 
     def _count_savings(self, tenant: str, kind: str, usage: LLMUsage) -> None:
-        """A hit's avoided call (``kind`` "saved": counted in Redis with the next traffic
-        flush) or a wrong hit's (written by the feedback), in this replica's metrics."""
-        if kind == "saved":
-            self.counts.saved(tenant, usage)
+        """A hit's avoided call (``kind`` "saved") or a wrong hit's ("wrong"), in this
+        replica's metrics. The tenant's shared counts are the scripts': the hit script
+        counts the saved call as it serves, the feedback script the wrong one."""
         self.metrics.savings(tenant, kind, usage, cost(usage, self.prices))
 
     # -- metrics and fail-open -------------------------------------------------------------

@@ -449,9 +449,6 @@ class LookupSteps:
         traffic = self.counts.due(tenant, mono)
         if traffic is not None:
             trip.count_traffic(st.count_traffic(tenant, *traffic))
-            savings = self.counts.send_savings(tenant)  # sent as often as the traffic
-            if savings is not None:
-                trip.send(savings)
         if refresh:  # read the policy again for the next lookups, in this round trip
             trip.read_policy(read_policy(st, tenant))
             trip.send(st.register(tenant))

@@ -3,7 +3,7 @@
 A lookup sends everything it needs, and everything other lookups left for it to send,
 in one round trip: the hit script of the candidate it hopes to serve (or reads of the
 question's exact-match digest and of its candidates' states), the log's news (or the
-tenant's dimension), and when due, the pending miss, traffic and savings counts, a
+tenant's dimension), and when due, the pending miss and traffic counts, a
 report of corrupt ids and a refresh of the tenant's policy. ``LookupTrip`` queues each
 part under what it is and, once sent, keeps each part's reply under that name
 (``trip.hit``, ``trip.own``, ``trip.news``, ``trip.policy`` ...), so that no caller

@@ -42,7 +42,7 @@ from zerda_cache.replica.indexes import ReplicaIndexes
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.driver import Flow
 from zerda_cache.storage.keys import TenantKeys
-from zerda_cache.storage.plans import PutOutcome
+from zerda_cache.storage.plans import FeedbackOutcome, PutOutcome
 from zerda_cache.storage.store import Storage
 
 log = logging.getLogger(__name__)
@@ -269,15 +269,15 @@ class PutSteps:
             yield from self.verifier.confirm_flow(tenant, result.entry_id, policy)
         return dataclasses.replace(result, verified=own.same, compared_id=ticket.entry_id)
 
-    def feedback_flow(self, signal: FeedbackSignal) -> Flow[None]:
+    def feedback_flow(self, signal: FeedbackSignal) -> Flow[FeedbackOutcome | None]:
         """``CacheEngine.feedback``: a signal about an entry's answer goes on its arm
-        (``Verifier.learn_flow``); one about the answer a dispute on it recorded
-        (``DisputeSignal``, from a disputed put's ``PutResult.feedback``) settles that
-        dispute (``react_flow``)."""
+        (``Verifier.learn_flow``, whose outcome says whether it counted a wrong hit); one
+        about the answer a dispute on it recorded (``DisputeSignal``, from a disputed put's
+        ``PutResult.feedback``) settles that dispute (``react_flow``: no hit to count)."""
         if isinstance(signal, DisputeSignal):
             yield from self.react_flow(signal)
-        else:
-            yield from self.verifier.learn_flow(signal)
+            return None
+        return (yield from self.verifier.learn_flow(signal))
 
     def react_flow(self, signal: DisputeSignal) -> Flow[None]:
         """The user's reaction to a disputed fresh answer settles the dispute, as the

@@ -136,6 +136,7 @@ def hit_of(
         scope=served.scope,
         exact=exact,
         usage=served.usage,
+        hit_number=int(served.usage_count),
     )
 
 

@@ -39,7 +39,7 @@ from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.learning.tenant_state import PolicyCache, plan_label
 from zerda_cache.storage import codec
 from zerda_cache.storage.driver import Flow, call
-from zerda_cache.storage.plans import ReadPlan
+from zerda_cache.storage.plans import FeedbackOutcome, ReadPlan
 from zerda_cache.storage.store import Storage
 from zerda_cache.storage.tenant_plans import Dispute
 
@@ -288,16 +288,17 @@ class Verifier:
         label: bool = False,
         features: Features | None = None,
         level: int = 0,
-    ) -> Flow[None]:
+    ) -> Flow[FeedbackOutcome]:
         """Apply a signal to the entry's arm and count it as a labelled outcome of a near
         match (at the similarity it carries, below 1) when ``label`` (a verification) or
         when an error bound is known for the tenant (this replica's cached policy or the
         config). The label is counted only once the signal was applied. ``level``: a
-        verified exact repeat's entry's level at its lookup."""
+        verified exact repeat's entry's level at its lookup. Returns what the feedback
+        script did (``FeedbackOutcome.wrong``: the wrong hit it counted, if any)."""
         tenant, sim = signal.tenant_id, signal.similarity
         policy = yield from self.policies.policy_flow(tenant)
         label = label or policy.bound() is not None
-        yield from self.storage.feedback_flow(signal, rl=policy.rl)
+        outcome = yield from self.storage.feedback_flow(signal, rl=policy.rl)
         # A label of a near match (below similarity 1); at 1, only a verification of an
         # exact repeat is one, counted apart at its entry's level.
         exact = sim is not None and sim >= 1.0
@@ -315,6 +316,7 @@ class Verifier:
             )
             yield from self.storage.run_flow(plan)
         self.learner.note_feedback(signal)
+        return outcome
 
 
 __all__ = [

@@ -45,7 +45,13 @@ from zerda_cache.service.context import (
     service_metrics,
 )
 from zerda_cache.service.control import RequestControl, request_control
-from zerda_cache.service.coordination import COMPLETION_ID_RE, Coordination, Served
+from zerda_cache.service.coordination import (
+    COMPLETION_ID_RE,
+    Coordination,
+    Served,
+    hit_id,
+    parse_hit_id,
+)
 from zerda_cache.service.embedding import EmbedderError
 from zerda_cache.service.errors import ApiError, error_response, install_error_handlers
 from zerda_cache.service.limits import BodyLimit, send_error
@@ -142,6 +148,7 @@ class CacheRoutes:
                 exact=hit.exact,
                 scope=hit.scope,
                 metadata=hit.metadata,
+                hit_id=hit_id(hit.entry_id, hit.hit_number, hit.similarity),
             )
         return LookupResponse(
             hit=hit is not None,
@@ -188,23 +195,35 @@ class CacheRoutes:
         )
 
     async def feedback(self, body: FeedbackRequest, tenant: Tenant) -> FeedbackResponse:
-        """A user's (or a judge's) verdict on an answer, named by its ``entry_id`` or by
-        the ``completion_id`` the proxy answered with: 404 for an entry this key's tenant
-        does not have, and for a completion id it was not answered (or that expired)."""
-        if (body.entry_id is None) == (body.completion_id is None):
+        """A user's (or a judge's) verdict on an answer, named by its ``entry_id``, by
+        the ``completion_id`` the proxy answered with or by a ``/v1/lookup`` hit's
+        ``hit_id``: 404 for an entry this key's tenant does not have, and for a completion
+        id it was not answered (or that expired). A negative verdict named by a hit's
+        completion id or hit id counts that hit wrong in the savings, once."""
+        named = [body.entry_id, body.completion_id, body.hit_id]
+        if sum(name is not None for name in named) != 1:
             raise ApiError(
                 422,
-                'send one of "entry_id" and "completion_id"',
+                'send one of "entry_id", "completion_id" and "hit_id"',
                 "invalid_request_error",
                 "entry_or_completion",
             )
         similarity = body.similarity
-        served_hit = False
+        served = None
         kind: type[FeedbackSignal] = FeedbackSignal
         if body.completion_id is not None:
             served = await self.served(tenant, body.completion_id)
+        elif body.hit_id is not None:
+            served = parse_hit_id(body.hit_id)
+            if served is None:
+                raise ApiError(
+                    422,
+                    "invalid hit id: expected a /v1/lookup hit's entry.hit_id",
+                    "invalid_request_error",
+                    "invalid_hit_id",
+                )
+        if served is not None:
             entry_id = served.entry_id
-            served_hit = served.hit
             kind = DisputeSignal if served.disputed else FeedbackSignal
             if similarity is None:
                 similarity = served.similarity
@@ -218,7 +237,8 @@ class CacheRoutes:
             magnitude=body.magnitude,
             source=body.source,
             similarity=similarity,
-            served=served_hit,
+            served=served is not None and served.hit,
+            hit=served.hit_number if served is not None else None,
         )
         await self.manager.feedback(signal)
         return FeedbackResponse(applied=True, entry_id=entry_id)

@@ -4,9 +4,11 @@
 id of the proxy's making (``chatcmpl-zc`` and 24 hex digits). Once the response's entry
 is known (a hit: the served entry; a miss: the entry its put created), the id is mapped
 to it: ``TenantKeys.completion(id)`` holds ``{"t": tenant, "e": entry id, "s":
-similarity}`` for ``completion_ttl_s`` (one ``SET ... EX``). ``POST /v1/feedback`` with
-``completion_id`` reads it under the key's own tenant, so another tenant's id is not
-found (a 404), like another tenant's entry id.
+similarity, "h": 1 for a hit, "n": the hit's number}`` for ``completion_ttl_s`` (one
+``SET ... EX``). ``POST /v1/feedback`` with ``completion_id`` reads it under the key's
+own tenant, so another tenant's id is not found (a 404), like another tenant's entry id;
+a negative verdict on a hit names the hit by its number (``CacheHit.hit_number``), so
+that it is counted wrong in the savings once, however often it is sent.
 
 **Leases on upstream calls (coalesced misses).** Concurrent identical misses of a tenant
 (the same normalised question under the same scope, ``query_digest``) make one upstream
@@ -48,6 +50,26 @@ COMPLETION_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 STORED, NO_ANSWER = "=stored", "=none"
 
 
+#: A hit id (``/v1/lookup``'s ``entry.hit_id``): the entry, the hit's number and the
+#: similarity it was served at, which ``/v1/feedback`` takes as a completion id's mapping.
+HIT_ID_RE = re.compile(r"([0-9a-f]{32}):([1-9][0-9]{0,15}):(-?[01]\.[0-9]{6})")
+
+
+def hit_id(entry_id: str, number: int, similarity: float) -> str:
+    """The id naming one served hit (``CacheHit.hit_number`` of ``entry_id``): no state
+    is written for it; the feedback script checks that the entry was served that often."""
+    return f"{entry_id}:{number}:{min(1.0, max(-1.0, similarity)):.6f}"
+
+
+def parse_hit_id(value: str) -> Served | None:
+    """What a hit id names; ``None`` for a string that is not one."""
+    match = HIT_ID_RE.fullmatch(value)
+    if match is None:
+        return None
+    entry_id, number, similarity = match.groups()
+    return Served(entry_id, float(similarity), True, int(number))
+
+
 def new_completion_id() -> str:
     """A fresh completion id: unique per response (96 random bits)."""
     return COMPLETION_PREFIX + secrets.token_hex(12)
@@ -61,6 +83,8 @@ class Served:
     similarity: float
     #: the answer came from the cache (a hit), not from the upstream (a miss)
     hit: bool = False
+    #: the hit's number (``CacheHit.hit_number``; None: a miss, or not known)
+    hit_number: int | None = None
     #: the upstream's answer was not cached but disputes the entry (``PutResult.disputed``):
     #: feedback on it is a ``DisputeSignal``
     disputed: bool = False
@@ -156,13 +180,19 @@ class Coordination:
         similarity: float,
         *,
         hit: bool = False,
+        number: int = 0,
         disputed: bool = False,
     ) -> bool:
-        """Map ``completion_id`` to the entry it was answered with (expires), or, for an
-        answer ``disputed``, to the entry it disputes. A Redis failure only logs: the
-        response is served all the same."""
-        fields = {"t": tenant, "e": entry_id, "s": round(similarity, 6), "h": 1 if hit else 0}
-        value = json.dumps({**fields, "d": 1} if disputed else fields)
+        """Map ``completion_id`` to the entry it was answered with (expires); ``hit``: it
+        was served from the cache, the entry's serve ``number`` (``CacheHit.hit_number``);
+        for an answer ``disputed``, to the entry it disputes. A Redis failure only logs:
+        the response is served all the same."""
+        mapped = {"t": tenant, "e": entry_id, "s": round(similarity, 6), "h": 1 if hit else 0}
+        if hit and number > 0:
+            mapped["n"] = number
+        if disputed:
+            mapped["d"] = 1
+        value = json.dumps(mapped)
         try:
             await self.storage.remember_completion(
                 tenant, completion_id, value, self.completion_ttl_s
@@ -186,8 +216,11 @@ class Coordination:
             value = json.loads(raw)
             if value["t"] != tenant:
                 return None
-            e, s, h, d = str(value["e"]), float(value["s"]), value.get("h"), value.get("d")
-            return Served(e, s, bool(h), bool(d))
+            number = value.get("n")
+            if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+                number = None
+            e, s, h = str(value["e"]), float(value["s"]), bool(value.get("h"))
+            return Served(e, s, h, number, bool(value.get("d")))
         except (ValueError, KeyError, TypeError):
             log.warning("tenant %s: completion id %s maps to %r", tenant, completion_id, raw)
             return None

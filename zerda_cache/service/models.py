@@ -48,6 +48,11 @@ class Entry(BaseModel):
     exact: bool
     scope: str
     metadata: dict[str, Any]
+    hit_id: str = Field(
+        description="Names this served hit: send it to ``/v1/feedback`` (``hit_id``) in "
+        "place of ``entry_id``, and a negative verdict counts the hit wrong in the "
+        "savings (once, however often it is sent), with the similarity it was served at."
+    )
 
 
 class LookupResponse(BaseModel):
@@ -141,12 +146,23 @@ class PutResponse(BaseModel):
 
 
 class FeedbackRequest(_Strict):
-    entry_id: str | None = Field(None, description="The entry (send this or completion_id).")
+    entry_id: str | None = Field(
+        None,
+        description="The entry (send one of this, completion_id and hit_id). A verdict by "
+        "entry id teaches the entry but names no served hit: it counts no wrong hit.",
+    )
     completion_id: str | None = Field(
         None,
         description="The id of a chat completion the proxy answered (its ``id``, also in "
         "``x-zerda-completion-id``), in place of ``entry_id``: the entry it was answered "
-        "with, and the similarity it was served at.",
+        "with, and the similarity it was served at. A negative verdict on a hit counts "
+        "it wrong in the savings, once.",
+    )
+    hit_id: str | None = Field(
+        None,
+        description="A ``/v1/lookup`` hit's ``entry.hit_id``, in place of ``entry_id``: "
+        "the entry, the hit and the similarity it was served at. A negative verdict "
+        "counts that hit wrong in the savings, once however often it is sent.",
     )
     positive: bool
     disputed: bool = Field(

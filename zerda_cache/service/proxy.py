@@ -306,7 +306,12 @@ class ProxyRoutes:
         self.count(CHAT, "hit")
         completion_id = new_completion_id()
         await self.ctx.coordination.remember(
-            chat.tenant, completion_id, hit.entry_id, hit.similarity, hit=True
+            chat.tenant,
+            completion_id,
+            hit.entry_id,
+            hit.similarity,
+            hit=True,
+            number=hit.hit_number,
         )
         headers = {**_hit_headers(hit), **feedback_headers(completion_id), **extra}
         model = str(chat.body["model"])

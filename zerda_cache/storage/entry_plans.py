@@ -4,6 +4,7 @@ upkeep. Each is one Lua script call (``storage/lua``), planned without I/O.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -425,6 +426,7 @@ class EntryPlans(PlanBase):
                 sig.source,
                 repr(float(sig.timestamp)),
                 "" if sig.similarity is None else repr(float(sig.similarity)),
+                "" if sig.hit is None else str(sig.hit),
             ]
 
         def parse(res: Any) -> list[FeedbackOutcome | ZerdaError]:
@@ -432,7 +434,11 @@ class EntryPlans(PlanBase):
             for sig, reply in zip(sigs, res, strict=True):
                 code = reply[0]
                 if code == 1:
-                    out.append(FeedbackOutcome(sig.entry_id, reply[1], reply[2]))
+                    wrong = None
+                    if len(reply) > 3:  # counted a wrong hit: its usage
+                        with contextlib.suppress(InvalidEntryError):  # (a hand-made model)
+                            wrong = LLMUsage(text(reply[3]), int(reply[4]), int(reply[5]))
+                    out.append(FeedbackOutcome(sig.entry_id, reply[1], reply[2], wrong))
                 elif code == 0:
                     out.append(EntryNotFoundError(tenant, sig.entry_id))
                 else:

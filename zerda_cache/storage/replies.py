@@ -182,12 +182,13 @@ class StateArrays:
 
 class FeedbackOutcome:
     """An entry's learning state right after a feedback signal, decoded on first use
-    (feedback is a hot path and most callers never look)."""
+    (feedback is a hot path and most callers never look); ``wrong``: the usage the signal
+    counted as a wrong hit in the savings (``None``: it counted none)."""
 
-    __slots__ = ("_arm", "_raw_arm", "_raw_use", "_use", "entry_id")
+    __slots__ = ("_arm", "_raw_arm", "_raw_use", "_use", "entry_id", "wrong")
 
-    def __init__(self, entry_id: str, raw_arm: bytes, raw_use: bytes) -> None:
-        self.entry_id = entry_id
+    def __init__(self, entry_id: str, raw_arm: bytes, raw_use: bytes, wrong: Any = None) -> None:
+        self.entry_id, self.wrong = entry_id, wrong
         self._raw_arm, self._raw_use = raw_arm, raw_use
         self._arm: BanditArm | None = None
         self._use: codec.Use | None = None

@@ -15,7 +15,6 @@ import msgpack
 from zerda_cache.core.config import RLConfig
 from zerda_cache.core.entry import (
     IntelligentCacheEntry,
-    LLMUsage,
 )
 from zerda_cache.core.errors import (
     CorruptEntryError,
@@ -545,42 +544,6 @@ class TenantPlans(PlanBase):
             return res[0] if isinstance(res[0], Exception) else None
 
         return ReadPlan("register tenant", queue, parse, 1, tolerant=(0,))
-
-    def read_usage(self, tenant: str, entry_id: str) -> ReadPlan[LLMUsage | None]:
-        """What the LLM call that made ``entry_id``'s answer cost, if its put said
-        (``None`` too when the entry is gone or its meta does not read)."""
-        key = self.keys(tenant).entry(entry_id)
-
-        def queue(pipe: Any) -> None:
-            pipe.hget(key, "meta")
-
-        def parse(res: list[Any]) -> LLMUsage | None:
-            if res[0] is None or isinstance(res[0], Exception):
-                return None
-            try:
-                usage: LLMUsage | None = codec.unpack_meta(res[0], key=key)["us"]
-            except CorruptEntryError:
-                return None
-            return usage
-
-        return ReadPlan("usage", queue, parse, 1, tolerant=(0,))
-
-    def count_stats(self, tenant: str, increments: Mapping[str, int]) -> ReadPlan[None]:
-        """Add ``increments`` to fields of the tenant's stats hash (HINCRBY each: no script
-        needed); a refusal (a full server) loses the counts, never the lookup."""
-        stats_key = self.keys(tenant).stats
-        items = [(name, int(n)) for name, n in increments.items() if n]
-
-        def queue(pipe: Any) -> None:
-            for name, n in items:
-                pipe.hincrby(stats_key, name, n)
-
-        def parse(res: list[Any]) -> None:
-            errors = [r for r in res if isinstance(r, Exception)]
-            if errors:
-                log.warning("tenant %s: %d counts not written: %s", tenant, len(errors), errors[0])
-
-        return ReadPlan("count stats", queue, parse, len(items), tolerant=tuple(range(len(items))))
 
     def count_misses(self, tenant: str, n: int) -> ReadPlan[None]:
         """Add ``n`` to the tenant's miss counter (an atomic HINCRBY: no script needed)."""

@@ -311,3 +311,30 @@ local function zc_text_combo(asked, text)
   end
   return index
 end
+
+-- An entry's usage (meta.us, put.lua: {model, prompt tokens, completion tokens}) as the
+-- savings' stats fields take it (savings.FIELDS): the model and the two counts as
+-- integer strings for HINCRBY; nil when the entry has none or it does not read (tokens
+-- outside LLMUsage's [0, 2**31): a corrupt usage counts nothing, and never fails the hit
+-- or the feedback that reads it).
+local function zc_usage(meta)
+  local us = meta and meta.us
+  if type(us) ~= 'table' or type(us[1]) ~= 'string' or us[1] == '' then
+    return nil
+  end
+  local p, c = us[2], us[3]
+  if type(p) ~= 'number' or type(c) ~= 'number' or not (p >= 0 and p < 2^31)
+      or not (c >= 0 and c < 2^31) or p ~= math.floor(p) or c ~= math.floor(c) then
+    return nil
+  end
+  return us[1], string.format('%.0f', p), string.format('%.0f', c)
+end
+
+-- Add one call of `model` with its tokens to the stats hash's `kind` fields ("saved" or
+-- "wrong", savings.FIELDS).
+local function zc_count_usage(stats, kind, model, prompt, completion)
+  local f = kind .. ':' .. model .. ':'
+  redis.call('HINCRBY', stats, f .. 'calls', 1)
+  redis.call('HINCRBY', stats, f .. 'prompt', prompt)
+  redis.call('HINCRBY', stats, f .. 'completion', completion)
+end

@@ -7,13 +7,23 @@
 -- Redis trims whole stream nodes, so up to stream-node-max-entries (100) more may remain)
 -- ARGV[9] similarity-bar margin  ARGV[10] share of the penalty a near-miss negative keeps
 -- ARGV[11] negative-streak forget factor (1 = never forget)
--- then six per signal: entry id, positive (1/0), magnitude, source, caller's timestamp,
--- the similarity the entry was served at ('' = unknown)
--- returns one reply per signal: {1, arm, use} (msgpack) applied; {0} no such entry;
+-- then seven per signal: entry id, positive (1/0), magnitude, source, caller's timestamp,
+-- the similarity the entry was served at ('' = unknown), the number of the served hit it
+-- judges ('' = none: CacheHit.hit_number, the entry's use count after that serve)
+-- returns one reply per signal: {1, arm, use} (msgpack) applied, and when the signal
+-- counted its hit wrong in the savings, {1, arm, use, model, prompt, completion} (the
+-- usage counted); {0} no such entry;
 -- {-3} corrupt (its arm, use or meta missing or undecodable: zc_state, zc_sound_meta; as
 -- when its hash was lost while its state remains: nothing written for it).
 -- CachePolicyLearner.record_feedback, applied where the arm lives, for a batch of signals
 -- of one tenant: one call amortises the script overhead over the batch.
+--
+-- A wrong hit (a negative signal naming its hit) counts the call the hit saved as bought
+-- after all (wrong:<model>:*, savings.py), at most once per hit: the entry hash's `wh`
+-- (a msgpack list) keeps the numbers of its hits counted wrong, and a number is counted
+-- only if the entry was served that often (a hit that happened). The count never passes
+-- the tenant's saved calls of that model (which the hit script counts as it serves), so
+-- the net saving is never below zero, even for an entry imported with its use count.
 local now = zc_now(ARGV[1])
 local pos_w, neg_w = tonumber(ARGV[2]), tonumber(ARGV[3])
 local pa, pb = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -23,17 +33,48 @@ local forget = tonumber(ARGV[11])
 local prior = {a = pa, b = pb, now = now}
 local out = {}
 local n_pos, n_neg = 0, 0
+
+-- Count hit number `n` of the entry (hash `key`, with `meta`, served `served` times)
+-- wrong, once: the usage counted, or nil.
+local function count_wrong(key, meta, n, served)
+  local model, prompt, completion = zc_usage(meta)
+  if not model or n < 1 or n > served or n ~= math.floor(n) then
+    return nil
+  end
+  local marks = zc_unpack(redis.call('HGET', key, 'wh')) or {}
+  for j = 1, #marks do
+    if marks[j] == n then
+      return nil
+    end
+  end
+  marks[#marks + 1] = n
+  redis.call('HSET', key, 'wh', cmsgpack.pack(marks))
+  local saved = tonumber(redis.call('HGET', KEYS[1], 'saved:' .. model .. ':calls')) or 0
+  local wrong = tonumber(redis.call('HGET', KEYS[1], 'wrong:' .. model .. ':calls')) or 0
+  if wrong >= saved then
+    return nil
+  end
+  zc_count_usage(KEYS[1], 'wrong', model, prompt, completion)
+  return {model, prompt, completion}
+end
+
 for i = 5, #KEYS do
-  local base = 11 + (i - 5) * 6
+  local base = 11 + (i - 5) * 7
   local state = zc_raw_state(KEYS[4], KEYS[i], ARGV[base + 1], prior)
+  local meta = state and zc_sound_meta(redis.call('HGET', KEYS[i], 'meta'))
   if not state then
     out[#out + 1] = {0}
   else
     local arm, use, size = zc_state(state)
-    if not arm or not zc_sound_meta(redis.call('HGET', KEYS[i], 'meta')) then
+    if not arm or not meta then
       out[#out + 1] = {-3}
     else
       local positive = ARGV[base + 2] == '1'
+      local wrong = nil
+      local hit = tonumber(ARGV[base + 7])
+      if not positive and hit then
+        wrong = count_wrong(KEYS[i], meta, hit, use.n)
+      end
       local magnitude = tonumber(ARGV[base + 3])
       local sim = tonumber(ARGV[base + 6])
       zc_decay(arm, now, pa, pb, decay, interval)
@@ -85,7 +126,11 @@ for i = 5, #KEYS do
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'id', ARGV[base + 1],
                  'pos', ARGV[base + 2], 'mag', ARGV[base + 3], 'src', ARGV[base + 4],
                  'ts', ARGV[base + 5])
-      out[#out + 1] = {1, packed_arm, packed_use}
+      if wrong then
+        out[#out + 1] = {1, packed_arm, packed_use, wrong[1], wrong[2], wrong[3]}
+      else
+        out[#out + 1] = {1, packed_arm, packed_use}
+      end
     end
   end
 end

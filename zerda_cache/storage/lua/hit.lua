@@ -38,7 +38,9 @@
 -- XREVRANGE would return them; 1 when no event is newer than the position (the replica
 -- is current: the common case, sent back as one integer); false without a position.
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
--- version (eviction skips entries whose version moved since they were scored).
+-- version (eviction skips entries whose version moved since they were scored), and count
+-- the LLM call it saved in the stats hash (saved:<model>:*, savings.py) when its put gave
+-- the call's usage. The use count after this serve is the hit's number (CacheHit.hit_number).
 --
 -- A tie (only with ARGV[10]; ARGV[15] = '' or absent: none): the lookup's candidates
 -- within similarity_tie_margin of this one, which the lookup's ranking would order by
@@ -194,6 +196,12 @@ local function serve()
   local packed = zc_pack_state(arm, use, size)
   redis.call('HSET', KEYS[4], id, packed)
   redis.call('HINCRBY', KEYS[3], 'hits', 1)
+  -- The call the hit saved (an answer put with its usage), counted in the same step that
+  -- serves it: a wrong hit (feedback.lua) is never counted before its saving.
+  local model, prompt, completion = zc_usage(zc_unpack(raw[1]))
+  if model then
+    zc_count_usage(KEYS[3], 'saved', model, prompt, completion)
+  end
   return {1, packed, raw[2], raw[1], string.format('%.17g', ranked_c)}
 end
 
