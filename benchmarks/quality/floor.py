@@ -49,10 +49,10 @@ Their LLM calls at a realised error of δ (the best mix of two of them, over all
 but the oracle) are the floor: a cache with an imperfect match model pays more. (A floor
 for these policies and their mixes, not a proof for every policy: the reference decides
 on each request by its price, and weighs what a verification teaches for later asks only
-through its two prices.) ``--at`` reads it at the errors zerda realised, too.
+through its two prices.) It is read at the errors zerda realised too, as recorded by
+``run.py`` in the section ``--zerda`` names.
 
     .venv/bin/python benchmarks/quality/floor.py            # docs: "quality-full-floor"
-    .venv/bin/python benchmarks/quality/floor.py --at 0.0026,0.0128,0.0233
     .venv/bin/python benchmarks/quality/floor.py --pairs 4000 --section quality-floor
 """
 
@@ -72,6 +72,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[0]))
 sys.path.insert(0, str(HERE))
 
+import summary  # noqa: E402
 from _report import table, write_section  # noqa: E402
 from workload import (  # noqa: E402
     LLM_RIGHT,
@@ -468,15 +469,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--section", default="quality-full-floor")
     parser.add_argument(
-        "--at", default="", help="realised errors to read the floor at too, e.g. 0.0026,0.0128"
+        "--zerda",
+        default="quality-full-bound",
+        help="the section of docs/BENCHMARKS.md whose bounded runs' realised errors the floor "
+        "is read at too, beside their LLM calls ('' for none)",
     )
     args = parser.parse_args()
-    try:
-        at = [float(x) for x in args.at.split(",") if x.strip()]
-    except ValueError:
-        parser.error(f"--at takes errors separated by commas, not {args.at!r}")
-    if any(not 0 <= x <= 1 for x in at):
-        parser.error("--at: an error is a share of the requests, between 0 and 1")
+    zerda = zerda_points(args.zerda) if args.zerda else []
+    at = [error for error, _ in zerda]
     requests = args.requests or (60_000 if args.pairs is None else None)
     w = load_workload(args.pairs, requests, args.seed)
     capacity = int(len(w.seed_ids) * args.capacity)
@@ -484,6 +484,8 @@ def main() -> None:
     oracle = runs[0].r["correct"]
     floor_rows, used = readings(runs, list(DELTAS), oracle)
     at_rows, used_at = readings(runs, at, oracle)
+    for row, (_, calls) in zip(at_rows, zerda, strict=True):
+        row.append(f"{calls:.3f}")
     shown = [
         run for i, run in enumerate(runs)
         if run.kind != "reference" or run.name.count("/") == 0 or i in used | used_at
@@ -494,7 +496,27 @@ def main() -> None:
         + prose((__doc__ or "").split("\n\n")[1:5])
     )
     write_section(args.section, "How few LLM calls a bound can cost (floor.py)",
-                  report(intro, shown, oracle, floor_rows, at_rows))  # fmt: skip
+                  report(intro, shown, oracle, floor_rows, at_rows, args.zerda))  # fmt: skip
+
+
+def zerda_points(section: str, doc: Path = summary.BENCHMARKS_MD) -> list[tuple[float, float]]:
+    """The (realised error, LLM calls per request) of each bounded zerda run of
+    ``section`` (``zerda-d1``, ``-d2``, ``-d5``), as its script recorded them in
+    docs/BENCHMARKS.md: the floor is read at the errors zerda reached, not at typed ones."""
+    found = {s.name: s for s in summary.sections(doc.read_text())}
+    if section not in found:
+        raise SystemExit(f"docs/BENCHMARKS.md has no section {section!r} (run run.py first)")
+    figures = found[section].figures
+    points = []
+    for key in sorted(figures):
+        m = re.fullmatch(r"quality\.[\w-]+\.d(\d+)\.error", key)
+        if m and figures.get(key.removesuffix("error") + "llm_calls") is not None:
+            points.append(
+                (float(figures[key]), float(figures[key.removesuffix("error") + "llm_calls"]))
+            )
+    if not points:
+        raise SystemExit(f"section {section!r} records no bounded run's error and LLM calls")
+    return sorted(points)
 
 
 def prose(paragraphs: list[str]) -> str:
@@ -508,6 +530,7 @@ def report(
     oracle: float,
     floor_rows: list[list[str]],
     at_rows: list[list[str]],
+    zerda: str = "",
 ) -> str:
     header = ["policy", "hit rate", "LLM calls / request", "verifications", "error rate"]
     rows = [
@@ -532,8 +555,10 @@ def report(
     ]
     if at_rows:
         parts += [
-            "The same read at the errors zerda realised (`--at`):",
-            table(floor_header, at_rows),
+            f"The same read at the errors zerda realised in its bounded runs (section "
+            f"[{zerda}](#{zerda}), read from its recorded figures), beside zerda's LLM calls "
+            "there:",
+            table([*floor_header, "zerda"], at_rows),
         ]
     return "\n\n".join(parts)
 

@@ -7,6 +7,7 @@ disputed puts, the pace, the replicas and the replay's agreement rules. In the s
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -400,3 +401,27 @@ def test_the_reference_pays_no_more_than_the_old_policies_at_any_error() -> None
         assert row[5] == "none errs that little" or float(row[4]) <= float(row[5]), row
         assert float(row[1]) <= float(row[4]) and 0 < float(row[2]) <= 1, row
     assert rows[1][4] < rows[1][5]  # at 1%: strictly fewer calls
+
+
+def test_the_floor_is_read_at_the_errors_zerda_recorded(tmp_path: Path) -> None:
+    """floor.py takes zerda's realised errors and LLM calls from the figures run.py
+    recorded in its section, not from numbers typed on the command line."""
+    import floor
+
+    figures = {
+        "quality.qqp-full.d2.error": 0.0128,
+        "quality.qqp-full.d2.llm_calls": 0.569,
+        "quality.qqp-full.d1.error": 0.0026,
+        "quality.qqp-full.d1.llm_calls": 0.616,
+        "quality.qqp-full.d5.error": 0.0233,
+        "quality.qqp-full.d5.llm_calls": None,  # a run without its calls is left out
+        "quality.qqp-full.d2.hits": 0.43,
+    }
+    page = tmp_path / "BENCHMARKS.md"
+    page.write_text(
+        "<!-- section:quality-full-bound -->\n## Bounded\n\n"
+        + f"<!-- figures {json.dumps(figures)} -->\n<!-- /section:quality-full-bound -->\n"
+    )
+    assert floor.zerda_points("quality-full-bound", page) == [(0.0026, 0.616), (0.0128, 0.569)]
+    with pytest.raises(SystemExit, match="no section"):
+        floor.zerda_points("quality-other", page)
