@@ -200,3 +200,46 @@ def test_an_outage_is_one_warning_line_a_tick(redis_server_factory: Any, caplog:
     assert "evict cycle skipped: Redis failed" in records[0].getMessage()
     assert w.metrics.errors.labels("evict")._value.get() == 1.0
     w.close()
+
+
+@pytest.mark.parametrize("key", ["st", "tags"])
+def test_a_tenants_key_of_another_type_is_that_tenants_failure(
+    redis_client: redis.Redis, key: str, caplog: Any
+) -> None:
+    """A key of one tenant holding a string (WRONGTYPE, or a script's error on it) was
+    taken for Redis being down: ``run_eviction`` raised, the tenants after it were not
+    evicted, and the worker logged "evict cycle skipped: Redis failed". Now it is that
+    tenant's failure, logged with its traceback, and the cycle goes on."""
+    m = CacheManager(redis_client)
+    fill(m.put, "a", 3)
+    b = fill(m.put, "b", 3)
+    redis_client.zadd(tenant_keys("b").ids, {b[0]: 1.0})  # expired long ago
+    redis_client.delete(getattr(tenant_keys("a"), key))
+    redis_client.set(getattr(tenant_keys("a"), key), "not a hash or a set")
+    maint = Maintenance(m.storage)
+    with caplog.at_level(logging.ERROR, logger="zerda_cache.worker"):
+        reports = maint.run_eviction()
+    assert [r.tenant for r in reports] == ["b"] and reports[0].removed == {"expired": 1}
+    failed = [r for r in caplog.records if "tenant a" in r.getMessage()]
+    assert failed and failed[0].exc_info is not None
+    assert redis_client.zscore(tenant_keys("b").ids, b[0]) is None
+
+
+def test_the_worker_logs_a_reply_error_as_a_failure_not_an_outage(
+    redis_client: redis.Redis, monkeypatch: Any, caplog: Any
+) -> None:
+    """A reply error that escapes a cycle (here the tenant registry holding a string:
+    WRONGTYPE on every cycle's first read) is not Redis being down: it is logged with
+    its traceback as a failed cycle, not as "Redis failed"."""
+    w = Worker(redis_client, CacheConfig(), health_file=None)
+    w.lease_tick()
+    assert w.lease.held
+    redis_client.delete("zc:tenants")
+    redis_client.set("zc:tenants", "not a set")
+    with caplog.at_level(logging.DEBUG, logger="zerda_cache.worker.scheduler"):
+        w.evict_job()
+    records = [r for r in caplog.records if r.name == "zerda_cache.worker.scheduler"]
+    assert [r.levelno for r in records] == [logging.ERROR]
+    assert "evict cycle failed" in records[0].getMessage() and records[0].exc_info
+    assert w.metrics.errors.labels("evict")._value.get() == 1.0
+    w.close()

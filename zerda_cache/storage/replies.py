@@ -28,10 +28,10 @@ from zerda_cache.core.entry import (
 from zerda_cache.core.errors import (
     CorruptEntryError,
     InvalidEntryError,
-    StorageError,
 )
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
+from zerda_cache.storage.driver import storage_error
 
 log = logging.getLogger(__name__)
 
@@ -514,7 +514,7 @@ def hash_row(reply: Any, key: str) -> Any:
     if isinstance(reply, Exception):
         if str(reply).startswith("WRONGTYPE"):
             raise CorruptEntryError(key, "the key is not a hash")
-        raise StorageError(f"reading {key} failed: {reply}") from reply
+        raise storage_error(f"reading {key}", reply) from reply
     return reply
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Literal, TypeVar
 
 from zerda_cache.core.config import EvictionConfig
-from zerda_cache.core.errors import FencedError, StorageError
+from zerda_cache.core.errors import FencedError, StorageError, StorageUnavailable
 from zerda_cache.learning.bandit import CachePolicyLearner
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.storage import RedisStorage
@@ -294,15 +294,18 @@ class Maintenance:
 
         One tenant's failure is that tenant's: it is logged and the cycle goes on with
         the others (a value that does not decode stopped every cycle before the tenants
-        that sort after it were evicted or fitted). Redis failing (``StorageError``,
-        fencing included) ends the cycle: the next tenant would fail the same way."""
+        that sort after it were evicted or fitted). A reply error of Redis about that
+        tenant's keys (a script's error, a key of another type: a plain
+        ``StorageError``) is that tenant's failure too. Redis out of reach
+        (``StorageUnavailable``) or a refused fence (``FencedError``) ends the cycle:
+        the next tenant would fail the same way."""
         reports = []
         for tenant in tenants:
             if self.halted():
                 break
             try:
                 reports.append(work(tenant))
-            except StorageError:
+            except (StorageUnavailable, FencedError):
                 raise
             except Exception:
                 log.exception("tenant %s: its part of the cycle failed; the cycle goes on", tenant)
