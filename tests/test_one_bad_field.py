@@ -243,3 +243,32 @@ def test_the_worker_logs_a_reply_error_as_a_failure_not_an_outage(
     assert "evict cycle failed" in records[0].getMessage() and records[0].exc_info
     assert w.metrics.errors.labels("evict")._value.get() == 1.0
     w.close()
+
+
+def test_a_tenants_failure_is_counted_as_the_cycles_error(redis_client: redis.Redis) -> None:
+    """A tenant whose part of the cycle failed was logged, but the cycle still counted
+    as ``ok``, set the last success and left ``worker_errors_total`` at 0: the alerts
+    on both never saw it. Now the failure is counted and the cycle ends as ``error``
+    (in the metrics and in the cycle log), while the other tenants were evicted."""
+    m = CacheManager(redis_client)
+    fill(m.put, "a", 3)
+    b = fill(m.put, "b", 3)
+    redis_client.zadd(tenant_keys("b").ids, {b[0]: 1.0})  # expired long ago
+    redis_client.delete(tenant_keys("a").st)
+    redis_client.set(tenant_keys("a").st, "not a hash")
+    w = Worker(redis_client, CacheConfig(), health_file=None)
+    w.lease_tick()
+    assert w.lease.held
+    w.evict_job()
+    assert redis_client.zscore(tenant_keys("b").ids, b[0]) is None
+    assert w.metrics.errors.labels("evict")._value.get() >= 1.0
+    assert w.metrics.cycles.labels("evict", "error")._value.get() == 1.0
+    assert w.metrics.cycles.labels("evict", "ok")._value.get() == 0.0
+    assert w.metrics.last_success.labels("evict")._value.get() == 0.0
+    ends = [c for c in w.maintenance.recent_cycles() if c.get("phase") == "end"]
+    assert [c["outcome"] for c in ends if c["job"] == "evict"] == ["error"]
+    redis_client.delete(tenant_keys("a").st)  # repaired: the next cycle is a good one
+    w.evict_job()
+    assert w.metrics.cycles.labels("evict", "ok")._value.get() == 1.0
+    assert w.metrics.last_success.labels("evict")._value.get() > 0
+    w.close()

@@ -176,8 +176,13 @@ class Worker:
         from the lease or from the cycle) is an outage, not a bug: one WARNING line a
         tick, as the lease tick logs it, and the next tick tries again; so is a refused
         fence. Anything else, a reply error of Redis included (a script's error,
-        WRONGTYPE: the data, not the server), is logged with its traceback."""
+        WRONGTYPE: the data, not the server), is logged with its traceback.
+
+        A cycle in which some tenants' parts failed (``Maintenance.failures``: logged,
+        and the cycle went on with the others) adds them to the job's errors and ends
+        as ``error``, without a new last success: the alerts on both see it."""
         started = time.perf_counter()
+        failures = self.maintenance.failures
         try:
             if self.stop_event.is_set() or not self.lease.acquire_or_renew():
                 return
@@ -203,7 +208,10 @@ class Worker:
         if self.maintenance.fenced:  # a newer leader wrote: this one's lease is stale
             log.warning("%s cycle fenced off: giving the lease up", job)
             self._release()
-        outcome = "stopped" if self.maintenance.halted() else "ok"
+        failed = self.maintenance.failures - failures
+        if failed:
+            self.metrics.errors.labels(job).inc(failed)
+        outcome = "error" if failed else ("stopped" if self.maintenance.halted() else "ok")
         self.metrics.cycles.labels(job, outcome).inc()
         self.metrics.cycle_seconds.labels(job).observe(time.perf_counter() - started)
         if outcome == "ok":
