@@ -24,7 +24,7 @@ from zerda_cache import (
 )
 from zerda_cache.core.errors import InvalidEntryError
 from zerda_cache.flows.transfer import export_tenant, import_tenant
-from zerda_cache.storage import RedisStorage
+from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import tenant_keys
 
 DIM = 32
@@ -243,6 +243,56 @@ def test_an_import_refuses_what_a_put_would_and_writes_nothing_of_it(
         st.get_entry("dst", json.loads(rows[0])["id"])
     assert not redis_client.exists(tenant_keys("dst").entry(json.loads(rows[0])["id"]))
     assert st.stats("dst")["bytes"] == st.stats("src")["bytes"] - _size(st, "src", rows[0])
+
+
+def _scored(field: str, value: float) -> Any:
+    """A state with one of its fields (``c``, ``ss``, ``qs``) set to ``value``."""
+    at = ("a", "b", "n", "r", "t", "un", "la", "c", "v", "ss", "qs", "sb", "pm", "ns", "sz")
+    return lambda values: [
+        value if name == field else v for name, v in zip(at, values, strict=True)
+    ]
+
+
+def test_an_import_refuses_scores_a_put_never_writes(redis_client: redis.Redis) -> None:
+    """The state's similarity, quality and confidence were only checked finite: a
+    confidence of 7 or a quality of -3 was imported, and ranked lookups by it. A put
+    writes them in [0, 1] (``unit_score``, the confidence clipped): so does an import."""
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 8)
+    bad = [
+        _edit(rows[0], state=_scored("c", 7.0)),
+        _edit(rows[1], state=_scored("ss", 1.5)),
+        _edit(rows[2], state=_scored("qs", -3.0)),
+        _edit(rows[3], state=_scored("c", -0.01)),
+    ]
+    fine = [_edit(rows[4], state=_scored("ss", 0.0)), _edit(rows[5], state=_scored("c", 1.0))]
+    report = import_tenant(m.storage, "dst", [header, *bad, *fine, *rows[6:]])
+    assert [n for n, _ in report.refused] == [2, 3, 4, 5], report.refused
+    assert all("[0, 1]" in why for _, why in report.refused), report.refused
+    assert report.stored == 4 and m.storage.count("dst") == 4
+
+
+def test_an_import_checks_content_by_the_puts_own_checks(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The import re-listed the put's checks: a limit a put gained later would not have
+    applied to an import. Both call ``codec.checked_doc``, so one added there (here by
+    hand) refuses a put and an import's line alike."""
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 3)
+    real = codec.checked_doc
+
+    def stricter(cfg: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "question 1" in query:
+            raise InvalidEntryError("a limit added to the put")
+        return real(cfg, query, *args, **kwargs)
+
+    monkeypatch.setattr(codec, "checked_doc", stricter)
+    with pytest.raises(InvalidEntryError, match="a limit added"):
+        m.put("question 1", "an answer", tenant="src", embedding=_vectors(1)[0])
+    report = import_tenant(m.storage, "dst", [header, *rows])
+    number = 2 + [json.loads(row)["query"] for row in rows].index("question 1")
+    assert report.refused == [(number, "a limit added to the put")] and report.stored == 2
 
 
 def _size(st: RedisStorage, tenant: str, line: str) -> int:

@@ -37,14 +37,11 @@ from zerda_cache.core.errors import (
 from zerda_cache.core.validation import (
     check_dim,
     check_expiry,
-    check_query,
-    check_response,
-    check_scope,
-    check_tags,
     validate_entry_id,
 )
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.plans import ScriptCall, StoredEntry
+from zerda_cache.storage.replies import unit_score
 
 FORMAT = "zerda-cache-export"
 VERSION = 1
@@ -253,30 +250,41 @@ def check_line(
 ) -> tuple[StoredEntry, dict[str, Any]]:
     """One line of an export, checked as an entry is read (the stored values decode,
     the vector is of the tenant's dimension and of unit length) and as a put checks its
-    input, with ``storage``'s limits (``max_query_chars``, ``max_response_bytes``,
-    ``max_metadata_bytes``, the scope's length, the tags, the usage): what is written is
-    what a put could have written. The doc is packed again (as a put packs it) and the
-    size (``#doc + #vec``, the tenant's byte count) is computed, never read from the
-    file. ``ValueError`` (``InvalidEntryError``, ``CorruptEntryError``...) when not."""
+    input: its content by the put's own checks (``codec.checked_doc``, with
+    ``storage``'s limits), and its state's similarity, quality and confidence in
+    [0, 1], as a put's are. The doc is packed again (as a put packs it) and the size
+    (``#doc + #vec``, the tenant's byte count) is computed, never read from the file.
+    The rest of the state (the arm, its uses and times) is taken as the file holds it
+    once it decodes: feedback and hits, not a put, wrote it. ``ValueError``
+    (``InvalidEntryError``, ``CorruptEntryError``...) when a line does not check out."""
     row = json.loads(line, parse_constant=_no_constant)
     if not isinstance(row, dict):
         raise InvalidEntryError("a line is not a JSON object")
     eid = validate_entry_id(row["id"], InvalidEntryError)
     raw_doc, vec, raw_meta, state = (_unb64(row[f]) for f in ("doc", "vec", "meta", "state"))
     key = f"line of {eid}"
-    cfg = storage.config
     query, response, metadata = codec.unpack_doc(raw_doc, key=key)
-    query = check_query(query, cfg.max_query_chars)
-    response = check_response(response, cfg.max_response_bytes)
-    doc = codec.pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
     meta = codec.unpack_meta(raw_meta, key=key)
+    query, doc, scope, tags, _ = codec.checked_doc(
+        storage.config,
+        query,
+        response,
+        metadata,
+        scope=meta["sc"],
+        tags=list(meta["tg"]),
+        usage=meta["us"],
+    )
     want = dim if dim is not None else meta["dim"]
     codec.decode_vector(vec, key=key, dim=want)
     if meta["dim"] != want:
         raise CorruptEntryError(key, f"meta.dim is {meta['dim']}, the tenant's {want}")
-    scope = check_scope(meta["sc"])
-    tags = check_tags(list(meta["tg"]))
-    arm, _, _ = codec.unpack_state(state, key=key)
+    arm, use, _ = codec.unpack_state(state, key=key)
+    for name, value in (
+        ("similarity", use.similarity),
+        ("quality", use.quality),
+        ("confidence", use.confidence),
+    ):
+        unit_score(f"the state's {name}", value)
     size = len(doc) + len(vec)
     stored = StoredEntry(eid, doc, vec, raw_meta, codec.state_with_size(state, size))
     fields = {

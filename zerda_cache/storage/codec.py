@@ -45,12 +45,13 @@ import struct
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.entry import BanditArm, LLMUsage
 from zerda_cache.core.errors import (
     CorruptEntryError,
@@ -58,7 +59,15 @@ from zerda_cache.core.errors import (
     InvalidEntryError,
     SchemaVersionError,
 )
-from zerda_cache.core.validation import check_text, finite_number, whole_number
+from zerda_cache.core.validation import (
+    check_query,
+    check_response,
+    check_scope,
+    check_tags,
+    check_text,
+    finite_number,
+    whole_number,
+)
 
 SCHEMA_VERSION = 1
 _VEC_DTYPE = np.dtype("<f4")
@@ -240,6 +249,44 @@ def pack_doc(
             {"v": SCHEMA_VERSION, "q": query, "r": response, "m": meta}, use_bin_type=True
         )
     )
+
+
+class CheckedDoc(NamedTuple):
+    """An entry's content as ``checked_doc`` checked it: its doc packed, and its scope,
+    tags and usage as the put script takes them."""
+
+    query: str
+    doc: bytes
+    scope: str
+    tags: tuple[str, ...]
+    usage: LLMUsage | None
+
+
+def checked_doc(
+    cfg: CacheConfig,
+    query: object,
+    response: object,
+    metadata: Mapping[str, Any] | None,
+    *,
+    scope: object = None,
+    tags: object = None,
+    usage: object = None,
+) -> CheckedDoc:
+    """The checks of an entry's content, with ``cfg``'s limits (``max_query_chars``,
+    ``max_response_bytes``, ``max_metadata_bytes``, the scope's length, the tags, the
+    usage), and its doc packed. A put and an import both call this one function, so a
+    limit a put gains applies to what an import writes too.
+
+    Raises:
+        InvalidEntryError: a value a put refuses.
+    """
+    query = check_query(query, cfg.max_query_chars)
+    response = check_response(response, cfg.max_response_bytes)
+    checked_scope = check_scope(scope)
+    checked_tags = check_tags(tags)
+    checked_usage = LLMUsage.of(usage)
+    doc = pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
+    return CheckedDoc(query, doc, checked_scope, checked_tags, checked_usage)
 
 
 def _unpack_map(raw: object, key: str, field: str) -> dict[str, Any]:
