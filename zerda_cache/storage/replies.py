@@ -423,13 +423,6 @@ def level_bin(bin_: int | str) -> bool:
     return isinstance(bin_, str) and bin_.startswith("e") and bin_ != "e"
 
 
-def as_int(raw: Any) -> int:
-    try:
-        return int(float(raw))
-    except (OverflowError, TypeError, ValueError):  # int(inf) is an OverflowError
-        return 0
-
-
 def batch(
     name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]], sha: Callable[[str], str]
 ) -> ReadPlan[list[Any]]:
