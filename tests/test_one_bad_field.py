@@ -21,6 +21,7 @@ import redis
 from click.testing import CliRunner
 from conftest import near
 from conftest import unit as _unit
+from state_support import read_state, write_state
 from test_match_model import synthetic, teach
 
 from zerda_cache import CacheConfig, CacheManager, CorruptEntryError, FeedbackSignal
@@ -272,3 +273,39 @@ def test_a_tenants_failure_is_counted_as_the_cycles_error(redis_client: redis.Re
     assert w.metrics.cycles.labels("evict", "ok")._value.get() == 1.0
     assert w.metrics.last_success.labels("evict")._value.get() > 0
     w.close()
+
+
+#: Counts of a state that are not whole, or out of range: ``(part, field, value)``.
+BAD_COUNTS: list[tuple[str, str, float]] = [
+    ("arm", "n", 2.5),  # int() made it 2
+    ("use", "n", 1.5),
+    ("use", "v", 3.25),
+    ("use", "ns", 2.5),
+    ("use", "ns", 1e9),
+    ("sz", "", 2.0**53),  # evict.lua: not a size (unknown)
+    ("sz", "", 1e300),
+]
+
+
+@pytest.mark.parametrize(("part", "name", "value"), BAD_COUNTS)
+def test_a_count_that_is_not_whole_is_corrupt(
+    redis_client: redis.Redis, part: str, name: str, value: float
+) -> None:
+    """docs/operations.md calls a count that is not whole corrupt, but the decoder
+    truncated ``arm.n``, ``use.n`` and ``use.v`` with ``int()`` and took any ``sz`` of
+    2**53 or more, which evict.lua takes for no size. Now each is corrupt, as the
+    bounds the scripts and the docs give; the largest size evict.lua takes still reads."""
+    m = CacheManager(redis_client)
+    st = m.storage
+    eid = fill(m.put, "t", 1)[0]
+    state = read_state(redis_client, "t", eid)
+    if part == "sz":
+        state["sz"] = 2.0**53 - 1
+        write_state(redis_client, "t", eid, state)
+        assert st.get_entry("t", eid).size_bytes == 2**53 - 1
+        state["sz"] = value
+    else:
+        state[part][name] = value
+    write_state(redis_client, "t", eid, state)
+    with pytest.raises(CorruptEntryError):
+        st.get_entry("t", eid)

@@ -278,6 +278,8 @@ def check_line(
     codec.decode_vector(vec, key=key, dim=want)
     if meta["dim"] != want:
         raise CorruptEntryError(key, f"meta.dim is {meta['dim']}, the tenant's {want}")
+    size = len(doc) + len(vec)
+    state = codec.state_with_size(state, size, key=key)  # the file's size is not used
     arm, use, _ = codec.unpack_state(state, key=key)
     for name, value in (
         ("similarity", use.similarity),
@@ -285,8 +287,7 @@ def check_line(
         ("confidence", use.confidence),
     ):
         unit_score(f"the state's {name}", value)
-    size = len(doc) + len(vec)
-    stored = StoredEntry(eid, doc, vec, raw_meta, codec.state_with_size(state, size))
+    stored = StoredEntry(eid, doc, vec, raw_meta, state)
     fields = {
         "digest": codec.query_digest(query, scope),
         "scope": scope,
