@@ -4,6 +4,7 @@ arms, uses, expiry and tags come back as they were, and lookups serve the same a
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import struct
@@ -353,3 +354,63 @@ def test_the_cli_import_says_refused_lines_by_its_exit_code(
         assert result.exit_code == EXIT_USAGE, result.output
         assert "header's dim must be a whole number" in result.stderr
         assert "Traceback" not in result.output
+
+
+# --- an entry removed while the export runs is gone, not corrupt ---
+def _export_of(m: CacheManager) -> tuple[int, list[str], list[str]]:
+    corrupt: list[str] = []
+    gone: list[str] = []
+    out = io.StringIO()
+    written = export_tenant(
+        m.storage, "src", out, corrupt=lambda eid, why: corrupt.append(eid), gone=gone.append
+    )
+    return written, corrupt, gone
+
+
+def test_an_entry_evicted_between_the_hash_and_state_reads_is_gone_not_corrupt(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export reads the hashes, then the states, in one pipeline: an entry the
+    worker evicted between the two had a whole hash and no state, and was left out as
+    corrupt ("left out ... corrupt") and reported for eviction. It is gone: not
+    corrupt, not reported. Here the eviction comes between the reads by hand: the
+    first read's reply is the torn one, and the entry is removed for real."""
+    m = CacheManager(redis_client, CacheConfig())
+    ids = _fill(m, _vectors(5))
+    victim = ids[2]
+    k = tenant_keys("src")
+    real = m.storage.export_batch
+    calls: list[list[str]] = []
+
+    def torn(tenant: str, entry_ids: list[str]) -> list[Any]:
+        rows = real(tenant, entry_ids)
+        calls.append(list(entry_ids))
+        if len(calls) > 1:
+            return rows
+        redis_client.delete(k.entry(victim))  # what the evict script removes
+        redis_client.hdel(k.st, victim)
+        redis_client.zrem(k.ids, victim)
+        return [dataclasses.replace(r, state=None) if r.entry_id == victim else r for r in rows]
+
+    monkeypatch.setattr(m.storage, "export_batch", torn)
+    written, corrupt, gone = _export_of(m)
+    assert (written, corrupt, gone) == (4, [], [victim])
+    assert calls[1] == [victim]  # read once more, alone
+    assert not redis_client.exists(k.bad)
+
+
+def test_an_entry_whose_hash_is_gone_is_gone_and_a_key_of_another_type_corrupt(
+    redis_client: redis.Redis,
+) -> None:
+    """An entry whose hash is gone while its state is still there (an ``allkeys-*``
+    server evicted the hash) was left out as corrupt; it is gone. A key of another
+    type in the entry's place is still corrupt, and reported."""
+    m = CacheManager(redis_client, CacheConfig())
+    ids = _fill(m, _vectors(5))
+    k = tenant_keys("src")
+    redis_client.delete(k.entry(ids[0]))
+    redis_client.delete(k.entry(ids[1]))
+    redis_client.set(k.entry(ids[1]), "not a hash")
+    written, corrupt, gone = _export_of(m)
+    assert (written, corrupt, gone) == (3, [ids[1]], [ids[0]])
+    assert {e.decode() for e in redis_client.smembers(k.bad)} == {ids[1]}

@@ -759,8 +759,13 @@ def export_cmd(state: CliState, tenant: str, output: str) -> None:
                 err.print(f"[yellow]warning:[/yellow] left out {escape(why)}", soft_wrap=True)
 
             corrupt: list[str] = []
-            written = export_tenant(st, tenant, out, progress=advance, corrupt=left_out)
+            gone: list[str] = []
+            written = export_tenant(
+                st, tenant, out, progress=advance, corrupt=left_out, gone=gone.append
+            )
         err.print(f"exported {written:,} entries of tenant {tenant}")
+        if gone:
+            err.print(f"{len(gone):,} entries were removed while the export ran (not exported)")
         if corrupt:
             err.print(
                 f"left out {len(corrupt):,} corrupt entries (reported: the worker evicts "

@@ -156,8 +156,9 @@ class EntryPlans(PlanBase):
                 key = k.entry(eid)
                 try:
                     doc, vec, meta = hash_row(row, key)
-                except CorruptEntryError:
-                    doc = vec = meta = None
+                except CorruptEntryError as exc:
+                    out.append(StoredEntry(eid, None, None, None, state, corrupt=exc.detail))
+                    continue
                 out.append(StoredEntry(eid, doc, vec, meta, state))
             return out
 

@@ -59,6 +59,9 @@ class StoredEntry:
     vec: bytes | None
     meta: bytes | None
     state: bytes | None
+    #: Why the entry's key holds no fields although it exists (a key of another type),
+    #: else ``None``: its fields are then all ``None`` without the entry being gone.
+    corrupt: str | None = None
 
 
 class DimensionLost(Exception):
