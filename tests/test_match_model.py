@@ -345,3 +345,28 @@ def test_a_level_field_of_superscript_digits_is_skipped_not_a_crash() -> None:
     blob = msgpack.packb(["e\xb2", "e2"])
     logs = LabelLogs.parse([], [blob], [b"inf", b"1e400", b"0"])  # counters: unparsable, 0
     assert logs.seen_exact == 2 and sum(logs.seen_levels) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "count"),
+    [(b"12", 12), ("3.0", 3), (7.9, 7), (b"inf", 0), (b"nan", 0), (b"garbage", 0), (None, 0)],
+)
+def test_a_counter_is_read_by_one_helper(redis_client: redis.Redis, raw: Any, count: int) -> None:
+    """The fit's label counters were read by two copies of one helper (calibration's
+    ``_count``, replies' ``as_int``), each patched on its own. One reads them now
+    (``core.validation.count_or_zero``), the same from the fit-due check as from the
+    label logs' reader."""
+    from zerda_cache.core import validation
+    from zerda_cache.learning import calibration
+    from zerda_cache.storage import tenant_plans
+
+    assert validation.count_or_zero(raw) == count
+    assert calibration.count_or_zero is validation.count_or_zero
+    assert tenant_plans.count_or_zero is validation.count_or_zero
+    st = RedisStorage(redis_client)
+    cal = tenant_keys("t").cal
+    if raw is None:
+        redis_client.hset(cal, "fit_ln", 0)
+    else:
+        redis_client.hset(cal, mapping={"ln": raw, "fit_ln": 0})
+    assert st.read(st.read_fit_due("t")) == count

@@ -21,6 +21,7 @@ import redis
 from click.testing import CliRunner
 from conftest import near
 from conftest import unit as _unit
+from state_support import read_state, write_state
 from test_match_model import synthetic, teach
 
 from zerda_cache import CacheConfig, CacheManager, CorruptEntryError, FeedbackSignal
@@ -200,3 +201,111 @@ def test_an_outage_is_one_warning_line_a_tick(redis_server_factory: Any, caplog:
     assert "evict cycle skipped: Redis failed" in records[0].getMessage()
     assert w.metrics.errors.labels("evict")._value.get() == 1.0
     w.close()
+
+
+@pytest.mark.parametrize("key", ["st", "tags"])
+def test_a_tenants_key_of_another_type_is_that_tenants_failure(
+    redis_client: redis.Redis, key: str, caplog: Any
+) -> None:
+    """A key of one tenant holding a string (WRONGTYPE, or a script's error on it) was
+    taken for Redis being down: ``run_eviction`` raised, the tenants after it were not
+    evicted, and the worker logged "evict cycle skipped: Redis failed". Now it is that
+    tenant's failure, logged with its traceback, and the cycle goes on."""
+    m = CacheManager(redis_client)
+    fill(m.put, "a", 3)
+    b = fill(m.put, "b", 3)
+    redis_client.zadd(tenant_keys("b").ids, {b[0]: 1.0})  # expired long ago
+    redis_client.delete(getattr(tenant_keys("a"), key))
+    redis_client.set(getattr(tenant_keys("a"), key), "not a hash or a set")
+    maint = Maintenance(m.storage)
+    with caplog.at_level(logging.ERROR, logger="zerda_cache.worker"):
+        reports = maint.run_eviction()
+    assert [r.tenant for r in reports] == ["b"] and reports[0].removed == {"expired": 1}
+    failed = [r for r in caplog.records if "tenant a" in r.getMessage()]
+    assert failed and failed[0].exc_info is not None
+    assert redis_client.zscore(tenant_keys("b").ids, b[0]) is None
+
+
+def test_the_worker_logs_a_reply_error_as_a_failure_not_an_outage(
+    redis_client: redis.Redis, monkeypatch: Any, caplog: Any
+) -> None:
+    """A reply error that escapes a cycle (here the tenant registry holding a string:
+    WRONGTYPE on every cycle's first read) is not Redis being down: it is logged with
+    its traceback as a failed cycle, not as "Redis failed"."""
+    w = Worker(redis_client, CacheConfig(), health_file=None)
+    w.lease_tick()
+    assert w.lease.held
+    redis_client.delete("zc:tenants")
+    redis_client.set("zc:tenants", "not a set")
+    with caplog.at_level(logging.DEBUG, logger="zerda_cache.worker.scheduler"):
+        w.evict_job()
+    records = [r for r in caplog.records if r.name == "zerda_cache.worker.scheduler"]
+    assert [r.levelno for r in records] == [logging.ERROR]
+    assert "evict cycle failed" in records[0].getMessage() and records[0].exc_info
+    assert w.metrics.errors.labels("evict")._value.get() == 1.0
+    w.close()
+
+
+def test_a_tenants_failure_is_counted_as_the_cycles_error(redis_client: redis.Redis) -> None:
+    """A tenant whose part of the cycle failed was logged, but the cycle still counted
+    as ``ok``, set the last success and left ``worker_errors_total`` at 0: the alerts
+    on both never saw it. Now the failure is counted and the cycle ends as ``error``
+    (in the metrics and in the cycle log), while the other tenants were evicted."""
+    m = CacheManager(redis_client)
+    fill(m.put, "a", 3)
+    b = fill(m.put, "b", 3)
+    redis_client.zadd(tenant_keys("b").ids, {b[0]: 1.0})  # expired long ago
+    redis_client.delete(tenant_keys("a").st)
+    redis_client.set(tenant_keys("a").st, "not a hash")
+    w = Worker(redis_client, CacheConfig(), health_file=None)
+    w.lease_tick()
+    assert w.lease.held
+    w.evict_job()
+    assert redis_client.zscore(tenant_keys("b").ids, b[0]) is None
+    assert w.metrics.errors.labels("evict")._value.get() >= 1.0
+    assert w.metrics.cycles.labels("evict", "error")._value.get() == 1.0
+    assert w.metrics.cycles.labels("evict", "ok")._value.get() == 0.0
+    assert w.metrics.last_success.labels("evict")._value.get() == 0.0
+    ends = [c for c in w.maintenance.recent_cycles() if c.get("phase") == "end"]
+    assert [c["outcome"] for c in ends if c["job"] == "evict"] == ["error"]
+    redis_client.delete(tenant_keys("a").st)  # repaired: the next cycle is a good one
+    w.evict_job()
+    assert w.metrics.cycles.labels("evict", "ok")._value.get() == 1.0
+    assert w.metrics.last_success.labels("evict")._value.get() > 0
+    w.close()
+
+
+#: Counts of a state that are not whole, or out of range: ``(part, field, value)``.
+BAD_COUNTS: list[tuple[str, str, float]] = [
+    ("arm", "n", 2.5),  # int() made it 2
+    ("use", "n", 1.5),
+    ("use", "v", 3.25),
+    ("use", "ns", 2.5),
+    ("use", "ns", 1e9),
+    ("sz", "", 2.0**53),  # evict.lua: not a size (unknown)
+    ("sz", "", 1e300),
+]
+
+
+@pytest.mark.parametrize(("part", "name", "value"), BAD_COUNTS)
+def test_a_count_that_is_not_whole_is_corrupt(
+    redis_client: redis.Redis, part: str, name: str, value: float
+) -> None:
+    """docs/operations.md calls a count that is not whole corrupt, but the decoder
+    truncated ``arm.n``, ``use.n`` and ``use.v`` with ``int()`` and took any ``sz`` of
+    2**53 or more, which evict.lua takes for no size. Now each is corrupt, as the
+    bounds the scripts and the docs give; the largest size evict.lua takes still reads."""
+    m = CacheManager(redis_client)
+    st = m.storage
+    eid = fill(m.put, "t", 1)[0]
+    state = read_state(redis_client, "t", eid)
+    if part == "sz":
+        state["sz"] = 2.0**53 - 1
+        write_state(redis_client, "t", eid, state)
+        assert st.get_entry("t", eid).size_bytes == 2**53 - 1
+        state["sz"] = value
+    else:
+        state[part][name] = value
+    write_state(redis_client, "t", eid, state)
+    with pytest.raises(CorruptEntryError):
+        st.get_entry("t", eid)

@@ -235,3 +235,21 @@ def test_the_cli_prices_the_savings_as_serve_does(
     bad.write_text("[1]")
     refused = CliRunner().invoke(cli, [*base, "--token-prices", str(bad)])
     assert refused.exit_code == 2 and "token-prices" in refused.output
+
+
+def test_the_replicas_and_stats_price_from_one_helper(
+    make_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The price table was built from a configuration by the same expression in the
+    engine and in ``stats``: one helper builds it now (``savings.prices_of``), the
+    defaults with the configuration's prices on top, and a change to it reaches both."""
+    from zerda_cache import cli as cli_module
+    from zerda_cache.core import savings
+    from zerda_cache.flows import engine
+
+    cfg = CacheConfig(token_prices={"my-model": (1.0, 4.0), "gpt-4o": (9.0, 9.0)})
+    table = savings.prices_of(cfg)
+    assert table == {**DEFAULT_PRICES, "my-model": (1.0, 4.0), "gpt-4o": (9.0, 9.0)}
+    assert savings.prices_of(CacheConfig()) == dict(DEFAULT_PRICES)
+    assert make_manager(cfg).prices == table
+    assert engine.prices_of is savings.prices_of and cli_module.prices_of is savings.prices_of

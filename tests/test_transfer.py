@@ -4,6 +4,7 @@ arms, uses, expiry and tags come back as they were, and lookups serve the same a
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import struct
@@ -24,7 +25,7 @@ from zerda_cache import (
 )
 from zerda_cache.core.errors import InvalidEntryError
 from zerda_cache.flows.transfer import export_tenant, import_tenant
-from zerda_cache.storage import RedisStorage
+from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import tenant_keys
 
 DIM = 32
@@ -245,6 +246,56 @@ def test_an_import_refuses_what_a_put_would_and_writes_nothing_of_it(
     assert st.stats("dst")["bytes"] == st.stats("src")["bytes"] - _size(st, "src", rows[0])
 
 
+def _scored(field: str, value: float) -> Any:
+    """A state with one of its fields (``c``, ``ss``, ``qs``) set to ``value``."""
+    at = ("a", "b", "n", "r", "t", "un", "la", "c", "v", "ss", "qs", "sb", "pm", "ns", "sz")
+    return lambda values: [
+        value if name == field else v for name, v in zip(at, values, strict=True)
+    ]
+
+
+def test_an_import_refuses_scores_a_put_never_writes(redis_client: redis.Redis) -> None:
+    """The state's similarity, quality and confidence were only checked finite: a
+    confidence of 7 or a quality of -3 was imported, and ranked lookups by it. A put
+    writes them in [0, 1] (``unit_score``, the confidence clipped): so does an import."""
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 8)
+    bad = [
+        _edit(rows[0], state=_scored("c", 7.0)),
+        _edit(rows[1], state=_scored("ss", 1.5)),
+        _edit(rows[2], state=_scored("qs", -3.0)),
+        _edit(rows[3], state=_scored("c", -0.01)),
+    ]
+    fine = [_edit(rows[4], state=_scored("ss", 0.0)), _edit(rows[5], state=_scored("c", 1.0))]
+    report = import_tenant(m.storage, "dst", [header, *bad, *fine, *rows[6:]])
+    assert [n for n, _ in report.refused] == [2, 3, 4, 5], report.refused
+    assert all("[0, 1]" in why for _, why in report.refused), report.refused
+    assert report.stored == 4 and m.storage.count("dst") == 4
+
+
+def test_an_import_checks_content_by_the_puts_own_checks(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The import re-listed the put's checks: a limit a put gained later would not have
+    applied to an import. Both call ``codec.checked_doc``, so one added there (here by
+    hand) refuses a put and an import's line alike."""
+    m = CacheManager(redis_client, CacheConfig())
+    header, *rows = _export(m, 3)
+    real = codec.checked_doc
+
+    def stricter(cfg: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "question 1" in query:
+            raise InvalidEntryError("a limit added to the put")
+        return real(cfg, query, *args, **kwargs)
+
+    monkeypatch.setattr(codec, "checked_doc", stricter)
+    with pytest.raises(InvalidEntryError, match="a limit added"):
+        m.put("question 1", "an answer", tenant="src", embedding=_vectors(1)[0])
+    report = import_tenant(m.storage, "dst", [header, *rows])
+    number = 2 + [json.loads(row)["query"] for row in rows].index("question 1")
+    assert report.refused == [(number, "a limit added to the put")] and report.stored == 2
+
+
 def _size(st: RedisStorage, tenant: str, line: str) -> int:
     return st.get_entry(tenant, json.loads(line)["id"]).size_bytes
 
@@ -303,3 +354,63 @@ def test_the_cli_import_says_refused_lines_by_its_exit_code(
         assert result.exit_code == EXIT_USAGE, result.output
         assert "header's dim must be a whole number" in result.stderr
         assert "Traceback" not in result.output
+
+
+# --- an entry removed while the export runs is gone, not corrupt ---
+def _export_of(m: CacheManager) -> tuple[int, list[str], list[str]]:
+    corrupt: list[str] = []
+    gone: list[str] = []
+    out = io.StringIO()
+    written = export_tenant(
+        m.storage, "src", out, corrupt=lambda eid, why: corrupt.append(eid), gone=gone.append
+    )
+    return written, corrupt, gone
+
+
+def test_an_entry_evicted_between_the_hash_and_state_reads_is_gone_not_corrupt(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export reads the hashes, then the states, in one pipeline: an entry the
+    worker evicted between the two had a whole hash and no state, and was left out as
+    corrupt ("left out ... corrupt") and reported for eviction. It is gone: not
+    corrupt, not reported. Here the eviction comes between the reads by hand: the
+    first read's reply is the torn one, and the entry is removed for real."""
+    m = CacheManager(redis_client, CacheConfig())
+    ids = _fill(m, _vectors(5))
+    victim = ids[2]
+    k = tenant_keys("src")
+    real = m.storage.export_batch
+    calls: list[list[str]] = []
+
+    def torn(tenant: str, entry_ids: list[str]) -> list[Any]:
+        rows = real(tenant, entry_ids)
+        calls.append(list(entry_ids))
+        if len(calls) > 1:
+            return rows
+        redis_client.delete(k.entry(victim))  # what the evict script removes
+        redis_client.hdel(k.st, victim)
+        redis_client.zrem(k.ids, victim)
+        return [dataclasses.replace(r, state=None) if r.entry_id == victim else r for r in rows]
+
+    monkeypatch.setattr(m.storage, "export_batch", torn)
+    written, corrupt, gone = _export_of(m)
+    assert (written, corrupt, gone) == (4, [], [victim])
+    assert calls[1] == [victim]  # read once more, alone
+    assert not redis_client.exists(k.bad)
+
+
+def test_an_entry_whose_hash_is_gone_is_gone_and_a_key_of_another_type_corrupt(
+    redis_client: redis.Redis,
+) -> None:
+    """An entry whose hash is gone while its state is still there (an ``allkeys-*``
+    server evicted the hash) was left out as corrupt; it is gone. A key of another
+    type in the entry's place is still corrupt, and reported."""
+    m = CacheManager(redis_client, CacheConfig())
+    ids = _fill(m, _vectors(5))
+    k = tenant_keys("src")
+    redis_client.delete(k.entry(ids[0]))
+    redis_client.delete(k.entry(ids[1]))
+    redis_client.set(k.entry(ids[1]), "not a hash")
+    written, corrupt, gone = _export_of(m)
+    assert (written, corrupt, gone) == (3, [ids[1]], [ids[0]])
+    assert {e.decode() for e in redis_client.smembers(k.bad)} == {ids[1]}

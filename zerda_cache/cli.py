@@ -46,7 +46,7 @@ from zerda_cache.core.config import (
 )
 from zerda_cache.core.entry import BanditArm, IntelligentCacheEntry
 from zerda_cache.core.errors import EntryNotFoundError, StorageError, ZerdaError
-from zerda_cache.core.savings import from_stats, price_table
+from zerda_cache.core.savings import from_stats, prices_of
 from zerda_cache.learning.calibration import Serving, exact_level
 from zerda_cache.learning.match_model import FEATURES
 from zerda_cache.learning.tenant_policy import POLICY_FIELDS, TenantPolicy, flatten
@@ -61,7 +61,8 @@ err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-#: Exit codes of every command (documented in ``--help`` and the README).
+#: Exit codes of every command (printed by ``--help``: the group's epilog; listed in
+#: docs/worker.md too).
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_REDIS, EXIT_REFUSED = 0, 1, 2, 3, 4
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 not found (an entry, a tenant) or unhealthy; 2 bad usage or bad "
@@ -439,7 +440,7 @@ def stats(state: CliState, tenant: str | None, as_json: bool, token_prices: str 
         tenants = [tenant] if tenant else st.tenants()
         m = Maintenance(st)
         cfg = with_prices(state.config, token_prices)
-        prices = price_table({mo: (p, c) for mo, p, c in cfg.token_prices})
+        prices = prices_of(cfg)
         if as_json:
             rows = []
             for t in tenants:
@@ -759,8 +760,13 @@ def export_cmd(state: CliState, tenant: str, output: str) -> None:
                 err.print(f"[yellow]warning:[/yellow] left out {escape(why)}", soft_wrap=True)
 
             corrupt: list[str] = []
-            written = export_tenant(st, tenant, out, progress=advance, corrupt=left_out)
+            gone: list[str] = []
+            written = export_tenant(
+                st, tenant, out, progress=advance, corrupt=left_out, gone=gone.append
+            )
         err.print(f"exported {written:,} entries of tenant {tenant}")
+        if gone:
+            err.print(f"{len(gone):,} entries were removed while the export ran (not exported)")
         if corrupt:
             err.print(
                 f"left out {len(corrupt):,} corrupt entries (reported: the worker evicts "

@@ -78,6 +78,14 @@ class StorageError(ZerdaError):
     """Redis failed (connection, timeout, script error); the cause is chained."""
 
 
+class StorageUnavailable(StorageError):
+    """Redis could not be reached or did not answer: a connection refused or lost, a
+    timeout, a server still loading its data, busy running a script, a cluster that is
+    down or a replica that refuses writes. Every call fails alike until it is back (an
+    outage), unlike a reply error about one key or one tenant's data (a script error, a
+    key of another type: a ``StorageError`` only), after which other calls go on."""
+
+
 class FencedError(StorageError):
     """A worker cycle's write refused: a worker with a newer lease has written to the
     tenant since (this one stalled past its lease). Nothing was written."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.entry import LLMUsage
 
 #: US dollars per million tokens (prompt, completion): a starting point; set your own in
@@ -37,6 +38,12 @@ def price_table(
 ) -> dict[str, tuple[float, float]]:
     """``DEFAULT_PRICES`` with ``overrides`` on top."""
     return {**DEFAULT_PRICES, **(overrides or {})}
+
+
+def prices_of(config: CacheConfig) -> dict[str, tuple[float, float]]:
+    """The price table a configuration counts money with: ``DEFAULT_PRICES`` with its
+    ``token_prices`` on top (the replicas' savings metrics and ``stats`` alike)."""
+    return price_table({model: (p, c) for model, p, c in config.token_prices})
 
 
 def cost(usage: LLMUsage, prices: Mapping[str, tuple[float, float]]) -> float:
@@ -120,4 +127,4 @@ def from_stats(
     return {**by_model, "*": total} if by_model else {}
 
 
-__all__ = ["DEFAULT_PRICES", "Savings", "cost", "from_stats", "price_table"]
+__all__ = ["DEFAULT_PRICES", "Savings", "cost", "from_stats", "price_table", "prices_of"]

@@ -91,6 +91,17 @@ def whole_number(value: object, low: int = 0, high: int = 2**53) -> int | None:
     return int(number)
 
 
+def count_or_zero(raw: object) -> int:
+    """A counter read best effort from Redis (bytes, str or a number: ``b"12"``, ``"3.0"``)
+    as an int, truncated; 0 for what is not a finite number (missing, garbage, ``inf``,
+    ``nan``), where reading it must not fail: a fit's label counts, a level's number.
+    ``int(float(...))`` alone raises ``OverflowError`` on ``inf``."""
+    try:
+        return int(float(raw))  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
+        return 0
+
+
 def parse_digits(text: str, max_digits: int) -> int | None:
     """``text`` as an int if it is 1 to ``max_digits`` ASCII digits, else ``None``.
 

@@ -32,7 +32,7 @@ from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.entry import LLMUsage
 from zerda_cache.core.errors import InvalidFeedbackError, StorageError
 from zerda_cache.core.results import CacheHit, Decision, PutResult
-from zerda_cache.core.savings import cost, from_stats, price_table
+from zerda_cache.core.savings import cost, from_stats, prices_of
 from zerda_cache.core.validation import check_query, check_scope, validate_tenant
 from zerda_cache.flows.admission import AdmissionCheck, default_admission
 from zerda_cache.flows.counting import LookupCounts, record_window
@@ -132,8 +132,8 @@ class CacheEngine:
         self._outage_since: float | None = None
         #: Misses and lookup traffic, written by a later lookup's round trip (counting.py).
         self.counts = LookupCounts(self.storage)
-        #: US dollars per million tokens by model (``savings.price_table``).
-        self.prices = price_table({m: (p, c) for m, p, c in self.config.token_prices})
+        #: US dollars per million tokens by model (``savings.prices_of``).
+        self.prices = prices_of(self.config)
         #: Each tenant's policy (``learning/tenant_policy.py``), read again every
         #: ``policy_refresh_s``.
         self.policies = PolicyCache(self.storage)

@@ -37,14 +37,11 @@ from zerda_cache.core.errors import (
 from zerda_cache.core.validation import (
     check_dim,
     check_expiry,
-    check_query,
-    check_response,
-    check_scope,
-    check_tags,
     validate_entry_id,
 )
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.plans import ScriptCall, StoredEntry
+from zerda_cache.storage.replies import unit_score
 
 FORMAT = "zerda-cache-export"
 VERSION = 1
@@ -71,13 +68,16 @@ def export_tenant(
     *,
     progress: Callable[[int, int], None] | None = None,
     corrupt: Callable[[str, str], None] | None = None,
+    gone: Callable[[str], None] | None = None,
 ) -> int:
     """Write ``tenant``'s live entries to ``out`` as JSON lines; returns how many.
     ``progress(done, total)`` is called after each batch.
 
     An entry that does not read (a corrupt field) is left out and the export goes on:
     ``corrupt(entry_id, why)`` is called for it, and it is reported to the tenant's
-    ``bad`` set, where the worker finds and evicts it."""
+    ``bad`` set, where the worker finds and evicts it. An entry removed while the
+    export ran (its hash is gone) is no corrupt one: ``gone(entry_id)`` is called for
+    it, and nothing is reported (``_batch``)."""
     total = storage.count(tenant)
     now = storage.now()
     header = {
@@ -93,7 +93,7 @@ def export_tenant(
     emitted: set[str] = set()  # a ZSCAN may return an id twice
     for batch in storage.iter_ids(tenant, EXPORT_BATCH):
         live = {eid: exp for eid, exp in batch if exp > now and eid not in emitted}
-        for stored in storage.export_batch(tenant, list(live)):
+        for stored in _batch(storage, tenant, list(live)):
             try:
                 line = _line(stored, live[stored.entry_id], storage.keys(tenant).entry)
             except CorruptEntryError as exc:
@@ -101,10 +101,13 @@ def export_tenant(
                 if corrupt is not None:
                     corrupt(stored.entry_id, str(exc))
                 continue
-            if line is not None:
-                out.write(json.dumps(line, ensure_ascii=False) + "\n")
-                emitted.add(stored.entry_id)
-                written += 1
+            if line is None:
+                if gone is not None:
+                    gone(stored.entry_id)
+                continue
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            emitted.add(stored.entry_id)
+            written += 1
         seen += len(batch)
         if progress is not None:
             progress(min(seen, total), total)
@@ -114,19 +117,36 @@ def export_tenant(
     return written
 
 
+def _batch(storage: RedisStorage, tenant: str, entry_ids: list[str]) -> list[StoredEntry]:
+    """The stored fields of ``entry_ids`` for an export. The pipeline reads the entries'
+    hashes, then their states: an entry the worker evicted between the two reads has a
+    whole hash and no state. Those are read once more, so that an entry whose hash is
+    gone by then reads as gone, and one removed and written again whole is exported;
+    one with its hash and still no state is left as it reads (``_line``: missing)."""
+    rows = storage.export_batch(tenant, entry_ids)
+    torn = [r.entry_id for r in rows if r.state is None and None not in (r.doc, r.vec, r.meta)]
+    if not torn:
+        return rows
+    again = {r.entry_id: r for r in storage.export_batch(tenant, torn)}
+    return [again.get(r.entry_id, r) for r in rows]
+
+
 def _line(
     stored: StoredEntry, expires_at: float, key_of: Callable[[str], str]
 ) -> dict[str, Any] | None:
-    """One entry's line; None when it is gone (removed since its id was read).
+    """One entry's line; None when it is gone (removed since its id was read: its hash
+    is gone, whether or not the state read after it still found the state).
 
     Raises:
-        CorruptEntryError: a field is missing (the entry's hash is partly there) or does
-            not read.
+        CorruptEntryError: a field is missing (the entry's hash is partly there, or
+            whole without a state) or does not read, or its key is of another type.
     """
-    fields = (stored.doc, stored.vec, stored.meta, stored.state)
-    if all(f is None for f in fields):
-        return None
     key = key_of(stored.entry_id)
+    if stored.corrupt is not None:
+        raise CorruptEntryError(key, stored.corrupt)
+    fields = (stored.doc, stored.vec, stored.meta, stored.state)
+    if stored.doc is None and stored.vec is None and stored.meta is None:
+        return None
     if None in fields:
         raise CorruptEntryError(key, "doc, vec, meta or state is missing")
     query, _, _ = codec.unpack_doc(stored.doc, key=key)
@@ -253,32 +273,44 @@ def check_line(
 ) -> tuple[StoredEntry, dict[str, Any]]:
     """One line of an export, checked as an entry is read (the stored values decode,
     the vector is of the tenant's dimension and of unit length) and as a put checks its
-    input, with ``storage``'s limits (``max_query_chars``, ``max_response_bytes``,
-    ``max_metadata_bytes``, the scope's length, the tags, the usage): what is written is
-    what a put could have written. The doc is packed again (as a put packs it) and the
-    size (``#doc + #vec``, the tenant's byte count) is computed, never read from the
-    file. ``ValueError`` (``InvalidEntryError``, ``CorruptEntryError``...) when not."""
+    input: its content by the put's own checks (``codec.checked_doc``, with
+    ``storage``'s limits), and its state's similarity, quality and confidence in
+    [0, 1], as a put's are. The doc is packed again (as a put packs it) and the size
+    (``#doc + #vec``, the tenant's byte count) is computed, never read from the file.
+    The rest of the state (the arm, its uses and times) is taken as the file holds it
+    once it decodes: feedback and hits, not a put, wrote it. ``ValueError``
+    (``InvalidEntryError``, ``CorruptEntryError``...) when a line does not check out."""
     row = json.loads(line, parse_constant=_no_constant)
     if not isinstance(row, dict):
         raise InvalidEntryError("a line is not a JSON object")
     eid = validate_entry_id(row["id"], InvalidEntryError)
     raw_doc, vec, raw_meta, state = (_unb64(row[f]) for f in ("doc", "vec", "meta", "state"))
     key = f"line of {eid}"
-    cfg = storage.config
     query, response, metadata = codec.unpack_doc(raw_doc, key=key)
-    query = check_query(query, cfg.max_query_chars)
-    response = check_response(response, cfg.max_response_bytes)
-    doc = codec.pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
     meta = codec.unpack_meta(raw_meta, key=key)
+    query, doc, scope, tags, _ = codec.checked_doc(
+        storage.config,
+        query,
+        response,
+        metadata,
+        scope=meta["sc"],
+        tags=list(meta["tg"]),
+        usage=meta["us"],
+    )
     want = dim if dim is not None else meta["dim"]
     codec.decode_vector(vec, key=key, dim=want)
     if meta["dim"] != want:
         raise CorruptEntryError(key, f"meta.dim is {meta['dim']}, the tenant's {want}")
-    scope = check_scope(meta["sc"])
-    tags = check_tags(list(meta["tg"]))
-    arm, _, _ = codec.unpack_state(state, key=key)
     size = len(doc) + len(vec)
-    stored = StoredEntry(eid, doc, vec, raw_meta, codec.state_with_size(state, size))
+    state = codec.state_with_size(state, size, key=key)  # the file's size is not used
+    arm, use, _ = codec.unpack_state(state, key=key)
+    for name, value in (
+        ("similarity", use.similarity),
+        ("quality", use.quality),
+        ("confidence", use.confidence),
+    ):
+        unit_score(f"the state's {name}", value)
+    stored = StoredEntry(eid, doc, vec, raw_meta, state)
     fields = {
         "digest": codec.query_digest(query, scope),
         "scope": scope,

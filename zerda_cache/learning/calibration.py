@@ -65,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerda_cache.core.errors import InvalidSettingError
-from zerda_cache.core.validation import parse_digits
+from zerda_cache.core.validation import count_or_zero, parse_digits
 from zerda_cache.learning.match_model import FEATURES, SEARCH_FEATURES, MatchModel
 
 #: Width of a similarity bin.
@@ -252,7 +252,7 @@ class Calibration:
             tuple(levels["r"]),
             tuple(levels["w"]),
             tuple(levels["t"]),
-            _count(text.get("lv")),
+            count_or_zero(text.get("lv")),
         )
 
     @property
@@ -636,7 +636,7 @@ class LabelLogs:
                         looked.append([float(v) for v in r] + [math.nan] * (width - len(r)))
                     except (TypeError, ValueError):
                         continue
-        mv, ln, fit_ln = (_count(v) for v in counters)
+        mv, ln, fit_ln = (count_or_zero(v) for v in counters)
         return cls(
             np.array(rows, dtype=np.float64).reshape(-1, width),
             np.array(outcomes, dtype=bool),
@@ -647,13 +647,6 @@ class LabelLogs:
             exact,
             tuple(levels),
         )
-
-
-def _count(raw: Any) -> int:
-    try:
-        return int(float(raw))
-    except (OverflowError, TypeError, ValueError):  # int(inf) is an OverflowError
-        return 0
 
 
 __all__ = [

@@ -45,12 +45,13 @@ import struct
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.entry import BanditArm, LLMUsage
 from zerda_cache.core.errors import (
     CorruptEntryError,
@@ -58,7 +59,15 @@ from zerda_cache.core.errors import (
     InvalidEntryError,
     SchemaVersionError,
 )
-from zerda_cache.core.validation import check_text, finite_number, whole_number
+from zerda_cache.core.validation import (
+    check_query,
+    check_response,
+    check_scope,
+    check_tags,
+    check_text,
+    finite_number,
+    whole_number,
+)
 
 SCHEMA_VERSION = 1
 _VEC_DTYPE = np.dtype("<f4")
@@ -242,6 +251,44 @@ def pack_doc(
     )
 
 
+class CheckedDoc(NamedTuple):
+    """An entry's content as ``checked_doc`` checked it: its doc packed, and its scope,
+    tags and usage as the put script takes them."""
+
+    query: str
+    doc: bytes
+    scope: str
+    tags: tuple[str, ...]
+    usage: LLMUsage | None
+
+
+def checked_doc(
+    cfg: CacheConfig,
+    query: object,
+    response: object,
+    metadata: Mapping[str, Any] | None,
+    *,
+    scope: object = None,
+    tags: object = None,
+    usage: object = None,
+) -> CheckedDoc:
+    """The checks of an entry's content, with ``cfg``'s limits (``max_query_chars``,
+    ``max_response_bytes``, ``max_metadata_bytes``, the scope's length, the tags, the
+    usage), and its doc packed. A put and an import both call this one function, so a
+    limit a put gains applies to what an import writes too.
+
+    Raises:
+        InvalidEntryError: a value a put refuses.
+    """
+    query = check_query(query, cfg.max_query_chars)
+    response = check_response(response, cfg.max_response_bytes)
+    checked_scope = check_scope(scope)
+    checked_tags = check_tags(tags)
+    checked_usage = LLMUsage.of(usage)
+    doc = pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
+    return CheckedDoc(query, doc, checked_scope, checked_tags, checked_usage)
+
+
 def _unpack_map(raw: object, key: str, field: str) -> dict[str, Any]:
     if not isinstance(raw, bytes | bytearray):
         raise CorruptEntryError(key, f"{field} is missing")
@@ -296,7 +343,7 @@ def _arm(arm: dict[str, Any], key: str) -> BanditArm:
     return BanditArm(
         alpha=_num(arm, "a", key, "arm"),
         beta=_num(arm, "b", key, "arm"),
-        pulls=int(_num(arm, "n", key, "arm")),
+        pulls=_whole(arm.get("n"), "arm.n", key),
         reward_sum=_num(arm, "r", key, "arm"),
         decayed_at=_num(arm, "t", key, "arm"),
     )
@@ -324,10 +371,10 @@ def unpack_use(raw: object, *, key: str = "?") -> Use:
 
 def _use(use: dict[str, Any], key: str) -> Use:
     return Use(
-        count=int(_num(use, "n", key, "use")),
+        count=_whole(use.get("n"), "use.n", key),
         last_access=_num(use, "la", key, "use"),
         confidence=_num(use, "c", key, "use"),
-        version=int(_num(use, "v", key, "use")),
+        version=_whole(use.get("v"), "use.v", key),
         similarity=_num(use, "ss", key, "use"),
         quality=_num(use, "qs", key, "use"),
         similarity_bar=_num(use, "sb", key, "use"),
@@ -336,14 +383,19 @@ def _use(use: dict[str, Any], key: str) -> Use:
     )
 
 
+#: A run of negative signals past this is corrupt, as the scripts' ``zc_valid_streak``
+#: (``ns < 1e9``) and the scan (``state_columns``) call it.
+MAX_STREAK = 10**9 - 1
+#: A size (``sz``) past this is not one: evict.lua takes a size of ``2**53`` or more as
+#: unknown (a float64 no longer holds every whole number past it).
+MAX_SIZE = 2**53 - 1
+
+
 def _streak(use: dict[str, Any], key: str) -> int:
-    """``ns``: absent (0) or a whole number >= 0, as the scripts' ``zc_valid_streak``."""
+    """``ns``: absent (0) or a whole number in [0, ``MAX_STREAK``]."""
     if "ns" not in use:
         return 0
-    ns = _num(use, "ns", key, "use")
-    if not (math.isfinite(ns) and 0 <= ns < 1e9 and ns == int(ns)):
-        raise CorruptEntryError(key, f"use.ns is not a count: {ns!r}")
-    return int(ns)
+    return _whole(use["ns"], "use.ns", key, 0, MAX_STREAK)
 
 
 #: The fields of a state, in order (see the module's docstring).
@@ -354,7 +406,8 @@ _STATE = struct.Struct("<" + "d" * len(STATE_FIELDS))
 
 def unpack_state(raw: object, *, key: str = "?") -> tuple[BanditArm, Use, int]:
     """Decode an entry's state (its field of the state hash), checked as the scripts
-    check it (``zc_state``), with ``sz`` a whole number too."""
+    check it (``zc_state``), with the counts (``n``, ``un``, ``v``, ``ns``) and ``sz``
+    whole numbers in range too (``_whole``: ``sz`` at most ``MAX_SIZE``)."""
     if not isinstance(raw, bytes | bytearray):
         raise CorruptEntryError(key, "state is missing")
     if len(raw) != STATE_BYTES:
@@ -367,18 +420,27 @@ def unpack_state(raw: object, *, key: str = "?") -> tuple[BanditArm, Use, int]:
     for part, values in (("arm", arm), ("use", use)):  # zc_all_numbers: a finite sum
         if not math.isfinite(sum(values.values())):
             raise CorruptEntryError(key, f"{part} holds a number that is not finite")
-    size = f["sz"]
-    if not math.isfinite(size) or size < 0 or size != int(size):
-        raise CorruptEntryError(key, f"sz is not a whole number: {size!r}")
-    return _arm(arm, key), _use(use, key), int(size)
+    size = _whole(f["sz"], "sz", key, 0, MAX_SIZE)
+    return _arm(arm, key), _use(use, key), size
 
 
-def state_with_size(raw: bytes, size: int) -> bytes:
-    """A state (checked by ``unpack_state`` first) with its ``sz`` set to ``size``: an
-    import computes an entry's size itself, as the put script does (``#doc + #vec``),
-    rather than take the one in its file (the tenant's byte count adds it up)."""
+def state_with_size(raw: object, size: int, *, key: str = "?") -> bytes:
+    """A state with its ``sz`` set to ``size``: an import computes an entry's size
+    itself, as the put script does (``#doc + #vec``), rather than take the one in its
+    file (the tenant's byte count adds it up). The file's ``sz`` must be a finite number
+    (the worker's scan calls any other state corrupt: ``state_columns``), of any value:
+    it is replaced. The rest is for ``unpack_state`` to check, on the state returned.
+
+    Raises:
+        CorruptEntryError: ``raw`` is not a state's 120 bytes, or its ``sz`` is not finite.
+    """
+    if not isinstance(raw, bytes | bytearray) or len(raw) != STATE_BYTES:
+        raise CorruptEntryError(key, f"state is not {STATE_BYTES} bytes")
     values = list(_STATE.unpack(raw))
-    values[STATE_FIELDS.index("sz")] = float(size)
+    at = STATE_FIELDS.index("sz")
+    if not math.isfinite(values[at]):
+        raise CorruptEntryError(key, f"sz is not a finite number: {values[at]!r}")
+    values[at] = float(size)
     return _STATE.pack(*values)
 
 

@@ -34,7 +34,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
 
 import redis.exceptions
 
-from zerda_cache.core.errors import FencedError, StorageError, ZerdaError
+from zerda_cache.core.errors import FencedError, StorageError, StorageUnavailable, ZerdaError
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -46,21 +46,59 @@ Step = Callable[[], Any]
 Flow = Generator[Step, Any, T]
 
 
+#: Client errors that say the server cannot be used at all for now (an outage), not that
+#: one command failed on its keys: ``StorageUnavailable``. ``ConnectionError`` covers a
+#: refused or lost connection, authentication, too many clients and LOADING;
+#: ``ClusterDownError`` covers MASTERDOWN too.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+)
+#: Reply errors of the same kind that redis-py has no class for: a script running past
+#: busy-reply-threshold holds every other command.
+UNAVAILABLE_REPLIES = ("BUSY ",)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Does the client error ``exc`` say that Redis cannot be used for now?"""
+    if isinstance(exc, UNAVAILABLE):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
+        UNAVAILABLE_REPLIES
+    )
+
+
 @contextlib.contextmanager
 def wrap_errors(what: str) -> Iterator[None]:
     """Turn client errors (and socket timeouts) into ``StorageError``; the cause stays
     chained. Used around the steps of a flow: the driver throws a step's exception into
-    the flow at its ``yield``, inside this block."""
+    the flow at its ``yield``, inside this block.
+
+    Redis being out of reach (``unavailable``) is ``StorageUnavailable``; a refused
+    fence is ``FencedError``; any other reply error (a script's error, WRONGTYPE: the
+    data of the keys the command touched) is a plain ``StorageError``, which a caller
+    going over tenants takes as that tenant's failure, not as an outage."""
     try:
         yield
     except ZerdaError:
         raise
-    except redis.exceptions.ResponseError as exc:
-        if str(exc).startswith("FENCED"):
-            raise FencedError(f"{what} refused: {exc}") from exc
-        raise StorageError(f"{what} failed: {exc}") from exc
     except (TimeoutError, redis.exceptions.RedisError) as exc:
-        raise StorageError(f"{what} failed: {exc}") from exc
+        raise storage_error(what, exc) from exc
+
+
+def storage_error(what: str, exc: BaseException) -> StorageError:
+    """The ``StorageError`` of the client error ``exc`` (raised, or a pipeline's reply)
+    of ``what``: ``StorageUnavailable``, ``FencedError`` or a plain one, as
+    ``wrap_errors`` tells them apart. The caller chains ``exc`` (``raise ... from``)."""
+    if unavailable(exc):
+        return StorageUnavailable(f"{what} failed: {exc}")
+    if isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("FENCED"):
+        return FencedError(f"{what} refused: {exc}")
+    return StorageError(f"{what} failed: {exc}")
 
 
 class _Run:
@@ -342,5 +380,7 @@ __all__ = [
     "op",
     "run_async",
     "run_sync",
+    "storage_error",
+    "unavailable",
     "wrap_errors",
 ]

@@ -28,10 +28,6 @@ from zerda_cache.core.errors import (
     ZerdaError,
 )
 from zerda_cache.core.validation import (
-    check_query,
-    check_response,
-    check_scope,
-    check_tags,
     finite_number,
     new_entry_id,
     validate_entry_id,
@@ -75,13 +71,17 @@ class EntryPlans(PlanBase):
         k = self.keys(tenant)
         cfg = self.config
         rl = fields.get("rl") or cfg.rl
-        check_query(query, cfg.max_query_chars)
-        check_response(response, cfg.max_response_bytes)
-        scope = check_scope(fields.get("scope", ""))
-        tags = check_tags(fields["tags"]) if fields.get("tags") is not None else ()
-        usage = LLMUsage.of(fields["usage"]) if fields.get("usage") is not None else None
-        quality, similarity = fields.get("quality"), fields.get("similarity")
         metadata, entry_id = fields.get("metadata"), fields.get("entry_id")
+        _, doc, scope, tags, usage = codec.checked_doc(
+            cfg,
+            query,
+            response,
+            metadata,
+            scope=fields.get("scope"),
+            tags=fields.get("tags"),
+            usage=fields.get("usage"),
+        )
+        quality, similarity = fields.get("quality"), fields.get("similarity")
         ttl = fields.get("ttl_s")
         if ttl is not None and (
             not isinstance(ttl, int | float) or (finite_number(ttl) or 0.0) <= 0
@@ -92,7 +92,6 @@ class EntryPlans(PlanBase):
         s = unit_score("similarity", DEFAULT_SIMILARITY if similarity is None else similarity)
         vec = codec.encode_vector(embedding, cfg.vector_storage)
         dim = codec.vector_dim(vec)
-        doc = codec.pack_doc(query, response, metadata, max_metadata_bytes=cfg.max_metadata_bytes)
         eid = new_entry_id() if entry_id is None else validate_entry_id(entry_id)
         args: list[Any] = [
             self.now_arg(),
@@ -157,8 +156,9 @@ class EntryPlans(PlanBase):
                 key = k.entry(eid)
                 try:
                     doc, vec, meta = hash_row(row, key)
-                except CorruptEntryError:
-                    doc = vec = meta = None
+                except CorruptEntryError as exc:
+                    out.append(StoredEntry(eid, None, None, None, state, corrupt=exc.detail))
+                    continue
                 out.append(StoredEntry(eid, doc, vec, meta, state))
             return out
 

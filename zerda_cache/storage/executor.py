@@ -16,7 +16,7 @@ from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.errors import (
     StorageError,
 )
-from zerda_cache.storage.driver import Flow, call, op, wrap_errors
+from zerda_cache.storage.driver import Flow, call, op, storage_error, wrap_errors
 from zerda_cache.storage.plans import (
     ReadPlan,
     ScriptCall,
@@ -104,7 +104,7 @@ class StorageCore(StoragePlans):
                     replies[pos] = yield call(script, keys=script_call.keys, args=script_call.args)
             for pos, reply in enumerate(replies):
                 if isinstance(reply, Exception) and pos not in plan.tolerant:
-                    raise StorageError(f"{plan.name} failed: {reply}") from reply
+                    raise storage_error(plan.name, reply) from reply
         return plan.parse(replies)
 
     def send_flow(

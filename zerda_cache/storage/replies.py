@@ -28,10 +28,10 @@ from zerda_cache.core.entry import (
 from zerda_cache.core.errors import (
     CorruptEntryError,
     InvalidEntryError,
-    StorageError,
 )
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
+from zerda_cache.storage.driver import storage_error
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ class StoredEntry:
     vec: bytes | None
     meta: bytes | None
     state: bytes | None
+    #: Why the entry's key holds no fields although it exists (a key of another type),
+    #: else ``None``: its fields are then all ``None`` without the entry being gone.
+    corrupt: str | None = None
 
 
 class DimensionLost(Exception):
@@ -423,13 +426,6 @@ def level_bin(bin_: int | str) -> bool:
     return isinstance(bin_, str) and bin_.startswith("e") and bin_ != "e"
 
 
-def as_int(raw: Any) -> int:
-    try:
-        return int(float(raw))
-    except (OverflowError, TypeError, ValueError):  # int(inf) is an OverflowError
-        return 0
-
-
 def batch(
     name: str, parts: Sequence[ReadPlan[Any] | ScriptCall[Any]], sha: Callable[[str], str]
 ) -> ReadPlan[list[Any]]:
@@ -514,7 +510,7 @@ def hash_row(reply: Any, key: str) -> Any:
     if isinstance(reply, Exception):
         if str(reply).startswith("WRONGTYPE"):
             raise CorruptEntryError(key, "the key is not a hash")
-        raise StorageError(f"reading {key} failed: {reply}") from reply
+        raise storage_error(f"reading {key}", reply) from reply
     return reply
 
 

@@ -21,6 +21,7 @@ from zerda_cache.core.errors import (
     EntryNotFoundError,
     SchemaVersionError,
 )
+from zerda_cache.core.validation import count_or_zero
 from zerda_cache.storage import codec
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.plan_base import PlanBase
@@ -36,7 +37,6 @@ from zerda_cache.storage.replies import (
     ScriptCall,
     StateBatch,
     TenantHashes,
-    as_int,
     hash_row,
     level_bin,
     log_delta,
@@ -437,7 +437,7 @@ class TenantPlans(PlanBase):
             pipe.hmget(cal, "ln", "fit_ln")
 
         def parse(res: list[Any]) -> int:
-            logged, fitted = (as_int(v) for v in res[0])
+            logged, fitted = (count_or_zero(v) for v in res[0])
             return logged - fitted
 
         return ReadPlan("fit due", queue, parse, 1)

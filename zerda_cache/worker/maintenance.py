@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Literal, TypeVar
 
 from zerda_cache.core.config import EvictionConfig
-from zerda_cache.core.errors import FencedError, StorageError
+from zerda_cache.core.errors import FencedError, StorageError, StorageUnavailable
 from zerda_cache.learning.bandit import CachePolicyLearner
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.storage import RedisStorage
@@ -137,6 +137,10 @@ class Maintenance:
         self.orphans = Orphans(self.context, rescan=self.planner.rescan)
         self.fits = ModelFits(storage)
         self._claimed: int | None = None  # the lease epoch written into every fence
+        #: Tenants whose part of a cycle failed, counted over this object's life
+        #: (``_each``): a cycle in which it grew ends as ``error`` (the cycle log, and
+        #: the worker's metrics, which add the difference to its errors).
+        self.failures = 0
 
     @property
     def fenced(self) -> bool:
@@ -294,17 +298,22 @@ class Maintenance:
 
         One tenant's failure is that tenant's: it is logged and the cycle goes on with
         the others (a value that does not decode stopped every cycle before the tenants
-        that sort after it were evicted or fitted). Redis failing (``StorageError``,
-        fencing included) ends the cycle: the next tenant would fail the same way."""
+        that sort after it were evicted or fitted). A reply error of Redis about that
+        tenant's keys (a script's error, a key of another type: a plain
+        ``StorageError``) is that tenant's failure too. Redis out of reach
+        (``StorageUnavailable``) or a refused fence (``FencedError``) ends the cycle:
+        the next tenant would fail the same way. Each failure is counted
+        (``failures``), so that the cycle does not pass for a good one."""
         reports = []
         for tenant in tenants:
             if self.halted():
                 break
             try:
                 reports.append(work(tenant))
-            except StorageError:
+            except (StorageUnavailable, FencedError):
                 raise
             except Exception:
+                self.failures += 1
                 log.exception("tenant %s: its part of the cycle failed; the cycle goes on", tenant)
         return reports
 
@@ -325,10 +334,12 @@ class _Cycle:
         self.m = maintenance
         self.job = job
         self.started = 0.0
+        self.failures = 0
         self.outcome = ""
 
     def __enter__(self) -> _Cycle:
         self.started = time.perf_counter()
+        self.failures = self.m.failures
         try:
             self.m.record(self.job, "start")
         except StorageError as exc:  # a full server refuses the XADD: evict all the same
@@ -336,9 +347,8 @@ class _Cycle:
         return self
 
     def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:
-        outcome: CycleOutcome = (
-            "error" if exc is not None else ("stopped" if self.m.halted() else "ok")
-        )
+        failed = exc is not None or self.m.failures > self.failures  # a tenant's part too
+        outcome: CycleOutcome = "error" if failed else ("stopped" if self.m.halted() else "ok")
         try:
             self.m.record(
                 self.job,

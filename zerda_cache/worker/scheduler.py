@@ -55,7 +55,7 @@ from zerda_cache.core.config import (
     CacheConfig,
     EvictionConfig,
 )
-from zerda_cache.core.errors import StorageError, ZerdaError
+from zerda_cache.core.errors import FencedError, StorageUnavailable, ZerdaError
 from zerda_cache.metrics import TenantSnapshot, WorkerMetrics
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import leader_key
@@ -172,11 +172,17 @@ class Worker:
                 log.warning("cannot touch health file %s: %s", self.health_file, exc)
 
     def _cycle(self, job: Job) -> None:
-        """One decay or eviction cycle. Redis failing (``StorageError``, from the lease
-        or from the cycle) is an outage, not a bug: one WARNING line a tick, as the
-        lease tick logs it, and the next tick tries again. Anything else is logged with
-        its traceback."""
+        """One decay or eviction cycle. Redis out of reach (``StorageUnavailable``,
+        from the lease or from the cycle) is an outage, not a bug: one WARNING line a
+        tick, as the lease tick logs it, and the next tick tries again; so is a refused
+        fence. Anything else, a reply error of Redis included (a script's error,
+        WRONGTYPE: the data, not the server), is logged with its traceback.
+
+        A cycle in which some tenants' parts failed (``Maintenance.failures``: logged,
+        and the cycle went on with the others) adds them to the job's errors and ends
+        as ``error``, without a new last success: the alerts on both see it."""
         started = time.perf_counter()
+        failures = self.maintenance.failures
         try:
             if self.stop_event.is_set() or not self.lease.acquire_or_renew():
                 return
@@ -189,7 +195,7 @@ class Worker:
                         self.metrics.evicted.labels(reason).inc(n)
                 self._maybe_sweep()
                 self.maintenance.run_calibration()
-        except StorageError as exc:
+        except (StorageUnavailable, FencedError) as exc:
             self.metrics.errors.labels(job).inc()
             self.metrics.cycles.labels(job, "error").inc()
             log.warning("%s cycle skipped: Redis failed: %s", job, _one_line(exc))
@@ -202,7 +208,10 @@ class Worker:
         if self.maintenance.fenced:  # a newer leader wrote: this one's lease is stale
             log.warning("%s cycle fenced off: giving the lease up", job)
             self._release()
-        outcome = "stopped" if self.maintenance.halted() else "ok"
+        failed = self.maintenance.failures - failures
+        if failed:
+            self.metrics.errors.labels(job).inc(failed)
+        outcome = "error" if failed else ("stopped" if self.maintenance.halted() else "ok")
         self.metrics.cycles.labels(job, outcome).inc()
         self.metrics.cycle_seconds.labels(job).observe(time.perf_counter() - started)
         if outcome == "ok":
