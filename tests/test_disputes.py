@@ -15,8 +15,11 @@ from service_support import UpstreamState, ask, openai_client, running_service
 from state_support import tenant_state
 
 from zerda_cache import CacheConfig
+from zerda_cache.core.entry import LLMUsage
+from zerda_cache.core.errors import StorageError
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.storage.tenant_plans import DisputeSettled
 
 ASKED = "Do I need to verify my identity?"
 OTHER = "Do I have to verify my identity?"
@@ -174,3 +177,51 @@ def test_the_json_api_takes_a_reaction_to_a_disputed_answer(
         assert post("/v1/feedback", reaction)["entry_id"] == first
         assert not redis_client.hexists(key, "dsp")
         assert redis_client.hget(tenant_keys("acme").st, first) == arm
+
+
+def test_an_approval_a_full_server_refuses_leaves_the_dispute_for_a_retry(
+    make_manager: Any, redis_server_factory: Any
+) -> None:
+    """The approved answer is stored before the dispute goes (with the cached entry):
+    a put a full server refuses (``put`` is not allow-oom) leaves the dispute, and the
+    cached answer held out of near matches; the retried reaction then stores it."""
+    server = redis_server_factory()
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0), url=server.url)
+    v = unit(86)
+    first, slip = disputed(m, v)
+    key = tenant_keys("t").entry(first.entry_id)
+    with server.client() as c:
+        c.config_set("maxmemory-policy", "noeviction")
+        c.config_set("maxmemory", max(1, int(c.info("memory")["used_memory"]) - 64 * 1024))
+        try:
+            with pytest.raises(StorageError):
+                m.feedback(slip.feedback(True))
+            assert c.hexists(key, "dsp")  # still disputed: held out of near matches
+        finally:
+            c.config_set("maxmemory", 0)
+        m.feedback(slip.feedback(True))
+        own = c.hget(tenant_keys("t").q, codec.query_digest(ASKED, ""))
+        assert own is not None and own.decode() != first.entry_id
+        assert m.storage.get_entry("t", own.decode()).response == "No, never."
+        assert not c.exists(key)
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"tags": ["doc"]}, {"usage": LLMUsage("m", 1, 2)}, {"tags": ["a", "b"]}]
+)
+def test_the_put_of_an_approved_answer_needs_the_dispute_still_there(
+    redis_client: redis.Redis, extra: dict[str, Any]
+) -> None:
+    """``put.lua`` stores an approved answer only while the entry it replaces carries
+    the dispute (a verification may have settled it meanwhile): nothing written else."""
+    st = RedisStorage(redis_client)
+    v = unit(87)
+    cached = st.put("t", ASKED, "Yes, once.", v)
+    with pytest.raises(DisputeSettled):
+        st.put("t", ASKED, "No, never.", v, approves=cached.entry_id, **extra)
+    assert st.stats("t")["entries"] == 1
+    assert st.drive(st.run_flow(st.plan_dispute("t", cached.entry_id, 0, "No, never.")))
+    out = st.put("t", ASKED, "No, never.", v, approves=cached.entry_id, **extra)
+    assert out.displaced_id == cached.entry_id
+    got = st.get_entry("t", out.entry_id)
+    assert got.tags == tuple(extra.get("tags", ())) and got.usage == extra.get("usage")

@@ -42,8 +42,9 @@ from zerda_cache.replica.indexes import ReplicaIndexes
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.driver import Flow
 from zerda_cache.storage.keys import TenantKeys
-from zerda_cache.storage.plans import FeedbackOutcome, PutOutcome
+from zerda_cache.storage.plans import FeedbackOutcome, PutOutcome, ReadPlan
 from zerda_cache.storage.store import Storage
+from zerda_cache.storage.tenant_plans import DisputeSettled
 
 log = logging.getLogger(__name__)
 
@@ -281,45 +282,58 @@ class PutSteps:
 
     def react_flow(self, signal: DisputeSignal) -> Flow[None]:
         """The user's reaction to a disputed fresh answer settles the dispute, as the
-        question's next verification would (``resolve.lua``, atomically, once): turned
-        down, the fresh answer was the one that erred, so the cached entry stays and the
-        wrong label its verification was counted as turns right; approved, the cached
-        answer stands wrong and the fresh one is stored in its place (with the disputed
-        put's own settings), the reaction the positive signal on its arm. A dispute
-        settled meanwhile leaves the reaction noted only.
+        question's next verification would, once. The entry and its dispute are read in
+        one round trip. Turned down, the fresh answer was the one that erred: the cached
+        entry stays and the wrong label its verification was counted as turns right
+        (``resolve.lua``, atomically). Approved, the cached answer stands wrong: the
+        fresh one is stored in its place (with the disputed put's own settings), the
+        reaction the positive signal on its arm, and the cached entry is evicted, its
+        dispute with it. The dispute is not taken away first: until the put is done the
+        cached entry stays held out, and a put that fails leaves the dispute for a
+        retried reaction; the put script stores the answer only while the dispute is
+        there. A dispute settled meanwhile leaves the reaction noted only.
 
         Raises:
             EntryNotFoundError: the disputed entry is gone.
         """
         tenant, entry_id, st = signal.tenant_id, signal.entry_id, self.storage
-        cached = yield from st.read_flow(st.read_entry(tenant, entry_id, with_vector=True))
+        parts: list[ReadPlan[Any]] = [
+            st.read_entry(tenant, entry_id, with_vector=True),
+            st.read_dispute(tenant, entry_id),
+        ]
+        cached, dispute = yield from st.read_flow(st.batch("react", parts))
         self.verifier.learner.note_feedback(signal)
-        if signal.positive and cached.embedding is None:
-            log.warning("tenant %s: %s has no vector: its dispute stays", tenant, entry_id)
-            return
-        dispute = yield from st.run_flow(st.plan_settle(tenant, entry_id, not signal.positive))
         if dispute is None:
             log.debug("tenant %s: the dispute on %s was settled already", tenant, entry_id)
             return
         if not signal.positive:
+            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute.level, True))
+            return
+        if cached.embedding is None:
+            log.warning("tenant %s: %s has no vector: its dispute stays", tenant, entry_id)
             return
         policy = yield from self.policies.policy_flow(tenant)
         indexed = self.indexes.get(tenant)
         put = dispute.put
-        out = yield from st.put_flow(
-            tenant,
-            cached.query,
-            dispute.answer,
-            cached.embedding,
-            scope=cached.scope,
-            ttl_s=put.get("ttl_s"),
-            quality=put.get("quality"),
-            metadata=put.get("metadata"),
-            index_dim=indexed.dim if indexed is not None and indexed.usable else None,
-            rl=policy.rl,
-            tags=tuple(put.get("tags") or ()),
-            usage=LLMUsage(*put["usage"]) if put.get("usage") else None,
-        )
+        try:
+            out = yield from st.put_flow(
+                tenant,
+                cached.query,
+                dispute.answer,
+                cached.embedding,
+                approves=entry_id,
+                scope=cached.scope,
+                ttl_s=put.get("ttl_s"),
+                quality=put.get("quality"),
+                metadata=put.get("metadata"),
+                index_dim=indexed.dim if indexed is not None and indexed.usable else None,
+                rl=policy.rl,
+                tags=tuple(put.get("tags") or ()),
+                usage=LLMUsage(*put["usage"]) if put.get("usage") else None,
+            )
+        except DisputeSettled:
+            log.debug("tenant %s: the dispute on %s was settled meanwhile", tenant, entry_id)
+            return
         replaced, _ = self.stored(tenant, [], out, entry_id)
         approved = FeedbackSignal(
             out.entry_id, tenant, True, signal.magnitude, signal.source, similarity=1.0

@@ -32,6 +32,7 @@ from zerda_cache.storage.replies import (
     STATE_HASH_FIELDS,
     LabelLogRows,
     LogDelta,
+    PutOutcome,
     ReadPlan,
     ScriptCall,
     StateBatch,
@@ -59,6 +60,18 @@ class Dispute(NamedTuple):
     #: the dispute for it: any of ``ttl_s``, ``quality``, ``metadata``, ``tags`` and
     #: ``usage`` (``[model, prompt_tokens, completion_tokens]``) the put gave
     put: dict[str, Any]
+
+
+class DisputeSettled(Exception):
+    """The put script's answer when the dispute a reaction approved was settled
+    meanwhile (``plan_approve``): nothing stored. Never reaches a caller."""
+
+    def __init__(self, entry_id: str) -> None:
+        super().__init__(f"the dispute on {entry_id} was settled meanwhile")
+
+
+#: The arguments of a put with neither tags nor usage (``put.lua``: ARGV[1 .. 15]).
+PUT_ARGS = 15
 
 
 def dispute_of(raw: bytes | None, key: str) -> Dispute | None:
@@ -399,14 +412,26 @@ class TenantPlans(PlanBase):
         args = ["1" if was_right else "0", suffix]
         return ScriptCall("resolve", [k.entry(entry_id), k.cal], args, lambda r: bool(int(r)))
 
-    def plan_settle(
-        self, tenant: str, entry_id: str, was_right: bool
-    ) -> ScriptCall[Dispute | None]:
-        """``plan_resolve`` at the level the dispute recorded, returning the dispute taken
-        away (``None``: none, settled meanwhile): a reaction settles it (``react_flow``)."""
-        k = self.keys(tenant)
-        key, args = k.entry(entry_id), ["1" if was_right else "0", "", "1"]
-        return ScriptCall("resolve", [key, k.cal], args, lambda r: dispute_of(r or None, key))
+    def plan_approve(
+        self, put: ScriptCall[PutOutcome], tenant: str, entry_id: str
+    ) -> ScriptCall[PutOutcome]:
+        """``put`` (``plan_put``) storing the answer a reaction approved in place of
+        ``entry_id``, the entry it disputes: refused (``DisputeSettled``) unless that
+        entry still carries the dispute (``put.lua``, KEYS[9+N])."""
+        args, keys = list(put.args), list(put.keys)
+        if len(args) == PUT_ARGS:  # a put with neither tags nor usage sends neither
+            args.append(0)
+            keys.append(self.keys(tenant).tags)
+        if len(args) == PUT_ARGS + 1 + int(args[PUT_ARGS]):  # no usage
+            args += ["", "", ""]
+        keys.append(self.keys(tenant).entry(entry_id))
+
+        def parse(res: Any) -> PutOutcome:
+            if int(res[0]) == -4:
+                raise DisputeSettled(entry_id)
+            return put.parse(res)
+
+        return ScriptCall("put", keys, args, parse)
 
     def plan_calibrate(
         self,
