@@ -17,6 +17,7 @@ from state_support import tenant_state
 from zerda_cache import CacheConfig
 from zerda_cache.core.entry import LLMUsage
 from zerda_cache.core.errors import StorageError
+from zerda_cache.core.results import DisputeSignal
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.tenant_plans import DisputeSettled
@@ -154,9 +155,10 @@ def test_feedback_by_the_completion_id_of_a_disputed_answer_settles_the_dispute(
 def test_the_json_api_takes_a_reaction_to_a_disputed_answer(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
-    """``/v1/put`` says an answer is ``disputed``; feedback with ``disputed: true`` on
-    the entry it disputes settles the dispute (a negative one here: the cached answer
-    stays, its label turns right) and leaves the cached arm alone."""
+    """``/v1/put`` says an answer is ``disputed``, and the dispute's ``dispute_id``;
+    feedback with it on the entry it disputes settles the dispute (a negative one here:
+    the cached answer stays, its label turns right) and leaves the cached arm alone;
+    without it, a 422 (which dispute?)."""
     config = CacheConfig(max_error_rate=0.02, verify_rate=0.0)
     with running_service(redis_client, redis_url, config=config) as svc:
 
@@ -173,7 +175,11 @@ def test_the_json_api_takes_a_reaction_to_a_disputed_answer(
         assert put["disputed"] and not put["stored"] and put["compared_id"] == first
         key = tenant_keys("acme").entry(first)
         arm = redis_client.hget(tenant_keys("acme").st, first)
-        reaction = {"entry_id": first, "disputed": True, "positive": False}
+        unnamed = {"entry_id": first, "disputed": True, "positive": False}
+        resp = httpx.post(svc.url + "/v1/feedback", json=unnamed, headers=svc.headers("acme"))
+        assert resp.status_code == 422 and "dispute_id" in resp.text  # which dispute?
+        assert redis_client.hexists(key, "dsp")
+        reaction = {**unnamed, "dispute_id": put["dispute_id"]}
         assert post("/v1/feedback", reaction)["entry_id"] == first
         assert not redis_client.hexists(key, "dsp")
         assert redis_client.hget(tenant_keys("acme").st, first) == arm
@@ -218,10 +224,36 @@ def test_the_put_of_an_approved_answer_needs_the_dispute_still_there(
     v = unit(87)
     cached = st.put("t", ASKED, "Yes, once.", v)
     with pytest.raises(DisputeSettled):
-        st.put("t", ASKED, "No, never.", v, approves=cached.entry_id, **extra)
+        st.put("t", ASKED, "No, never.", v, approves=(cached.entry_id, ""), **extra)
     assert st.stats("t")["entries"] == 1
-    assert st.drive(st.run_flow(st.plan_dispute("t", cached.entry_id, 0, "No, never.")))
-    out = st.put("t", ASKED, "No, never.", v, approves=cached.entry_id, **extra)
+    assert st.drive(st.run_flow(st.plan_dispute("t", cached.entry_id, 0, "Later.", {}, "n1")))
+    with pytest.raises(DisputeSettled):  # another dispute than the one approved
+        st.put("t", ASKED, "No, never.", v, approves=(cached.entry_id, "n0"), **extra)
+    out = st.put("t", ASKED, "No, never.", v, approves=(cached.entry_id, "n1"), **extra)
     assert out.displaced_id == cached.entry_id
     got = st.get_entry("t", out.entry_id)
     assert got.tags == tuple(extra.get("tags", ())) and got.usage == extra.get("usage")
+
+
+def test_a_late_reaction_settles_only_the_dispute_it_answers(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """A reaction names its dispute (``PutResult.dispute_id``): once that one is settled
+    and another answer disputes the entry, the late reaction, approving or turning down
+    an answer its user saw, leaves the other dispute (whose answer they never saw)."""
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(88)
+    first, slip = disputed(m, v)
+    assert slip.dispute_id and slip.feedback(True).dispute == slip.dispute_id
+    st, key = RedisStorage(redis_client), tenant_keys("t").entry(first.entry_id)
+    assert st.drive(st.run_flow(st.plan_resolve("t", first.entry_id, 0, True, slip.dispute_id)))
+    assert st.drive(st.run_flow(st.plan_dispute("t", first.entry_id, 0, "Maybe.", {}, "b" * 16)))
+    other = redis_client.hget(key, "dsp")
+    m.feedback(slip.feedback(True))
+    assert redis_client.hget(key, "dsp") == other and m.stats("t")["entries"] == 1
+    assert m.storage.get_entry("t", first.entry_id).response == "Yes, once."
+    m.feedback(slip.feedback(False))
+    assert redis_client.hget(key, "dsp") == other
+    m.feedback(DisputeSignal(first.entry_id, "t", True, dispute="b" * 16))  # its own
+    own = redis_client.hget(tenant_keys("t").q, codec.query_digest(ASKED, ""))
+    assert own is not None and m.storage.get_entry("t", own.decode()).response == "Maybe."

@@ -232,7 +232,8 @@ class PutSteps:
         if own.settled:  # the second disagreement: the fresh answer replaces it
             return own, None
         dispute = self.verifier.dispute_flow(tenant, held.entry_id, held.level, response, settings)
-        if not (yield from dispute):
+        nonce = yield from dispute
+        if nonce is None:
             return own, None
         self.metrics.puts.labels(label, "disputed").inc()
         disputed = PutResult(
@@ -243,6 +244,7 @@ class PutSteps:
             verified=False,
             compared_id=held.entry_id,
             disputed=True,
+            dispute_id=nonce,
         )
         return own, disputed
 
@@ -303,11 +305,12 @@ class PutSteps:
         ]
         cached, dispute = yield from st.read_flow(st.batch("react", parts))
         self.verifier.learner.note_feedback(signal)
-        if dispute is None:
+        if dispute is None or dispute.nonce != signal.dispute:  # the writes check it too
             log.debug("tenant %s: the dispute on %s was settled already", tenant, entry_id)
             return
         if not signal.positive:
-            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute.level, True))
+            plan = st.plan_resolve(tenant, entry_id, dispute.level, True, signal.dispute)
+            yield from st.run_flow(plan)
             return
         if cached.embedding is None:
             log.warning("tenant %s: %s has no vector: its dispute stays", tenant, entry_id)
@@ -321,7 +324,7 @@ class PutSteps:
                 cached.query,
                 dispute.answer,
                 cached.embedding,
-                approves=entry_id,
+                approves=(entry_id, signal.dispute),
                 scope=cached.scope,
                 ttl_s=put.get("ttl_s"),
                 quality=put.get("quality"),

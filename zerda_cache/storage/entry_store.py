@@ -64,12 +64,13 @@ class EntryStore(StorageCore):
         response: str,
         embedding: object,
         *,
-        approves: str | None = None,
+        approves: tuple[str, str] | None = None,
         **fields: Unpack[PutFields],
     ) -> Flow[PutOutcome]:
         """Store a new entry atomically (hash, ids, exact-match map, log, counters).
-        ``approves``: the entry whose dispute a reaction approved, this answer the one
-        it recorded: stored only while that entry still carries it (``plan_approve``).
+        ``approves``: ``(entry id, nonce)`` of the dispute a reaction approved, this
+        answer the one it recorded: stored only while that entry still carries that
+        dispute (``plan_approve``).
 
         Raises:
             InvalidTenantError, InvalidEmbeddingError, DimensionMismatchError,
@@ -80,7 +81,7 @@ class EntryStore(StorageCore):
 
         def plan(given: PutFields) -> ScriptCall[PutOutcome]:
             call = self.plan_put(tenant, query, response, embedding, **given)
-            return call if approves is None else self.plan_approve(call, tenant, approves)
+            return call if approves is None else self.plan_approve(call, tenant, *approves)
 
         try:
             out = yield from self.run_flow(plan(fields))

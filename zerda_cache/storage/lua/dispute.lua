@@ -1,5 +1,7 @@
 -- KEYS[1] the entry hash of a question's own cached answer a fresh answer disagreed with
--- ARGV[1] the dispute (msgpack [the entry's level, the fresh answer])
+-- ARGV[1] the dispute (msgpack [the entry's level, the fresh answer, the disputed put's
+-- own settings (a map), the dispute's nonce]): a reaction or verification settles it
+-- only by its nonce (resolve.lua, put.lua), never another dispute recorded since
 -- returns 1 recorded, 0 the entry is gone
 -- A verification of an exact repeat whose fresh answer disagreed was counted as a wrong
 -- label at the entry's level; but the fresh answer may be the wrong one (an LLM errs
