@@ -20,7 +20,7 @@ from zerda_cache.core.errors import StorageError
 from zerda_cache.core.results import DisputeSignal
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.storage.tenant_plans import DisputeSettled
+from zerda_cache.storage.tenant_plans import DisputeSettled, exact_bin
 
 ASKED = "Do I need to verify my identity?"
 OTHER = "Do I have to verify my identity?"
@@ -257,3 +257,19 @@ def test_a_late_reaction_settles_only_the_dispute_it_answers(
     m.feedback(DisputeSignal(first.entry_id, "t", True, dispute="b" * 16))  # its own
     own = redis_client.hget(tenant_keys("t").q, codec.query_digest(ASKED, ""))
     assert own is not None and m.storage.get_entry("t", own.decode()).response == "Maybe."
+
+
+def test_a_dispute_below_level_one_resolves_the_unconfirmed_label(
+    redis_client: redis.Redis,
+) -> None:
+    """One rule turns a level into its label's bin (``exact_bin``), as the scripts read
+    the levels: below level 1 the bin is ``e`` (a level a token carries is the client's
+    to send), so resolving such a dispute turns that bin's wrong label right."""
+    assert [exact_bin(n) for n in (-1, 0, 1, 3)] == ["e", "e", "e1", "e3"]
+    st = RedisStorage(redis_client)
+    cached = st.put("t", ASKED, "Yes, once.", unit(89))
+    st.drive(st.run_flow(st.plan_label("t", [1.0], False, "e", logged=False)))
+    assert st.drive(st.run_flow(st.plan_dispute("t", cached.entry_id, -1, "No.", {}, "n")))
+    assert st.drive(st.run_flow(st.plan_resolve("t", cached.entry_id, -1, True, "n")))
+    cal = redis_client.hgetall(tenant_keys("t").cal)
+    assert (float(cal[b"r:e"]), float(cal[b"w:e"])) == (1.0, 0.0)

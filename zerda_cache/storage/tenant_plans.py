@@ -78,6 +78,12 @@ class DisputeSettled(Exception):
 PUT_ARGS = 15
 
 
+def exact_bin(level: int) -> str:
+    """The calibration bin of exact repeats at ``level``: ``e`` below level 1 (an
+    unconfirmed entry), ``e<k>`` at level k. The one rule of the label suffix."""
+    return f"e{level}" if level >= 1 else "e"
+
+
 def dispute_of(raw: bytes | None, key: str) -> Dispute | None:
     """A dispute as ``dispute.lua`` stored it (``None``: none, or undecodable)."""
     if raw is None:
@@ -415,8 +421,7 @@ class TenantPlans(PlanBase):
         names (``Dispute.nonce``: False otherwise, nothing written); ``was_right``: the
         cached answer was right after all, so its wrong label becomes a right one."""
         k = self.keys(tenant)
-        suffix = f"e{level}" if level else "e"
-        args = ["1" if was_right else "0", suffix, nonce]
+        args = ["1" if was_right else "0", exact_bin(level), nonce]
         return ScriptCall("resolve", [k.entry(entry_id), k.cal], args, lambda r: bool(int(r)))
 
     def plan_approve(

@@ -1,8 +1,8 @@
 -- KEYS[1] an entry hash with a dispute (dispute.lua)  KEYS[2] the tenant's cal hash
 -- ARGV[1] 1 = the entry's answer was right after all (the next answer agreed with it, or
 -- the user turned the disputed answer down), 0 = it stands as wrong
--- ARGV[2] the exact repeats' label suffix of its level (e, e<k>); '' = the level the
--- dispute recorded
+-- ARGV[2] the exact repeats' label suffix of the level the dispute recorded (e, e<k>:
+-- tenant_plans.exact_bin)
 -- ARGV[3] the dispute's nonce (its payload's 4th field; '' = one written without)
 -- returns 1 if the dispute was resolved, 0 if there was none, or another one (resolved
 -- meanwhile, and another answer disputed the entry since)
@@ -20,10 +20,6 @@ end
 redis.call('HDEL', KEYS[1], 'dsp')
 if ARGV[1] == '1' then
   local suffix = ARGV[2]
-  if suffix == '' then
-    local level = tonumber(dispute[1]) or 0
-    suffix = level >= 1 and ('e' .. string.format('%d', level)) or 'e'
-  end
   local wrong = 'w:' .. suffix
   local moved = math.min(1, tonumber(redis.call('HGET', KEYS[2], wrong) or '0') or 0)
   if moved > 0 then
