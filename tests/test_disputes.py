@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
 import redis
 from conftest import near, unit
+from prometheus_client import CollectorRegistry
 from service_support import UpstreamState, ask, openai_client, running_service
 from state_support import tenant_state
 
@@ -18,6 +20,7 @@ from zerda_cache import CacheConfig
 from zerda_cache.core.entry import LLMUsage
 from zerda_cache.core.errors import StorageError
 from zerda_cache.core.results import DisputeSignal
+from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import tenant_keys
 from zerda_cache.storage.tenant_plans import DisputeSettled, exact_bin
@@ -273,3 +276,37 @@ def test_a_dispute_below_level_one_resolves_the_unconfirmed_label(
     assert st.drive(st.run_flow(st.plan_resolve("t", cached.entry_id, -1, True, "n")))
     cal = redis_client.hgetall(tenant_keys("t").cal)
     assert (float(cal[b"r:e"]), float(cal[b"w:e"])) == (1.0, 0.0)
+
+
+def test_an_approved_answer_is_stored_by_the_puts_own_step(
+    make_manager: Any, redis_server_factory: Any
+) -> None:
+    """The approval stores its answer as every put ends (``PutSteps.store_flow``): a
+    storage error counts in ``storage_errors{put}``, the near-duplicate check runs
+    (``dedup_threshold``), and the put's usage goes through the dispute as a usage
+    mapping, not a list packed by hand."""
+    server = redis_server_factory()
+    registry = CollectorRegistry()
+    config = CacheConfig(max_error_rate=0.02, verify_rate=0.0, dedup_threshold=0.99)
+    m = make_manager(config, url=server.url, metrics=ReplicaMetrics(registry))
+    v = unit(90)
+    first = m.put(ASKED, "Yes, once.", tenant="t", embedding=v)
+    assert m.lookup(ASKED, tenant="t", embedding=v) is None
+    usage = {"model": "m1", "prompt_tokens": 7, "completion_tokens": 3}
+    slip = m.put(ASKED, "No, never.", tenant="t", embedding=v, usage=usage)
+    errors = ("zerda_cache_storage_errors_total", {"operation": "put"})
+    with server.client() as c:
+        raw = c.hget(tenant_keys("t").entry(first.entry_id), "dsp")
+        assert raw is not None and msgpack.unpackb(raw)[2]["usage"] == usage
+        c.config_set("maxmemory-policy", "noeviction")
+        c.config_set("maxmemory", max(1, int(c.info("memory")["used_memory"]) - 64 * 1024))
+        try:
+            with pytest.raises(StorageError):
+                m.feedback(slip.feedback(True))
+        finally:
+            c.config_set("maxmemory", 0)
+    assert registry.get_sample_value(*errors) == 1.0
+    m.feedback(slip.feedback(True))
+    assert m.stats("t")["entries"] == 1
+    hit = m.lookup(ASKED, tenant="t", embedding=v)
+    assert hit is not None and hit.response == "No, never." and hit.usage == LLMUsage("m1", 7, 3)
