@@ -58,7 +58,7 @@ class Dispute(NamedTuple):
     answer: str
     #: the disputed put's own settings, for storing its answer should a reaction settle
     #: the dispute for it: any of ``ttl_s``, ``quality``, ``metadata``, ``tags`` and
-    #: ``usage`` (``[model, prompt_tokens, completion_tokens]``) the put gave
+    #: ``usage`` (a mapping, as ``LLMUsage.of`` takes it) the put gave (``put_fields``)
     put: dict[str, Any]
     #: which dispute this is (random, written with it): a reaction names the dispute it
     #: answers (``DisputeSignal.dispute``), and settles only that one; ``""`` for a
