@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import redis
@@ -114,3 +115,32 @@ def test_keys_on_redis_cluster(cluster_client: RedisCluster) -> None:
     assert st.revoke_api_keys(tenant="acme") == [rec.id]
     got = st.api_key(digest)
     assert got is not None and got.revoked is not None and got.revoked >= rec.created
+
+
+def round_trips(flow: Any) -> tuple[int, Any]:
+    """Drive a storage flow, counting its steps: each is one client call, one round
+    trip (a pipeline is one step). Returns ``(steps, result)``."""
+    steps, value, resume = 0, None, flow.send
+    while True:
+        try:
+            step = resume(value)
+        except StopIteration as stop:
+            return steps, stop.value
+        steps += 1
+        try:
+            value, resume = step(), flow.send
+        except Exception as exc:
+            value, resume = exc, flow.throw
+
+
+def test_a_key_is_checked_in_one_round_trip(redis_client: redis.Redis) -> None:
+    """The service's check of a request's key (``find_api_key``) reads the record and,
+    for an unknown key, whether the store holds any (the ``no_api_keys`` refusal), in
+    one round trip: an unknown key costs no second one."""
+    st = RedisStorage(redis_client)
+    _token, digest, rec = new_record("acme", "", st.now())
+    assert round_trips(st.find_api_key_flow(digest)) == (1, (None, False))
+    assert st.add_api_key(digest, rec)
+    assert round_trips(st.find_api_key_flow("0" * 64)) == (1, (None, True))
+    steps, (found, held) = round_trips(st.find_api_key_flow(digest))
+    assert steps == 1 and held and found is not None and found.tenant == "acme"

@@ -8,15 +8,22 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
 import redis
 from conftest import near, unit
+from prometheus_client import CollectorRegistry
 from service_support import UpstreamState, ask, openai_client, running_service
 from state_support import tenant_state
 
 from zerda_cache import CacheConfig
+from zerda_cache.core.entry import LLMUsage
+from zerda_cache.core.errors import StorageError
+from zerda_cache.core.results import DisputeSignal
+from zerda_cache.metrics import ReplicaMetrics
 from zerda_cache.storage import RedisStorage, codec
 from zerda_cache.storage.keys import tenant_keys
+from zerda_cache.storage.tenant_plans import DisputeSettled, exact_bin
 
 ASKED = "Do I need to verify my identity?"
 OTHER = "Do I have to verify my identity?"
@@ -151,9 +158,10 @@ def test_feedback_by_the_completion_id_of_a_disputed_answer_settles_the_dispute(
 def test_the_json_api_takes_a_reaction_to_a_disputed_answer(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
-    """``/v1/put`` says an answer is ``disputed``; feedback with ``disputed: true`` on
-    the entry it disputes settles the dispute (a negative one here: the cached answer
-    stays, its label turns right) and leaves the cached arm alone."""
+    """``/v1/put`` says an answer is ``disputed``, and the dispute's ``dispute_id``;
+    feedback with it on the entry it disputes settles the dispute (a negative one here:
+    the cached answer stays, its label turns right) and leaves the cached arm alone;
+    without it, a 422 (which dispute?)."""
     config = CacheConfig(max_error_rate=0.02, verify_rate=0.0)
     with running_service(redis_client, redis_url, config=config) as svc:
 
@@ -170,7 +178,135 @@ def test_the_json_api_takes_a_reaction_to_a_disputed_answer(
         assert put["disputed"] and not put["stored"] and put["compared_id"] == first
         key = tenant_keys("acme").entry(first)
         arm = redis_client.hget(tenant_keys("acme").st, first)
-        reaction = {"entry_id": first, "disputed": True, "positive": False}
+        unnamed = {"entry_id": first, "disputed": True, "positive": False}
+        resp = httpx.post(svc.url + "/v1/feedback", json=unnamed, headers=svc.headers("acme"))
+        assert resp.status_code == 422 and "dispute_id" in resp.text  # which dispute?
+        assert redis_client.hexists(key, "dsp")
+        reaction = {**unnamed, "dispute_id": put["dispute_id"]}
         assert post("/v1/feedback", reaction)["entry_id"] == first
         assert not redis_client.hexists(key, "dsp")
         assert redis_client.hget(tenant_keys("acme").st, first) == arm
+
+
+def test_an_approval_a_full_server_refuses_leaves_the_dispute_for_a_retry(
+    make_manager: Any, redis_server_factory: Any
+) -> None:
+    """The approved answer is stored before the dispute goes (with the cached entry):
+    a put a full server refuses (``put`` is not allow-oom) leaves the dispute, and the
+    cached answer held out of near matches; the retried reaction then stores it."""
+    server = redis_server_factory()
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0), url=server.url)
+    v = unit(86)
+    first, slip = disputed(m, v)
+    key = tenant_keys("t").entry(first.entry_id)
+    with server.client() as c:
+        c.config_set("maxmemory-policy", "noeviction")
+        c.config_set("maxmemory", max(1, int(c.info("memory")["used_memory"]) - 64 * 1024))
+        try:
+            with pytest.raises(StorageError):
+                m.feedback(slip.feedback(True))
+            assert c.hexists(key, "dsp")  # still disputed: held out of near matches
+        finally:
+            c.config_set("maxmemory", 0)
+        m.feedback(slip.feedback(True))
+        own = c.hget(tenant_keys("t").q, codec.query_digest(ASKED, ""))
+        assert own is not None and own.decode() != first.entry_id
+        assert m.storage.get_entry("t", own.decode()).response == "No, never."
+        assert not c.exists(key)
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"tags": ["doc"]}, {"usage": LLMUsage("m", 1, 2)}, {"tags": ["a", "b"]}]
+)
+def test_the_put_of_an_approved_answer_needs_the_dispute_still_there(
+    redis_client: redis.Redis, extra: dict[str, Any]
+) -> None:
+    """``put.lua`` stores an approved answer only while the entry it replaces carries
+    the dispute (a verification may have settled it meanwhile): nothing written else."""
+    st = RedisStorage(redis_client)
+    v = unit(87)
+    cached = st.put("t", ASKED, "Yes, once.", v)
+    with pytest.raises(DisputeSettled):
+        st.put("t", ASKED, "No, never.", v, approves=(cached.entry_id, ""), **extra)
+    assert st.stats("t")["entries"] == 1
+    assert st.drive(st.run_flow(st.plan_dispute("t", cached.entry_id, 0, "Later.", {}, "n1")))
+    with pytest.raises(DisputeSettled):  # another dispute than the one approved
+        st.put("t", ASKED, "No, never.", v, approves=(cached.entry_id, "n0"), **extra)
+    out = st.put("t", ASKED, "No, never.", v, approves=(cached.entry_id, "n1"), **extra)
+    assert out.displaced_id == cached.entry_id
+    got = st.get_entry("t", out.entry_id)
+    assert got.tags == tuple(extra.get("tags", ())) and got.usage == extra.get("usage")
+
+
+def test_a_late_reaction_settles_only_the_dispute_it_answers(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """A reaction names its dispute (``PutResult.dispute_id``): once that one is settled
+    and another answer disputes the entry, the late reaction, approving or turning down
+    an answer its user saw, leaves the other dispute (whose answer they never saw)."""
+    m = make_manager(CacheConfig(max_error_rate=0.02, verify_rate=0.0))
+    v = unit(88)
+    first, slip = disputed(m, v)
+    assert slip.dispute_id and slip.feedback(True).dispute == slip.dispute_id
+    st, key = RedisStorage(redis_client), tenant_keys("t").entry(first.entry_id)
+    assert st.drive(st.run_flow(st.plan_resolve("t", first.entry_id, 0, True, slip.dispute_id)))
+    assert st.drive(st.run_flow(st.plan_dispute("t", first.entry_id, 0, "Maybe.", {}, "b" * 16)))
+    other = redis_client.hget(key, "dsp")
+    m.feedback(slip.feedback(True))
+    assert redis_client.hget(key, "dsp") == other and m.stats("t")["entries"] == 1
+    assert m.storage.get_entry("t", first.entry_id).response == "Yes, once."
+    m.feedback(slip.feedback(False))
+    assert redis_client.hget(key, "dsp") == other
+    m.feedback(DisputeSignal(first.entry_id, "t", True, dispute="b" * 16))  # its own
+    own = redis_client.hget(tenant_keys("t").q, codec.query_digest(ASKED, ""))
+    assert own is not None and m.storage.get_entry("t", own.decode()).response == "Maybe."
+
+
+def test_a_dispute_below_level_one_resolves_the_unconfirmed_label(
+    redis_client: redis.Redis,
+) -> None:
+    """One rule turns a level into its label's bin (``exact_bin``), as the scripts read
+    the levels: below level 1 the bin is ``e`` (a level a token carries is the client's
+    to send), so resolving such a dispute turns that bin's wrong label right."""
+    assert [exact_bin(n) for n in (-1, 0, 1, 3)] == ["e", "e", "e1", "e3"]
+    st = RedisStorage(redis_client)
+    cached = st.put("t", ASKED, "Yes, once.", unit(89))
+    st.drive(st.run_flow(st.plan_label("t", [1.0], False, "e", logged=False)))
+    assert st.drive(st.run_flow(st.plan_dispute("t", cached.entry_id, -1, "No.", {}, "n")))
+    assert st.drive(st.run_flow(st.plan_resolve("t", cached.entry_id, -1, True, "n")))
+    cal = redis_client.hgetall(tenant_keys("t").cal)
+    assert (float(cal[b"r:e"]), float(cal[b"w:e"])) == (1.0, 0.0)
+
+
+def test_an_approved_answer_is_stored_by_the_puts_own_step(
+    make_manager: Any, redis_server_factory: Any
+) -> None:
+    """The approval stores its answer as every put ends (``PutSteps.store_flow``): a
+    storage error counts in ``storage_errors{put}``, the near-duplicate check runs
+    (``dedup_threshold``), and the put's usage goes through the dispute as a usage
+    mapping, not a list packed by hand."""
+    server = redis_server_factory()
+    registry = CollectorRegistry()
+    config = CacheConfig(max_error_rate=0.02, verify_rate=0.0, dedup_threshold=0.99)
+    m = make_manager(config, url=server.url, metrics=ReplicaMetrics(registry))
+    v = unit(90)
+    first = m.put(ASKED, "Yes, once.", tenant="t", embedding=v)
+    assert m.lookup(ASKED, tenant="t", embedding=v) is None
+    usage = {"model": "m1", "prompt_tokens": 7, "completion_tokens": 3}
+    slip = m.put(ASKED, "No, never.", tenant="t", embedding=v, usage=usage)
+    errors = ("zerda_cache_storage_errors_total", {"operation": "put"})
+    with server.client() as c:
+        raw = c.hget(tenant_keys("t").entry(first.entry_id), "dsp")
+        assert raw is not None and msgpack.unpackb(raw)[2]["usage"] == usage
+        c.config_set("maxmemory-policy", "noeviction")
+        c.config_set("maxmemory", max(1, int(c.info("memory")["used_memory"]) - 64 * 1024))
+        try:
+            with pytest.raises(StorageError):
+                m.feedback(slip.feedback(True))
+        finally:
+            c.config_set("maxmemory", 0)
+    assert registry.get_sample_value(*errors) == 1.0
+    m.feedback(slip.feedback(True))
+    assert m.stats("t")["entries"] == 1
+    hit = m.lookup(ASKED, tenant="t", embedding=v)
+    assert hit is not None and hit.response == "No, never." and hit.usage == LLMUsage("m1", 7, 3)

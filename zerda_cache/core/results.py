@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from zerda_cache.core.entry import FeedbackSignal, LLMUsage
+from zerda_cache.core.errors import InvalidFeedbackError
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,9 @@ class PutResult:
             right, or the user's reaction to this one (``feedback``).
         disputed: this answer was not stored but recorded as a dispute on the entry
             ``compared_id`` names.
+        dispute_id: that dispute's id (random): a reaction to this answer
+            (``feedback``) carries it, and settles this dispute only, never one another
+            answer recorded on the entry since.
     """
 
     stored: bool
@@ -141,6 +145,7 @@ class PutResult:
     verified: bool | None = None
     compared_id: str | None = None
     disputed: bool = False
+    dispute_id: str | None = None
 
     def __bool__(self) -> bool:
         return self.stored
@@ -162,7 +167,13 @@ class PutResult:
         """
         if self.disputed and self.compared_id is not None:
             return DisputeSignal(
-                self.compared_id, self.tenant, positive, magnitude, source, similarity=1.0
+                self.compared_id,
+                self.tenant,
+                positive,
+                magnitude,
+                source,
+                similarity=1.0,
+                dispute=self.dispute_id or "",
             )
         if not self.stored or self.entry_id is None:
             raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
@@ -174,7 +185,57 @@ class DisputeSignal(FeedbackSignal):
     """A reaction to the fresh answer a dispute on ``entry_id`` recorded, not to the
     entry's own answer (``PutResult.feedback`` of a disputed put; the proxy's completion
     id of one): ``CacheManager.feedback`` settles the dispute with it instead of putting
-    it on the entry's arm (``PutSteps.react_flow``)."""
+    it on the entry's arm (``PutSteps.react_flow``). ``dispute`` names the dispute
+    (``PutResult.dispute_id``): a reaction that comes after it was settled, and another
+    answer disputed the entry since, settles nothing (that user never saw the other).
+
+    Raises:
+        InvalidFeedbackError: as ``FeedbackSignal``, or ``dispute`` is not a short str.
+    """
+
+    dispute: str
+
+    def __init__(
+        self,
+        entry_id: str,
+        tenant_id: str | None = None,
+        positive: bool | None = None,
+        magnitude: float = 1.0,
+        source: str = "user",
+        timestamp: float | None = None,
+        similarity: float | None = None,
+        *,
+        dispute: str,
+        tenant: str | None = None,
+        served: bool = False,
+        hit: int | None = None,
+    ) -> None:
+        object.__setattr__(self, "dispute", dispute)  # frozen
+        FeedbackSignal.__init__(
+            self,
+            entry_id,
+            tenant_id,
+            positive,
+            magnitude,
+            source,
+            timestamp,
+            similarity,
+            tenant=tenant,
+            served=served,
+            hit=hit,
+        )
+
+    def __post_init__(self) -> None:
+        FeedbackSignal.__post_init__(self)
+        if not isinstance(self.dispute, str) or len(self.dispute) > MAX_DISPUTE_ID_CHARS:
+            raise InvalidFeedbackError(
+                f"dispute must be a str of at most {MAX_DISPUTE_ID_CHARS} chars, "
+                f"got {self.dispute!r:.80}"
+            )
+
+
+#: The longest dispute id (``PutResult.dispute_id``; the cache's are 16 characters).
+MAX_DISPUTE_ID_CHARS = 64
 
 
 def feedback_signal(

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from zerda_cache.companions.context import AdaptiveLearningSystem
 from zerda_cache.core.entry import FeedbackSignal, LLMUsage
@@ -42,8 +42,9 @@ from zerda_cache.replica.indexes import ReplicaIndexes
 from zerda_cache.storage.codec import Vector
 from zerda_cache.storage.driver import Flow
 from zerda_cache.storage.keys import TenantKeys
-from zerda_cache.storage.plans import FeedbackOutcome, PutOutcome
+from zerda_cache.storage.plans import FeedbackOutcome, PutFields, PutOutcome, ReadPlan
 from zerda_cache.storage.store import Storage
+from zerda_cache.storage.tenant_plans import DisputeSettled
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,6 @@ class PutSteps:
         ``verify_token``: the verification a lookup on any replica asked for
         (``verification.encode_ticket``); without it, the one this replica's left."""
         try:
-            keys = self.storage.keys(tenant)
             query = check_query(query, self.config.max_query_chars)
             scope = check_scope(scope)
             # checked before anything is written (a verification below writes labels)
@@ -128,37 +128,61 @@ class PutSteps:
             mine = self.verifier.tickets.pop(held_key)
             held = token if token is not None else mine
             own: Comparison | None = None
+            settings = put_settings(ttl_s, quality, metadata, tag_names, cost_of)
             if held is not None and held.exact:
-                settings = put_settings(ttl_s, quality, metadata, tag_names, cost_of)
                 own, settled = yield from self.settle_own_flow(
                     tenant, held, response, settings, warnings
                 )
                 if settled is not None:
                     return settled
+        except StorageError:
+            self.metrics.storage_errors.labels("put").inc()
+            raise
+
+        def verify(result: PutResult) -> Flow[PutResult]:
+            assert held is not None
+            return (yield from self.verify_flow(tenant, held, own, query, response, result, policy))
+
+        stored = Stored(tenant, query, response, vec, scope, put_fields(settings))
+        settle = verify if held is not None else None
+        return (yield from self.store_flow(stored, policy, warnings, settle=settle))
+
+    def store_flow(
+        self,
+        put: Stored,
+        policy: TenantPolicy,
+        warnings: list[str],
+        *,
+        approves: tuple[str, str] | None = None,
+        settle: Callable[[PutResult], Flow[PutResult]] | None = None,
+    ) -> Flow[PutResult]:
+        """The end of every put (``put_flow``, and ``react_flow``'s of an approved
+        answer): store the answer (``Storage.put_flow``; ``approves``: the dispute whose
+        answer it is, ``plan_approve``) and evict the entries it replaced: the
+        question's own, whose digest the put script moved, a near duplicate under
+        ``dedup_threshold``, the entry whose dispute it approves. ``settle`` (a
+        verification's) runs on the result before they go: it may compare one of them.
+        A storage error counts in ``storage_errors{put}``."""
+        tenant = put.tenant
+        try:
             near: str | None = None
             dedup = policy.config.dedup_threshold
             if dedup is not None:
-                near = yield from self.near_duplicate_flow(keys, vec, scope, dedup)
+                keys = self.storage.keys(tenant)
+                near = yield from self.near_duplicate_flow(keys, put.vec, put.scope, dedup)
             indexed = self.indexes.get(tenant)
-            out = yield from self.storage.put_flow(
-                tenant,
-                query,
-                response,
-                vec,
-                scope=scope,
-                ttl_s=ttl_s,
-                quality=quality,
-                metadata=metadata,
-                index_dim=indexed.dim if indexed is not None and indexed.usable else None,
-                rl=policy.rl,
-                tags=tag_names,
-                usage=cost_of,
-            )
-            replaced, result = self.stored(tenant, warnings, out, near)
-            if held is not None:  # before the replaced entries go: it may be one of them
-                result = yield from self.verify_flow(
-                    tenant, held, own, query, response, result, policy
-                )
+            fields: PutFields = {
+                **put.fields,
+                "scope": put.scope,
+                "index_dim": indexed.dim if indexed is not None and indexed.usable else None,
+                "rl": policy.rl,
+            }
+            args = (tenant, put.query, put.response, put.vec)
+            out = yield from self.storage.put_flow(*args, approves=approves, **fields)
+            disputed = approves[0] if approves is not None else None
+            replaced, result = self.stored(tenant, warnings, out, near, disputed)
+            if settle is not None:
+                result = yield from settle(result)
             if replaced:
                 gone = [(e, None) for e in replaced]
                 yield from self.storage.evict_flow(tenant, gone, "replaced")
@@ -231,7 +255,8 @@ class PutSteps:
         if own.settled:  # the second disagreement: the fresh answer replaces it
             return own, None
         dispute = self.verifier.dispute_flow(tenant, held.entry_id, held.level, response, settings)
-        if not (yield from dispute):
+        nonce = yield from dispute
+        if nonce is None:
             return own, None
         self.metrics.puts.labels(label, "disputed").inc()
         disputed = PutResult(
@@ -242,6 +267,7 @@ class PutSteps:
             verified=False,
             compared_id=held.entry_id,
             disputed=True,
+            dispute_id=nonce,
         )
         return own, disputed
 
@@ -281,52 +307,56 @@ class PutSteps:
 
     def react_flow(self, signal: DisputeSignal) -> Flow[None]:
         """The user's reaction to a disputed fresh answer settles the dispute, as the
-        question's next verification would (``resolve.lua``, atomically, once): turned
-        down, the fresh answer was the one that erred, so the cached entry stays and the
-        wrong label its verification was counted as turns right; approved, the cached
-        answer stands wrong and the fresh one is stored in its place (with the disputed
-        put's own settings), the reaction the positive signal on its arm. A dispute
-        settled meanwhile leaves the reaction noted only.
+        question's next verification would, once. The entry and its dispute are read in
+        one round trip. Turned down, the fresh answer was the one that erred: the cached
+        entry stays and the wrong label its verification was counted as turns right
+        (``resolve.lua``, atomically). Approved, the cached answer stands wrong: the
+        fresh one is stored in its place (with the disputed put's own settings), the
+        reaction the positive signal on its arm, and the cached entry is evicted, its
+        dispute with it. The dispute is not taken away first: until the put is done the
+        cached entry stays held out, and a put that fails leaves the dispute for a
+        retried reaction; the put script stores the answer only while the dispute is
+        there. A dispute settled meanwhile leaves the reaction noted only.
 
         Raises:
             EntryNotFoundError: the disputed entry is gone.
         """
         tenant, entry_id, st = signal.tenant_id, signal.entry_id, self.storage
-        cached = yield from st.read_flow(st.read_entry(tenant, entry_id, with_vector=True))
+        parts: list[ReadPlan[Any]] = [
+            st.read_entry(tenant, entry_id, with_vector=True),
+            st.read_dispute(tenant, entry_id),
+        ]
+        cached, dispute = yield from st.read_flow(st.batch("react", parts))
         self.verifier.learner.note_feedback(signal)
-        if signal.positive and cached.embedding is None:
-            log.warning("tenant %s: %s has no vector: its dispute stays", tenant, entry_id)
-            return
-        dispute = yield from st.run_flow(st.plan_settle(tenant, entry_id, not signal.positive))
-        if dispute is None:
+        if dispute is None or dispute.nonce != signal.dispute:  # the writes check it too
             log.debug("tenant %s: the dispute on %s was settled already", tenant, entry_id)
             return
         if not signal.positive:
+            plan = st.plan_resolve(tenant, entry_id, dispute.level, True, signal.dispute)
+            yield from st.run_flow(plan)
+            return
+        if cached.embedding is None:
+            log.warning("tenant %s: %s has no vector: its dispute stays", tenant, entry_id)
             return
         policy = yield from self.policies.policy_flow(tenant)
-        indexed = self.indexes.get(tenant)
-        put = dispute.put
-        out = yield from st.put_flow(
-            tenant,
-            cached.query,
-            dispute.answer,
-            cached.embedding,
-            scope=cached.scope,
-            ttl_s=put.get("ttl_s"),
-            quality=put.get("quality"),
-            metadata=put.get("metadata"),
-            index_dim=indexed.dim if indexed is not None and indexed.usable else None,
-            rl=policy.rl,
-            tags=tuple(put.get("tags") or ()),
-            usage=LLMUsage(*put["usage"]) if put.get("usage") else None,
-        )
-        replaced, _ = self.stored(tenant, [], out, entry_id)
-        approved = FeedbackSignal(
-            out.entry_id, tenant, True, signal.magnitude, signal.source, similarity=1.0
-        )
-        yield from self.verifier.learn_flow(approved)
-        if replaced:
-            yield from st.evict_flow(tenant, [(e, None) for e in replaced], "replaced")
+        put = Stored(
+            tenant, cached.query, dispute.answer, cached.embedding, cached.scope,
+            put_fields(dispute.put),
+        )  # fmt: skip
+
+        def approve(result: PutResult) -> Flow[PutResult]:  # the new entry's first signal
+            assert result.entry_id is not None
+            approved = FeedbackSignal(
+                result.entry_id, tenant, True, signal.magnitude, signal.source, similarity=1.0
+            )
+            yield from self.verifier.learn_flow(approved)
+            return result
+
+        approves = (entry_id, signal.dispute)
+        try:
+            yield from self.store_flow(put, policy, [], approves=approves, settle=approve)
+        except DisputeSettled:
+            log.debug("tenant %s: the dispute on %s was settled meanwhile", tenant, entry_id)
 
     def near_duplicate_flow(
         self, keys: TenantKeys, vec: Vector, scope: str, dedup: float
@@ -345,11 +375,11 @@ class PutSteps:
         return best[0][0] if best else None
 
     def stored(
-        self, tenant: str, warnings: list[str], out: PutOutcome, near: str | None
+        self, tenant: str, warnings: list[str], out: PutOutcome, *near: str | None
     ) -> tuple[list[str], PutResult]:
         """The entries the new one replaces (to evict), and the result."""
         replaced = list(
-            dict.fromkeys(e for e in (out.displaced_id, near) if e and e != out.entry_id)
+            dict.fromkeys(e for e in (out.displaced_id, *near) if e and e != out.entry_id)
         )
         self.metrics.puts.labels(self.metrics.tenant(tenant), "stored").inc()
         result = PutResult(
@@ -377,8 +407,33 @@ def put_settings(
     if tags:
         given["tags"] = list(tags)
     if usage is not None:
-        given["usage"] = [usage.model, usage.prompt_tokens, usage.completion_tokens]
+        given["usage"] = dataclasses.asdict(usage)
     return {k: v for k, v in given.items() if v is not None}
+
+
+def put_fields(settings: Mapping[str, Any]) -> PutFields:
+    """The fields of a put from its settings (``put_settings``; a dispute's ``put``)."""
+    fields: PutFields = {}
+    for name in ("ttl_s", "quality", "metadata"):
+        if settings.get(name) is not None:
+            fields[name] = settings[name]
+    if settings.get("tags"):
+        fields["tags"] = tuple(settings["tags"])
+    if settings.get("usage") is not None:
+        fields["usage"] = LLMUsage.of(settings["usage"])
+    return fields
+
+
+class Stored(NamedTuple):
+    """An answer to store (``PutSteps.store_flow``): its question, vector, scope and the
+    put's own fields."""
+
+    tenant: str
+    query: str
+    response: str
+    vec: Vector
+    scope: str
+    fields: PutFields
 
 
 #: Why a put whose answer disagreed with the question's own cached entry did not store it.
@@ -397,4 +452,12 @@ def reason_label(reason: str) -> str:
     return "_".join(words[:4]) or "unknown"
 
 
-__all__ = ["DISPUTED", "NO_EMBEDDING", "PutSteps", "put_settings", "reason_label"]
+__all__ = [
+    "DISPUTED",
+    "NO_EMBEDDING",
+    "PutSteps",
+    "Stored",
+    "put_fields",
+    "put_settings",
+    "reason_label",
+]

@@ -250,7 +250,8 @@ class Verifier:
                 features = with_text(features, text_match.differences(asked, theirs))
         yield from self.learn_flow(signal, label=True, features=features, level=level)
         if dispute is not None:
-            yield from st.run_flow(st.plan_resolve(tenant, entry_id, dispute.level, right))
+            plan = st.plan_resolve(tenant, entry_id, dispute.level, right, dispute.nonce)
+            yield from st.run_flow(plan)
         return Comparison(right, cached, dispute is not None, agrees)
 
     def dispute_flow(
@@ -260,21 +261,24 @@ class Verifier:
         level: int,
         fresh: str,
         settings: dict[str, Any] | None = None,
-    ) -> Flow[bool]:
+    ) -> Flow[str | None]:
         """Record on the question's own entry ``entry_id`` (at ``level``) the fresh answer
         that disagreed with it, and the put's own ``settings`` (``put.put_settings``):
         one disagreement is not a verdict (an LLM errs too), so the entry stays, counted
         wrong meanwhile, and it is held out (under a bound its next exact repeat is
         verified) until the next verification settles it (``verify_flow``), or the
-        user's reaction to the fresh answer (``PutSteps.react_flow``). False when it
-        could not be recorded (the entry is gone, or a full server refused it): the
-        fresh answer is then stored as usual."""
-        plan = self.storage.plan_dispute(tenant, entry_id, level, fresh, settings)
+        user's reaction to the fresh answer (``PutSteps.react_flow``). Returns the
+        dispute's nonce, which names it to a reaction (``PutResult.dispute_id``); None
+        when it could not be recorded (the entry is gone, or a full server refused it):
+        the fresh answer is then stored as usual."""
+        nonce = new_nonce()
+        plan = self.storage.plan_dispute(tenant, entry_id, level, fresh, settings, nonce)
         try:
-            return bool((yield from self.storage.run_flow(plan)))
+            recorded = yield from self.storage.run_flow(plan)
         except StorageError as exc:
             log.debug("tenant %s: dispute not recorded: %s", tenant, exc)
-            return False
+            return None
+        return nonce if recorded else None
 
     def confirm_flow(self, tenant: str, entry_id: str, policy: TenantPolicy) -> Flow[None]:
         """A fresh answer two verifications agree on: a positive signal on its entry."""

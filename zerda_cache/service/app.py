@@ -192,6 +192,7 @@ class CacheRoutes:
             verified=result.verified,
             compared_id=result.compared_id,
             disputed=result.disputed,
+            dispute_id=result.dispute_id,
         )
 
     async def feedback(self, body: FeedbackRequest, tenant: Tenant) -> FeedbackResponse:
@@ -210,7 +211,6 @@ class CacheRoutes:
             )
         similarity = body.similarity
         served = None
-        kind: type[FeedbackSignal] = FeedbackSignal
         if body.completion_id is not None:
             served = await self.served(tenant, body.completion_id)
         elif body.hit_id is not None:
@@ -223,14 +223,12 @@ class CacheRoutes:
                     "invalid_hit_id",
                 )
         if served is not None:
-            entry_id = served.entry_id
-            kind = DisputeSignal if served.disputed else FeedbackSignal
+            entry_id, dispute = served.entry_id, served.dispute
             if similarity is None:
                 similarity = served.similarity
         else:
-            entry_id = validate_entry_id(body.entry_id)
-            kind = DisputeSignal if body.disputed else FeedbackSignal
-        signal = kind(
+            entry_id, dispute = validate_entry_id(body.entry_id), disputed(body)
+        signal = FeedbackSignal(
             entry_id=entry_id,
             tenant_id=tenant,
             positive=body.positive,
@@ -240,6 +238,16 @@ class CacheRoutes:
             served=served is not None and served.hit,
             hit=served.hit_number if served is not None else None,
         )
+        if dispute is not None:  # a reaction to the answer that disputes the entry
+            signal = DisputeSignal(
+                entry_id,
+                tenant,
+                body.positive,
+                body.magnitude,
+                body.source,
+                similarity=similarity,
+                dispute=dispute,
+            )
         await self.manager.feedback(signal)
         return FeedbackResponse(applied=True, entry_id=entry_id)
 
@@ -466,6 +474,22 @@ async def _warm(ctx: ServiceContext) -> None:
                 log.warning("tenant %s: index not built yet: %s", tenant, exc)
                 await asyncio.sleep(1.0)
     ctx.warmed = True
+
+
+def disputed(body: FeedbackRequest) -> str | None:
+    """The dispute a reaction by entry id answers (``dispute_id``, the put's), else
+    None; a 422 for ``disputed`` without it: a reaction settles only the dispute it
+    names, never one another answer recorded on the entry since."""
+    if body.dispute_id is not None:
+        return body.dispute_id
+    if body.disputed:
+        raise ApiError(
+            422,
+            'a reaction to a disputed answer names its dispute: send the put\'s "dispute_id"',
+            "invalid_request_error",
+            "dispute_id_missing",
+        )
+    return None
 
 
 def _version() -> str:

@@ -38,9 +38,9 @@ async def tenant_of(
     token = credentials.credentials.strip()
     if not looks_like_token(token):
         raise refusal(ctx, "invalid_api_key", "malformed API key: expected zk_ and 43 characters")
-    record = await ctx.keys.api_key(token_digest(token))
+    record, any_keys = await ctx.keys.find_api_key(token_digest(token))  # one round trip
     if record is None:
-        if not await ctx.keys.has_api_keys():  # asked only of a key not found
+        if not any_keys:
             raise refusal(ctx, "no_api_keys", NO_KEYS)
         raise refusal(ctx, "invalid_api_key", "unknown API key")
     if not record.active:

@@ -86,8 +86,9 @@ class Served:
     #: the hit's number (``CacheHit.hit_number``; None: a miss, or not known)
     hit_number: int | None = None
     #: the upstream's answer was not cached but disputes the entry (``PutResult.disputed``):
-    #: feedback on it is a ``DisputeSignal``
-    disputed: bool = False
+    #: the dispute's id (``PutResult.dispute_id``; feedback on it is a ``DisputeSignal``
+    #: that settles that dispute only), else None
+    dispute: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,17 +182,18 @@ class Coordination:
         *,
         hit: bool = False,
         number: int = 0,
-        disputed: bool = False,
+        dispute: str | None = None,
     ) -> bool:
         """Map ``completion_id`` to the entry it was answered with (expires); ``hit``: it
         was served from the cache, the entry's serve ``number`` (``CacheHit.hit_number``);
-        for an answer ``disputed``, to the entry it disputes. A Redis failure only logs:
-        the response is served all the same."""
+        for an answer that disputes the entry, the ``dispute``'s id
+        (``PutResult.dispute_id``). A Redis failure only logs: the response is served
+        all the same."""
         mapped = {"t": tenant, "e": entry_id, "s": round(similarity, 6), "h": 1 if hit else 0}
         if hit and number > 0:
             mapped["n"] = number
-        if disputed:
-            mapped["d"] = 1
+        if dispute is not None:
+            mapped["d"] = dispute
         value = json.dumps(mapped)
         try:
             await self.storage.remember_completion(
@@ -220,7 +222,10 @@ class Coordination:
             if not isinstance(number, int) or isinstance(number, bool) or number < 1:
                 number = None
             e, s, h = str(value["e"]), float(value["s"]), bool(value.get("h"))
-            return Served(e, s, h, number, bool(value.get("d")))
+            dispute = value.get("d")
+            if dispute is not None and not isinstance(dispute, str):
+                dispute = ""  # a mapping written before disputes had ids
+            return Served(e, s, h, number, dispute)
         except (ValueError, KeyError, TypeError):
             log.warning("tenant %s: completion id %s maps to %r", tenant, completion_id, raw)
             return None

@@ -140,8 +140,13 @@ class PutResponse(BaseModel):
     disputed: bool = Field(
         default=False,
         description="Not stored: the answer disputes the cached entry ``compared_id`` (held "
-        'out until settled). Feedback on it, ``{"entry_id": compared_id, "disputed": '
-        "true, ...}``, settles the dispute.",
+        'out until settled). Feedback on it, ``{"entry_id": compared_id, "dispute_id": '
+        "dispute_id, ...}``, settles the dispute.",
+    )
+    dispute_id: str | None = Field(
+        default=None,
+        description="The id of the dispute a ``disputed`` answer recorded: a reaction "
+        "sends it, and settles that dispute only (not one another answer recorded since).",
     )
 
 
@@ -167,9 +172,17 @@ class FeedbackRequest(_Strict):
     positive: bool
     disputed: bool = Field(
         False,
-        description="With ``entry_id``: the reaction is to the answer a ``/v1/put`` found "
-        "disputing that entry (its ``disputed``), not to the entry's own; it settles the "
-        "dispute (negative: the cached answer stays; positive: the disputed one replaces it).",
+        description="With ``entry_id`` and ``dispute_id``: the reaction is to the answer a "
+        "``/v1/put`` found disputing that entry (its ``disputed``), not to the entry's own.",
+    )
+    dispute_id: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.:-]*$",
+        description="With ``entry_id``: the ``dispute_id`` of the ``/v1/put`` whose answer "
+        "disputes that entry; the reaction is to that answer and settles that dispute only "
+        "(negative: the cached answer stays; positive: the disputed one replaces it). A "
+        "dispute settled meanwhile, or replaced by another, is left alone.",
     )
     magnitude: float = 1.0
     source: str = "user"

@@ -453,7 +453,8 @@ class ProxyRoutes:
             await co.remember(chat.tenant, completion_id, result.entry_id, 1.0)
         elif result.disputed and result.compared_id is not None:  # its feedback settles it
             mapped = True
-            await co.remember(chat.tenant, completion_id, result.compared_id, 1.0, disputed=True)
+            dispute = result.dispute_id or ""
+            await co.remember(chat.tenant, completion_id, result.compared_id, 1.0, dispute=dispute)
         return result.entry_id, result.verified, mapped
 
     async def look_up(self, tenant: str, key: ChatKey) -> CacheHit | None:

@@ -268,8 +268,8 @@ class EntryPlans(PlanBase):
         served as the question's own entry, at similarity 1 and under ``own_bar`` too.
         Whatever the status, the outcome's ``own`` is the entry the digest names.
         ``own_bar`` without ``asked``: this entry is the question's own, under an error
-        bound. Under a bound, the question's own entry is not served while it carries a
-        dispute (``DISPUTED``: two answers disagreed, a verification settles it).
+        bound. A disputed entry (``DISPUTED``) is served as a near match to no other question,
+        and under a bound not as its question's own (the next answer or a reaction settles it).
 
         ``rivals`` (with ``asked``): ``(id, similarity)`` of the lookup's candidates
         within ``similarity_tie_margin`` of this one. It is served only if the ranking

@@ -32,6 +32,7 @@ from zerda_cache.storage.plans import (
     PutFields,
     PutOutcome,
     ReadPlan,
+    ScriptCall,
     StateArrays,
     StateBatch,
     StoragePlans,
@@ -57,26 +58,39 @@ class EntryStore(StorageCore):
     """Entries: every write of one is a Lua script; reads batch in one pipeline."""
 
     def put_flow(
-        self, tenant: str, query: str, response: str, embedding: object, **fields: Unpack[PutFields]
+        self,
+        tenant: str,
+        query: str,
+        response: str,
+        embedding: object,
+        *,
+        approves: tuple[str, str] | None = None,
+        **fields: Unpack[PutFields],
     ) -> Flow[PutOutcome]:
         """Store a new entry atomically (hash, ids, exact-match map, log, counters).
+        ``approves``: ``(entry id, nonce)`` of the dispute a reaction approved, this
+        answer the one it recorded: stored only while that entry still carries that
+        dispute (``plan_approve``).
 
         Raises:
             InvalidTenantError, InvalidEmbeddingError, DimensionMismatchError,
             InvalidEntryError: bad input; nothing is written.
+            DisputeSettled: with ``approves``, the dispute was settled meanwhile.
             StorageError: Redis failed.
         """
-        plan = self.plan_put(tenant, query, response, embedding, **fields)
+
+        def plan(given: PutFields) -> ScriptCall[PutOutcome]:
+            call = self.plan_put(tenant, query, response, embedding, **given)
+            return call if approves is None else self.plan_approve(call, tenant, *approves)
+
         try:
-            out = yield from self.run_flow(plan)
+            out = yield from self.run_flow(plan(fields))
         except DimensionLost as lost:
             # The cfg hash lost the dimension while entries remain: the entries' majority
             # decides it, never this put alone (nor one corrupt entry).
             dim = yield from self.restore_dim_flow(tenant)
             again: PutFields = {**fields, "index_dim": lost.dim if dim is None else dim}
-            out = yield from self.run_flow(
-                self.plan_put(tenant, query, response, embedding, **again)
-            )
+            out = yield from self.run_flow(plan(again))
         if self.needs_registration(tenant):
             yield from self.command_flow("register tenant", "sadd", self.tenants_key, tenant)
             self.registered_tenants.add(tenant)

@@ -5,6 +5,7 @@ the proxy answered with, and the leases that coalesce identical upstream calls.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from zerda_cache.apikeys import ApiKey
 from zerda_cache.core.errors import (
@@ -15,6 +16,7 @@ from zerda_cache.storage.driver import Flow, call, op, wrap_errors
 from zerda_cache.storage.executor import StorageCore
 from zerda_cache.storage.keys import api_keys_key
 from zerda_cache.storage.plans import (
+    ReadPlan,
     ScriptCall,
 )
 
@@ -85,6 +87,32 @@ class ServiceStore(StorageCore):
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(key, f"record of {digest[:12]}: {exc}") from exc
 
+    def find_api_key_flow(self, digest: str) -> Flow[tuple[ApiKey | None, bool]]:
+        """``api_key_flow`` and ``has_api_keys_flow`` in one round trip: the record of
+        the key whose token has this digest, and whether the store holds any record (an
+        unknown key's refusal says when none is: the store was lost). The service's
+        check of every request's key.
+
+        Raises:
+            CorruptEntryError: the stored record does not decode.
+        """
+        key = api_keys_key(self.config.key_prefix)
+
+        def queue(pipe: Any) -> None:
+            pipe.hget(key, digest)
+            pipe.exists(key)
+
+        def parse(res: list[Any]) -> tuple[ApiKey | None, bool]:
+            raw, held = res
+            if raw is None:
+                return None, bool(held)
+            try:
+                return ApiKey.decode(raw), True
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptEntryError(key, f"record of {digest[:12]}: {exc}") from exc
+
+        return (yield from self.read_flow(ReadPlan("api key", queue, parse, 2)))
+
     def has_api_keys_flow(self) -> Flow[bool]:
         """Whether the key store holds any record (revoked ones included): none after an
         empty restart or a flush of the Redis it lives in."""
@@ -129,6 +157,7 @@ class ServiceStore(StorageCore):
     add_api_key = op(add_api_key_flow)
     api_key = op(api_key_flow)
     has_api_keys = op(has_api_keys_flow)
+    find_api_key = op(find_api_key_flow)
     api_keys = op(api_keys_flow)
     revoke_api_keys = op(revoke_api_keys_flow)
     ping = op(ping_flow)

@@ -33,6 +33,7 @@ from zerda_cache.storage.replies import (
     STATE_HASH_FIELDS,
     LabelLogRows,
     LogDelta,
+    PutOutcome,
     ReadPlan,
     ScriptCall,
     StateBatch,
@@ -57,8 +58,30 @@ class Dispute(NamedTuple):
     answer: str
     #: the disputed put's own settings, for storing its answer should a reaction settle
     #: the dispute for it: any of ``ttl_s``, ``quality``, ``metadata``, ``tags`` and
-    #: ``usage`` (``[model, prompt_tokens, completion_tokens]``) the put gave
+    #: ``usage`` (a mapping, as ``LLMUsage.of`` takes it) the put gave (``put_fields``)
     put: dict[str, Any]
+    #: which dispute this is (random, written with it): a reaction names the dispute it
+    #: answers (``DisputeSignal.dispute``), and settles only that one; ``""`` for a
+    #: dispute written without one
+    nonce: str = ""
+
+
+class DisputeSettled(Exception):
+    """The put script's answer when the dispute a reaction approved was settled
+    meanwhile (``plan_approve``): nothing stored. Never reaches a caller."""
+
+    def __init__(self, entry_id: str) -> None:
+        super().__init__(f"the dispute on {entry_id} was settled meanwhile")
+
+
+#: The arguments of a put with neither tags nor usage (``put.lua``: ARGV[1 .. 15]).
+PUT_ARGS = 15
+
+
+def exact_bin(level: int) -> str:
+    """The calibration bin of exact repeats at ``level``: ``e`` below level 1 (an
+    unconfirmed entry), ``e<k>`` at level k. The one rule of the label suffix."""
+    return f"e{level}" if level >= 1 else "e"
 
 
 def dispute_of(raw: bytes | None, key: str) -> Dispute | None:
@@ -71,9 +94,10 @@ def dispute_of(raw: bytes | None, key: str) -> Dispute | None:
         log.warning("undecodable dispute on %s ignored", key)
         return None
     put = rest[0] if rest and isinstance(rest[0], dict) else {}
+    nonce = rest[1] if len(rest) > 1 and isinstance(rest[1], str) else ""
     if isinstance(level, bool) or not isinstance(level, int) or not isinstance(answer, str):
         return None
-    return Dispute(level, answer, put)
+    return Dispute(level, answer, put, nonce)
 
 
 class TenantPlans(PlanBase):
@@ -371,12 +395,13 @@ class TenantPlans(PlanBase):
         level: int,
         fresh: str,
         put: Mapping[str, Any] | None = None,
+        nonce: str = "",
     ) -> ScriptCall[bool]:
         """Plan recording on ``entry_id`` (a question's own entry at exact-repeat
         ``level``) the fresh answer ``fresh`` that disagreed with it, with the disputed
-        put's own settings ``put`` (``Dispute.put``); its wrong label the entry's next
-        verification may take back (``dispute.lua``)."""
-        payload = msgpack.packb([int(level), fresh, dict(put or {})])
+        put's own settings ``put`` (``Dispute.put``) and the dispute's ``nonce``; its
+        wrong label the entry's next verification may take back (``dispute.lua``)."""
+        payload = msgpack.packb([int(level), fresh, dict(put or {}), nonce])
         keys = [self.keys(tenant).entry(entry_id)]
         return ScriptCall("dispute", keys, [payload], lambda res: bool(int(res)))
 
@@ -390,23 +415,36 @@ class TenantPlans(PlanBase):
         return ReadPlan("read dispute", queue, lambda res: dispute_of(res[0], key), 1)
 
     def plan_resolve(
-        self, tenant: str, entry_id: str, level: int, was_right: bool
+        self, tenant: str, entry_id: str, level: int, was_right: bool, nonce: str
     ) -> ScriptCall[bool]:
-        """Plan taking ``entry_id``'s dispute away; ``was_right``: the next answer agreed
-        with the entry's, so its wrong label becomes a right one."""
+        """Plan taking ``entry_id``'s dispute away if it is still the one ``nonce``
+        names (``Dispute.nonce``: False otherwise, nothing written); ``was_right``: the
+        cached answer was right after all, so its wrong label becomes a right one."""
         k = self.keys(tenant)
-        suffix = f"e{level}" if level else "e"
-        args = ["1" if was_right else "0", suffix]
+        args = ["1" if was_right else "0", exact_bin(level), nonce]
         return ScriptCall("resolve", [k.entry(entry_id), k.cal], args, lambda r: bool(int(r)))
 
-    def plan_settle(
-        self, tenant: str, entry_id: str, was_right: bool
-    ) -> ScriptCall[Dispute | None]:
-        """``plan_resolve`` at the level the dispute recorded, returning the dispute taken
-        away (``None``: none, settled meanwhile): a reaction settles it (``react_flow``)."""
-        k = self.keys(tenant)
-        key, args = k.entry(entry_id), ["1" if was_right else "0", "", "1"]
-        return ScriptCall("resolve", [key, k.cal], args, lambda r: dispute_of(r or None, key))
+    def plan_approve(
+        self, put: ScriptCall[PutOutcome], tenant: str, entry_id: str, nonce: str
+    ) -> ScriptCall[PutOutcome]:
+        """``put`` (``plan_put``) storing the answer a reaction approved in place of
+        ``entry_id``, the entry it disputes: refused (``DisputeSettled``) unless that
+        entry still carries the dispute ``nonce`` names (``put.lua``, KEYS[9+N])."""
+        args, keys = list(put.args), list(put.keys)
+        if len(args) == PUT_ARGS:  # a put with neither tags nor usage sends neither
+            args.append(0)
+            keys.append(self.keys(tenant).tags)
+        if len(args) == PUT_ARGS + 1 + int(args[PUT_ARGS]):  # no usage
+            args += ["", "", ""]
+        args.append(nonce)
+        keys.append(self.keys(tenant).entry(entry_id))
+
+        def parse(res: Any) -> PutOutcome:
+            if int(res[0]) == -4:
+                raise DisputeSettled(entry_id)
+            return put.parse(res)
+
+        return ScriptCall("put", keys, args, parse)
 
     def plan_calibrate(
         self,

@@ -4,7 +4,8 @@
 -- left out by a put with neither tags nor usage.  ARGV: see below.
 -- returns {1, displaced_id or '', created_at (string)}
 -- stored; {-1, tenant_dim} dimension mismatch; {-2} an entry with this id already exists;
--- {-3} the tenant's dimension is lost and unknown to the caller (see ARGV[15]).
+-- {-3} the tenant's dimension is lost and unknown to the caller (see ARGV[15]);
+-- {-4} the dispute it approves was settled meanwhile (see KEYS[9+N]).
 -- ARGV[1] now ('' = server TIME)  ARGV[2] entry id  ARGV[3] doc (msgpack)
 -- ARGV[4] vec (codec.encode_vector: by default 'h' then float16 bytes, or float32 bytes)
 -- ARGV[5] dim  ARGV[6] digest of (normalised query, scope)
@@ -19,7 +20,24 @@
 -- ARGV[16] N, the number of tags  ARGV[17 .. 16+N] the tags' names
 -- ARGV[17+N] the model of the LLM call that made the answer ('' = no usage given)
 -- ARGV[18+N] its prompt tokens  ARGV[19+N] its completion tokens
+-- KEYS[9+N] (with ARGV[16 .. 19+N] all sent) and ARGV[20+N]: the entry a reaction
+-- approving the dispute on it replaces (PutSteps.react_flow), and that dispute's nonce.
+-- The answer is stored only while that entry still carries that dispute (not one
+-- recorded since), else the reply is {-4} (settled meanwhile; nothing written): the
+-- dispute stays until this put is done (the entry held out of near matches meanwhile),
+-- and goes with the entry's hash when it is evicted after; a put refused (a full
+-- server) leaves it for a retried reaction.
 -- The TTL is the caller's, else the tenant's override (cfg 'ttl'), else the default.
+-- Whether a dispute as dispute.lua wrote it (msgpack [level, answer, settings, nonce];
+-- false: none) is the one ``nonce`` names ('' names one written without a nonce).
+local function dispute_is(raw, nonce)
+  if not raw then
+    return false
+  end
+  local ok, dispute = pcall(cmsgpack.unpack, raw)
+  return ok and type(dispute) == 'table' and (dispute[4] or '') == nonce
+end
+
 local now = zc_now(ARGV[1])
 local id, dim, digest, scope = ARGV[2], tonumber(ARGV[5]), ARGV[6], ARGV[7]
 
@@ -41,12 +59,16 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-2}
 end
+local n_tags = tonumber(ARGV[16]) or 0
+local approves = KEYS[9 + n_tags]
+if approves and not dispute_is(redis.call('HGET', approves, 'dsp'), ARGV[20 + n_tags]) then
+  return {-4}
+end
 if not tenant_dim then
   redis.call('HSET', KEYS[6], 'dim', dim)
 end
 
 local meta = {v = 1, ct = now, ttl = ttl, sc = scope, dim = dim}
-local n_tags = tonumber(ARGV[16]) or 0
 if n_tags > 0 then
   local tags = {}
   for i = 1, n_tags do
