@@ -17,8 +17,13 @@ from conftest import unit
 from zerda_cache import CacheConfig, EvictionConfig
 from zerda_cache.cli import cli
 from zerda_cache.storage import RedisStorage
-from zerda_cache.storage.keys import tenant_keys
-from zerda_cache.storage.reports import REPORT_TTL_S, SettingsReporter
+from zerda_cache.storage.keys import process_key, tenant_keys
+from zerda_cache.storage.reports import (
+    PAYLOAD_TTL_S,
+    REPORT_EVERY_S,
+    REPORT_TTL_S,
+    SettingsReporter,
+)
 from zerda_cache.worker.eviction import EvictionReport
 from zerda_cache.worker.maintenance import Maintenance
 from zerda_cache.worker.scheduler import Worker
@@ -116,52 +121,102 @@ def test_a_report_is_said_once_in_a_while_and_a_stopped_process_leaves_no_trace(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:
     """Reports ride on policy refreshes, at most every REPORT_EVERY_S a tenant (never
-    on the hit path); report.lua drops reports older than REPORT_TTL_S and the hash
+    on the hit path); report.lua drops members older than REPORT_TTL_S and the set
     expires when nobody reports."""
     replica = make_manager()
     reporter = replica.storage.reporter
     for _ in range(3):
         replica.lookup("q", tenant="acme", embedding=unit(1, 8))
     assert reporter.due("acme") is False  # said by the first lookup, not due again yet
-    rep = tenant_keys("acme").rep
-    assert redis_client.hlen(rep) == 1 and 0 < redis_client.pttl(rep) <= REPORT_TTL_S * 1000
+    srv = tenant_keys("acme").srv
+    assert redis_client.zcard(srv) == 1 and 0 < redis_client.pttl(srv) <= REPORT_TTL_S * 1000
     st = RedisStorage(redis_client)
     old = SettingsReporter(CacheConfig(), "replica", process="gone")
+    st.run(old.publish("zc"))
     st.run(old.plan(tenant_keys("acme"), now="1000"))
     assert [r.process for r in st.settings_reports("acme")] == [reporter.process]  # aged out
     later = SettingsReporter(CacheConfig(), "worker", process="w")
     assert st.run(later.plan(tenant_keys("acme"), now=repr(1000 + REPORT_TTL_S + 1))) == 2
-    assert sorted(f.decode() for f in redis_client.hkeys(rep)) == sorted(
+    assert sorted(m.decode() for m in redis_client.zrange(srv, 0, -1)) == sorted(
         [reporter.process, "w"]
     )  # "gone" was dropped by the next report
+
+
+def test_a_process_stores_its_settings_once_and_each_tenant_only_who_serves_it(
+    make_manager: Any, redis_client: redis.Redis, redis_url: str
+) -> None:
+    """The ~750-byte report was stored per (tenant, process) and rewritten every 15 s:
+    10,000 tenants x 10 replicas held ~80 MB of the same few payloads. Now the payload
+    is one key a process, written at most every REPORT_EVERY_S, and a tenant holds
+    only which processes serve it, with when."""
+    replica = make_manager(CacheConfig(max_error_rate=0.05))
+    reporter = replica.storage.reporter
+    proc = process_key(reporter.process)
+    tenants = ("acme", "beta", "gamma")
+    for tenant in tenants:
+        replica.lookup("q", tenant=tenant, embedding=unit(1, 8))
+    assert redis_client.get(proc) == reporter.payload.encode()
+    assert 0 < redis_client.pttl(proc) <= PAYLOAD_TTL_S * 1000
+    for tenant in tenants:
+        srv = tenant_keys(tenant).srv
+        assert redis_client.type(srv) == b"zset", tenant
+        assert [m for m, _ in redis_client.zrange(srv, 0, -1, withscores=True)] == [
+            reporter.process.encode()
+        ]
+        assert not redis_client.exists(tenant_keys(tenant).base + "rep")  # no payload there
+        assert "max error rate 5.00% (configuration of 1 replica)" in show(redis_url, tenant)
+
+    # Written at most every REPORT_EVERY_S: the next tenant's report within that time
+    # stamps the tenant only; past it, the payload is written again.
+    redis_client.delete(proc)
+    replica.lookup("q", tenant="delta", embedding=unit(1, 8))
+    assert redis_client.zcard(tenant_keys("delta").srv) == 1 and not redis_client.exists(proc)
+    assert reporter.published is not None
+    reporter.published -= REPORT_EVERY_S
+    replica.lookup("q", tenant="epsilon", embedding=unit(1, 8))
+    assert redis_client.get(proc) == reporter.payload.encode()
+    # A member whose payload is gone (its process stopped) is no report.
+    redis_client.delete(proc)
+    assert RedisStorage(redis_client).settings_reports("acme") == []
 
 
 def test_a_replica_on_a_cluster_reports_too(
     redis_cluster: Any, cluster_client: Any, make_manager: Any
 ) -> None:
-    """The report rides in the policy read's pipeline: on Redis Cluster as elsewhere."""
-    replica = make_manager(
-        CacheConfig(redis_timeout_s=5.0, max_error_rate=0.05), url=redis_cluster.url, cluster=True
-    )
+    """The report rides in the policy read's pipeline: on Redis Cluster as elsewhere;
+    the processes' payloads live in slots of their own, apart from the tenant's keys
+    (a plain MGET of them would be refused: CROSSSLOT)."""
+    config = CacheConfig(redis_timeout_s=5.0, max_error_rate=0.05)
+    replica = make_manager(config, url=redis_cluster.url, cluster=True)
+    other = make_manager(config, url=redis_cluster.url, cluster=True)
     writer = make_manager(url=redis_cluster.url, cluster=True)
+    for manager, name in ((replica, "replica a"), (other, "replica b")):  # slots known
+        storage = getattr(manager, "target", manager).storage  # (an async one: Blocking)
+        storage.reporter = SettingsReporter(config, "replica", process=name)
+    procs = ["replica a", "replica b"]
+    slots = {cluster_client.keyslot(process_key(p)) for p in procs}
     for tenant in ("t1", "tenant-three"):
         writer.put("q", "a", tenant=tenant, embedding=unit(1, 8))
         replica.lookup("q", tenant=tenant, embedding=unit(1, 8))
+        other.lookup("q", tenant=tenant, embedding=unit(1, 8))
         reports = RedisStorage(cluster_client).settings_reports(tenant)
-        assert [r.process for r in reports] == [replica.storage.reporter.process], tenant
-        assert reports[0].settings["max_error_rate"] == 0.05
+        assert [r.process for r in reports] == procs, tenant
+        assert [r.settings["max_error_rate"] for r in reports] == [0.05, 0.05]
+        slots.add(cluster_client.keyslot(tenant_keys(tenant).srv))
+    assert len(slots) == 4  # each payload, and each tenant's set, in a slot of its own
 
 
 def test_a_report_written_by_hand_breaks_no_tenant_show(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
-    """Fields that do not read are left out; a value no configuration takes is shown as
-    reported, and the policy stays this command's."""
+    """Payloads that do not read are left out; a value no configuration takes is shown
+    as reported, and the policy stays this command's."""
     RedisStorage(redis_client).put("acme", "q", "a", unit(1, 8))
     now = float(redis_client.time()[0])
     bad = json.dumps({"role": "worker", "settings": {"max_entries": -5}})
-    redis_client.hset(
-        tenant_keys("acme").rep, mapping={"w": f"{now} {bad}", "x": "garbage", "y": f"{now} {{"}
-    )
+    redis_client.zadd(tenant_keys("acme").srv, {"w": now, "x": now, "y": now, "z": now})
+    redis_client.set(process_key("w"), bad)
+    redis_client.set(process_key("x"), "garbage")
+    redis_client.set(process_key("y"), "{")
     out = show(redis_url, "acme")
     assert "settings reported by 1 worker" in out and "max entries -5 (configuration" in out, out

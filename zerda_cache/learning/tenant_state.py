@@ -171,9 +171,7 @@ class PolicyCache:
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = [read_policy(st, tenant)]
         if register:  # with the settings this process applies, when due
             parts.append(st.register(tenant))
-            report = st.report_settings(tenant)
-            if report is not None:
-                parts.append(report)
+            parts.extend(st.report_settings(tenant))
         replies = yield from st.read_flow(st.batch("policy", parts))
         policy: TenantPolicy = replies[0]
         self.cached[tenant] = (mono, policy)

@@ -67,8 +67,7 @@ class CycleContext:
         With it, when due, the worker's report of its own settings (``storage/reports.py``:
         best effort: a report that fails is said again at a later pass)."""
         policy = TenantState(self.storage).policy(tenant)
-        report = self.storage.report_settings(tenant)
-        if report is not None:
+        for report in self.storage.report_settings(tenant):
             try:
                 self.storage.run(report)
             except StorageError as exc:
