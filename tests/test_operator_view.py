@@ -3,9 +3,11 @@ workers serve under as ``zerda-cache tenant show`` reports them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from conftest import unit
 
 from zerda_cache import CacheConfig, EvictionConfig
 from zerda_cache.cli import cli
+from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.storage import RedisStorage
 from zerda_cache.storage.keys import process_key, tenant_keys
 from zerda_cache.storage.reports import (
@@ -220,3 +223,47 @@ def test_a_report_written_by_hand_breaks_no_tenant_show(
     redis_client.set(process_key("y"), "{")
     out = show(redis_url, "acme")
     assert "settings reported by 1 worker" in out and "max entries -5 (configuration" in out, out
+
+
+def test_tenant_show_applies_every_reported_setting_and_keeps_the_good_ones(
+    make_manager: Any, redis_client: redis.Redis, redis_url: str
+) -> None:
+    """`tenant show` applied only four reported settings, by hand: what the bound serves
+    was computed under this command's own max_serve_error beside the replicas' bound,
+    and one value no configuration takes threw away every reported value."""
+    st = RedisStorage(redis_client)
+    st.put("acme", "q", "a", unit(1, 8))
+    for sim, right, wrong in ((0.96, 300, 1), (0.91, 300, 12)):
+        for positive, n in ((True, right), (False, wrong)):
+            for _ in range(n):
+                TenantState(st).label("acme", sim, positive)
+    config = CacheConfig(max_error_rate=0.05, max_serve_error=0.02, similarity_threshold=0.8)
+    replica = make_manager(config)
+    replica.lookup("q", tenant="acme", embedding=unit(1, 8))
+    theirs = TenantState(RedisStorage(redis_client, config)).policy("acme")
+    mine = TenantState(RedisStorage(redis_client, replace(config, max_serve_error=None)))
+    assert theirs.serving() != mine.policy("acme").serving()  # the ceiling tells
+    shown = json.loads(CliRunner().invoke(
+        cli, ["--redis-url", redis_url, "tenant", "show", "acme", "--json"]
+    ).output)  # fmt: skip
+    assert shown["serving"] == dataclasses.asdict(theirs.serving())
+    assert shown["effective"]["max_serve_error"] == 0.02
+    assert shown["effective"]["similarity_threshold"] == 0.8
+    assert shown["applied"]["similarity_threshold"] == [
+        {"value": 0.8, "processes": [replica.storage.reporter.process]}
+    ]
+    out = show(redis_url, "acme")
+    assert f"serves near matches from similarity {theirs.threshold():.3f}" in out, out
+
+    # A worker reports a capacity no configuration takes: that one stays this command's,
+    # the others are as reported.
+    now = float(redis_client.time()[0])
+    bad = {"role": "worker", "settings": {"max_entries": -5, "max_bytes": 4096}}
+    redis_client.zadd(tenant_keys("acme").srv, {"w": now})
+    redis_client.set(process_key("w"), json.dumps(bad))
+    shown = json.loads(CliRunner().invoke(
+        cli, ["--redis-url", redis_url, "tenant", "show", "acme", "--json"]
+    ).output)  # fmt: skip
+    assert shown["max_entries"] == CacheConfig().eviction.max_entries
+    assert shown["max_bytes"] == 4096 and shown["max_error_rate"] == 0.05
+    assert shown["serving"] == dataclasses.asdict(theirs.serving())
