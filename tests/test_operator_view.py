@@ -267,3 +267,40 @@ def test_tenant_show_applies_every_reported_setting_and_keeps_the_good_ones(
     assert shown["max_entries"] == CacheConfig().eviction.max_entries
     assert shown["max_bytes"] == 4096 and shown["max_error_rate"] == 0.05
     assert shown["serving"] == dataclasses.asdict(theirs.serving())
+
+
+def test_the_worker_reports_in_the_round_trip_that_reads_the_policy(
+    redis_client: redis.Redis,
+) -> None:
+    """The worker's report was a round trip of its own after each tenant pass's policy
+    read (and metrics_job reads every tenant's policy every 15 s): it rides in the
+    read's pipeline now, as a replica's does."""
+    RedisStorage(redis_client).put("acme", "q", "a", unit(1, 8))
+    worker = Worker(redis_client, CacheConfig(eviction=EvictionConfig(max_entries=100_000)))
+    st = worker.storage
+    for call in st.report_settings("other"):  # its payload, and the scripts loaded
+        st.run(call)
+    wire, trips = st.wire, []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(wire, name)
+
+        def send(self, *args: Any) -> Any:
+            trips.append("EVALSHA")
+            return wire.send(*args)
+
+        def execute(self, pipe: Any) -> Any:
+            trips.append(f"pipeline of {len(pipe.command_stack)}")
+            return wire.execute(pipe)
+
+    st.wire = Counting()
+    worker.maintenance.policy("acme")
+    assert trips == ["pipeline of 3"]  # the policy read (2 commands) and the report
+    reports = RedisStorage(redis_client).settings_reports("acme")
+    assert [(r.process, r.settings["max_entries"]) for r in reports] == [
+        (worker.worker_id, 100_000)
+    ]
+    trips.clear()
+    worker.maintenance.policy("acme")  # not due again yet: the read alone
+    assert trips == ["pipeline of 2"]

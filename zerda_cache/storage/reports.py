@@ -114,7 +114,8 @@ class SettingsReporter:
 
 
 def _count(res: Any) -> int:
-    return int(res or 0)
+    """A report script's reply; 0 for an error reply a batch tolerated."""
+    return res if isinstance(res, int) else 0
 
 
 @dataclass(frozen=True, slots=True)
