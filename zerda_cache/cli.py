@@ -1063,31 +1063,27 @@ _LIMITS: dict[str, Callable[[Any], str]] = {
 
 def _as_applied(policy: TenantPolicy, reports: Sequence[ProcessReport]) -> TenantPolicy:
     """``policy`` (this command's configuration with the tenant's stored settings) with
-    each leading setting the tenant did not store as the processes that apply it
-    reported it, where they agree (``storage/reports.py``): so that the bound and what
-    it serves are the replicas', the capacity the worker's."""
-    changes: dict[str, Any] = {}
-    for setting in _LIMITS:
+    each setting the tenant did not store as the processes that apply it reported it,
+    where they agree (``storage/reports.py``): so that the bound, the per-serve ceiling
+    and what they serve are the replicas', the capacity the worker's. Applied as the
+    processes apply settings (``settings.apply_values``), each value on its own where
+    they do not go together: a value no configuration takes (a report written by hand)
+    leaves that setting this command's, and only it."""
+    from zerda_cache.core.settings import apply_values
+
+    reported: dict[str, Any] = {}
+    for setting, f in POLICY_FIELDS.items():
         groups = said(reports, setting)
-        if setting not in policy.stored and len(groups) == 1:
-            changes[setting] = groups[0][0]
-    if not changes:
+        if setting in policy.stored or len(groups) != 1:
+            continue
+        value = groups[0][0]
+        try:  # reported as JSON: typed as a stored value would be
+            reported[setting] = None if value is None else f.parse(value)
+        except ValueError:
+            continue
+    if not reported:
         return policy
-    cfg = policy.config
-    try:  # values a process reported: valid, unless the hash was written by hand
-        ev = replace(
-            cfg.eviction,
-            max_entries=changes.get("max_entries", cfg.eviction.max_entries),
-            max_bytes=changes.get("max_bytes", cfg.eviction.max_bytes),
-        )
-        config = replace(
-            cfg,
-            eviction=ev,
-            default_ttl_s=changes.get("ttl", cfg.default_ttl_s),
-            max_error_rate=changes.get("max_error_rate", cfg.max_error_rate),
-        )
-    except (TypeError, ValueError):
-        return policy
+    config, _, _ = apply_values(policy.config, reported)
     return replace(policy, config=config)
 
 
@@ -1125,8 +1121,8 @@ def _reports_text(reports: Sequence[ProcessReport]) -> str:
 def _tenant_json(
     st: RedisStorage, name: str, policy: TenantPolicy, reports: Sequence[ProcessReport]
 ) -> dict[str, Any]:
-    """``tenant show --json``: the effective policy and what the tenant learnt; the
-    leading settings as the processes that apply them reported them."""
+    """``tenant show --json``: the effective policy and what the tenant learnt; each
+    setting the tenant did not store as the processes that apply it reported it."""
     settings = st.tenant_settings(name)
     cfg, ev, cal = policy.config, policy.eviction, policy.calibration
     threshold = policy.threshold()
@@ -1138,7 +1134,7 @@ def _tenant_json(
         "reports": [dataclasses.asdict(r) for r in reports],
         "applied": {
             setting: [{"value": v, "processes": procs} for v, procs in said(reports, setting)]
-            for setting in _LIMITS
+            for setting in sorted(POLICY_FIELDS)
         },
         "max_entries": ev.max_entries,
         "max_bytes": ev.max_bytes,

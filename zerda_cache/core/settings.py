@@ -7,7 +7,8 @@ keep their short names: ``max_entries``, ``max_bytes``, ``ttl``, ``max_error_rat
 This module is the schema of that hash, beside ``config.py``: storage validates a change
 with ``check_changes`` before its script writes it, and
 ``zerda_cache.learning.tenant_policy.TenantPolicy`` applies the stored overrides with
-``resolve``.
+``resolve``, and ``zerda-cache tenant show`` the values processes report with
+``apply_values``.
 """
 
 from __future__ import annotations
@@ -131,6 +132,29 @@ def _apply(base: CacheConfig, values: Mapping[str, Any]) -> CacheConfig:
     return dataclasses.replace(base, **top) if top else base
 
 
+def apply_values(
+    base: CacheConfig, values: Mapping[str, Any]
+) -> tuple[CacheConfig, dict[str, Any], dict[str, str]]:
+    """``base`` with ``values`` (typed, by ``POLICY_FIELDS`` name) in place, all of them
+    when they apply together; else field by field, in name order (the same on every
+    process), keeping those that apply: the configuration, the values applied and those
+    left out (name -> why)."""
+    try:
+        return _apply(base, values), dict(values), {}
+    except (ValueError, TypeError):
+        pass
+    good: dict[str, Any] = {}
+    rejected: dict[str, str] = {}
+    for name in sorted(values):
+        try:
+            _apply(base, {**good, name: values[name]})
+        except (ValueError, TypeError) as exc:
+            rejected[name] = str(exc)
+        else:
+            good[name] = values[name]
+    return _apply(base, good), good, rejected
+
+
 @lru_cache(maxsize=1024)
 def _resolve(
     base: CacheConfig, stored: tuple[tuple[str, str], ...]
@@ -142,20 +166,9 @@ def _resolve(
             values[name] = POLICY_FIELDS[name].parse(raw)
         except ValueError as exc:
             rejected[name] = str(exc)
-    try:
-        config = _apply(base, values)
-    except ValueError:
-        # Keep what applies: field by field, in name order (the same on every process).
-        good: dict[str, Any] = {}
-        for name in sorted(values):
-            try:
-                _apply(base, {**good, name: values[name]})
-            except ValueError as exc:
-                rejected[name] = str(exc)
-            else:
-                good[name] = values[name]
-        values, config = good, _apply(base, good)
-    return config, tuple(sorted(values.items())), tuple(sorted(rejected.items()))
+    config, applied, left_out = apply_values(base, values)
+    rejected.update(left_out)
+    return config, tuple(sorted(applied.items())), tuple(sorted(rejected.items()))
 
 
 def resolve(
@@ -238,6 +251,7 @@ __all__ = [
     "POLICY_FIELDS",
     "RESERVED",
     "PolicyField",
+    "apply_values",
     "check_changes",
     "flatten",
     "resolve",

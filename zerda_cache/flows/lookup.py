@@ -452,8 +452,7 @@ class LookupSteps:
         if refresh:  # read the policy again for the next lookups, in this round trip
             trip.read_policy(read_policy(st, tenant))
             trip.send(st.register(tenant))
-            said = st.report_settings(tenant)  # the settings this replica applies
-            if said is not None:
+            for said in st.report_settings(tenant):  # the settings this replica applies
                 trip.send(said)
         if lookup.plan is not None:
             trip.try_hit(lookup.plan)

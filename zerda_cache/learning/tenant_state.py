@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from zerda_cache.core.validation import validate_tenant
@@ -82,9 +83,21 @@ class TenantFlows:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
 
-    def policy_flow(self, tenant: str) -> Flow[TenantPolicy]:
-        """The tenant's policy as this storage's configuration resolves it."""
-        return (yield from self.storage.read_flow(read_policy(self.storage, tenant)))
+    def policy_flow(self, tenant: str, *, report: bool = False) -> Flow[TenantPolicy]:
+        """The tenant's policy as this storage's configuration resolves it. ``report``:
+        with this process's report of its settings when due, in the same round trip
+        (the worker's passes: ``worker/cycle_context.py``), best effort: a report whose
+        reply is an error leaves the policy read as it is."""
+        st = self.storage
+        plan = read_policy(st, tenant)
+        calls = st.report_settings(tenant) if report else []
+        if not calls:
+            return (yield from st.read_flow(plan))
+        batch = st.batch("policy", [plan, *calls])
+        said = tuple(range(plan.size, batch.size))  # the report's replies, after the read
+        replies = yield from st.read_flow(replace(batch, tolerant=batch.tolerant + said))
+        policy: TenantPolicy = replies[0]
+        return policy
 
     def calibration_flow(self, tenant: str) -> Flow[Calibration]:
         """The tenant's labelled outcomes and stored error bound."""
@@ -171,9 +184,7 @@ class PolicyCache:
         parts: list[ReadPlan[Any] | ScriptCall[Any]] = [read_policy(st, tenant)]
         if register:  # with the settings this process applies, when due
             parts.append(st.register(tenant))
-            report = st.report_settings(tenant)
-            if report is not None:
-                parts.append(report)
+            parts.extend(st.report_settings(tenant))
         replies = yield from st.read_flow(st.batch("policy", parts))
         policy: TenantPolicy = replies[0]
         self.cached[tenant] = (mono, policy)

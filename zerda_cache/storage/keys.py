@@ -28,8 +28,9 @@ key                    type     holds
 ``p:{t}:seen``         list     under a bound: lookups' features in batches (msgpack), for
                                 rescoring the lookup counts under a new model (capped)
 ``p:{t}:bad``          set      ids replicas found undecodable, for the worker to evict
-``p:{t}:rep``          hash     process id -> the settings that replica or worker applies
-                                to the tenant, with its time (reports.py; expires)
+``p:{t}:srv``          zset     id of each process that reported the settings it applies
+                                to the tenant -> server time of its report (reports.py;
+                                entries older than 60 s dropped; expires)
 ``p:{t}:ev``           set      ids of arms with evidence (a signal): the decay job's list
 ``p:{t}:snap``         hash     the worker's index snapshot: generation, log position, size
 ``p:{t}:snap:<g>:<i>`` string   chunk ``i`` of snapshot generation ``g``
@@ -43,6 +44,8 @@ key                    type     holds
 ``p:tenants``          set      known tenants (global; never touched inside a script)
 ``p:worker:leader``    string   the worker's lease
 ``p:worker:cycles``    stream   start/end of the worker's cycles (capped)
+``p:proc:<process>``   string   the settings that replica or worker applies where a tenant
+                                stored none, JSON (one key a process; reports.py; expires)
 ``p:apikeys``          hash     the HTTP service's API keys: token digest -> record
                                 (global; changed only by the apikey scripts)
 =====================  =======  ==========================================================
@@ -72,7 +75,7 @@ class TenantKeys:
     lab: str
     seen: str
     bad: str
-    rep: str
+    srv: str
     ev: str
     snap: str
     tags: str
@@ -120,7 +123,7 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
         lab=base + "lab",
         seen=base + "seen",
         bad=base + "bad",
-        rep=base + "rep",
+        srv=base + "srv",
         ev=base + "ev",
         snap=base + "snap",
         tags=base + "tags",
@@ -129,6 +132,12 @@ def tenant_keys(tenant: str, prefix: str = "zc") -> TenantKeys:
 
 def tenants_key(prefix: str = "zc") -> str:
     return f"{prefix}:tenants"
+
+
+def process_key(process: str, prefix: str = "zc") -> str:
+    """The settings one replica or worker applies (``storage/reports.py``): once a
+    process, not a tenant, so on Redis Cluster in a slot of its own."""
+    return f"{prefix}:proc:{process}"
 
 
 def cycles_key(prefix: str = "zc") -> str:

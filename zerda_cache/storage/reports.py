@@ -5,12 +5,20 @@ settings on top (``learning/tenant_policy.py``): a tenant that stored no error b
 served under the bound of each replica's own configuration, and evicted at the
 ``max_entries`` of the worker's. Only the processes know those values, so each one says
 them: a replica when it reads a tenant's policy for its lookups, the worker when its
-pass reads it, at most every ``REPORT_EVERY_S`` a tenant (never on a lookup's own: a
-policy refresh carries it). ``report.lua`` writes a process's report into the tenant's
-report hash (``p:{t}:rep``, one field a process, stamped with the server's time), drops
-the reports older than ``REPORT_TTL_S`` and lets the hash expire after that, so that a
-process that stopped leaves no trace. ``zerda-cache tenant show`` reads them
-(``TenantStore.settings_reports``) and says the values, and where the processes disagree.
+pass reads it, at most every ``REPORT_EVERY_S`` a tenant (never in a round trip of its
+own: it rides in the one that reads the policy).
+
+What a process applies is the same for every tenant it serves, so it is stored once a
+process: ``report_process.lua`` writes the payload (its role and ``config_values``, JSON)
+to ``p:proc:<process>``, at most every ``REPORT_EVERY_S`` (with the first tenant report
+due after that), expiring ``PAYLOAD_TTL_S`` later. A tenant holds only which processes
+serve it and when: ``report.lua`` stamps the process in the tenant's sorted set
+(``p:{t}:srv``, process id -> the server's time), drops the members older than
+``REPORT_TTL_S`` and lets the set expire after that, so that a process that stopped
+leaves no trace. ``zerda-cache tenant show`` reads the set and the payloads of its
+processes with one MGET (on Redis Cluster the payloads live in other slots than the
+tenant's keys: one MGET a slot; ``TenantStore.settings_reports``) and says the values,
+and where the processes disagree.
 """
 
 from __future__ import annotations
@@ -27,13 +35,17 @@ from typing import Any, Literal
 from zerda_cache.core.config import CacheConfig
 from zerda_cache.core.settings import POLICY_FIELDS
 from zerda_cache.storage.codec import text
-from zerda_cache.storage.keys import TenantKeys
+from zerda_cache.storage.keys import TenantKeys, process_key
 from zerda_cache.storage.replies import ScriptCall
 
 #: How long a report stands without being said again.
 REPORT_TTL_S = 60.0
-#: How often a process says it again, per tenant it reads the policy of.
+#: How often a process says it again, per tenant it reads the policy of; and at most
+#: how often it rewrites its payload.
 REPORT_EVERY_S = 15.0
+#: How long a process's payload stands: the tenants' members it stamped until its next
+#: rewrite (at most ``REPORT_EVERY_S`` later) stand ``REPORT_TTL_S``, and find it.
+PAYLOAD_TTL_S = REPORT_TTL_S + REPORT_EVERY_S
 
 Role = Literal["replica", "worker"]
 
@@ -48,8 +60,9 @@ def config_values(config: CacheConfig) -> dict[str, Any]:
 
 
 class SettingsReporter:
-    """One process's report (its role and ``config_values``), and when it last said it
-    for each tenant. ``due`` is called where the process reads a tenant's policy."""
+    """One process's report (its role and ``config_values``), when it last wrote it, and
+    when it last said it for each tenant. ``calls`` is used where the process reads a
+    tenant's policy."""
 
     def __init__(self, config: CacheConfig, role: Role, *, process: str | None = None) -> None:
         self.role = role
@@ -60,6 +73,8 @@ class SettingsReporter:
         self.payload = json.dumps(report, sort_keys=True, separators=(",", ":"))
         #: tenant -> monotonic time of its last report
         self.sent: dict[str, float] = {}
+        #: monotonic time the payload was last written (``None``: never yet)
+        self.published: float | None = None
 
     def due(self, tenant: str) -> bool:
         """Whether to say it for ``tenant`` now (then it counts as said)."""
@@ -72,11 +87,35 @@ class SettingsReporter:
         self.sent[tenant] = mono
         return True
 
+    def calls(self, keys: TenantKeys, prefix: str, now: str = "") -> list[ScriptCall[int]]:
+        """What to send where this process reads ``keys``' tenant's policy: nothing when
+        the tenant's report is not due; else the tenant's stamp (``plan``), after the
+        payload (``publish``) when it was written ``REPORT_EVERY_S`` ago or never."""
+        if not self.due(keys.tenant):
+            return []
+        mono = time.monotonic()
+        calls = []
+        if self.published is None or mono - self.published >= REPORT_EVERY_S:
+            self.published = mono
+            calls.append(self.publish(prefix))
+        calls.append(self.plan(keys, now))
+        return calls
+
     def plan(self, keys: TenantKeys, now: str = "") -> ScriptCall[int]:
-        """The ``report.lua`` call that says it for ``keys``' tenant (``now``: the
-        storage's injected time, '' for the server's)."""
-        args = [now, self.process, self.payload, repr(REPORT_TTL_S)]
-        return ScriptCall("report", [keys.rep], args, lambda res: int(res or 0))
+        """The ``report.lua`` call that stamps this process in ``keys``' tenant's set
+        (``now``: the storage's injected time, '' for the server's)."""
+        args = [now, self.process, repr(REPORT_TTL_S)]
+        return ScriptCall("report", [keys.srv], args, _count)
+
+    def publish(self, prefix: str) -> ScriptCall[int]:
+        """The ``report_process.lua`` call that writes this process's payload."""
+        args = [self.payload, str(int(PAYLOAD_TTL_S * 1000))]
+        return ScriptCall("report_process", [process_key(self.process, prefix)], args, _count)
+
+
+def _count(res: Any) -> int:
+    """A report script's reply; 0 for an error reply a batch tolerated."""
+    return res if isinstance(res, int) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,21 +130,26 @@ class ProcessReport:
     settings: Mapping[str, Any]
 
 
-def parse_reports(raw: Mapping[Any, Any], now: float) -> list[ProcessReport]:
-    """The standing reports of a report hash as ``HGETALL`` returns it, aged at ``now``
-    (the storage's clock; older ones and fields that do not read are left out)."""
+def parse_reports(
+    stamps: Sequence[tuple[Any, float]], payloads: Sequence[Any], now: float
+) -> list[ProcessReport]:
+    """The standing reports of a tenant: its set's members with their times, as
+    ``ZRANGEBYSCORE ... WITHSCORES`` returns them, and each one's payload, as ``MGET``
+    returns them, aged at ``now`` (the storage's clock). Older ones, processes whose
+    payload is gone and payloads that do not read are left out."""
     out = []
-    for field, value in raw.items():
-        at, _, body = text(value).partition(" ")
+    for (member, at), value in zip(stamps, payloads, strict=True):
+        if value is None:
+            continue
         try:
             age = now - float(at)
-            report = json.loads(body)
+            report = json.loads(text(value))
             settings = report["settings"]
             role = str(report["role"])
         except (ValueError, KeyError, TypeError):
             continue
         if age <= REPORT_TTL_S and isinstance(settings, dict):
-            out.append(ProcessReport(text(field), role, max(0.0, age), settings))
+            out.append(ProcessReport(text(member), role, max(0.0, age), settings))
     return sorted(out, key=lambda r: r.process)
 
 
@@ -130,6 +174,7 @@ def said(reports: Sequence[ProcessReport], name: str) -> list[tuple[Any, list[st
 
 
 __all__ = [
+    "PAYLOAD_TTL_S",
     "REPORT_EVERY_S",
     "REPORT_TTL_S",
     "ProcessReport",

@@ -64,9 +64,11 @@ FLAGS = {
     # wrong, the conservative side). Resolving one frees it.
     "dispute": "",
     "resolve": "allow-oom",
-    # A process's report of its settings: a few hundred bytes that it rewrites, and its
-    # own pcalls; a full server must not refuse the lookup that carries it.
+    # A process's report of its settings: a member of a tenant's set, and its payload of
+    # a few hundred bytes once a process, each rewritten in place, with their own
+    # pcalls; a full server must not refuse the lookup that carries them.
     "report": "allow-oom",
+    "report_process": "allow-oom",
 }
 SCRIPT_NAMES = (
     "put",
@@ -93,6 +95,7 @@ SCRIPT_NAMES = (
     "tag_sweep",
     "restore_entry",
     "report",
+    "report_process",
 )
 
 
@@ -140,6 +143,7 @@ class Scripts:
     tag_sweep: Any
     restore_entry: Any
     report: Any
+    report_process: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

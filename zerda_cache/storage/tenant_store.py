@@ -17,14 +17,19 @@ from zerda_cache.core.settings import POLICY_FIELDS, RESERVED, check_changes
 from zerda_cache.core.validation import validate_tenant
 from zerda_cache.storage.codec import text
 from zerda_cache.storage.driver import Flow, op
-from zerda_cache.storage.keys import cycles_key, leader_key
+from zerda_cache.storage.keys import cycles_key, leader_key, process_key
 from zerda_cache.storage.plans import (
     LogDelta,
     LogInfo,
     ReadPlan,
     ScriptCall,
 )
-from zerda_cache.storage.reports import ProcessReport, SettingsReporter, parse_reports
+from zerda_cache.storage.reports import (
+    REPORT_TTL_S,
+    ProcessReport,
+    SettingsReporter,
+    parse_reports,
+)
 from zerda_cache.storage.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -42,21 +47,33 @@ class TenantStore(SnapshotStore):
     #: applies, reported to each tenant whose policy it reads (``storage/reports.py``).
     reporter: SettingsReporter | None = None
 
-    def report_settings(self, tenant: str) -> ScriptCall[int] | None:
+    def report_settings(self, tenant: str) -> list[ScriptCall[int]]:
         """The report of this process's settings to ``tenant``, when one is due (sent in
-        the round trip that reads the tenant's policy); ``None`` when not, or when this
-        process reports nothing (the CLI)."""
+        the round trip that reads the tenant's policy: ``SettingsReporter.calls``);
+        empty when not, or when this process reports nothing (the CLI)."""
         reporter = self.reporter
-        if reporter is None or not reporter.due(tenant):
-            return None
-        return reporter.plan(self.keys(tenant), self.now_arg())
+        if reporter is None:
+            return []
+        return reporter.calls(self.keys(tenant), self.config.key_prefix, self.now_arg())
 
     def settings_reports_flow(self, tenant: str) -> Flow[list[ProcessReport]]:
         """The settings the replicas and workers that read ``tenant``'s policy lately
-        apply to it, one report a process (``storage/reports.py``)."""
+        apply to it, one report a process (``storage/reports.py``): the tenant's set of
+        processes, then their payloads in one MGET (on Redis Cluster they live in other
+        slots than the tenant's keys, and in each other's: one MGET a slot)."""
         now = yield from self.now_flow()
-        raw = yield from self.command_flow("settings reports", "hgetall", self.keys(tenant).rep)
-        return parse_reports(raw or {}, now)
+        srv = self.keys(tenant).srv
+        since = repr(now - REPORT_TTL_S)
+        stamps = yield from self.command_flow(
+            "settings reports", "zrangebyscore", srv, since, "+inf", withscores=True
+        )
+        if not stamps:
+            return []
+        prefix = self.config.key_prefix
+        keys = [process_key(text(member), prefix) for member, _ in stamps]
+        mget = "mget_nonatomic" if self.cluster else "mget"
+        payloads = yield from self.command_flow("settings reports", mget, keys)
+        return parse_reports(stamps, payloads, now)
 
     def stats_flow(self, tenant: str) -> Flow[dict[str, int]]:
         """The tenant's counters plus ``entries`` (live ids)."""

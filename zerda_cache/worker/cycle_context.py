@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from zerda_cache.core.config import EvictionConfig
-from zerda_cache.core.errors import FencedError, StorageError
+from zerda_cache.core.errors import FencedError
 from zerda_cache.learning.tenant_policy import TenantPolicy
 from zerda_cache.learning.tenant_state import TenantState
 from zerda_cache.storage import RedisStorage
@@ -64,13 +64,8 @@ class CycleContext:
         """The tenant's policy: this worker's configuration with the tenant's stored
         settings on top (``zerda_cache.learning.tenant_policy``), read at the start of each
         pass, so a change made with ``zerda-cache tenant set`` applies from the next cycle.
-        With it, when due, the worker's report of its own settings (``storage/reports.py``:
-        best effort: a report that fails is said again at a later pass)."""
-        policy = TenantState(self.storage).policy(tenant)
-        report = self.storage.report_settings(tenant)
-        if report is not None:
-            try:
-                self.storage.run(report)
-            except StorageError as exc:
-                log.debug("tenant %s: settings not reported: %s", tenant, exc)
-        return policy
+        With it, in the same round trip, when due, the worker's report of its own settings
+        (``storage/reports.py``): best effort, a report that fails is not retried before
+        ``REPORT_EVERY_S`` passed (it counts as said when it is sent), then with the next
+        pass that reads the tenant's policy."""
+        return TenantState(self.storage).policy(tenant, report=True)

@@ -1,12 +1,14 @@
--- KEYS[1] the tenant's report hash (rep)
--- ARGV[1] now ('' = server TIME)  ARGV[2] the reporting process's id  ARGV[3] its report
--- (JSON: role and settings)  ARGV[4] seconds a report stays
+-- KEYS[1] the tenant's set of reporting processes (srv)
+-- ARGV[1] now ('' = server TIME)  ARGV[2] the reporting process's id  ARGV[3] seconds a
+-- report stays
 -- returns the number of processes whose report stands, this one's included
--- One field a process, "<time> <report>": the settings a replica or worker applies to
--- the tenant when it stored nothing (zerda_cache/storage/reports.py). Reports older than
--- ARGV[4] are dropped here, and the hash expires ARGV[4] after its last report, so a
--- process that stopped leaves no trace. Every call is a pcall: a report never fails the
--- lookup or the worker pass that carries it.
+-- One member a process, scored by the time of its report: which replicas and workers
+-- apply their settings to the tenant where it stored none. What they apply is not here:
+-- it is the same for every tenant a process serves, so it lives once a process
+-- (report_process.lua, zerda_cache/storage/reports.py). Members older than ARGV[3] are
+-- dropped here, and the set expires ARGV[3] after its last report, so a process that
+-- stopped leaves no trace. Every call is a pcall: a report never fails the lookup or the
+-- worker pass that carries it.
 local now = ARGV[1]
 if now == '' then
   local t = redis.call('TIME')
@@ -14,25 +16,12 @@ if now == '' then
 else
   now = tonumber(now)
 end
-local keep = tonumber(ARGV[4])
-local fields = redis.pcall('HGETALL', KEYS[1])
-if type(fields) ~= 'table' or fields.err then
+local keep = tonumber(ARGV[3])
+redis.pcall('ZADD', KEYS[1], string.format('%.3f', now), ARGV[2])
+redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%.3f', now - keep))
+redis.pcall('PEXPIRE', KEYS[1], math.ceil(keep * 1000))
+local standing = redis.pcall('ZCARD', KEYS[1])
+if type(standing) ~= 'number' then
   return 0
 end
-local stale, standing = {}, 1
-for i = 1, #fields, 2 do
-  if fields[i] ~= ARGV[2] then
-    local at = tonumber(string.match(fields[i + 1], '^(%S+) '))
-    if at == nil or now - at > keep then
-      stale[#stale + 1] = fields[i]
-    else
-      standing = standing + 1
-    end
-  end
-end
-if #stale > 0 then
-  redis.pcall('HDEL', KEYS[1], unpack(stale))
-end
-redis.pcall('HSET', KEYS[1], ARGV[2], string.format('%.3f', now) .. ' ' .. ARGV[3])
-redis.pcall('PEXPIRE', KEYS[1], math.ceil(keep * 1000))
 return standing
