@@ -99,6 +99,33 @@ def test_a_bad_meta_is_a_miss_a_typed_feedback_error_and_no_index_entry(
     assert RedisStorage(redis_client).count("t") == len(ids) - 1
 
 
+@pytest.mark.parametrize("refresh", [False, True])
+@pytest.mark.parametrize(("field", "value"), BAD_META)
+def test_a_bad_meta_is_neither_served_nor_counted(
+    make_manager: Any, redis_client: redis.Redis, field: str, value: Any, refresh: bool
+) -> None:
+    """The hit script served such an entry (counting the hit, its use and the call it
+    saved) before the lookup refused its meta: the savings counted a hit that was a
+    miss. Now the script refuses it before any write and reports it."""
+    m = make_manager(CacheConfig(refresh_ttl_on_hit=refresh))
+    ids = fill(m.put, n=3)
+    bad = ids[1]
+    damage(redis_client, "t", bad, field, value)
+    k = tenant_keys("t")
+    state = redis_client.hget(k.st, bad)
+    expiry = redis_client.zscore(k.ids, bad)
+    assert m.lookup("question 1", tenant="t", embedding=unit(1)) is None  # its own entry
+    assert m.lookup("asked another way", tenant="t", embedding=near(unit(1), 0.97)) is None
+    stats = m.stats("t")
+    assert stats.get("hits", 0) == 0
+    assert stats.get("savings", {}).get("gpt-x", {}).get("calls", 0) == 0
+    assert redis_client.hget(k.st, bad) == state  # its use count and version unchanged
+    assert redis_client.zscore(k.ids, bad) == expiry
+    assert {e.decode() for e in redis_client.smembers(k.bad)} == {bad}
+    assert m.lookup("question 0", tenant="t", embedding=unit(0)) is not None  # the others
+    assert m.stats("t")["savings"]["gpt-x"]["calls"] == 1
+
+
 def test_export_leaves_it_out_and_reports_it_and_the_cli_goes_on(
     redis_client: redis.Redis, redis_url: str, tmp_path: Any
 ) -> None:

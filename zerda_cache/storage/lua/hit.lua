@@ -18,7 +18,8 @@
 -- through; the question's own entry (the digest names it) is never guarded.
 -- returns {1, state, doc, meta, the confidence before this use} served (the state as
 -- written: 120 bytes, zc_pack_state); {0} gone; {-1} expired;
--- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
+-- {-3} corrupt state, or a meta the lookup would refuse (zc_sound_meta), or its hash lost
+-- while its state and id remain (the last two reported in `bad`; nothing counted);
 -- {-4, expected reward at now} expected reward below the bar; {-5} similarity below the
 -- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
 -- {-7} a tie it may not win; {-8, expected reward at now} the entry carries a dispute
@@ -177,14 +178,15 @@ local function serve()
   if tied and not own and not first_of_tie(arm, use, similarity) then
     return {-7}
   end
-  if ARGV[7] == '1' then
-    local meta = zc_unpack(raw[1])
-    if not meta or type(meta.ttl) ~= 'number' then
-      return {-3}
-    end
-    if meta.ttl > 0 then
-      redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
-    end
+  -- Its meta, decoded once, as the lookup will decode it (codec.unpack_meta): one that
+  -- the lookup refuses is neither served nor counted, and is reported for eviction.
+  local meta = zc_sound_meta(raw[1])
+  if not meta then
+    redis.call('SADD', KEYS[5], id)
+    return {-3}
+  end
+  if ARGV[7] == '1' and meta.ttl > 0 then
+    redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
   end
   use.n = use.n + 1
   if now > use.la then
@@ -198,7 +200,7 @@ local function serve()
   redis.call('HINCRBY', KEYS[3], 'hits', 1)
   -- The call the hit saved (an answer put with its usage), counted in the same step that
   -- serves it: a wrong hit (feedback.lua) is never counted before its saving.
-  local model, prompt, completion = zc_usage(zc_unpack(raw[1]))
+  local model, prompt, completion = zc_usage(meta)
   if model then
     zc_count_usage(KEYS[3], 'saved', model, prompt, completion)
   end
