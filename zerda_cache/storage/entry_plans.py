@@ -4,7 +4,6 @@ upkeep. Each is one Lua script call (``storage/lua``), planned without I/O.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -435,9 +434,8 @@ class EntryPlans(PlanBase):
                 code = reply[0]
                 if code == 1:
                     wrong = None
-                    if len(reply) > 3:  # counted a wrong hit: its usage
-                        with contextlib.suppress(InvalidEntryError):  # (a hand-made model)
-                            wrong = LLMUsage(text(reply[3]), int(reply[4]), int(reply[5]))
+                    if len(reply) > 3:  # counted a wrong hit: its usage (zc_sound_usage)
+                        wrong = LLMUsage(text(reply[3]), int(reply[4]), int(reply[5]))
                     out.append(FeedbackOutcome(sig.entry_id, reply[1], reply[2], wrong))
                 elif code == 0:
                     out.append(EntryNotFoundError(tenant, sig.entry_id))

@@ -18,8 +18,9 @@
 -- through; the question's own entry (the digest names it) is never guarded.
 -- returns {1, state, doc, meta, the confidence before this use} served (the state as
 -- written: 120 bytes, zc_pack_state); {0} gone; {-1} expired;
--- {-3} corrupt state, or a meta the lookup would refuse (zc_sound_meta), or its hash lost
--- while its state and id remain (the last two reported in `bad`; nothing counted);
+-- {-3} corrupt state, or a meta the lookup would refuse (zc_sound_meta: reported in `bad`
+-- unless only of another schema version), or its hash lost while its state and id remain
+-- (reported in `bad`); nothing counted;
 -- {-4, expected reward at now} expected reward below the bar; {-5} similarity below the
 -- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
 -- {-7} a tie it may not win; {-8, expected reward at now} the entry carries a dispute
@@ -179,10 +180,13 @@ local function serve()
     return {-7}
   end
   -- Its meta, decoded once, as the lookup will decode it (codec.unpack_meta): one that
-  -- the lookup refuses is neither served nor counted, and is reported for eviction.
-  local meta = zc_sound_meta(raw[1])
+  -- the lookup refuses is neither served nor counted, and is reported for eviction
+  -- (unless it is only another version's).
+  local meta, foreign = zc_sound_meta(raw[1])
   if not meta then
-    redis.call('SADD', KEYS[5], id)
+    if not foreign then
+      redis.call('SADD', KEYS[5], id)
+    end
     return {-3}
   end
   if ARGV[7] == '1' and meta.ttl > 0 then
