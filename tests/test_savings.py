@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 from conftest import near, unit
@@ -20,6 +21,11 @@ from zerda_cache import (
 )
 from zerda_cache.core.savings import DEFAULT_PRICES
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage import codec
+from zerda_cache.storage.keys import tenant_keys
+
+#: feedback.lua's WRONG_WINDOW: how many of an entry's last hits a wrong one may name.
+WINDOW = 1024
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -123,6 +129,52 @@ def test_a_hit_is_counted_wrong_once_however_often_it_is_judged(make_manager: An
     savings = m.stats("t")["savings"]["gpt-4o"]
     assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (2, 2, 0)
     assert m.stats("t")["negative"] == 17  # every signal still teaches the entry's arm
+
+
+def with_uses(client: redis.Redis, tenant: str, entry_id: str, uses: int) -> None:
+    """Set the entry's use count in its stored state, as if it had been served that often."""
+    key = tenant_keys(tenant).st
+    values = list(codec._STATE.unpack(client.hget(key, entry_id)))
+    values[codec.STATE_FIELDS.index("un")] = float(uses)
+    client.hset(key, entry_id, codec._STATE.pack(*values))
+
+
+def test_only_the_last_hits_may_be_counted_wrong_and_their_marks_stay_few(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The marks of the hits counted wrong (``wh``) grew without bound, one per wrong hit
+    ever, each negative reading and writing them all. Now only the entry's last
+    WRONG_WINDOW hits may be named; older marks are pruned."""
+    m = make_manager()
+    eid = m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20)).entry_id
+    k = tenant_keys("t")
+    with_uses(redis_client, "t", eid, 5000)
+    redis_client.hincrby(k.stats, "saved:gpt-4o:calls", 5000)
+    redis_client.hset(k.entry(eid), "wh", msgpack.packb([*range(1, 3001), 4500]))
+    m.feedback(FeedbackSignal(eid, "t", False, hit=5000 - WINDOW))  # out of the window
+    assert m.stats("t")["savings"]["gpt-4o"]["wrong_calls"] == 0
+    m.feedback(FeedbackSignal(eid, "t", False, hit=5000 - WINDOW + 1))  # the oldest in it
+    m.feedback(FeedbackSignal(eid, "t", False, hit=4500))  # marked already
+    assert m.stats("t")["savings"]["gpt-4o"]["wrong_calls"] == 1
+    marks = msgpack.unpackb(redis_client.hget(k.entry(eid), "wh"))
+    assert marks == [4500, 5000 - WINDOW + 1]  # the 3,000 marks out of the window pruned
+
+
+def test_a_recreated_state_counts_its_hits_afresh(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """A state recreated at the prior (its hash outlived the state hash) numbers its
+    hits from 1 again, but kept the old marks: its new hit 1 was never counted wrong."""
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
+    old = m.lookup("q", tenant="t", embedding=unit(1))
+    m.feedback(old.feedback(False))
+    redis_client.delete(tenant_keys("t").st)  # lost (an allkeys-* eviction, a DEL)
+    new = m.lookup("q", tenant="t", embedding=unit(1))
+    assert new is not None and new.hit_number == old.hit_number == 1
+    m.feedback(new.feedback(False))
+    savings = m.stats("t")["savings"]["gpt-4o"]
+    assert (savings["calls"], savings["wrong_calls"]) == (2, 2)
 
 
 def test_wrong_hits_never_outnumber_the_saved_calls(

@@ -211,7 +211,8 @@ end
 -- * an entry whose hash exists without any state (the state hash was lost: an allkeys-*
 --   eviction of the key, a DEL) gets the state a put gives (the prior; similarity and
 --   quality at their defaults, entry.DEFAULT_SIMILARITY and DEFAULT_QUALITY): it lost its
---   evidence, not its answer.
+--   evidence, not its answer; its hit numbers start over, so the marks of its wrong
+--   hits (`wh`, feedback.lua) go too.
 local function zc_raw_state(st_key, key, id, prior)
   local raw = redis.call('HGET', st_key, id)
   if raw then
@@ -239,6 +240,7 @@ local function zc_raw_state(st_key, key, id, prior)
   local size = redis.call('HSTRLEN', key, 'doc') + redis.call('HSTRLEN', key, 'vec')
   raw = zc_pack_state(arm, use, size)
   redis.call('HSET', st_key, id, raw)
+  redis.call('HDEL', key, 'wh')  -- its hits are counted from 1 again (feedback.lua)
   return raw
 end
 
