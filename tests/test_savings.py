@@ -177,6 +177,24 @@ def test_a_recreated_state_counts_its_hits_afresh(
     assert (savings["calls"], savings["wrong_calls"]) == (2, 2)
 
 
+def test_a_wrong_hit_the_cap_refused_is_counted_once_the_saved_calls_allow_it(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The script marked a hit counted before testing the cap (wrong <= saved), so a
+    verdict the cap refused could never count, however many calls were saved later."""
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
+    first = m.lookup("q", tenant="t", embedding=unit(1))
+    redis_client.hdel(m.storage.keys("t").stats, "saved:gpt-4o:calls")  # as if never counted
+    m.feedback(first.feedback(False))  # refused by the cap: nothing saved to take back
+    assert m.stats("t")["savings"]["gpt-4o"]["wrong_calls"] == 0
+    assert m.lookup("q", tenant="t", embedding=unit(1)) is not None  # one call saved
+    m.feedback(first.feedback(False))
+    m.feedback(first.feedback(False))  # still once
+    savings = m.stats("t")["savings"]["gpt-4o"]
+    assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (1, 1, 0)
+
+
 def test_wrong_hits_never_outnumber_the_saved_calls(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:

@@ -26,7 +26,8 @@
 -- (at most WRONG_WINDOW numbers: a few KB, outside `sz`). A state recreated at the
 -- prior (zc_raw_state) starts its hit numbers over and drops `wh`. The count never passes
 -- the tenant's saved calls of that model (which the hit script counts as it serves), so
--- the net saving is never below zero, even for an entry imported with its use count.
+-- the net saving is never below zero, even for an entry imported with its use count; a
+-- hit the cap refuses is not marked, so that a later verdict on it still counts.
 local now = zc_now(ARGV[1])
 local pos_w, neg_w = tonumber(ARGV[2]), tonumber(ARGV[3])
 local pa, pb = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -60,13 +61,13 @@ local function count_wrong(key, meta, n, served)
       kept[#kept + 1] = m
     end
   end
+  local counts = redis.call('HMGET', KEYS[1], 'saved:' .. model .. ':calls',
+                            'wrong:' .. model .. ':calls')
+  if (tonumber(counts[2]) or 0) >= (tonumber(counts[1]) or 0) then
+    return nil  -- not marked: counted once the saved calls allow it
+  end
   kept[#kept + 1] = n
   redis.call('HSET', key, 'wh', cmsgpack.pack(kept))
-  local saved = tonumber(redis.call('HGET', KEYS[1], 'saved:' .. model .. ':calls')) or 0
-  local wrong = tonumber(redis.call('HGET', KEYS[1], 'wrong:' .. model .. ':calls')) or 0
-  if wrong >= saved then
-    return nil
-  end
   zc_count_usage(KEYS[1], 'wrong', model, prompt, completion)
   return {model, prompt, completion}
 end
