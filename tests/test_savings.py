@@ -4,6 +4,7 @@ servers)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgpack
@@ -216,6 +217,15 @@ def test_a_served_signal_names_a_real_hit_number() -> None:
         with pytest.raises(InvalidFeedbackError, match="hit"):
             FeedbackSignal("e" * 32, "t", False, hit=bad)
     assert FeedbackSignal("e" * 32, "t", False, hit=3).served
+
+
+def test_served_is_derived_from_the_hit_number() -> None:
+    """``served`` was a field set and validated but read by nothing: two signals about
+    the same put answer differed by it. It is now ``hit is not None``; the keyword is
+    still accepted (the callers that pass it) and changes nothing."""
+    plain = FeedbackSignal("e" * 32, "t", False, timestamp=1.0)
+    assert FeedbackSignal("e" * 32, "t", False, timestamp=1.0, served=True) == plain
+    assert not plain.served and "served" not in {f.name for f in dataclasses.fields(plain)}
 
 
 @pytest.mark.parametrize(
