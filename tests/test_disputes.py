@@ -5,6 +5,7 @@ is kept: it settles the dispute."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -80,6 +81,28 @@ def test_without_a_bound_a_disputed_entry_serves_its_own_question(
     assert plain.lookup(OTHER, tenant="t", embedding=near(v, 0.97, 83)) is None
     hit = plain.lookup(ASKED, tenant="t", embedding=v)
     assert hit is not None and hit.entry_id == first.entry_id and hit.exact
+
+
+@pytest.mark.parametrize("bound", [True, False])
+@pytest.mark.parametrize("speculate", [True, False])
+def test_another_question_with_the_same_embedding_is_not_served_a_disputed_entry(
+    make_manager: Any, redis_client: redis.Redis, speculate: bool, bound: bool
+) -> None:
+    """The hit script took a match at similarity 1 without a digest (a ranked lookup, as
+    on Redis Cluster) for the question's own entry, so another question whose embedding
+    is the same was served the disputed entry. The lookup now tells the script whether
+    the entry is the question's own."""
+    teach_near(redis_client, "t")
+    exact = CacheConfig(vector_storage="float32")  # matched at 1.0 itself, not 0.99999
+    m = make_manager(replace(exact, max_error_rate=0.05, verify_rate=0.0))
+    v = unit(84)
+    first, _ = disputed(m, v)
+    other = make_manager(replace(exact, max_error_rate=0.05) if bound else exact)
+    other.lookup_steps.speculate = speculate
+    assert other.lookup(OTHER, tenant="t", embedding=v) is None
+    if not bound:  # its own question is served it (test above)
+        hit = other.lookup(ASKED, tenant="t", embedding=v)
+        assert hit is not None and hit.entry_id == first.entry_id and hit.exact
 
 
 def test_turning_the_disputed_answer_down_settles_for_the_cached_one(

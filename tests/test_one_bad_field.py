@@ -43,6 +43,17 @@ BAD_META: list[tuple[str, Any]] = [
     ("ct", float("inf")),
     ("dim", 1e300),  # int() of it is a 301-digit int
     ("dim", 31.5),  # int() of it was 31
+    # the rest the scripts read apart from the decoder: they took each as sound
+    ("sc", 3),
+    ("tg", "news"),
+    ("tg", ["news", 1]),
+    ("us", ["gpt-x", 12]),
+    ("us", ["gpt-x", 12, 30, 0]),
+    ("us", ["", 12, 30]),  # zc_usage counted nothing, zc_sound_meta let it through
+    ("us", ["gpt-x\n", 12, 30]),
+    ("us", ["gpt-\u00e9", 12, 30]),
+    ("us", ["m" * 129, 12, 30]),
+    ("us", [7, 12, 30]),
 ]
 
 
@@ -98,6 +109,72 @@ def test_a_bad_meta_is_a_miss_a_typed_feedback_error_and_no_index_entry(
     assert bad_set == {bad}  # reported by the lookups, for the worker
     assert Maintenance(RedisStorage(redis_client)).evict_tenant("t").removed == {"corrupt": 1}
     assert RedisStorage(redis_client).count("t") == len(ids) - 1
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+@pytest.mark.parametrize(("field", "value"), BAD_META)
+def test_a_bad_meta_is_neither_served_nor_counted(
+    make_manager: Any, redis_client: redis.Redis, field: str, value: Any, refresh: bool
+) -> None:
+    """The hit script served such an entry (counting the hit, its use and the call it
+    saved) before the lookup refused its meta: the savings counted a hit that was a
+    miss. Now the script refuses it before any write and reports it."""
+    m = make_manager(CacheConfig(refresh_ttl_on_hit=refresh))
+    ids = fill(m.put, n=3)
+    bad = ids[1]
+    damage(redis_client, "t", bad, field, value)
+    k = tenant_keys("t")
+    state = redis_client.hget(k.st, bad)
+    expiry = redis_client.zscore(k.ids, bad)
+    assert m.lookup("question 1", tenant="t", embedding=unit(1)) is None  # its own entry
+    assert m.lookup("asked another way", tenant="t", embedding=near(unit(1), 0.97)) is None
+    stats = m.stats("t")
+    assert stats.get("hits", 0) == 0
+    assert stats.get("savings", {}).get("gpt-x", {}).get("calls", 0) == 0
+    assert redis_client.hget(k.st, bad) == state  # its use count and version unchanged
+    assert redis_client.zscore(k.ids, bad) == expiry
+    assert {e.decode() for e in redis_client.smembers(k.bad)} == {bad}
+    assert m.lookup("question 0", tenant="t", embedding=unit(0)) is not None  # the others
+    assert m.stats("t")["savings"]["gpt-x"]["calls"] == 1
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_META)
+def test_feedback_on_a_bad_meta_writes_nothing(
+    make_manager: Any, redis_client: redis.Redis, field: str, value: Any
+) -> None:
+    """The feedback script's check of meta (zc_sound_meta) is the decoder's: it applied
+    feedback on a meta the lookup refuses (a scope or tags of another type, a usage
+    LLMUsage refuses), and counted a wrong hit of a usage with an empty model."""
+    m = make_manager()
+    ids = fill(m.put, n=2)
+    hit = m.lookup("question 1", tenant="t", embedding=unit(1))
+    assert hit is not None and hit.hit_number == 1
+    damage(redis_client, "t", ids[1], field, value)
+    k = tenant_keys("t")
+    before = redis_client.hgetall(k.entry(ids[1])), redis_client.hget(k.st, ids[1])
+    for signal in (hit.feedback(False), FeedbackSignal(ids[1], "t", True)):
+        with pytest.raises(CorruptEntryError):
+            m.feedback(signal)
+    assert (redis_client.hgetall(k.entry(ids[1])), redis_client.hget(k.st, ids[1])) == before
+    savings = m.stats("t")["savings"]["gpt-x"]
+    assert (savings["calls"], savings["wrong_calls"]) == (1, 0)
+
+
+def test_a_meta_of_another_schema_version_is_not_served_nor_reported(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """A newer zerda-cache's entry (meta.v 2) is refused as the decoder refuses it
+    (SchemaVersionError): not served, nothing counted, but never reported for eviction
+    (a rolling upgrade must not evict the new version's entries)."""
+    m = make_manager()
+    ids = fill(m.put, n=2)
+    damage(redis_client, "t", ids[1], "v", 2)
+    assert m.lookup("question 1", tenant="t", embedding=unit(1)) is None
+    assert m.lookup("asked another way", tenant="t", embedding=near(unit(1), 0.97)) is None
+    assert m.stats("t").get("hits", 0) == 0
+    assert redis_client.scard(tenant_keys("t").bad) == 0
+    with pytest.raises(CorruptEntryError):
+        m.feedback(FeedbackSignal(ids[1], "t", True))
 
 
 def test_export_leaves_it_out_and_reports_it_and_the_cli_goes_on(

@@ -192,7 +192,7 @@ def test_hits_report_the_saved_usage_and_a_wrong_hit_counts_against_the_savings(
         service, {"completion_id": miss.headers["x-zerda-completion-id"], "positive": False}
     )
     assert fine.status_code == 200
-    savings = library.stats("acme")["savings"]  # (the hit's saving waits in the service)
+    savings = library.stats("acme")["savings"]  # (the hit script counted the hit's saving)
     model = entry.usage.model
     assert savings[model]["wrong_calls"] == 1 and savings[model]["wrong_prompt_tokens"] == 5
 

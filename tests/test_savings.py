@@ -4,8 +4,10 @@ servers)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 from conftest import near, unit
@@ -20,6 +22,11 @@ from zerda_cache import (
 )
 from zerda_cache.core.savings import DEFAULT_PRICES
 from zerda_cache.metrics import ReplicaMetrics
+from zerda_cache.storage import codec
+from zerda_cache.storage.keys import tenant_keys
+
+#: feedback.lua's WRONG_WINDOW: how many of an entry's last hits a wrong one may name.
+WINDOW = 1024
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -125,6 +132,70 @@ def test_a_hit_is_counted_wrong_once_however_often_it_is_judged(make_manager: An
     assert m.stats("t")["negative"] == 17  # every signal still teaches the entry's arm
 
 
+def with_uses(client: redis.Redis, tenant: str, entry_id: str, uses: int) -> None:
+    """Set the entry's use count in its stored state, as if it had been served that often."""
+    key = tenant_keys(tenant).st
+    values = list(codec._STATE.unpack(client.hget(key, entry_id)))
+    values[codec.STATE_FIELDS.index("un")] = float(uses)
+    client.hset(key, entry_id, codec._STATE.pack(*values))
+
+
+def test_only_the_last_hits_may_be_counted_wrong_and_their_marks_stay_few(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The marks of the hits counted wrong (``wh``) grew without bound, one per wrong hit
+    ever, each negative reading and writing them all. Now only the entry's last
+    WRONG_WINDOW hits may be named; older marks are pruned."""
+    m = make_manager()
+    eid = m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20)).entry_id
+    k = tenant_keys("t")
+    with_uses(redis_client, "t", eid, 5000)
+    redis_client.hincrby(k.stats, "saved:gpt-4o:calls", 5000)
+    redis_client.hset(k.entry(eid), "wh", msgpack.packb([*range(1, 3001), 4500]))
+    m.feedback(FeedbackSignal(eid, "t", False, hit=5000 - WINDOW))  # out of the window
+    assert m.stats("t")["savings"]["gpt-4o"]["wrong_calls"] == 0
+    m.feedback(FeedbackSignal(eid, "t", False, hit=5000 - WINDOW + 1))  # the oldest in it
+    m.feedback(FeedbackSignal(eid, "t", False, hit=4500))  # marked already
+    assert m.stats("t")["savings"]["gpt-4o"]["wrong_calls"] == 1
+    marks = msgpack.unpackb(redis_client.hget(k.entry(eid), "wh"))
+    assert marks == [4500, 5000 - WINDOW + 1]  # the 3,000 marks out of the window pruned
+
+
+def test_a_recreated_state_counts_its_hits_afresh(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """A state recreated at the prior (its hash outlived the state hash) numbers its
+    hits from 1 again, but kept the old marks: its new hit 1 was never counted wrong."""
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
+    old = m.lookup("q", tenant="t", embedding=unit(1))
+    m.feedback(old.feedback(False))
+    redis_client.delete(tenant_keys("t").st)  # lost (an allkeys-* eviction, a DEL)
+    new = m.lookup("q", tenant="t", embedding=unit(1))
+    assert new is not None and new.hit_number == old.hit_number == 1
+    m.feedback(new.feedback(False))
+    savings = m.stats("t")["savings"]["gpt-4o"]
+    assert (savings["calls"], savings["wrong_calls"]) == (2, 2)
+
+
+def test_a_wrong_hit_the_cap_refused_is_counted_once_the_saved_calls_allow_it(
+    make_manager: Any, redis_client: redis.Redis
+) -> None:
+    """The script marked a hit counted before testing the cap (wrong <= saved), so a
+    verdict the cap refused could never count, however many calls were saved later."""
+    m = make_manager()
+    m.put("q", "a", tenant="t", embedding=unit(1), usage=LLMUsage("gpt-4o", 10, 20))
+    first = m.lookup("q", tenant="t", embedding=unit(1))
+    redis_client.hdel(m.storage.keys("t").stats, "saved:gpt-4o:calls")  # as if never counted
+    m.feedback(first.feedback(False))  # refused by the cap: nothing saved to take back
+    assert m.stats("t")["savings"]["gpt-4o"]["wrong_calls"] == 0
+    assert m.lookup("q", tenant="t", embedding=unit(1)) is not None  # one call saved
+    m.feedback(first.feedback(False))
+    m.feedback(first.feedback(False))  # still once
+    savings = m.stats("t")["savings"]["gpt-4o"]
+    assert (savings["calls"], savings["wrong_calls"], savings["net_calls"]) == (1, 1, 0)
+
+
 def test_wrong_hits_never_outnumber_the_saved_calls(
     make_manager: Any, redis_client: redis.Redis
 ) -> None:
@@ -146,6 +217,15 @@ def test_a_served_signal_names_a_real_hit_number() -> None:
         with pytest.raises(InvalidFeedbackError, match="hit"):
             FeedbackSignal("e" * 32, "t", False, hit=bad)
     assert FeedbackSignal("e" * 32, "t", False, hit=3).served
+
+
+def test_served_is_derived_from_the_hit_number() -> None:
+    """``served`` was a field set and validated but read by nothing: two signals about
+    the same put answer differed by it. It is now ``hit is not None``; the keyword is
+    still accepted (the callers that pass it) and changes nothing."""
+    plain = FeedbackSignal("e" * 32, "t", False, timestamp=1.0)
+    assert FeedbackSignal("e" * 32, "t", False, timestamp=1.0, served=True) == plain
+    assert not plain.served and "served" not in {f.name for f in dataclasses.fields(plain)}
 
 
 @pytest.mark.parametrize(

@@ -291,8 +291,6 @@ class FeedbackSignal:
     #: The cosine similarity at which the entry was served (``CacheHit.feedback`` fills
     #: it): lets a negative signal on a near miss teach the entry its own similarity bar.
     similarity: float | None
-    #: The signal is about an answer the cache served (``CacheHit.feedback`` sets it).
-    served: bool
     #: Which serve of the entry it judges: the hit's number (``CacheHit.hit_number``;
     #: given, ``served`` is true). A negative one counts that hit as wrong in the savings
     #: (``zerda_cache.core.savings``), once however often it is repeated.
@@ -312,6 +310,8 @@ class FeedbackSignal:
         served: bool = False,
         hit: int | None = None,
     ) -> None:
+        # ``served`` is accepted and ignored: it is derived from ``hit`` (``served``).
+        del served
         if tenant is not None and tenant_id is not None and tenant != tenant_id:
             raise InvalidFeedbackError(f"tenant {tenant!r} and tenant_id {tenant_id!r} differ")
         tid = tenant_id if tenant_id is not None else tenant
@@ -323,7 +323,6 @@ class FeedbackSignal:
         put(self, "source", source)
         put(self, "timestamp", time.time() if timestamp is None else timestamp)
         put(self, "similarity", similarity)
-        put(self, "served", served or hit is not None)
         put(self, "hit", hit)
         self.__post_init__()
 
@@ -331,6 +330,13 @@ class FeedbackSignal:
     def tenant(self) -> str:
         """The tenant (the same as ``tenant_id``)."""
         return self.tenant_id
+
+    @property
+    def served(self) -> bool:
+        """The signal is about a hit the cache served: it names the hit's number
+        (``hit``). Derived, never stored: the ``served=`` keyword is accepted for the
+        callers that pass it, and ignored."""
+        return self.hit is not None
 
     def __post_init__(self) -> None:
         if not isinstance(self.entry_id, str) or not 0 < len(self.entry_id) <= MAX_ENTRY_ID_CHARS:
@@ -356,8 +362,6 @@ class FeedbackSignal:
                 raise InvalidFeedbackError(
                     f"similarity must be in [-1, 1] or None, got {_shown(self.similarity)}"
                 )
-        if not isinstance(self.served, bool):
-            raise InvalidFeedbackError(f"served must be a bool, got {self.served!r}")
         hit = self.hit
         if hit is not None and (
             isinstance(hit, bool) or not isinstance(hit, int) or not 0 < hit < 2**53

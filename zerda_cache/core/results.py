@@ -57,7 +57,6 @@ class CacheHit:
             magnitude,
             source,
             similarity,
-            True,
             self.hit_number or None,
         )
 
@@ -177,7 +176,7 @@ class PutResult:
             )
         if not self.stored or self.entry_id is None:
             raise ValueError(f"nothing was stored ({self.reason}): no entry to give feedback on")
-        return feedback_signal(self.entry_id, self.tenant, positive, magnitude, source, 1.0, False)
+        return feedback_signal(self.entry_id, self.tenant, positive, magnitude, source, 1.0)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -245,12 +244,11 @@ def feedback_signal(
     magnitude: float,
     source: str,
     similarity: float | None,
-    served: bool,
     hit: int | None = None,
 ) -> FeedbackSignal:
     """The ``FeedbackSignal`` about a result: ``entry_id`` of ``tenant``, matched at
-    ``similarity`` (``None``: not known); ``served``: the answer was served from the
-    cache (a hit), not just put; ``hit``: that hit's number (``CacheHit.hit_number``)."""
+    ``similarity`` (``None``: not known); ``hit``: the number of the hit it judges
+    (``CacheHit.hit_number``; ``None``: an answer put, not served)."""
     return FeedbackSignal(
         entry_id=entry_id,
         tenant_id=tenant,
@@ -258,7 +256,6 @@ def feedback_signal(
         magnitude=magnitude,
         source=source,
         similarity=similarity,
-        served=served,
         hit=hit,
     )
 

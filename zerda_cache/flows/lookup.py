@@ -610,7 +610,9 @@ class LookupSteps:
         """Run the hit script on the question's own entry alone: ``(the hit, None)``, or
         under a bound, ``(None, its level)`` when it is refused (to verify)."""
         lookup.tried.add(exact_id)
-        plan = self.plan_hit(lookup.tenant, exact_id, 1.0, lookup.policy, lookup.exact_bar)
+        plan = self.plan_hit(
+            lookup.tenant, exact_id, 1.0, lookup.policy, lookup.exact_bar, own=True
+        )
         outcome = yield from self.storage.run_flow(plan)
         if outcome.served is not None:
             hit = self.ranking.spec_hit(
@@ -670,6 +672,7 @@ class LookupSteps:
                 policy,
                 exact_bar if exact else None,
                 text=lookup.guard(cand[0]) if lookup.guards and not exact else None,
+                own=exact,
             )
             outcome = yield from self.storage.run_flow(plan)
             if outcome.served is not None:
@@ -766,6 +769,7 @@ class LookupSteps:
         candidates: Sequence[str] = (),
         peek: str | None = None,
         text: str | None = None,
+        own: bool = False,
     ) -> ScriptCall[HitOutcome]:
         """The hit script's call; ``exact_bar``: the expected reward the question's own
         entry needs under a bound (``Calibration.exact_plan``), over the serving bar.
@@ -773,7 +777,8 @@ class LookupSteps:
         the script serves as the question's own entry (under ``exact_bar``) only if it is
         that, and not at all if the question has another. ``rivals``, ``candidates``: a
         speculative near match's tie, and ``peek``, the lookup's position in the log;
-        ``text``, a near match's text guard (``Lookup.guard``) (``StoragePlans.plan_hit``)."""
+        ``text``, a near match's text guard (``Lookup.guard``); ``own``: the entry is the
+        question's own, as the lookup knows without a digest (``StoragePlans.plan_hit``)."""
         return self.storage.plan_hit(
             tenant,
             entry_id,
@@ -787,6 +792,7 @@ class LookupSteps:
             candidates=candidates,
             peek=peek,
             text=text,
+            own=own,
         )
 
 

@@ -266,8 +266,7 @@ def signal_from_info(
         return None
     similarity = info.get("similarity")
     sim = float(similarity) if isinstance(similarity, int | float) else None
-    served = info.get("hit") is True
-    return feedback_signal(entry_id, tenant, positive, magnitude, source, sim, served)
+    return feedback_signal(entry_id, tenant, positive, magnitude, source, sim)
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from zerda_cache.learning.tenant_policy import TenantPolicy, warn_rejected
 from zerda_cache.storage.driver import AsyncDriven, Flow, SyncDriven, op
 from zerda_cache.storage.plans import ReadPlan, ScriptCall, TenantHashes
 from zerda_cache.storage.store import Storage
+from zerda_cache.storage.tenant_plans import exact_bin
 
 
 def read_policy(storage: Storage, tenant: str) -> ReadPlan[TenantPolicy]:
@@ -58,7 +59,7 @@ def plan_label(
     whose entry was at ``level`` (``Calibration.exact_plan``): counted apart (``r:e``,
     ``r:e<level>``), not logged."""
     row = list(features) if features is not None else [similarity, float("nan"), float("nan")]
-    bin_: int | str = (f"e{level}" if level else "e") if exact else bin_of(score_of(model, row))
+    bin_: int | str = exact_bin(level) if exact else bin_of(score_of(model, row))
     version = 0 if model is None else model.version
     return storage.plan_label(
         tenant, row, right, bin_, model_version=version, window=window, logged=not exact

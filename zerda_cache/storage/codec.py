@@ -1,8 +1,9 @@
-"""Encoding of everything stored in Redis: msgpack maps and raw float32 vectors.
+"""Encoding of everything stored in Redis: msgpack maps and raw vectors (float16 by
+default, or float32: ``vector_storage``).
 
-Only msgpack and raw float32 bytes are ever decoded from Redis (no pickle, no eval), and
-every decoder checks the shape it gets: a value that does not decode is reported as
-``CorruptEntryError`` naming its key, never a crash deeper down.
+Only msgpack and raw float16 or float32 bytes are ever decoded from Redis (no pickle, no
+eval), and every decoder checks the shape it gets: a value that does not decode is
+reported as ``CorruptEntryError`` naming its key, never a crash deeper down.
 
 Entry hash fields (see ``storage/keys.py`` for the keys):
 
@@ -10,8 +11,11 @@ Entry hash fields (see ``storage/keys.py`` for the keys):
 ``doc``   msgpack ``{v, q: query, r: response, m: metadata}`` (written by Python)
 ``vec``   the L2-normalised embedding as little-endian float32 bytes, or (``float16``
           storage) ``h`` then little-endian float16 bytes
-``meta``  msgpack ``{v, ct: created_at, ttl, sc: scope, dim}`` (written by the put script)
+``meta``  msgpack ``{v, ct: created_at, ttl, sc: scope, dim[, tg: tags][, us: usage]}``
+          (written by the put script)
 ``dg``    digest of (normalised query, scope): the exact-match key
+``wh``    msgpack list: the numbers of the entry's last hits counted wrong in the
+          savings (feedback.lua; absent until one is)
 ========  ==========================================================================
 
 An entry's learning state is its field of the tenant's state hash ``st``: 15

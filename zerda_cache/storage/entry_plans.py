@@ -4,7 +4,6 @@ upkeep. Each is one Lua script call (``storage/lua``), planned without I/O.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -256,6 +255,7 @@ class EntryPlans(PlanBase):
         candidates: Sequence[str] = (),
         peek: str | None = None,
         text: str | None = None,
+        own: bool = False,
     ) -> ScriptCall[HitOutcome]:
         """Plan serving ``entry_id``; with ``min_reward`` an arm whose expected reward (at
         now) is below it is not served (status ``unservable``); with ``similarity`` a
@@ -285,7 +285,9 @@ class EntryPlans(PlanBase):
         ``text``: a near match's guard (``Lookup.guard``): the text differences that may
         be served (``MatchModel.text_mask``) and the question's sketch. The entry is
         served only if its own question differs by one of those (``TEXT`` otherwise, with
-        ``HitOutcome.text``); the question's own entry is never guarded."""
+        ``HitOutcome.text``); the question's own entry is never guarded.
+
+        ``own``: the lookup knows this is the question's own entry (``question_args``)."""
         k = self.keys(tenant)
         key = k.entry(entry_id)
         ids = list(candidates)
@@ -294,8 +296,6 @@ class EntryPlans(PlanBase):
             asked is None or ids[: len(rivals) + 1] != [entry_id, *(r for r, _ in rivals)]
         ):
             raise ValueError("a tie needs the question's digest and its candidates in order")
-        if peek is not None and not asked:
-            raise ValueError("a peek at the log needs the question's digest")
         args = [
             self.now_arg(),
             entry_id,
@@ -305,12 +305,10 @@ class EntryPlans(PlanBase):
             "" if similarity is None else repr(float(similarity)),
         ]
         keys = [key, k.ids, k.stats, k.st, k.bad]
-        bar = "" if own_bar is None else repr(float(own_bar))
         if asked is not None:
             keys += [k.q, k.log]
-            args += [asked, bar, peek or "", PEEK_COUNT]
-        elif own_bar is not None or text:  # the question's own entry, known to the lookup
-            args += ["", bar, "", PEEK_COUNT]
+        if asked is not None or own or own_bar is not None or text or peek is not None:
+            args += self.question_args(asked, own_bar, own, peek)
         if tied or text:
             args.append(text or "")
         if tied:
@@ -321,6 +319,24 @@ class EntryPlans(PlanBase):
 
         parse = self.hit_reply(tenant, entry_id, key, asked, peek, ids if tied else None)
         return ScriptCall("hit", keys, args, parse)
+
+    @staticmethod
+    def question_args(
+        asked: str | None, own_bar: float | None, own: bool, peek: str | None
+    ) -> list[str]:
+        """The hit script's ARGV[10..14] (``plan_hit``): the question's digest, its own
+        entry's bar, whether this entry is that one as the lookup knows without a digest
+        (``own``, or ``own_bar`` given without ``asked``; with a digest the script finds
+        it), the peek's position and count. The script is told, never guesses it from
+        the similarity: another question may match at 1 (an identical embedding)."""
+        if peek is not None and not asked:
+            raise ValueError("a peek at the log needs the question's digest")
+        if own and asked is not None:
+            raise ValueError("with the question's digest, the script finds its own entry")
+        bar = "" if own_bar is None else repr(float(own_bar))
+        if asked is not None:
+            return [asked, bar, "", peek or "", PEEK_COUNT]
+        return ["", bar, "1" if own or own_bar is not None else "", "", PEEK_COUNT]
 
     def hit_reply(
         self,
@@ -435,9 +451,8 @@ class EntryPlans(PlanBase):
                 code = reply[0]
                 if code == 1:
                     wrong = None
-                    if len(reply) > 3:  # counted a wrong hit: its usage
-                        with contextlib.suppress(InvalidEntryError):  # (a hand-made model)
-                            wrong = LLMUsage(text(reply[3]), int(reply[4]), int(reply[5]))
+                    if len(reply) > 3:  # counted a wrong hit: its usage (zc_sound_usage)
+                        wrong = LLMUsage(text(reply[3]), int(reply[4]), int(reply[5]))
                     out.append(FeedbackOutcome(sig.entry_id, reply[1], reply[2], wrong))
                 elif code == 0:
                     out.append(EntryNotFoundError(tenant, sig.entry_id))

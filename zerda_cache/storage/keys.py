@@ -9,7 +9,8 @@ Layout (``p`` is the configured prefix, ``zc`` by default):
 =====================  =======  ==========================================================
 key                    type     holds
 =====================  =======  ==========================================================
-``p:{t}:e:<id>``       hash     one entry: doc, vec, meta, dg (and dsp, under a bound)
+``p:{t}:e:<id>``       hash     one entry: doc, vec, meta, dg (and dsp, under a bound;
+                                wh, the last hits counted wrong: feedback.lua)
 ``p:{t}:st``           hash     entry id -> its learning state: arm, use and sz as 15
                                 float64 (storage/codec.py)
 ``p:{t}:ids``          zset     live entry ids, scored by expiry (unix s, +inf = none)

@@ -71,22 +71,54 @@ local function zc_valid_streak(ns)
   return ns == nil or (type(ns) == 'number' and ns >= 0 and ns < 1e9 and ns % 1 == 0)
 end
 
--- An entry's meta, decoded, if its numbers are what codec.unpack_meta reads (ct and ttl
--- finite; dim a whole number >= 1; us absent or {model, prompt, completion} with whole
--- token counts in [0, 2^31)); nil otherwise. A script that would write an arm because
--- of an entry (feedback) refuses one whose meta the replicas call corrupt.
+-- An LLM call's usage as core/entry.py's LLMUsage takes it: {model, prompt tokens,
+-- completion tokens}, the model 1-128 printable ASCII characters, the token counts whole
+-- numbers in [0, 2^31). The one test of a usage: a meta holding another is corrupt.
 local function zc_whole(x, low, high)
   return type(x) == 'number' and x == x and x >= low and x <= high and x % 1 == 0
 end
+local function zc_list_of(tbl, kind, n)
+  -- a msgpack array of `n` (nil: any number of) values of Lua type `kind`
+  if type(tbl) ~= 'table' or (n and #tbl ~= n) then
+    return false
+  end
+  local count = 0
+  for _, v in pairs(tbl) do
+    count = count + 1
+    if kind and type(v) ~= kind then
+      return false
+    end
+  end
+  return count == #tbl
+end
+local function zc_sound_usage(us)
+  if not zc_list_of(us, nil, 3) then
+    return false
+  end
+  local model = us[1]
+  return type(model) == 'string' and #model >= 1 and #model <= 128
+      and not string.find(model, '[^\32-\126]')
+      and zc_whole(us[2], 0, 2^31 - 1) and zc_whole(us[3], 0, 2^31 - 1)
+end
+
+-- An entry's meta, decoded, if codec.unpack_meta reads it: schema version 1; ct and ttl
+-- finite; dim a whole number >= 1; sc absent or a string; tg absent or a list of
+-- strings; us absent or a sound usage (zc_sound_usage). nil otherwise, and then a second
+-- value, true, when the meta is only of another schema version (a newer zerda-cache's:
+-- SchemaVersionError, never reported for eviction). A script that serves an entry (hit)
+-- or writes its arm (feedback) refuses one whose meta the replicas refuse.
 local function zc_sound_meta(raw)
   local meta = zc_unpack(raw)
-  if not meta or not zc_all_numbers(meta, {'ct', 'ttl'}) or not zc_whole(meta.dim, 1, 2^31 - 1)
-  then
+  if not meta then
     return nil
   end
-  local us = meta.us
-  if us ~= nil and not (type(us) == 'table' and type(us[1]) == 'string'
-      and zc_whole(us[2], 0, 2^31 - 1) and zc_whole(us[3], 0, 2^31 - 1)) then
+  if meta.v ~= 1 then
+    return nil, true
+  end
+  if not zc_all_numbers(meta, {'ct', 'ttl'}) or not zc_whole(meta.dim, 1, 2^31 - 1)
+      or not (meta.sc == nil or type(meta.sc) == 'string')
+      or not (meta.tg == nil or zc_list_of(meta.tg, 'string'))
+      or not (meta.us == nil or zc_sound_usage(meta.us)) then
     return nil
   end
   return meta
@@ -179,7 +211,8 @@ end
 -- * an entry whose hash exists without any state (the state hash was lost: an allkeys-*
 --   eviction of the key, a DEL) gets the state a put gives (the prior; similarity and
 --   quality at their defaults, entry.DEFAULT_SIMILARITY and DEFAULT_QUALITY): it lost its
---   evidence, not its answer.
+--   evidence, not its answer; its hit numbers start over, so the marks of its wrong
+--   hits (`wh`, feedback.lua) go too.
 local function zc_raw_state(st_key, key, id, prior)
   local raw = redis.call('HGET', st_key, id)
   if raw then
@@ -207,6 +240,7 @@ local function zc_raw_state(st_key, key, id, prior)
   local size = redis.call('HSTRLEN', key, 'doc') + redis.call('HSTRLEN', key, 'vec')
   raw = zc_pack_state(arm, use, size)
   redis.call('HSET', st_key, id, raw)
+  redis.call('HDEL', key, 'wh')  -- its hits are counted from 1 again (feedback.lua)
   return raw
 end
 
@@ -312,22 +346,16 @@ local function zc_text_combo(asked, text)
   return index
 end
 
--- An entry's usage (meta.us, put.lua: {model, prompt tokens, completion tokens}) as the
--- savings' stats fields take it (savings.FIELDS): the model and the two counts as
--- integer strings for HINCRBY; nil when the entry has none or it does not read (tokens
--- outside LLMUsage's [0, 2**31): a corrupt usage counts nothing, and never fails the hit
--- or the feedback that reads it).
+-- The usage of an entry whose meta zc_sound_meta passed (meta.us, put.lua: {model,
+-- prompt tokens, completion tokens}) as the savings' stats fields take it
+-- (savings.FIELDS): the model and the two counts as integer strings for HINCRBY; nil
+-- when the entry has none.
 local function zc_usage(meta)
-  local us = meta and meta.us
-  if type(us) ~= 'table' or type(us[1]) ~= 'string' or us[1] == '' then
+  local us = meta.us
+  if us == nil then
     return nil
   end
-  local p, c = us[2], us[3]
-  if type(p) ~= 'number' or type(c) ~= 'number' or not (p >= 0 and p < 2^31)
-      or not (c >= 0 and c < 2^31) or p ~= math.floor(p) or c ~= math.floor(c) then
-    return nil
-  end
-  return us[1], string.format('%.0f', p), string.format('%.0f', c)
+  return us[1], string.format('%.0f', us[2]), string.format('%.0f', us[3])
 end
 
 -- Add one call of `model` with its tokens to the stats hash's `kind` fields ("saved" or

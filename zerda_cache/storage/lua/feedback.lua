@@ -21,9 +21,13 @@
 -- A wrong hit (a negative signal naming its hit) counts the call the hit saved as bought
 -- after all (wrong:<model>:*, savings.py), at most once per hit: the entry hash's `wh`
 -- (a msgpack list) keeps the numbers of its hits counted wrong, and a number is counted
--- only if the entry was served that often (a hit that happened). The count never passes
+-- only if the entry was served that often (a hit that happened) and is one of its last
+-- WRONG_WINDOW hits: older ones are refused and pruned from `wh`, which so stays small
+-- (at most WRONG_WINDOW numbers: a few KB, outside `sz`). A state recreated at the
+-- prior (zc_raw_state) starts its hit numbers over and drops `wh`. The count never passes
 -- the tenant's saved calls of that model (which the hit script counts as it serves), so
--- the net saving is never below zero, even for an entry imported with its use count.
+-- the net saving is never below zero, even for an entry imported with its use count; a
+-- hit the cap refuses is not marked, so that a later verdict on it still counts.
 local now = zc_now(ARGV[1])
 local pos_w, neg_w = tonumber(ARGV[2]), tonumber(ARGV[3])
 local pa, pb = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -34,26 +38,36 @@ local prior = {a = pa, b = pb, now = now}
 local out = {}
 local n_pos, n_neg = 0, 0
 
+-- How many of an entry's latest hits a wrong one may name (a feedback comes soon after
+-- its hit): older hit numbers are not counted, nor kept in `wh`.
+local WRONG_WINDOW = 1024
+
 -- Count hit number `n` of the entry (hash `key`, with `meta`, served `served` times)
 -- wrong, once: the usage counted, or nil.
 local function count_wrong(key, meta, n, served)
   local model, prompt, completion = zc_usage(meta)
-  if not model or n < 1 or n > served or n ~= math.floor(n) then
+  local oldest = served - WRONG_WINDOW  -- the newest hit number out of the window
+  if not model or n <= oldest or n < 1 or n > served or n ~= math.floor(n) then
     return nil
   end
   local marks = zc_unpack(redis.call('HGET', key, 'wh')) or {}
+  local kept = {}
   for j = 1, #marks do
-    if marks[j] == n then
+    local m = marks[j]
+    if m == n then
       return nil
     end
+    if type(m) == 'number' and m > oldest then
+      kept[#kept + 1] = m
+    end
   end
-  marks[#marks + 1] = n
-  redis.call('HSET', key, 'wh', cmsgpack.pack(marks))
-  local saved = tonumber(redis.call('HGET', KEYS[1], 'saved:' .. model .. ':calls')) or 0
-  local wrong = tonumber(redis.call('HGET', KEYS[1], 'wrong:' .. model .. ':calls')) or 0
-  if wrong >= saved then
-    return nil
+  local counts = redis.call('HMGET', KEYS[1], 'saved:' .. model .. ':calls',
+                            'wrong:' .. model .. ':calls')
+  if (tonumber(counts[2]) or 0) >= (tonumber(counts[1]) or 0) then
+    return nil  -- not marked: counted once the saved calls allow it
   end
+  kept[#kept + 1] = n
+  redis.call('HSET', key, 'wh', cmsgpack.pack(kept))
   zc_count_usage(KEYS[1], 'wrong', model, prompt, completion)
   return {model, prompt, completion}
 end

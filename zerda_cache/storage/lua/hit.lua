@@ -7,24 +7,29 @@
 -- ARGV[8] the serving bar of the expected reward ('' = serve whatever the reward)
 -- ARGV[9] the similarity this entry matched at ('' = unknown)
 -- ARGV[10] the digest of the question asked ('' = not a speculative near match)
--- ARGV[11] the bar of the question's own entry under an error bound ('' = none); given
--- without a digest, this entry is the question's own (the lookup knows it already)
--- ARGV[12] the lookup's position in the log, to peek from ('' = no peek)
--- ARGV[13] the most events the peek returns
--- ARGV[14] a near match's text guard ('' or absent: none): 8 characters, one per
+-- ARGV[11] the bar of the question's own entry under an error bound ('' = none), held to
+-- when this entry is the question's own (the digest names it, or ARGV[12] says so)
+-- ARGV[12] '1': this entry is the question's own, as the lookup knows without a digest
+-- (its exact-match entry, served alone or ranked first); '' otherwise. Never a similarity
+-- test: another question's entry may match at similarity 1 (an identical embedding).
+-- ARGV[13] the lookup's position in the log, to peek from ('' = no peek)
+-- ARGV[14] the most events the peek returns
+-- ARGV[15] a near match's text guard ('' or absent: none): 8 characters, one per
 -- combination of text differences (learning/text_match.py: 1 numbers, 2 names, 4
 -- negation), '1' for those the bound lets serve, then the sketch of the question asked.
 -- The entry is served only if its own question differs from it by a combination let
--- through; the question's own entry (the digest names it) is never guarded.
+-- through; the question's own entry (the digest or ARGV[12]) is never guarded.
 -- returns {1, state, doc, meta, the confidence before this use} served (the state as
 -- written: 120 bytes, zc_pack_state); {0} gone; {-1} expired;
--- {-3} corrupt state (or its hash lost while its state and id remain: reported in `bad`);
+-- {-3} corrupt state, or a meta the lookup would refuse (zc_sound_meta: reported in `bad`
+-- unless only of another schema version), or its hash lost while its state and id remain
+-- (reported in `bad`); nothing counted;
 -- {-4, expected reward at now} expected reward below the bar; {-5} similarity below the
 -- entry's own learned bar; {-6} the question asked has an entry of its own, another one;
 -- {-7} a tie it may not win; {-8, expected reward at now} the entry carries a dispute
 -- (dispute.lua): held out until a verification (or a reaction) settles it, as a near
 -- match to another question always, as the question's own entry under an error bound; {-9, the combination of text differences} its question differs from the one asked
--- in a way the guard (ARGV[14]) does not let through (nothing written, not served, for
+-- in a way the guard (ARGV[15]) does not let through (nothing written, not served, for
 -- -4 to -9).
 -- With a digest (a lookup serving its best near match before it knows whether the
 -- question is cached itself): if the digest names another entry, that one is the
@@ -34,7 +39,7 @@
 -- stamp}: the lookup reads neither the digest nor the log anywhere else. The stamp
 -- (calibration field lv, bumped by every label and policy change) tells a replica its
 -- policy is behind by that many labels. The peek is the log's events from the
--- newest back to the position (XREVRANGE, at most ARGV[13]), as the lookup's own
+-- newest back to the position (XREVRANGE, at most ARGV[14]), as the lookup's own
 -- XREVRANGE would return them; 1 when no event is newer than the position (the replica
 -- is current: the common case, sent back as one integer); false without a position.
 -- Serving an entry: bring its arm to now, count the use, recompute confidence, bump the
@@ -42,18 +47,18 @@
 -- the LLM call it saved in the stats hash (saved:<model>:*, savings.py) when its put gave
 -- the call's usage. The use count after this serve is the hit's number (CacheHit.hit_number).
 --
--- A tie (only with ARGV[10]; ARGV[15] = '' or absent: none): the lookup's candidates
+-- A tie (only with ARGV[10]; ARGV[16] = '' or absent: none): the lookup's candidates
 -- within similarity_tie_margin of this one, which the lookup's ranking would order by
 -- their composite score (PolicyLearner.score_candidates). This entry is served only if
 -- its lowest possible composite is above every rival's highest: an arm without evidence
--- scores its mean, one with evidence (or every arm, ARGV[17] = '1') anything its Thompson
+-- scores its mean, one with evidence (or every arm, ARGV[18] = '1') anything its Thompson
 -- draw in [0, 1] gives. Then the ranking would put it first whatever it drew. Otherwise
 -- the reply is {-7}, the lookup ranks them itself, and nothing is written (but a state
 -- of this entry's moved or recreated, as reading it does: zc_raw_state). The question's
 -- own entry (the digest names this one) ranks first whatever the rivals are.
--- ARGV[15] similarity_bonus_scale  ARGV[16] the confidence weight  ARGV[17] draw every arm
--- ARGV[18] R rivals  ARGV[19] N ids  ARGV[20 .. 19+N] the lookup's candidates, this
--- entry first, then the R rivals, then the rest  ARGV[20+N .. 19+N+R] the rivals'
+-- ARGV[16] similarity_bonus_scale  ARGV[17] the confidence weight  ARGV[18] draw every arm
+-- ARGV[19] R rivals  ARGV[20] N ids  ARGV[21 .. 20+N] the lookup's candidates, this
+-- entry first, then the R rivals, then the rest  ARGV[21+N .. 20+N+R] the rivals'
 -- similarities  KEYS[7+i] the entry hash of the i-th candidate.
 -- With a tie, a reply other than served carries at [3] the candidates' states as
 -- read_states reads them: {the HMGET of meta/arm/use/sz of each hash, the HMGET of the
@@ -62,7 +67,7 @@ local now = zc_now(ARGV[1])
 local id = ARGV[2]
 local prior_a, prior_b = tonumber(ARGV[3]), tonumber(ARGV[4])
 local decay, interval = tonumber(ARGV[5]), tonumber(ARGV[6])
-local tied = ARGV[15] and ARGV[15] ~= ''  -- a tie: rivals to outrank (ARGV[15..])
+local tied = ARGV[16] and ARGV[16] ~= ''  -- a tie: rivals to outrank (ARGV[16..])
 local asked = ARGV[10] and ARGV[10] ~= ''
 -- The question's own entry, if it has one (read first: every reply carries it).
 local own = asked and redis.call('HGET', KEYS[6], ARGV[10]) or nil
@@ -71,8 +76,8 @@ local own_bar = tonumber(ARGV[11] or '')
 -- Whether this entry (its arm at now, matched at `similarity`) is sure to rank above the
 -- rivals: false for a rival that may rank above it, or whose state cannot be read here.
 local function first_of_tie(arm, use, similarity)
-  local s, w, every = tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1'
-  local r, n = tonumber(ARGV[18]), tonumber(ARGV[19])
+  local s, w, every = tonumber(ARGV[16]), tonumber(ARGV[17]), ARGV[18] == '1'
+  local r, n = tonumber(ARGV[19]), tonumber(ARGV[20])
   local denom = 1.0 + s + w
   -- The composite's lowest and highest, as score_candidates computes it (same operations
   -- in the same order, so the same doubles).
@@ -87,7 +92,7 @@ local function first_of_tie(arm, use, similarity)
   local lowest = span(arm, use, similarity)
   local ids = {}
   for i = 1, r do
-    ids[i] = ARGV[20 + i]
+    ids[i] = ARGV[21 + i]
   end
   local raws = redis.call('HMGET', KEYS[4], unpack(ids))
   for i = 1, r do
@@ -103,7 +108,7 @@ local function first_of_tie(arm, use, similarity)
         return false
       end
       zc_decay(a, now, prior_a, prior_b, decay, interval)
-      local _, highest = span(a, u, tonumber(ARGV[19 + n + i]))
+      local _, highest = span(a, u, tonumber(ARGV[20 + n + i]))
       if not (lowest > highest) then
         return false
       end
@@ -131,9 +136,11 @@ local function serve()
   if own and own ~= id then
     return {-6}
   end
-  -- The question's own entry under a bound: named by the digest, or by the lookup.
-  local held = own_bar and (own or not asked)
-  if own then
+  -- The question's own entry: named by the digest, or by the lookup (ARGV[12]); held to
+  -- its own bar under a bound.
+  local mine = own or ARGV[12] == '1'
+  local held = own_bar and mine
+  if mine then
     similarity = 1
   end
   if held and (not bar or own_bar > bar) then
@@ -154,8 +161,8 @@ local function serve()
   local reward = arm.a / (arm.a + arm.b)
   -- A dispute first: whatever its level, the next answer (or the user's reaction to the
   -- disputed one) decides. Held out of near matches to other questions; the question's
-  -- own entry (named by the digest, or matched at similarity 1) only under a bound.
-  if raw[3] and (held or not (own or (not asked and similarity and similarity >= 1))) then
+  -- own entry only under a bound.
+  if raw[3] and (held or not mine) then
     return {-8, string.format('%.17g', reward)}
   end
   if bar and reward < bar then
@@ -164,8 +171,8 @@ local function serve()
   if similarity and similarity < use.sb then
     return {-5}
   end
-  local guard = ARGV[14]
-  if guard and guard ~= '' and not own then
+  local guard = ARGV[15]
+  if guard and guard ~= '' and not mine then
     -- a near match the bound serves only for some text differences: its question's
     local doc = zc_unpack(raw[2])
     local text = doc and doc.q
@@ -174,17 +181,21 @@ local function serve()
       return {-9, index}
     end
   end
-  if tied and not own and not first_of_tie(arm, use, similarity) then
+  if tied and not mine and not first_of_tie(arm, use, similarity) then
     return {-7}
   end
-  if ARGV[7] == '1' then
-    local meta = zc_unpack(raw[1])
-    if not meta or type(meta.ttl) ~= 'number' then
-      return {-3}
+  -- Its meta, decoded once, as the lookup will decode it (codec.unpack_meta): one that
+  -- the lookup refuses is neither served nor counted, and is reported for eviction
+  -- (unless it is only another version's).
+  local meta, foreign = zc_sound_meta(raw[1])
+  if not meta then
+    if not foreign then
+      redis.call('SADD', KEYS[5], id)
     end
-    if meta.ttl > 0 then
-      redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
-    end
+    return {-3}
+  end
+  if ARGV[7] == '1' and meta.ttl > 0 then
+    redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', now + meta.ttl), id)
   end
   use.n = use.n + 1
   if now > use.la then
@@ -198,7 +209,7 @@ local function serve()
   redis.call('HINCRBY', KEYS[3], 'hits', 1)
   -- The call the hit saved (an answer put with its usage), counted in the same step that
   -- serves it: a wrong hit (feedback.lua) is never counted before its saving.
-  local model, prompt, completion = zc_usage(zc_unpack(raw[1]))
+  local model, prompt, completion = zc_usage(meta)
   if model then
     zc_count_usage(KEYS[3], 'saved', model, prompt, completion)
   end
@@ -207,10 +218,10 @@ end
 
 local res = serve()
 if res[1] ~= 1 and tied then
-  local n = tonumber(ARGV[19])
+  local n = tonumber(ARGV[20])
   local ids, rows = {}, {}
   for i = 1, n do
-    ids[i] = ARGV[19 + i]
+    ids[i] = ARGV[20 + i]
     rows[i] = redis.pcall('HMGET', KEYS[7 + i], 'meta', 'arm', 'use', 'sz')
     if rows[i].err then  -- a key of another type: read as an entry without its hash
       rows[i] = {false, false, false, false}
@@ -222,14 +233,14 @@ if res[1] ~= 1 and tied then
 end
 if asked then
   local peek = false
-  if ARGV[12] ~= '' then
+  if ARGV[13] ~= '' then
     -- Anything newer than the position? (exclusive: a current replica's peek reads no
     -- event, where an inclusive range would turn the position's own into Lua tables.)
     -- None: 1, which the lookup reads as the empty range it is.
-    if #redis.call('XREVRANGE', KEYS[7], '+', '(' .. ARGV[12], 'COUNT', 1) == 0 then
+    if #redis.call('XREVRANGE', KEYS[7], '+', '(' .. ARGV[13], 'COUNT', 1) == 0 then
       peek = 1
     else
-      peek = redis.call('XREVRANGE', KEYS[7], '+', ARGV[12], 'COUNT', ARGV[13])
+      peek = redis.call('XREVRANGE', KEYS[7], '+', ARGV[13], 'COUNT', ARGV[14])
     end
   end
   return {res, own or false, peek, redis.call('HGET', KEYS[#KEYS], 'lv') or 0}
